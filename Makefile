@@ -1,0 +1,54 @@
+# co2: the two commands a fresh Debian bookworm machine needs are
+#   make demo   (installs, builds, trains Fashion-MNIST with CO2 vs DDP)
+#   make test   (installs, builds, runs the test suite CI runs)
+SHELL := /bin/bash
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+
+# Every Debian package the project needs (design.md §7).
+PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libabsl-dev zlib1g-dev \
+  libgtest-dev libgmock-dev libbenchmark-dev libtorch-dev libgloo-dev \
+  prometheus-cpp-dev prometheus dataset-fashion-mnist fortunes \
+  iperf3 iproute2 gnuplot-nox
+
+.PHONY: deps configure build test test-long test-all demo bench clean
+
+# Idempotent and quiet: apt runs only when a package is missing.
+deps:
+	@missing=$$(dpkg-query -W -f='$${Package} $${Status}\n' $(PACKAGES) 2>/dev/null \
+	  | awk '$$NF=="installed"{print $$1}' | sort | comm -13 - <(tr ' ' '\n' <<<"$(PACKAGES)" | grep . | sort)); \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing $$missing"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+configure: deps $(BUILD)/build.ninja
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# What CI runs: everything but the suites labelled `long`.
+test: build
+	cd $(BUILD) && ctest -LE long --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+test-long: build
+	cd $(BUILD) && ctest -L long --output-on-failure $(CTEST_ARGS)
+
+test-all: build
+	cd $(BUILD) && ctest --output-on-failure $(CTEST_ARGS)
+
+demo: build
+	$(BUILD)/client/co2-train --task=fashion-mnist --workers=4 --compare_ddp
+
+bench: build
+	bench/run_all.sh $(BUILD)
+
+clean:
+	rm -rf $(BUILD)

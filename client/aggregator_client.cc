@@ -1,0 +1,448 @@
+#include "client/aggregator_client.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/shard_stream.h"
+#include "common/grpc_status.h"
+#include "common/job_config.h"
+#include "common/layout.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace co2::client {
+namespace {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(8 << 20);
+  args.SetMaxSendMessageSize(8 << 20);
+  // A dead shard or link breaks the stream within ~20 s instead of never.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
+                                   args);
+}
+
+void SetDeadline(grpc::ClientContext* context, absl::Time deadline) {
+  context->set_deadline(absl::ToChronoTime(deadline));
+}
+
+absl::Status WithShard(uint32_t shard, const std::string& address,
+                       absl::Status status) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("shard ", shard, " (", address, "): ",
+                                   status.message()));
+}
+
+}  // namespace
+
+class AggregatorClient::Impl {
+ public:
+  struct Shard {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Aggregator::Stub> stub;
+    common::Range range;
+    bool must_seed = false;
+    uint64_t anchor_round = 0;
+    std::unique_ptr<ShardStream> stream;
+  };
+
+  explicit Impl(ClientOptions options) : options_(std::move(options)) {}
+
+  ~Impl() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  absl::Status Connect(absl::Span<float> anchor) {
+    const absl::Time deadline = absl::Now() + options_.connect_timeout;
+    v1::JobConfig& config = options_.job_config;
+    config.set_num_parameters(anchor.size());
+    config.set_num_shards(static_cast<uint32_t>(options_.addresses.size()));
+    if (options_.addresses.empty()) {
+      return absl::InvalidArgumentError("no aggregator addresses given");
+    }
+    if (options_.worker_id.empty()) {
+      return absl::InvalidArgumentError("worker_id is empty");
+    }
+    CO2_RETURN_IF_ERROR(common::ValidateJobConfig(config));
+    for (uint32_t i = 0; i < options_.addresses.size(); ++i) {
+      Shard& shard = shards_.emplace_back();
+      shard.address = options_.addresses[i];
+      shard.channel = MakeChannel(shard.address);
+      shard.stub = v1::Aggregator::NewStub(shard.channel);
+      CO2_RETURN_IF_ERROR(WithShard(i, shard.address, Join(i, shard, deadline)));
+    }
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      Shard& shard = shards_[i];
+      absl::Status status = shard.must_seed ? Seed(shard, anchor, deadline)
+                                            : Fetch(shard, anchor, deadline);
+      CO2_RETURN_IF_ERROR(WithShard(i, shard.address, status));
+    }
+    CO2_RETURN_IF_ERROR(AgreeOnAnchorRound(anchor, deadline));
+    start_round_ = shards_[0].anchor_round;
+    const uint64_t staleness = config.max_staleness();
+    const uint64_t first_update =
+        start_round_ >= staleness ? start_round_ - staleness : 0;
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      ShardStreamOptions so;
+      so.job = options_.job;
+      so.worker_id = options_.worker_id;
+      so.shard_index = i;
+      so.shard_elements = shards_[i].range.size();
+      so.uplink = options_.uplink_codec;
+      so.downlink = common::Codec(config.downlink_codec());
+      so.first_update_round = first_update;
+      so.reconnect_timeout = options_.reconnect_timeout;
+      so.initial_backoff = options_.initial_backoff;
+      so.max_backoff = options_.max_backoff;
+      shards_[i].stream = std::make_unique<ShardStream>(so, shards_[i].stub.get());
+    }
+    if (options_.uplink_codec != common::Codec::kFp32) {
+      residual_.assign(anchor.size(), 0.0f);
+    }
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    CO2_LOG(INFO) << "worker " << options_.worker_id << " joined job "
+                  << options_.job << " on " << shards_.size()
+                  << " shards; starting at round " << start_round_;
+    return absl::OkStatus();
+  }
+
+  absl::Status Push(uint64_t round, absl::Span<const float> delta,
+                    double weight, absl::Time deadline) {
+    if (delta.size() != options_.job_config.num_parameters()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("delta has ", delta.size(), " elements, the job has ",
+                       options_.job_config.num_parameters()));
+    }
+    if (!(weight > 0) || !std::isfinite(weight)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight must be finite and > 0, got ", weight));
+    }
+    const absl::Time start = absl::Now();
+    for (Shard& shard : shards_) {
+      CO2_ASSIGN_OR_RETURN(std::vector<std::string> * chunks,
+                           shard.stream->BeginContribution(deadline));
+      for (size_t c = 0; c < chunks->size(); ++c) {
+        const common::Range r = common::ChunkRange(shard.range.size(), c);
+        auto in = delta.subspan(shard.range.begin + r.begin, r.size());
+        auto out = absl::MakeSpan((*chunks)[c].data(), (*chunks)[c].size());
+        if (residual_.empty()) {
+          common::Encode(options_.uplink_codec, in, out);
+        } else {
+          common::EncodeWithFeedback(
+              options_.uplink_codec, in,
+              absl::MakeSpan(residual_).subspan(shard.range.begin + r.begin,
+                                                r.size()),
+              out);
+        }
+      }
+      shard.stream->CommitContribution(round, weight);
+    }
+    absl::MutexLock lock(&mu_);
+    ++stats_.rounds_pushed;
+    stats_.push_wait += absl::Now() - start;
+    return absl::OkStatus();
+  }
+
+  bool UpdateReady(uint64_t round) const {
+    return std::all_of(shards_.begin(), shards_.end(), [&](const Shard& s) {
+      return s.stream->UpdateReady(round);
+    });
+  }
+
+  absl::Status WaitForUpdate(uint64_t round, absl::Time deadline) {
+    const absl::Time start = absl::Now();
+    for (const Shard& shard : shards_) {
+      CO2_RETURN_IF_ERROR(shard.stream->WaitForUpdate(round, deadline));
+    }
+    absl::MutexLock lock(&mu_);
+    stats_.update_wait += absl::Now() - start;
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<uint64_t> ApplyUpdate(uint64_t round, absl::Span<float> anchor) {
+    if (!UpdateReady(round)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the outer update of round ", round, " has not arrived yet"));
+    }
+    const common::Codec codec =
+        common::Codec(options_.job_config.downlink_codec());
+    // Decode then add, as the shard does, so both hold the same bits.
+    std::vector<float> decoded(common::kChunkElements);
+    for (Shard& shard : shards_) {
+      const std::vector<std::string>& chunks = shard.stream->UpdateChunks();
+      for (size_t c = 0; c < chunks.size(); ++c) {
+        const common::Range r = common::ChunkRange(shard.range.size(), c);
+        auto out = absl::MakeSpan(decoded).first(r.size());
+        common::Decode(codec, chunks[c], out);
+        float* a = anchor.data() + shard.range.begin + r.begin;
+        for (size_t j = 0; j < r.size(); ++j) a[j] += out[j];
+      }
+      shard.stream->ReleaseUpdate(round);
+    }
+    absl::MutexLock lock(&mu_);
+    ++stats_.updates_received;
+    return round + 1 + options_.job_config.max_staleness();
+  }
+
+  absl::Status Leave(absl::Time deadline) {
+    absl::Status result;
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      grpc::ClientContext context;
+      SetDeadline(&context, deadline);
+      v1::LeaveRequest request;
+      request.set_job(options_.job);
+      request.set_worker_id(options_.worker_id);
+      v1::LeaveResponse response;
+      absl::Status s = common::FromGrpcStatus(
+          shards_[i].stub->Leave(&context, request, &response));
+      if (result.ok()) result = WithShard(i, shards_[i].address, s);
+    }
+    return result;
+  }
+
+  ClientStats stats() const {
+    absl::MutexLock lock(&mu_);
+    ClientStats s = stats_;
+    for (const Shard& shard : shards_) {
+      if (!shard.stream) continue;
+      const ShardStreamStats ss = shard.stream->stats();
+      s.bytes_sent += ss.bytes_sent;
+      s.bytes_received += ss.bytes_received;
+      s.reconnects += ss.reconnects;
+    }
+    return s;
+  }
+
+  uint64_t start_round() const { return start_round_; }
+  const v1::JobConfig& job_config() const { return options_.job_config; }
+
+ private:
+  // Join, retrying while the shard is unavailable (e.g. still starting).
+  absl::Status Join(uint32_t index, Shard& shard, absl::Time deadline) {
+    v1::JoinRequest request;
+    request.set_job(options_.job);
+    request.set_worker_id(options_.worker_id);
+    *request.mutable_config() = options_.job_config;
+    request.set_uplink_codec(v1::Codec(options_.uplink_codec));
+    v1::JoinResponse response;
+    CO2_RETURN_IF_ERROR(RetryUnavailable(deadline, [&](absl::Time call_deadline) {
+      grpc::ClientContext context;
+      SetDeadline(&context, call_deadline);
+      return common::FromGrpcStatus(
+          shard.stub->Join(&context, request, &response));
+    }));
+    CO2_ASSIGN_OR_RETURN(
+        shard.range,
+        common::ShardRangeFor(anchor_size(), shards_size(), index));
+    if (response.range_begin() != shard.range.begin ||
+        response.range_end() != shard.range.end) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard serves [", response.range_begin(), ", ", response.range_end(),
+          ") but this worker expects [", shard.range.begin, ", ",
+          shard.range.end, ")"));
+    }
+    shard.must_seed = response.must_seed();
+    return absl::OkStatus();
+  }
+
+  absl::Status Seed(Shard& shard, absl::Span<const float> anchor,
+                    absl::Time deadline) {
+    grpc::ClientContext context;
+    SetDeadline(&context, deadline);
+    v1::SeedResponse response;
+    auto writer = shard.stub->Seed(&context, &response);
+    v1::AnchorChunk chunk;
+    chunk.set_job(options_.job);
+    chunk.set_worker_id(options_.worker_id);
+    for (size_t c = 0; c < common::NumChunks(shard.range.size()); ++c) {
+      const common::Range r = common::ChunkRange(shard.range.size(), c);
+      chunk.set_chunk_index(static_cast<uint32_t>(c));
+      std::string* payload = chunk.mutable_payload();
+      payload->resize(r.size() * sizeof(float));
+      common::Encode(common::Codec::kFp32,
+                     anchor.subspan(shard.range.begin + r.begin, r.size()),
+                     absl::MakeSpan(payload->data(), payload->size()));
+      if (!writer->Write(chunk)) break;  // Finish says why
+    }
+    writer->WritesDone();
+    CO2_RETURN_IF_ERROR(common::FromGrpcStatus(writer->Finish()));
+    shard.anchor_round = response.anchor_round();
+    return absl::OkStatus();
+  }
+
+  // Downloads the shard's anchor into its range of `anchor`, retrying while
+  // the shard says it is not seeded yet.
+  absl::Status Fetch(Shard& shard, absl::Span<float> anchor,
+                     absl::Time deadline) {
+    return RetryUnavailable(deadline, [&](absl::Time call_deadline) {
+      grpc::ClientContext context;
+      SetDeadline(&context, call_deadline);
+      v1::FetchRequest request;
+      request.set_job(options_.job);
+      request.set_worker_id(options_.worker_id);
+      auto reader = shard.stub->Fetch(&context, request);
+      v1::AnchorChunk chunk;
+      size_t received = 0;
+      absl::Status status;
+      while (reader->Read(&chunk)) {
+        const size_t chunks = common::NumChunks(shard.range.size());
+        if (chunk.chunk_index() >= chunks) {
+          status = absl::InternalError(absl::StrCat(
+              "fetch chunk ", chunk.chunk_index(), " out of ", chunks));
+          context.TryCancel();
+          continue;
+        }
+        const common::Range r =
+            common::ChunkRange(shard.range.size(), chunk.chunk_index());
+        if (status.ok()) {
+          status = common::Validate(common::Codec::kFp32, chunk.payload(),
+                                    r.size());
+        }
+        if (!status.ok()) {
+          context.TryCancel();
+          continue;
+        }
+        common::Decode(common::Codec::kFp32, chunk.payload(),
+                       anchor.subspan(shard.range.begin + r.begin, r.size()));
+        shard.anchor_round = chunk.anchor_round();
+        ++received;
+      }
+      absl::Status finish = common::FromGrpcStatus(reader->Finish());
+      if (!status.ok()) return status;
+      return finish;
+    });
+  }
+
+  // Shards may close a round between our fetches; refetch until all agree.
+  absl::Status AgreeOnAnchorRound(absl::Span<float> anchor,
+                                  absl::Time deadline) {
+    while (true) {
+      uint64_t newest = 0;
+      for (const Shard& s : shards_) newest = std::max(newest, s.anchor_round);
+      bool agreed = true;
+      for (Shard& s : shards_) {
+        if (s.anchor_round == newest) continue;
+        agreed = false;
+        if (s.must_seed) {
+          return absl::AbortedError(absl::StrCat(
+              "seeded shard at round 0 but others are at round ", newest));
+        }
+        CO2_RETURN_IF_ERROR(Fetch(s, anchor, deadline));
+      }
+      if (agreed) return absl::OkStatus();
+    }
+  }
+
+  template <typename Call>
+  absl::Status RetryUnavailable(absl::Time deadline, Call call) {
+    absl::Duration backoff = options_.initial_backoff;
+    while (true) {
+      const absl::Time call_deadline =
+          std::min(deadline, absl::Now() + options_.rpc_timeout);
+      absl::Status status = call(call_deadline);
+      if (status.code() != absl::StatusCode::kUnavailable) return status;
+      if (absl::Now() + backoff >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "gave up after ", absl::FormatDuration(options_.connect_timeout),
+            ": ", status.message()));
+      }
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), backoff);
+      if (stop_) return absl::CancelledError("client shutting down");
+      backoff = std::min(2 * backoff, options_.max_backoff);
+    }
+  }
+
+  void HeartbeatLoop() {
+    while (true) {
+      absl::Duration interval = absl::Seconds(1);
+      for (uint32_t i = 0; i < shards_.size(); ++i) {
+        grpc::ClientContext context;
+        SetDeadline(&context, absl::Now() + options_.rpc_timeout);
+        v1::HeartbeatRequest request;
+        request.set_job(options_.job);
+        request.set_worker_id(options_.worker_id);
+        v1::HeartbeatResponse response;
+        grpc::Status status = shards_[i].stub->Heartbeat(&context, request, &response);
+        if (status.ok()) {
+          interval = std::min(interval, absl::Milliseconds(response.lease_ms()) / 3);
+        } else {
+          CO2_LOG(WARNING) << "heartbeat to shard " << i << " failed: "
+                           << status.error_message();
+        }
+      }
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), interval);
+      if (stop_) return;
+    }
+  }
+
+  size_t anchor_size() const { return options_.job_config.num_parameters(); }
+  size_t shards_size() const { return options_.addresses.size(); }
+
+  ClientOptions options_;
+  std::vector<Shard> shards_;
+  uint64_t start_round_ = 0;
+  std::vector<float> residual_;  // error feedback; empty for fp32
+  std::thread heartbeat_;
+  mutable absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  ClientStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<std::unique_ptr<AggregatorClient>> AggregatorClient::Connect(
+    ClientOptions options, absl::Span<float> anchor) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  CO2_RETURN_IF_ERROR(impl->Connect(anchor));
+  return std::unique_ptr<AggregatorClient>(new AggregatorClient(std::move(impl)));
+}
+
+AggregatorClient::AggregatorClient(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+AggregatorClient::~AggregatorClient() = default;
+
+uint64_t AggregatorClient::start_round() const { return impl_->start_round(); }
+const v1::JobConfig& AggregatorClient::job_config() const {
+  return impl_->job_config();
+}
+absl::Status AggregatorClient::Push(uint64_t round,
+                                    absl::Span<const float> delta,
+                                    double weight, absl::Time deadline) {
+  return impl_->Push(round, delta, weight, deadline);
+}
+bool AggregatorClient::UpdateReady(uint64_t round) const {
+  return impl_->UpdateReady(round);
+}
+absl::Status AggregatorClient::WaitForUpdate(uint64_t round,
+                                             absl::Time deadline) {
+  return impl_->WaitForUpdate(round, deadline);
+}
+absl::StatusOr<uint64_t> AggregatorClient::ApplyUpdate(
+    uint64_t round, absl::Span<float> anchor) {
+  return impl_->ApplyUpdate(round, anchor);
+}
+absl::Status AggregatorClient::Leave(absl::Time deadline) {
+  return impl_->Leave(deadline);
+}
+ClientStats AggregatorClient::stats() const { return impl_->stats(); }
+
+}  // namespace co2::client

@@ -1,0 +1,105 @@
+// AggregatorClient: a worker leader's connection to all S aggregator shards
+// of one job. It joins every shard, seeds or fetches the anchor, and then
+// keeps one long-lived Exchange stream per shard with background threads that
+// send the current contribution and receive outer updates, so the trainer
+// never waits on the network unless an update is late.
+//
+// Buffers (the only model-sized state): one send buffer holding the encoded
+// Δ of the latest pushed round (kept until its update arrives, for resends
+// after a reconnect), one receive buffer holding the encoded update of one
+// round, and for lossy uplink codecs the error-feedback residual.
+//
+// Threads: Push/WaitForUpdate/ApplyUpdate/Leave are called by one trainer
+// thread; stats() from any thread. Internal threads per shard: one writer,
+// one reader; plus one heartbeat thread. Every wait has a deadline.
+#ifndef CO2_CLIENT_AGGREGATOR_CLIENT_H_
+#define CO2_CLIENT_AGGREGATOR_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "co2/v1/aggregator.pb.h"
+#include "common/codec.h"
+
+namespace co2::client {
+
+struct ClientOptions {
+  // host:port of each shard, in shard-index order (S = size()).
+  std::vector<std::string> addresses;
+  std::string job = "default";  // job name, shared by all workers
+  std::string worker_id;        // unique per worker (node leader)
+  // The job's settings; must match every other worker's. num_parameters and
+  // num_shards are filled in by Connect from the anchor and addresses.
+  v1::JobConfig job_config;
+  common::Codec uplink_codec = common::Codec::kFp32;
+  absl::Duration rpc_timeout = absl::Seconds(30);       // one unary call
+  absl::Duration connect_timeout = absl::Seconds(60);   // Connect overall
+  absl::Duration reconnect_timeout = absl::Seconds(60); // give up on a shard
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+struct ClientStats {
+  uint64_t rounds_pushed = 0;
+  uint64_t updates_received = 0;
+  uint64_t bytes_sent = 0;      // contribution payload bytes
+  uint64_t bytes_received = 0;  // update payload bytes
+  uint64_t reconnects = 0;
+  absl::Duration push_wait;     // time Push waited for the previous send
+  absl::Duration update_wait;   // time WaitForUpdate waited (exposed comm.)
+};
+
+class AggregatorClient {
+ public:
+  // Joins every shard. `anchor` (size P) holds this worker's initial
+  // parameters: a shard that tells this worker to seed gets them; otherwise
+  // the shard's anchor is fetched into `anchor`. Fails with the shard's status
+  // (e.g. FAILED_PRECONDITION for a JobConfig mismatch) or DEADLINE_EXCEEDED
+  // after connect_timeout.
+  static absl::StatusOr<std::unique_ptr<AggregatorClient>> Connect(
+      ClientOptions options, absl::Span<float> anchor);
+  ~AggregatorClient();  // stops the threads; does not Leave
+
+  AggregatorClient(const AggregatorClient&) = delete;
+  AggregatorClient& operator=(const AggregatorClient&) = delete;
+
+  // The round this worker starts with (0 for a fresh job; later for a worker
+  // that fetched the anchor of a running job).
+  uint64_t start_round() const;
+  const v1::JobConfig& job_config() const;
+
+  // Encodes `delta` (size P; error feedback for lossy codecs) into the send
+  // buffer and hands it to the streams; returns once encoded. First waits until
+  // the previous contribution is fully written and its update arrived.
+  absl::Status Push(uint64_t round, absl::Span<const float> delta,
+                    double weight, absl::Time deadline);
+
+  // True once the update computed from `round` arrived from every shard.
+  bool UpdateReady(uint64_t round) const;
+  // Waits for that; DEADLINE_EXCEEDED, or the stream's error if a shard
+  // rejected the contribution (e.g. INVALID_ARGUMENT, ABORTED).
+  absl::Status WaitForUpdate(uint64_t round, absl::Time deadline);
+  // anchor += decode(update of `round`), which must be ready; frees the receive
+  // buffer for the next round. Returns the round of the resulting anchor.
+  absl::StatusOr<uint64_t> ApplyUpdate(uint64_t round, absl::Span<float> anchor);
+
+  // Leaves the job on every shard (best effort until `deadline`).
+  absl::Status Leave(absl::Time deadline);
+
+  ClientStats stats() const;
+
+ private:
+  class Impl;
+  explicit AggregatorClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace co2::client
+
+#endif  // CO2_CLIENT_AGGREGATOR_CLIENT_H_

@@ -1,0 +1,387 @@
+#include "client/co2_optimizer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/torch_status.h"
+#include "common/status_macros.h"
+
+namespace co2::client {
+namespace {
+
+size_t TensorBytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * t.element_size() : 0;
+}
+
+// Bytes of the state tensors of the optimizers LibTorch ships; 0 for others.
+size_t OptimizerStateBytes(const torch::optim::Optimizer& opt) {
+  size_t bytes = 0;
+  for (const auto& [key, state] : opt.state()) {
+    const torch::optim::OptimizerParamState* s = state.get();
+    if (auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+      bytes += TensorBytes(a->exp_avg()) + TensorBytes(a->exp_avg_sq()) +
+               TensorBytes(a->max_exp_avg_sq());
+    } else if (auto* b = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+      bytes += TensorBytes(b->exp_avg()) + TensorBytes(b->exp_avg_sq()) +
+               TensorBytes(b->max_exp_avg_sq());
+    } else if (auto* c = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+      bytes += TensorBytes(c->momentum_buffer());
+    } else if (auto* d =
+                   dynamic_cast<const torch::optim::AdagradParamState*>(s)) {
+      bytes += TensorBytes(d->sum());
+    } else if (auto* e =
+                   dynamic_cast<const torch::optim::RMSpropParamState*>(s)) {
+      bytes += TensorBytes(e->square_avg()) + TensorBytes(e->momentum_buffer()) +
+               TensorBytes(e->grad_avg());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<Algo> ParseAlgo(absl::string_view name) {
+  if (name == "co2") return Algo::kCo2;
+  if (name == "ddp") return Algo::kDdp;
+  if (name == "localsgd") return Algo::kLocalSgd;
+  if (name == "slowmo") return Algo::kSlowMo;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown algorithm '", name, "' (expected co2, ddp, localsgd, slowmo)"));
+}
+
+absl::string_view AlgoName(Algo algo) {
+  switch (algo) {
+    case Algo::kCo2:
+      return "co2";
+    case Algo::kDdp:
+      return "ddp";
+    case Algo::kLocalSgd:
+      return "localsgd";
+    case Algo::kSlowMo:
+      return "slowmo";
+  }
+  return "?";
+}
+
+uint32_t StalenessOf(Algo algo) { return algo == Algo::kCo2 ? 1 : 0; }
+
+Co2Optimizer::Co2Optimizer(const Co2OptimizerOptions& options,
+                           FlatParams* flat, torch::optim::Optimizer* inner,
+                           std::unique_ptr<AggregatorClient> client,
+                           IntraNodeGroup* local, IntraNodeGroup* global)
+    : options_(options),
+      flat_(flat),
+      inner_(inner),
+      client_(std::move(client)),
+      local_(local),
+      global_(global),
+      leader_(local == nullptr || local->rank() == 0),
+      uses_aggregator_(options.algo != Algo::kDdp) {}
+
+Co2Optimizer::~Co2Optimizer() = default;
+
+absl::StatusOr<std::unique_ptr<Co2Optimizer>> Co2Optimizer::Create(
+    const Co2OptimizerOptions& options, FlatParams* flat,
+    torch::optim::Optimizer* inner, std::unique_ptr<AggregatorClient> client,
+    IntraNodeGroup* local, IntraNodeGroup* global) {
+  if (flat == nullptr || inner == nullptr) {
+    return absl::InvalidArgumentError(
+        "Co2Optimizer: flat parameters and inner optimizer are required");
+  }
+  if (options.tau < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: tau must be >= 1, got ", options.tau));
+  }
+  if (options.samples_per_step <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: samples_per_step must be > 0, got ",
+                     options.samples_per_step));
+  }
+  std::unique_ptr<Co2Optimizer> opt(new Co2Optimizer(
+      options, flat, inner, std::move(client), local, global));
+  CO2_RETURN_IF_ERROR(opt->Init());
+  return opt;
+}
+
+absl::Status Co2Optimizer::Init() {
+  const size_t p = static_cast<size_t>(flat_->numel());
+  if (!uses_aggregator_) {
+    if (client_ != nullptr) {
+      return absl::InvalidArgumentError(
+          "Co2Optimizer: ddp takes no aggregator client");
+    }
+  } else if (leader_ != (client_ != nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Co2Optimizer: ", AlgoName(options_.algo),
+        leader_ ? " needs an aggregator client on the local leader"
+                : " takes no aggregator client on a non-leader local rank"));
+  }
+  if (client_ != nullptr) {
+    const v1::JobConfig& config = client_->job_config();
+    if (config.max_staleness() != StalenessOf(options_.algo)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Co2Optimizer: ", AlgoName(options_.algo), " needs max_staleness ",
+          StalenessOf(options_.algo), ", the job has ",
+          config.max_staleness()));
+    }
+    if (config.num_parameters() != p) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Co2Optimizer: the job has ", config.num_parameters(),
+          " parameters, the model ", p));
+    }
+    start_round_ = client_->start_round();
+  }
+  // Local ranks learn the start round from their leader (exact in a float
+  // for any run shorter than 2^24 rounds).
+  if (local_ != nullptr && local_->size() > 1) {
+    float start = static_cast<float>(start_round_);
+    CO2_RETURN_IF_ERROR(local_->Broadcast(&start, 1, 0));
+    start_round_ = static_cast<uint64_t>(start);
+  }
+  round_ = start_round_;
+  try {
+    if (!flat_->params().is_cpu()) staging_.resize(p);
+    if (uses_aggregator_ && leader_) {
+      absl::Span<float> x = HostParams();
+      anchor_.assign(x.begin(), x.end());
+    }
+  } catch (...) {
+    return TorchExceptionToStatus("Co2Optimizer::Init");
+  }
+  float* x = flat_->params().data_ptr<float>();
+  if (local_ != nullptr && local_->size() > 1) {
+    CO2_RETURN_IF_ERROR(local_->Broadcast(x, p, 0));
+  }
+  if (options_.algo == Algo::kDdp && global_ != nullptr &&
+      global_->size() > 1) {
+    CO2_RETURN_IF_ERROR(global_->Broadcast(x, p, 0));
+  }
+  return absl::OkStatus();
+}
+
+absl::Span<float> Co2Optimizer::HostParams() {
+  if (staging_.empty()) return flat_->ParamSpan();
+  torch::Tensor host = torch::from_blob(staging_.data(), {flat_->numel()},
+                                        torch::kFloat);
+  host.copy_(flat_->params());
+  return absl::MakeSpan(staging_);
+}
+
+void Co2Optimizer::ZeroGrad() { flat_->ZeroGrads(); }
+
+absl::Status Co2Optimizer::Step() {
+  if (broken_ || finished_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Co2Optimizer::Step after ", finished_ ? "Finish" : "an error"));
+  }
+  common::Clock* clock = options_.clock;
+  const absl::Time start = clock->Now();
+  absl::Status status = absl::OkStatus();
+  try {
+    flat_->RebindGrads();
+    float* grads = flat_->grads().data_ptr<float>();
+    const size_t count = static_cast<size_t>(flat_->numel());
+    if (options_.algo == Algo::kDdp && global_ != nullptr &&
+        global_->size() > 1) {
+      // One all-reduce over every rank of the job gives the global mean; the
+      // node-local mean first would only repeat part of it.
+      const absl::Time t = clock->Now();
+      status = global_->AllReduceMean(grads, count);
+      current_.exposed_comm += clock->Now() - t;
+      current_.bytes_sent += count * sizeof(float);
+    } else if (local_ != nullptr && local_->size() > 1) {
+      status = local_->AllReduceMean(grads, count);
+    }
+    if (status.ok()) inner_->step();
+  } catch (...) {
+    status = TorchExceptionToStatus("Co2Optimizer::Step");
+  }
+  if (!status.ok()) {
+    broken_ = true;
+    return status;
+  }
+  current_.compute += clock->Now() - start;
+  ++current_.steps;
+  ++steps_;
+  if (++steps_in_round_ == options_.tau) {
+    absl::Status boundary = Boundary();
+    if (!boundary.ok()) {
+      broken_ = true;
+      return boundary;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::PushDelta(RoundStats& stats) {
+  absl::Span<float> x = HostParams();
+  // Δ = A − x, in place: x is overwritten with the new anchor right after.
+  const float* a = anchor_.data();
+  float* d = x.data();
+  for (size_t i = 0; i < x.size(); ++i) d[i] = a[i] - d[i];
+  const double weight = steps_in_round_ * options_.samples_per_step;
+  CO2_RETURN_IF_ERROR(client_->Push(
+      round_, x, weight, options_.clock->Now() + options_.push_timeout));
+  stats.bytes_sent += common::EncodedSize(options_.uplink_codec, x.size());
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::WaitForUpdate(uint64_t round, RoundStats& stats) {
+  const absl::Time t = options_.clock->Now();
+  absl::Status waited =
+      client_->WaitForUpdate(round, t + options_.update_timeout);
+  stats.exposed_comm += options_.clock->Now() - t;
+  if (!waited.ok()) {
+    return absl::Status(waited.code(),
+                        absl::StrCat("waiting for the update of round ", round,
+                                     ": ", waited.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::ApplyUpdate(uint64_t round) {
+  return client_->ApplyUpdate(round, absl::MakeSpan(anchor_)).status();
+}
+
+absl::Status Co2Optimizer::CopyAnchorAndBroadcast() {
+  try {
+    if (leader_ && uses_aggregator_) {
+      if (staging_.empty()) {
+        absl::Span<float> x = flat_->ParamSpan();
+        std::memcpy(x.data(), anchor_.data(), x.size() * sizeof(float));
+      } else {
+        torch::NoGradGuard no_grad;
+        flat_->params().copy_(torch::from_blob(
+            anchor_.data(), {flat_->numel()}, torch::kFloat));
+      }
+    }
+  } catch (...) {
+    return TorchExceptionToStatus("Co2Optimizer: x <- A");
+  }
+  if (local_ != nullptr && local_->size() > 1) {
+    CO2_RETURN_IF_ERROR(local_->Broadcast(flat_->params().data_ptr<float>(),
+                                          flat_->numel(), 0));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::Boundary() {
+  RoundStats stats = current_;
+  stats.round = round_;
+  const absl::Time start = options_.clock->Now();
+  if (uses_aggregator_) {
+    if (leader_) {
+      if (StalenessOf(options_.algo) == 1) {
+        // U of round r−1 normally arrived while this round computed. Δ_r is
+        // taken against A_r, so the update is applied only after the push.
+        const bool has_previous = round_ > start_round_;
+        if (has_previous) CO2_RETURN_IF_ERROR(WaitForUpdate(round_ - 1, stats));
+        CO2_RETURN_IF_ERROR(PushDelta(stats));
+        if (has_previous) CO2_RETURN_IF_ERROR(ApplyUpdate(round_ - 1));
+      } else {
+        CO2_RETURN_IF_ERROR(PushDelta(stats));
+        CO2_RETURN_IF_ERROR(WaitForUpdate(round_, stats));
+        CO2_RETURN_IF_ERROR(ApplyUpdate(round_));
+      }
+    }
+    CO2_RETURN_IF_ERROR(CopyAnchorAndBroadcast());
+  }
+  stats.boundary = options_.clock->Now() - start;
+  if (options_.hash_params) stats.params_hash = ParamsHash();
+  rounds_.push_back(stats);
+  current_ = RoundStats();
+  ++round_;
+  steps_in_round_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::Finish() {
+  if (finished_) return absl::OkStatus();
+  if (broken_) {
+    return absl::FailedPreconditionError("Co2Optimizer::Finish after an error");
+  }
+  absl::Status status = absl::OkStatus();
+  if (steps_in_round_ > 0) status = Boundary();
+  if (status.ok() && options_.algo == Algo::kCo2 && round_ > start_round_) {
+    // The last push's update is still in flight: apply it, so that the final
+    // model is the final anchor on every worker.
+    RoundStats drain;
+    drain.round = round_;
+    const absl::Time start = options_.clock->Now();
+    if (leader_) status = WaitForUpdate(round_ - 1, drain);
+    if (leader_ && status.ok()) status = ApplyUpdate(round_ - 1);
+    if (status.ok()) status = CopyAnchorAndBroadcast();
+    drain.boundary = options_.clock->Now() - start;
+    if (status.ok() && options_.hash_params) drain.params_hash = ParamsHash();
+    if (status.ok()) rounds_.push_back(drain);
+  }
+  if (!status.ok()) {
+    broken_ = true;
+    return status;
+  }
+  if (client_ != nullptr) {
+    // Best effort: every update this worker needs has arrived already.
+    client_->Leave(options_.clock->Now() + options_.leave_timeout).IgnoreError();
+  }
+  finished_ = true;
+  return absl::OkStatus();
+}
+
+absl::Duration Co2Optimizer::total_exposed_comm() const {
+  absl::Duration total;
+  for (const RoundStats& r : rounds_) total += r.exposed_comm;
+  return total + current_.exposed_comm;
+}
+
+absl::Duration Co2Optimizer::total_compute() const {
+  absl::Duration total;
+  for (const RoundStats& r : rounds_) total += r.compute;
+  return total + current_.compute;
+}
+
+uint64_t Co2Optimizer::bytes_sent() const {
+  uint64_t total = current_.bytes_sent;
+  for (const RoundStats& r : rounds_) total += r.bytes_sent;
+  return total;
+}
+
+MemoryReport Co2Optimizer::Memory() const {
+  MemoryReport report;
+  const size_t p = static_cast<size_t>(flat_->numel());
+  report.params = p * sizeof(float);
+  report.grads = p * sizeof(float);
+  report.anchor = anchor_.size() * sizeof(float);
+  report.staging = staging_.size() * sizeof(float);
+  report.optimizer_state = OptimizerStateBytes(*inner_);
+  if (client_ != nullptr) {
+    const auto downlink =
+        common::CodecFromWire(client_->job_config().downlink_codec());
+    report.client_buffers =
+        common::EncodedSize(options_.uplink_codec, p) +
+        common::EncodedSize(downlink.ok() ? *downlink : common::Codec::kFp32,
+                            p);
+    if (options_.uplink_codec != common::Codec::kFp32) {
+      report.client_buffers += p * sizeof(float);  // error-feedback residual
+    }
+  }
+  return report;
+}
+
+uint64_t Co2Optimizer::ParamsHash() const {
+  torch::Tensor host = flat_->params().to(torch::kCPU).contiguous();
+  const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
+  const size_t n = static_cast<size_t>(host.numel()) * sizeof(float);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= bytes[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+}  // namespace co2::client

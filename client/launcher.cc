@@ -1,0 +1,354 @@
+#include "client/launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "client/run_report.h"
+#include "common/status_macros.h"
+#include "server/aggregator_server.h"
+
+namespace co2::client {
+namespace {
+
+struct Child {
+  int worker = 0;
+  int local_rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;  // from waitpid
+  std::string log;
+};
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
+  }
+  return absl::StrCat("status ", status);
+}
+
+// The last `lines` lines of a file.
+std::string Tail(const std::string& path, int lines) {
+  std::ifstream in(path);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  const size_t from = all.size() > static_cast<size_t>(lines)
+                          ? all.size() - lines
+                          : 0;
+  std::string out;
+  for (size_t i = from; i < all.size(); ++i) absl::StrAppend(&out, "    ", all[i], "\n");
+  return out;
+}
+
+// One progress line of worker 0's leader: round, total, loss, metric,
+// exposed comm (s), elapsed (s).
+struct Progress {
+  long round = 0, total = 0;
+  double loss = 0, metric = -1, exposed = 0, elapsed = 0;
+  bool valid = false;
+};
+
+Progress ReadProgress(const std::string& path, double last_metric) {
+  Progress p;
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+    std::istringstream fields(line);
+    Progress q;
+    if (fields >> q.round >> q.total >> q.loss >> q.metric >> q.exposed >>
+        q.elapsed) {
+      if (q.metric >= 0) last_metric = q.metric;
+      q.valid = true;
+      p = q;
+    }
+  }
+  if (p.valid && p.metric < 0) p.metric = last_metric;
+  return p;
+}
+
+std::string FormatMetric(const std::string& task, double metric) {
+  if (metric < 0) return "";
+  if (task == "fashion-mnist") return absl::StrFormat("  acc %5.2f%%", 100 * metric);
+  return absl::StrFormat("  ppl %.2f", metric);
+}
+
+std::string ProgressLine(const TrainerOptions& o, const Progress& p) {
+  if (!p.valid) return "[co2-train] starting workers...";
+  const double pct = p.elapsed > 0 ? 100 * p.exposed / p.elapsed : 0;
+  return absl::StrFormat("[co2-train] round %ld/%ld  loss %.4f%s  exposed comm %.1f%%  %.0fs",
+                         p.round, p.total, p.loss, FormatMetric(o.task, p.metric),
+                         pct, p.elapsed);
+}
+
+// Kills the children's process group, SIGTERM then SIGKILL after `grace`,
+// and reaps every child.
+void KillAll(std::vector<Child>& children, pid_t pgid, absl::Duration grace) {
+  if (pgid > 0) kill(-pgid, SIGTERM);
+  const absl::Time deadline = absl::Now() + grace;
+  bool sent_kill = false;
+  while (true) {
+    bool any = false;
+    for (Child& c : children) {
+      if (!c.running) continue;
+      if (waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
+        c.running = false;
+      } else {
+        any = true;
+      }
+    }
+    if (!any) return;
+    if (!sent_kill && absl::Now() >= deadline) {
+      if (pgid > 0) kill(-pgid, SIGKILL);
+      sent_kill = true;
+    }
+    absl::SleepFor(absl::Milliseconds(20));  // reaping a dying group
+  }
+}
+
+std::map<std::string, std::string> Settings(const TrainerOptions& o) {
+  return {{"task", o.task},
+          {"algo", o.algo},
+          {"workers", absl::StrCat(o.workers)},
+          {"local_ranks", absl::StrCat(o.local_ranks)},
+          {"tau", absl::StrCat(o.tau)},
+          {"epochs", absl::StrCat(o.epochs)},
+          {"steps", absl::StrCat(o.steps)},
+          {"seed", absl::StrCat(o.seed)},
+          {"optimizer", o.optimizer},
+          {"lr", absl::StrCat(o.lr)},
+          {"lr_schedule", o.lr_schedule},
+          {"batch_size", absl::StrCat(o.batch_size)},
+          {"alpha", absl::StrCat(o.alpha)},
+          {"beta", absl::StrCat(o.beta)},
+          {"momentum", o.momentum},
+          {"gap_penalty", o.gap_penalty},
+          {"clip", o.clip},
+          {"clip_value", absl::StrCat(o.clip_value)},
+          {"codec", o.codec},
+          {"downlink_codec", o.downlink_codec},
+          {"shards", absl::StrCat(o.shards)}};
+}
+
+}  // namespace
+
+absl::Status RunLauncher(const LaunchOptions& launch) {
+  const absl::Time started = absl::Now();
+  TrainerOptions o = launch.trainer;
+  CO2_RETURN_IF_ERROR(ValidateTrainerOptions(o));
+  CO2_RETURN_IF_ERROR(CheckDataset(o));
+  const bool uses_aggregator = o.algo != "ddp";
+
+  // Signals are taken synchronously; every thread started below inherits
+  // the mask, children get the old one back before exec.
+  sigset_t signals, old_mask;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &signals, &old_mask);
+
+  bool own_run_dir = false;
+  if (o.run_dir.empty()) {
+    std::string templ = "/tmp/co2-train.XXXXXX";
+    if (mkdtemp(templ.data()) == nullptr) {
+      return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
+    }
+    o.run_dir = templ;
+    own_run_dir = true;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(o.run_dir + "/store", ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create ", o.run_dir, "/store: ", ec.message()));
+  }
+  std::filesystem::remove(ProgressPath(o.run_dir), ec);
+  if (o.job.empty()) {
+    o.job = absl::StrCat("co2-train-", getpid(), "-", absl::ToUnixMillis(started));
+  }
+
+  std::vector<std::unique_ptr<server::AggregatorServer>> shards;
+  if (uses_aggregator && o.aggregators.empty()) {
+    for (int i = 0; i < o.shards; ++i) {
+      server::AggregatorServerOptions so;
+      so.address = "127.0.0.1:0";
+      so.registry.shard_index = i;
+      so.registry.num_shards = o.shards;
+      so.registry.default_round_timeout = o.round_timeout;
+      CO2_ASSIGN_OR_RETURN(std::unique_ptr<server::AggregatorServer> s,
+                           server::AggregatorServer::Start(so));
+      o.aggregators.push_back(absl::StrCat("127.0.0.1:", s->port()));
+      shards.push_back(std::move(s));
+    }
+  }
+
+  // Everything a child needs is prepared before fork: after it, only
+  // async-signal-safe calls until exec.
+  std::vector<Child> children;
+  std::vector<std::vector<std::string>> argvs;
+  for (int w = 0; w < o.workers; ++w) {
+    for (int l = 0; l < o.local_ranks; ++l) {
+      Child c;
+      c.worker = w;
+      c.local_rank = l;
+      c.log = absl::StrCat(o.run_dir, "/rank-", w, "-", l, ".log");
+      children.push_back(c);
+      std::vector<std::string> args = {launch.self_exe};
+      args.insert(args.end(), launch.args.begin(), launch.args.end());
+      args.push_back("--role=worker");
+      args.push_back(absl::StrCat("--worker=", w));
+      args.push_back(absl::StrCat("--local_rank=", l));
+      args.push_back(absl::StrCat("--run_dir=", o.run_dir));
+      args.push_back(absl::StrCat("--job=", o.job));
+      args.push_back(absl::StrCat("--aggregators=", absl::StrJoin(o.aggregators, ",")));
+      argvs.push_back(std::move(args));
+    }
+  }
+  const pid_t launcher = getpid();
+  pid_t pgid = 0;
+  absl::Status failure = absl::OkStatus();
+  for (size_t i = 0; i < children.size(); ++i) {
+    std::vector<char*> argv;
+    for (std::string& a : argvs[i]) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const char* log = children[i].log.c_str();
+    std::fflush(nullptr);
+    const pid_t pid = fork();
+    if (pid < 0) {
+      failure = absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
+      break;
+    }
+    if (pid == 0) {
+      setpgid(0, pgid);
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher) _exit(127);
+      const int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+      }
+      sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    setpgid(pid, pgid);  // also here: no race with the child's own call
+    if (pgid == 0) pgid = pid;
+    children[i].pid = pid;
+    children[i].running = true;
+  }
+
+  const bool live = o.progress && isatty(STDERR_FILENO);
+  std::string last_line;
+  size_t running = 0;
+  for (const Child& c : children) running += c.running ? 1 : 0;
+  bool interrupted = false;
+  double last_metric = -1;
+  while (failure.ok() && running > 0) {
+    timespec timeout{0, 250 * 1000 * 1000};
+    const int sig = sigtimedwait(&signals, nullptr, &timeout);
+    if (sig == SIGINT || sig == SIGTERM) {
+      interrupted = true;
+      failure = absl::CancelledError(
+          absl::StrCat("interrupted by ", strsignal(sig), "; workers stopped"));
+      break;
+    }
+    for (Child& c : children) {
+      if (!c.running || waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
+      c.running = false;
+      --running;
+      if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) && failure.ok()) {
+        failure = absl::AbortedError(absl::StrCat(
+            "worker ", c.worker, " local rank ", c.local_rank, " failed (",
+            DescribeExit(c.status), "); last lines of ", c.log, ":\n",
+            Tail(c.log, 12)));
+      }
+    }
+    const Progress p = ReadProgress(ProgressPath(o.run_dir), last_metric);
+    if (p.metric >= 0) last_metric = p.metric;
+    const std::string line = ProgressLine(o, p);
+    if (line != last_line) {
+      if (live) {
+        std::fprintf(stderr, "\r\033[K%s", line.c_str());
+      } else if (p.valid && (p.round == p.total || p.round % 10 == 0)) {
+        std::fprintf(stderr, "%s\n", line.c_str());
+      }
+      last_line = line;
+    }
+  }
+  if (live) std::fprintf(stderr, "\n");
+  KillAll(children, pgid, absl::Seconds(5));
+  for (auto& s : shards) s->Shutdown(absl::Seconds(1));
+  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+  if (!failure.ok()) {
+    if (own_run_dir && !o.keep_run_dir && interrupted) {
+      std::filesystem::remove_all(o.run_dir, ec);
+    } else {
+      std::fprintf(stderr, "co2-train: logs kept in %s\n", o.run_dir.c_str());
+    }
+    return failure;
+  }
+
+  std::vector<RankReport> reports;
+  for (const Child& c : children) {
+    CO2_ASSIGN_OR_RETURN(RankReport r,
+                         ReadRankReport(RankReportPath(o.run_dir, c.worker, c.local_rank)));
+    reports.push_back(std::move(r));
+  }
+  CO2_ASSIGN_OR_RETURN(MergedSummary summary, Summarize(reports));
+  RunInfo info;
+  info.settings = Settings(o);
+  info.wall_s = absl::ToDoubleSeconds(absl::Now() - started);
+  info.aggregators = o.aggregators;
+  if (!o.report.empty()) {
+    CO2_RETURN_IF_ERROR(
+        WriteFileAtomically(o.report, MergedReportJson(info, reports, summary)));
+  }
+
+  std::printf("co2-train: %s, algo=%s, %d workers x %d local ranks, tau=%d: %d rounds, %lld steps\n",
+              o.task.c_str(), o.algo.c_str(), o.workers, o.local_ranks, o.tau,
+              summary.rounds, static_cast<long long>(reports[0].steps));
+  for (const auto& [name, value] : summary.final_metrics) {
+    if (name.find("accuracy") != std::string::npos) {
+      std::printf("  final %s: %.2f%%\n", name.c_str(), 100 * value);
+    } else {
+      std::printf("  final %s: %.4f\n", name.c_str(), value);
+    }
+  }
+  std::printf("  final train loss: %.4f\n", summary.final_loss);
+  std::printf("  wall time: %.1f s; exposed communication: %.2f s (%.1f%% of training)\n",
+              info.wall_s, summary.exposed_comm_s, 100 * summary.exposed_comm_fraction);
+  std::printf("  bytes sent: %.2f MB\n", summary.bytes_sent / 1e6);
+  std::printf("  parameters identical on every rank after every boundary: %s\n",
+              summary.params_identical ? "yes" : summary.first_difference.c_str());
+  if (!o.report.empty()) std::printf("  report: %s\n", o.report.c_str());
+  std::fflush(stdout);
+  if (own_run_dir && !o.keep_run_dir) std::filesystem::remove_all(o.run_dir, ec);
+  return absl::OkStatus();
+}
+
+}  // namespace co2::client

@@ -1,0 +1,291 @@
+#include "client/shard_stream.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/layout.h"
+#include "common/logging.h"
+#include "grpcpp/client_context.h"
+
+namespace co2::client {
+
+struct ShardStream::Call {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ExchangeRequest, v1::OuterUpdate>>
+      stream;
+};
+
+namespace {
+
+// Codes that say the request itself is wrong: retrying cannot help.
+bool IsTerminal(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kResourceExhausted:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::vector<std::string> ChunkBuffers(common::Codec codec, size_t elements) {
+  std::vector<std::string> chunks(common::NumChunks(elements));
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    chunks[i].resize(
+        common::EncodedSize(codec, common::ChunkRange(elements, i).size()));
+  }
+  return chunks;
+}
+
+}  // namespace
+
+ShardStream::ShardStream(const ShardStreamOptions& options,
+                         v1::Aggregator::Stub* stub)
+    : options_(options),
+      stub_(stub),
+      num_chunks_(static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
+      send_(ChunkBuffers(options.uplink, options.shard_elements)),
+      recv_(num_chunks_),
+      next_update_round_(options.first_update_round),
+      recv_have_(num_chunks_, false) {
+  reader_ = std::thread([this] { ReadLoop(); });
+  writer_ = std::thread([this] { WriteLoop(); });
+}
+
+ShardStream::~ShardStream() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (call_) call_->context.TryCancel();
+  }
+  reader_.join();
+  writer_.join();
+}
+
+absl::StatusOr<std::vector<std::string>*> ShardStream::BeginContribution(
+    absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !error_.ok() || !has_contribution_ ||
+           (next_send_ == num_chunks_ && !writing_ && ReadyLocked(send_round_));
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&free), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "shard ", options_.shard_index, ": contribution of round ", send_round_,
+        " still in flight at the deadline (", next_send_, " of ", num_chunks_,
+        " chunks written)"));
+  }
+  if (!error_.ok()) return error_;
+  has_contribution_ = false;
+  return &send_;
+}
+
+void ShardStream::CommitContribution(uint64_t round, double weight) {
+  absl::MutexLock lock(&mu_);
+  has_contribution_ = true;
+  send_round_ = round;
+  send_weight_ = weight;
+  next_send_ = 0;
+}
+
+bool ShardStream::ReadyLocked(uint64_t round) const {
+  return round < next_update_round_ ||
+         (round == next_update_round_ && recv_count_ == num_chunks_);
+}
+
+bool ShardStream::UpdateReady(uint64_t round) const {
+  absl::MutexLock lock(&mu_);
+  return ReadyLocked(round);
+}
+
+absl::Status ShardStream::WaitForUpdate(uint64_t round, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return ReadyLocked(round) || !error_.ok();
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&done), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "shard ", options_.shard_index, ": outer update of round ", round,
+        " did not arrive by the deadline (", recv_count_, " of ", num_chunks_,
+        " chunks of round ", next_update_round_, " received)"));
+  }
+  if (ReadyLocked(round)) return absl::OkStatus();
+  return error_;
+}
+
+const std::vector<std::string>& ShardStream::UpdateChunks() const {
+  return recv_;
+}
+
+void ShardStream::ReleaseUpdate(uint64_t round) {
+  absl::MutexLock lock(&mu_);
+  if (round != next_update_round_) return;
+  ++next_update_round_;
+  recv_count_ = 0;
+  std::fill(recv_have_.begin(), recv_have_.end(), false);
+}
+
+ShardStreamStats ShardStream::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void ShardStream::Fail(absl::Status status) {
+  if (!error_.ok()) return;
+  CO2_LOG(ERROR) << "shard " << options_.shard_index << " stream failed: "
+                 << status;
+  error_ = std::move(status);
+}
+
+bool ShardStream::Reconnect() {
+  const absl::Time give_up = absl::Now() + options_.reconnect_timeout;
+  absl::Duration backoff = options_.initial_backoff;
+  while (true) {
+    auto call = std::make_shared<Call>();
+    v1::ExchangeRequest open;
+    open.mutable_open()->set_job(options_.job);
+    open.mutable_open()->set_worker_id(options_.worker_id);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return false;
+      open.mutable_open()->set_replay_from_round(next_update_round_);
+      // Installed before the first write so that shutdown can cancel it.
+      call->stream = stub_->Exchange(&call->context);
+      call_ = call;
+    }
+    if (call->stream->Write(open)) {
+      absl::MutexLock lock(&mu_);
+      if (generation_ > 0) ++stats_.reconnects;
+      ++generation_;
+      // The shard may have lost what we sent: resend unless already answered.
+      if (has_contribution_ && !ReadyLocked(send_round_)) next_send_ = 0;
+      return true;
+    }
+    const absl::Status status = common::FromGrpcStatus(call->stream->Finish());
+    absl::MutexLock lock(&mu_);
+    if (IsTerminal(status.code())) {
+      Fail(status);
+      return false;
+    }
+    if (absl::Now() + backoff > give_up) {
+      Fail(absl::UnavailableError(absl::StrCat(
+          "shard ", options_.shard_index, " unreachable for ",
+          absl::FormatDuration(options_.reconnect_timeout), ": ",
+          status.ToString())));
+      return false;
+    }
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stopping), backoff);
+    backoff = std::min(2 * backoff, options_.max_backoff);
+  }
+}
+
+void ShardStream::ReadLoop() {
+  while (Reconnect()) {
+    std::shared_ptr<Call> call;
+    {
+      absl::MutexLock lock(&mu_);
+      call = call_;
+    }
+    v1::OuterUpdate update;
+    while (call->stream->Read(&update)) HandleUpdate(update);
+    call->context.TryCancel();  // unblocks a writer stuck on this call
+    {
+      absl::MutexLock lock(&mu_);
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; };
+      mu_.Await(absl::Condition(&idle));
+    }
+    const absl::Status status = common::FromGrpcStatus(call->stream->Finish());
+    absl::MutexLock lock(&mu_);
+    if (stop_) return;
+    if (IsTerminal(status.code())) {
+      Fail(status);
+      return;
+    }
+    CO2_LOG(WARNING) << "shard " << options_.shard_index
+                     << " stream broken (" << status << "); reconnecting";
+  }
+}
+
+void ShardStream::HandleUpdate(v1::OuterUpdate& update) {
+  const uint32_t index = update.chunk_index();
+  absl::Status valid;
+  if (index >= num_chunks_ || update.codec() != int(options_.downlink)) {
+    valid = absl::InternalError(absl::StrCat(
+        "shard ", options_.shard_index, " sent update chunk ", index,
+        " with codec ", update.codec(), "; expected < ", num_chunks_,
+        " chunks of codec ", int(options_.downlink)));
+  } else {
+    valid = common::Validate(
+        options_.downlink, update.payload(),
+        common::ChunkRange(options_.shard_elements, index).size());
+  }
+  absl::MutexLock lock(&mu_);
+  if (!valid.ok()) {
+    Fail(valid);
+    return;
+  }
+  // Hold a newer update until the trainer has applied the one before it.
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || update.round() <= next_update_round_;
+  };
+  mu_.Await(absl::Condition(&room));
+  if (stop_ || update.round() < next_update_round_ || recv_have_[index]) return;
+  recv_[index].swap(*update.mutable_payload());
+  recv_have_[index] = true;
+  ++recv_count_;
+  stats_.bytes_received += recv_[index].size();
+}
+
+void ShardStream::WriteLoop() {
+  while (true) {
+    std::shared_ptr<Call> call;
+    uint32_t index = 0;
+    uint64_t generation = 0;
+    v1::ExchangeRequest request;
+    {
+      absl::MutexLock lock(&mu_);
+      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || (call_ && error_.ok() && has_contribution_ &&
+                         next_send_ < num_chunks_ &&
+                         failed_write_generation_ != generation_);
+      };
+      mu_.Await(absl::Condition(&work));
+      if (stop_) return;
+      call = call_;
+      generation = generation_;
+      index = next_send_;
+      writing_ = true;
+      v1::Contribution* c = request.mutable_contribution();
+      c->set_round(send_round_);
+      c->set_chunk_index(index);
+      c->set_codec(v1::Codec(options_.uplink));
+      c->set_weight(send_weight_);
+    }
+    // The writer owns send_[index] while writing: lend it to the message.
+    std::string* payload = request.mutable_contribution()->mutable_payload();
+    payload->swap(send_[index]);
+    const bool ok = call->stream->Write(request);
+    payload->swap(send_[index]);
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      failed_write_generation_ = generation;  // wait for the reader to reconnect
+    } else if (generation == generation_ && next_send_ == index) {
+      next_send_ = index + 1;
+      stats_.bytes_sent += send_[index].size();
+    }
+  }
+}
+
+}  // namespace co2::client

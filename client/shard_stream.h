@@ -1,0 +1,122 @@
+// ShardStream: a worker's long-lived Exchange stream to one aggregator shard.
+// It owns this shard's slice of the send buffer (the encoded chunks of the
+// latest contribution) and of the receive buffer (the encoded chunks of one
+// outer update), a writer thread that streams the contribution and a reader
+// thread that fills the receive buffer. On UNAVAILABLE (shard restart, broken
+// link) the reader reconnects with exponential backoff, asks the shard to
+// replay the update it still needs, and the writer resends the contribution
+// whose update has not arrived (contributions are idempotent per chunk).
+//
+// Threads: Begin/Commit/Take/Release come from the one trainer thread (via
+// AggregatorClient); all other methods are safe from any thread. Every wait
+// takes a deadline.
+#ifndef CO2_CLIENT_SHARD_STREAM_H_
+#define CO2_CLIENT_SHARD_STREAM_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "co2/v1/aggregator.grpc.pb.h"
+#include "common/codec.h"
+
+namespace co2::client {
+
+struct ShardStreamOptions {
+  std::string job;
+  std::string worker_id;
+  uint32_t shard_index = 0;
+  size_t shard_elements = 0;
+  common::Codec uplink = common::Codec::kFp32;
+  common::Codec downlink = common::Codec::kFp32;
+  uint64_t first_update_round = 0;  // the first update this worker applies
+  absl::Duration reconnect_timeout = absl::Seconds(60);
+  absl::Duration initial_backoff = absl::Milliseconds(50);
+  absl::Duration max_backoff = absl::Seconds(2);
+};
+
+struct ShardStreamStats {
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t reconnects = 0;
+};
+
+class ShardStream {
+ public:
+  // `stub` is borrowed and must outlive the stream. Starts the threads.
+  ShardStream(const ShardStreamOptions& options, v1::Aggregator::Stub* stub);
+  ~ShardStream();  // cancels the stream and joins the threads
+  ShardStream(const ShardStream&) = delete;
+  ShardStream& operator=(const ShardStream&) = delete;
+
+  // Waits until the previous contribution is fully written and its update
+  // has arrived (or was applied), then hands out the send chunks to encode
+  // into (sized for the uplink codec). Errors: the stream's terminal error,
+  // or DEADLINE_EXCEEDED.
+  absl::StatusOr<std::vector<std::string>*> BeginContribution(
+      absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues the chunks filled since BeginContribution as round `round`.
+  void CommitContribution(uint64_t round, double weight)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  bool UpdateReady(uint64_t round) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status WaitForUpdate(uint64_t round, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The received chunks of update `round` (which must be ready); valid until
+  // ReleaseUpdate.
+  const std::vector<std::string>& UpdateChunks() const;
+  // Frees the receive buffer: the next update may arrive.
+  void ReleaseUpdate(uint64_t round) ABSL_LOCKS_EXCLUDED(mu_);
+
+  ShardStreamStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Call;  // one attempt: context + stream
+
+  void ReadLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void WriteLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Opens a new call (with backoff) and installs it; false when giving up.
+  bool Reconnect() ABSL_LOCKS_EXCLUDED(mu_);
+  void HandleUpdate(v1::OuterUpdate& update) ABSL_LOCKS_EXCLUDED(mu_);
+  void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ReadyLocked(uint64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const ShardStreamOptions options_;
+  v1::Aggregator::Stub* const stub_;
+  const uint32_t num_chunks_;
+
+  mutable absl::Mutex mu_;
+  std::shared_ptr<Call> call_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumps on every new call
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status error_ ABSL_GUARDED_BY(mu_);  // terminal; OK while healthy
+
+  // Send side. The writer owns send_[next_send_..] while sending.
+  std::vector<std::string> send_;
+  bool has_contribution_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t send_round_ ABSL_GUARDED_BY(mu_) = 0;
+  double send_weight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t next_send_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t failed_write_generation_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Receive side: one update at a time.
+  std::vector<std::string> recv_;
+  uint64_t next_update_round_ ABSL_GUARDED_BY(mu_);  // the one we wait for
+  uint32_t recv_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<bool> recv_have_ ABSL_GUARDED_BY(mu_);
+
+  ShardStreamStats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread reader_;
+  std::thread writer_;
+};
+
+}  // namespace co2::client
+
+#endif  // CO2_CLIENT_SHARD_STREAM_H_

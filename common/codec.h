@@ -1,0 +1,58 @@
+// Wire codecs for flat fp32 vectors: fp32 (raw), bf16 (round-to-nearest-even)
+// and int8 (per 1,024-element block: an fp32 scale absmax/127, then int8
+// values; layout [all scales][all values]). Decoding is deterministic, so a
+// sender that decodes what it encoded holds the receiver's exact bits.
+// Pure functions on caller-owned buffers; any thread.
+#ifndef CO2_COMMON_CODEC_H_
+#define CO2_COMMON_CODEC_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace co2::common {
+
+// Values match co2.v1.Codec on the wire.
+enum class Codec : int { kFp32 = 1, kBf16 = 2, kInt8 = 3 };
+
+inline constexpr size_t kInt8BlockElements = 1024;
+
+// "fp32", "bf16", "int8".
+std::string_view CodecName(Codec codec);
+// Parses a CodecName; INVALID_ARGUMENT naming the unknown value otherwise.
+absl::StatusOr<Codec> ParseCodec(std::string_view name);
+// Converts a wire enum value; INVALID_ARGUMENT for anything but 1, 2, 3.
+absl::StatusOr<Codec> CodecFromWire(int value);
+
+// Bytes that Encode writes for `elements` elements.
+size_t EncodedSize(Codec codec, size_t elements);
+
+// Writes EncodedSize(codec, in.size()) bytes to `out`. Inputs must be finite.
+void Encode(Codec codec, absl::Span<const float> in, absl::Span<char> out);
+
+// Checks that `bytes` is a well-formed encoding of `elements` values: the
+// exact size and only finite values (for int8: finite, non-negative scales).
+// INVALID_ARGUMENT says which check failed, with the values involved.
+absl::Status Validate(Codec codec, std::string_view bytes, size_t elements);
+
+// out = decode(bytes). `bytes` must have passed Validate for out.size().
+void Decode(Codec codec, std::string_view bytes, absl::Span<float> out);
+
+// acc += weight · decode(bytes), in one pass with no temporary. `bytes` must
+// have passed Validate for acc.size().
+void AccumulateDecoded(Codec codec, std::string_view bytes, float weight,
+                       absl::Span<float> acc);
+
+// Error feedback for lossy codecs: encodes v = value + residual into `out` and
+// leaves residual = v − decode(out), so the quantisation error is carried into
+// the next round instead of being lost. For fp32 the residual stays zero.
+void EncodeWithFeedback(Codec codec, absl::Span<const float> value,
+                        absl::Span<float> residual, absl::Span<char> out);
+
+}  // namespace co2::common
+
+#endif  // CO2_COMMON_CODEC_H_

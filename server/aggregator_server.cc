@@ -1,0 +1,49 @@
+#include "server/aggregator_server.h"
+
+#include "common/logging.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "server/aggregator_service.h"
+
+namespace co2::server {
+
+absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
+    const AggregatorServerOptions& options) {
+  std::unique_ptr<AggregatorServer> server(new AggregatorServer());
+  server->registry_ =
+      std::make_unique<JobRegistry>(options.registry, options.clock);
+  server->service_ = std::make_unique<AggregatorService>(server->registry_.get());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(),
+                           &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.max_message_bytes);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.address,
+                     " (address in use or invalid?)"));
+  }
+  CO2_LOG(INFO) << "aggregator shard " << options.registry.shard_index << "/"
+            << options.registry.num_shards << " listening on port "
+            << server->port_;
+  return server;
+}
+
+AggregatorServer::~AggregatorServer() { Shutdown(absl::ZeroDuration()); }
+
+void AggregatorServer::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
+  server_->Wait();
+}
+
+void AggregatorServer::Wait() { server_->Wait(); }
+
+}  // namespace co2::server

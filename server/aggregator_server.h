@@ -1,0 +1,60 @@
+// AggregatorServer: one running aggregator shard: a gRPC server on a port
+// with the AggregatorService, the JobRegistry behind it and the standard
+// health service. Used by the co2-aggregator binary, by co2-train's embedded
+// aggregator and by tests. Start/Shutdown from one thread; port() from any.
+#ifndef CO2_SERVER_AGGREGATOR_SERVER_H_
+#define CO2_SERVER_AGGREGATOR_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "server/job_registry.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace co2::server {
+
+class AggregatorService;
+
+struct AggregatorServerOptions {
+  std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free one
+  JobRegistryOptions registry;        // shard index, shard count, limits
+  // Largest message accepted (a 1 MiB chunk plus headers fits easily).
+  int max_message_bytes = 8 << 20;
+  common::Clock* clock = common::Clock::Real();  // borrowed
+};
+
+class AggregatorServer {
+ public:
+  // Binds and starts serving; UNAVAILABLE naming the address if it can't bind.
+  static absl::StatusOr<std::unique_ptr<AggregatorServer>> Start(
+      const AggregatorServerOptions& options);
+  ~AggregatorServer();  // Shutdown(absl::ZeroDuration()) if still running
+
+  // Stops accepting calls, cancels the ones still open after `grace`, and
+  // returns once every reaction is done.
+  void Shutdown(absl::Duration grace);
+  // Blocks until Shutdown is called from another thread.
+  void Wait();
+
+  int port() const { return port_; }
+  JobRegistry* registry() { return registry_.get(); }
+
+ private:
+  AggregatorServer() = default;
+
+  std::unique_ptr<JobRegistry> registry_;
+  std::unique_ptr<AggregatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace co2::server
+
+#endif  // CO2_SERVER_AGGREGATOR_SERVER_H_

@@ -1,0 +1,351 @@
+#include "server/aggregator_service.h"
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/codec.h"
+#include "common/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace co2::server {
+namespace {
+
+absl::Status ValidateId(absl::string_view what, const std::string& id) {
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (id.size() > kMaxIdLength) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " is ", id.size(), " bytes long (limit ", kMaxIdLength, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobShard*> FindJob(JobRegistry* registry, const std::string& job,
+                                  const std::string& worker) {
+  CO2_RETURN_IF_ERROR(ValidateId("job", job));
+  CO2_RETURN_IF_ERROR(ValidateId("worker_id", worker));
+  return registry->Find(job);
+}
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                      const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(common::ToGrpcStatus(status));
+  return reactor;
+}
+
+absl::Status DoJoin(JobRegistry* registry, const v1::JoinRequest& request,
+                    v1::JoinResponse* response) {
+  CO2_ASSIGN_OR_RETURN(common::Codec uplink,
+                       common::CodecFromWire(request.uplink_codec()));
+  CO2_RETURN_IF_ERROR(ValidateId("job", request.job()));
+  CO2_RETURN_IF_ERROR(ValidateId("worker_id", request.worker_id()));
+  const v1::JobConfig config = registry->WithDefaults(request.config());
+  CO2_ASSIGN_OR_RETURN(JobShard * job, registry->GetOrCreate(request.job(), config));
+  CO2_ASSIGN_OR_RETURN(JoinResult joined,
+                       job->Join(request.worker_id(), config, uplink));
+  response->set_shard_index(registry->options().shard_index);
+  response->set_range_begin(job->range().begin);
+  response->set_range_end(job->range().end);
+  response->set_num_chunks(job->num_chunks());
+  response->set_must_seed(joined.must_seed);
+  response->set_open_round(joined.open_round);
+  response->set_lease_ms(static_cast<uint32_t>(
+      absl::ToInt64Milliseconds(registry->options().shard.lease)));
+  return absl::OkStatus();
+}
+
+// Receives A_0 chunk by chunk from the worker that was told to seed.
+class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
+ public:
+  SeedReactor(JobRegistry* registry, v1::SeedResponse* response)
+      : registry_(registry), response_(response) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(common::ToGrpcStatus(Complete()));
+      return;
+    }
+    absl::Status status = Accept();
+    if (!status.ok()) {
+      Finish(common::ToGrpcStatus(status));
+      return;
+    }
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  absl::Status Accept() {
+    if (job_ == nullptr) {
+      CO2_ASSIGN_OR_RETURN(job_,
+                           FindJob(registry_, chunk_.job(), chunk_.worker_id()));
+      worker_ = chunk_.worker_id();
+    }
+    if (chunk_.anchor_round() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a seed is the anchor of round 0, got anchor_round ",
+          chunk_.anchor_round()));
+    }
+    CO2_RETURN_IF_ERROR(
+        job_->SeedChunk(worker_, chunk_.chunk_index(), chunk_.payload()));
+    ++received_;
+    return absl::OkStatus();
+  }
+
+  absl::Status Complete() {
+    if (job_ == nullptr || received_ != job_->num_chunks()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "seed ended after ", received_, " chunks of ",
+          job_ == nullptr ? 0 : job_->num_chunks()));
+    }
+    response_->set_anchor_round(0);
+    return absl::OkStatus();
+  }
+
+  JobRegistry* const registry_;
+  v1::SeedResponse* const response_;
+  v1::AnchorChunk chunk_;
+  JobShard* job_ = nullptr;
+  std::string worker_;
+  uint32_t received_ = 0;
+};
+
+// Streams a snapshot of the anchor, one chunk per write.
+class FetchReactor : public grpc::ServerWriteReactor<v1::AnchorChunk> {
+ public:
+  FetchReactor(JobRegistry* registry, const v1::FetchRequest& request) {
+    absl::StatusOr<JobShard*> job =
+        FindJob(registry, request.job(), request.worker_id());
+    absl::StatusOr<AnchorSnapshot> snapshot =
+        job.ok() ? (*job)->Fetch(request.worker_id())
+                 : absl::StatusOr<AnchorSnapshot>(job.status());
+    if (!snapshot.ok()) {
+      Finish(common::ToGrpcStatus(snapshot.status()));
+      return;
+    }
+    snapshot_ = *std::move(snapshot);
+    WriteNext();
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
+      return;
+    }
+    WriteNext();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void WriteNext() {
+    if (next_ == snapshot_.chunks.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    message_.set_anchor_round(snapshot_.anchor_round);
+    message_.set_chunk_index(static_cast<uint32_t>(next_));
+    message_.set_payload(std::move(snapshot_.chunks[next_]));
+    ++next_;
+    StartWrite(&message_);
+  }
+
+  AnchorSnapshot snapshot_;
+  size_t next_ = 0;
+  v1::AnchorChunk message_;
+};
+
+// One worker's long-lived stream to this shard: reads contributions, writes
+// every outer update of the job. Writes are queued in an Outbox that the
+// JobShard holds weakly; at most one write is in flight, and Finish waits for
+// it, so a write is never started on a finished reactor.
+class ExchangeReactor
+    : public grpc::ServerBidiReactor<v1::ExchangeRequest, v1::OuterUpdate> {
+ public:
+  explicit ExchangeReactor(JobRegistry* registry)
+      : registry_(registry), outbox_(std::make_shared<Outbox>(this)) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the worker closed its side (or the call was cancelled)
+      outbox_->RequestFinish(absl::OkStatus());
+      return;
+    }
+    absl::Status status = Handle();
+    if (!status.ok()) {
+      outbox_->RequestFinish(status);
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool ok) override { outbox_->WriteDone(ok); }
+
+  void OnDone() override { delete this; }
+
+ private:
+  class Outbox : public UpdateSink {
+   public:
+    explicit Outbox(ExchangeReactor* reactor) : reactor_(reactor) {}
+
+    void Send(std::shared_ptr<const UpdateChunks> update) override
+        ABSL_LOCKS_EXCLUDED(mu_) {
+      const v1::OuterUpdate* start = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        if (finishing_) return;
+        for (const auto& chunk : *update) queue_.push_back(chunk);
+        start = NextLocked();
+      }
+      if (start != nullptr) reactor_->StartWrite(start);
+    }
+
+    void WriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
+      const v1::OuterUpdate* start = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        writing_ = false;
+        queue_.pop_front();
+        if (!ok) {
+          finishing_ = true;
+          status_ = absl::CancelledError("worker stream broken");
+        }
+        start = NextLocked();
+        if (start == nullptr && !ShouldFinishLocked()) return;
+      }
+      if (start != nullptr) {
+        reactor_->StartWrite(start);
+      } else {
+        reactor_->Finish(common::ToGrpcStatus(status_));
+      }
+    }
+
+    // Finishes once the write in flight (if any) is done.
+    void RequestFinish(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (finishing_) return;
+        finishing_ = true;
+        status_ = std::move(status);
+        // The message in flight must live until its OnWriteDone.
+        queue_.erase(queue_.begin() + (writing_ ? 1 : 0), queue_.end());
+        if (writing_) return;
+      }
+      reactor_->Finish(common::ToGrpcStatus(status_));
+    }
+
+   private:
+    const v1::OuterUpdate* NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (writing_ || finishing_ || queue_.empty()) return nullptr;
+      writing_ = true;
+      return queue_.front().get();
+    }
+    bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return finishing_ && !writing_;
+    }
+
+    ExchangeReactor* const reactor_;  // outlives every write it starts
+    absl::Mutex mu_;
+    std::deque<std::shared_ptr<const v1::OuterUpdate>> queue_
+        ABSL_GUARDED_BY(mu_);
+    bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+    absl::Status status_ ABSL_GUARDED_BY(mu_);
+  };
+
+  absl::Status Handle() {
+    if (request_.has_open()) {
+      if (job_ != nullptr) {
+        return absl::InvalidArgumentError("the stream is already open");
+      }
+      const v1::ExchangeOpen& open = request_.open();
+      CO2_ASSIGN_OR_RETURN(job_,
+                           FindJob(registry_, open.job(), open.worker_id()));
+      worker_ = open.worker_id();
+      CO2_RETURN_IF_ERROR(job_->UplinkCodec(worker_).status());
+      for (auto& update : job_->Subscribe(outbox_, open.replay_from_round())) {
+        outbox_->Send(std::move(update));
+      }
+      return absl::OkStatus();
+    }
+    if (!request_.has_contribution()) {
+      return absl::InvalidArgumentError(
+          "an ExchangeRequest must carry open or contribution");
+    }
+    if (job_ == nullptr) {
+      return absl::InvalidArgumentError(
+          "the first message of an Exchange stream must be open");
+    }
+    CO2_RETURN_IF_ERROR(job_->Contribute(worker_, request_.contribution()));
+    registry_->Wake();
+    return absl::OkStatus();
+  }
+
+  JobRegistry* const registry_;
+  const std::shared_ptr<Outbox> outbox_;
+  v1::ExchangeRequest request_;
+  JobShard* job_ = nullptr;
+  std::string worker_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AggregatorService::Join(
+    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
+    v1::JoinResponse* response) {
+  return FinishUnary(context, DoJoin(registry_, *request, response));
+}
+
+grpc::ServerReadReactor<v1::AnchorChunk>* AggregatorService::Seed(
+    grpc::CallbackServerContext* /*context*/, v1::SeedResponse* response) {
+  return new SeedReactor(registry_, response);
+}
+
+grpc::ServerWriteReactor<v1::AnchorChunk>* AggregatorService::Fetch(
+    grpc::CallbackServerContext* /*context*/, const v1::FetchRequest* request) {
+  return new FetchReactor(registry_, *request);
+}
+
+grpc::ServerBidiReactor<v1::ExchangeRequest, v1::OuterUpdate>*
+AggregatorService::Exchange(grpc::CallbackServerContext* /*context*/) {
+  return new ExchangeReactor(registry_);
+}
+
+grpc::ServerUnaryReactor* AggregatorService::Heartbeat(
+    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
+    v1::HeartbeatResponse* response) {
+  absl::StatusOr<JobShard*> job =
+      FindJob(registry_, request->job(), request->worker_id());
+  absl::Status status =
+      job.ok() ? (*job)->Heartbeat(request->worker_id()) : job.status();
+  if (status.ok()) {
+    response->set_lease_ms(static_cast<uint32_t>(
+        absl::ToInt64Milliseconds(registry_->options().shard.lease)));
+    response->set_open_round((*job)->stats().rounds_closed);
+  }
+  return FinishUnary(context, status);
+}
+
+grpc::ServerUnaryReactor* AggregatorService::Leave(
+    grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
+    v1::LeaveResponse* /*response*/) {
+  absl::StatusOr<JobShard*> job =
+      FindJob(registry_, request->job(), request->worker_id());
+  absl::Status status =
+      job.ok() ? (*job)->Leave(request->worker_id()) : job.status();
+  if (status.ok()) registry_->Wake();  // a round may now be complete
+  return FinishUnary(context, status);
+}
+
+}  // namespace co2::server

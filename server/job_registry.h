@@ -1,0 +1,76 @@
+// JobRegistry: the jobs one aggregator shard serves, and the poller thread
+// that drives them: it closes rounds (running the outer step off the gRPC
+// reactor threads), expires leases and wakes at the earliest deadline.
+// Thread-safe; the JobShards it returns live as long as the registry.
+#ifndef CO2_SERVER_JOB_REGISTRY_H_
+#define CO2_SERVER_JOB_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "co2/v1/aggregator.pb.h"
+#include "common/clock.h"
+#include "server/job_shard.h"
+
+namespace co2::server {
+
+struct JobRegistryOptions {
+  uint32_t shard_index = 0;
+  uint32_t num_shards = 1;
+  uint32_t max_jobs = 64;  // RESOURCE_EXHAUSTED past this
+  JobShardOptions shard;   // shard_index is copied from above
+  // Used for a JobConfig that leaves min_workers / round_timeout_ms at 0.
+  uint32_t default_min_workers = 1;
+  absl::Duration default_round_timeout = absl::Seconds(60);
+  // The poller re-checks deadlines at least this often; it is woken at once
+  // by new contributions.
+  absl::Duration max_poll_interval = absl::Milliseconds(500);
+};
+
+class JobRegistry {
+ public:
+  // `clock` is borrowed. Starts the poller thread.
+  JobRegistry(const JobRegistryOptions& options, common::Clock* clock);
+  ~JobRegistry();  // stops the poller
+  JobRegistry(const JobRegistry&) = delete;
+  JobRegistry& operator=(const JobRegistry&) = delete;
+
+  // `config` with the server's defaults filled in for fields left at 0.
+  v1::JobConfig WithDefaults(v1::JobConfig config) const;
+
+  // The job, created with `config` (after WithDefaults) on its first call. INVALID_ARGUMENT for a
+  // config that is invalid or names another number of shards.
+  absl::StatusOr<JobShard*> GetOrCreate(const std::string& job,
+                                        const v1::JobConfig& config)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // NOT_FOUND naming the job if nobody joined it.
+  absl::StatusOr<JobShard*> Find(const std::string& job) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks the poller to poll every job now (after a contribution).
+  void Wake() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const JobRegistryOptions& options() const { return options_; }
+
+ private:
+  void PollLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const JobRegistryOptions options_;
+  common::Clock* const clock_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<JobShard>> jobs_
+      ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread poller_;
+};
+
+}  // namespace co2::server
+
+#endif  // CO2_SERVER_JOB_REGISTRY_H_

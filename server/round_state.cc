@@ -1,0 +1,281 @@
+#include "server/round_state.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/layout.h"
+
+namespace co2::server {
+namespace {
+
+// Debian's Abseil is built with its own string_view, distinct from std's.
+absl::string_view AsAbsl(std::string_view s) {
+  return absl::string_view(s.data(), s.size());
+}
+
+}  // namespace
+
+// How the state is kept:
+//  - Two accumulators alternate by round parity, so rounds open and open + 1
+//    never share one. Closing round r divides its buffer in place (the mean)
+//    and hands the same buffer to round r + 2 without touching it: each chunk
+//    is zeroed only when round r + 2 first accumulates into it, so the mean
+//    stays valid until the caller's next AddChunk and nothing is allocated
+//    after construction.
+//  - Accumulation uses the weight rounded to fp32, and the weight sums add
+//    that same fp32 value (in double), so Σ w·Δ / Σ w is exact for equal
+//    weights and integer deltas.
+//  - A round never closes without a complete contribution, and a complete
+//    contribution has a weight >= FLT_MIN on every chunk, so no chunk has a
+//    weight sum of 0 at close. The guard in Close (mean 0 for such a chunk)
+//    is defensive only: it keeps a broken invariant from producing NaN.
+//  - Contribution weight (ClosedRound::total_weight) is the weight a worker
+//    sent with chunk 0 of the round; the mean itself uses every chunk's own
+//    weight.
+//  - Only chunks of the open round itself start its deadline; a folded
+//    straggler's chunk of the previous round does not.
+//  - With an empty shard (no chunks) nothing can arrive, so no round closes.
+
+void RoundState::ChunkSet::Reset(uint32_t num_chunks) {
+  words_.assign((num_chunks + 63) / 64, 0);
+  count_ = 0;
+}
+
+void RoundState::ChunkSet::Clear() {
+  std::fill(words_.begin(), words_.end(), 0);
+  count_ = 0;
+}
+
+void RoundState::ChunkSet::Set(uint32_t c) {
+  const uint64_t bit = uint64_t{1} << (c % 64);
+  if ((words_[c / 64] & bit) == 0) {
+    words_[c / 64] |= bit;
+    ++count_;
+  }
+}
+
+RoundState::RoundState(const RoundOptions& options, common::Clock* clock)
+    : options_(options),
+      clock_(clock),
+      num_chunks_(
+          static_cast<uint32_t>(common::NumChunks(options.shard_elements))) {
+  for (int s = 0; s < 2; ++s) {
+    acc_[s].assign(options_.shard_elements, 0.0f);
+    weight_sum_[s].assign(num_chunks_, 0.0);
+  }
+}
+
+void RoundState::AddWorker(std::string_view worker, uint64_t first_round) {
+  auto [it, inserted] = workers_.try_emplace(AsAbsl(worker));
+  Worker& w = it->second;
+  if (inserted) {
+    for (ChunkSet& set : w.received) set.Reset(num_chunks_);
+  }
+  if (!w.live) ++live_workers_;
+  w.live = true;
+  w.first_round = first_round;
+}
+
+void RoundState::RemoveWorker(std::string_view worker) {
+  auto it = workers_.find(AsAbsl(worker));
+  if (it == workers_.end() || !it->second.live) return;
+  it->second.live = false;
+  --live_workers_;
+  // The record stays while it has counted chunks (see workers_); Close drops
+  // it once they leave the window.
+}
+
+bool RoundState::IsLive(std::string_view worker) const {
+  auto it = workers_.find(AsAbsl(worker));
+  return it != workers_.end() && it->second.live;
+}
+
+size_t RoundState::live_workers() const { return live_workers_; }
+
+absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
+    std::string_view worker, uint64_t round, uint32_t chunk_index,
+    common::Codec codec, std::string_view payload, double weight) {
+  // Malformed requests first: they are never worth a retry.
+  if (chunk_index >= num_chunks_) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_index ", chunk_index,
+                                                   " out of range: shard has ",
+                                                   num_chunks_, " chunks"));
+  }
+  if (!(std::isfinite(weight) && weight > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight must be finite and > 0, got ", weight));
+  }
+  // The accumulators apply the weight in fp32: outside fp32's normal range it
+  // would round to 0 or inf.
+  if (weight < FLT_MIN || weight > FLT_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight ", weight, " is outside the fp32 range [", FLT_MIN,
+                     ", ", FLT_MAX, "]"));
+  }
+  const absl::StatusOr<common::Codec> known =
+      common::CodecFromWire(static_cast<int>(codec));
+  if (!known.ok()) return known.status();
+  const size_t elements = ChunkElements(chunk_index);
+  const size_t expected = common::EncodedSize(codec, elements);
+  if (payload.size() != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload of chunk ", chunk_index, " is ", payload.size(),
+                     " bytes, expected ", expected, " for ", elements, " ",
+                     AsAbsl(common::CodecName(codec)), " elements"));
+  }
+
+  auto it = workers_.find(AsAbsl(worker));
+  if (it == workers_.end() || !it->second.live) {
+    return absl::NotFoundError(absl::StrCat(
+        "worker \"", AsAbsl(worker), "\" is not a live member of this job"));
+  }
+  const uint64_t lowest = open_ == 0 ? 0 : open_ - 1;
+  if (round < lowest) {
+    return absl::AbortedError(
+        absl::StrCat("round ", round, " is stale: open round is ", open_,
+                     " (accepted ", lowest, "..", open_ + 1, ")"));
+  }
+  if (round > open_ + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("round ", round, " is ahead of open round ", open_,
+                     " (accepted ", lowest, "..", open_ + 1, ")"));
+  }
+
+  // round >= open − 1 here, so this is kPrev, kOpen or kNext.
+  const int rel = static_cast<int>(round + 1 - open_);
+  Worker& w = it->second;
+  ChunkOutcome outcome;
+  if (w.received[rel].Test(chunk_index)) {
+    outcome.duplicate = true;
+    return outcome;
+  }
+  w.received[rel].Set(chunk_index);
+  if (chunk_index == 0) w.weight0[rel] = weight;
+
+  // A straggler's chunk of open − 1 is folded into the open round.
+  outcome.folded = rel == kPrev;
+  const uint64_t target = outcome.folded ? open_ : round;
+  Accumulate(Slot(target), chunk_index, codec, payload,
+             static_cast<float>(weight));
+  if (!outcome.folded) {
+    has_chunk_[Slot(round)] = true;
+    if (round == open_ && !deadline_.has_value()) {
+      deadline_ = clock_->Now() + options_.round_timeout;
+    }
+  }
+  return outcome;
+}
+
+void RoundState::Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
+                            std::string_view payload, float w) {
+  const common::Range range =
+      common::ChunkRange(options_.shard_elements, chunk_index);
+  const absl::Span<float> acc =
+      absl::MakeSpan(acc_[slot]).subspan(range.begin, range.size());
+  double& sum = weight_sum_[slot][chunk_index];
+  if (sum == 0) std::fill(acc.begin(), acc.end(), 0.0f);
+  common::AccumulateDecoded(codec, payload, w, acc);
+  sum += w;
+}
+
+std::optional<ClosedRound> RoundState::TryClose() {
+  if (num_chunks_ == 0) return std::nullopt;
+  uint32_t complete = 0;
+  double total_weight = 0;
+  bool all_required_done = true;
+  for (const auto& [id, w] : workers_) {
+    if (w.received[kOpen].count() == num_chunks_) {
+      ++complete;
+      total_weight += w.weight0[kOpen];
+    } else if (w.live && w.first_round <= open_) {
+      all_required_done = false;
+    }
+  }
+  if (all_required_done && complete > 0) {
+    return Close(complete, total_weight, /*quorum_close=*/false);
+  }
+  if (!deadline_.has_value() || clock_->Now() < *deadline_) {
+    return std::nullopt;
+  }
+  if (complete == 0 || complete < options_.min_workers) {
+    if (!miss_counted_) {
+      miss_counted_ = true;
+      ++quorum_misses_;
+    }
+    return std::nullopt;
+  }
+  return Close(complete, total_weight, /*quorum_close=*/true);
+}
+
+ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
+                              bool quorum_close) {
+  const int slot = Slot(open_);
+  std::vector<float>& acc = acc_[slot];
+  std::vector<double>& sums = weight_sum_[slot];
+  for (uint32_t c = 0; c < num_chunks_; ++c) {
+    const common::Range range = common::ChunkRange(options_.shard_elements, c);
+    float* begin = acc.data() + range.begin;
+    float* end = acc.data() + range.end;
+    if (sums[c] > 0) {
+      // Divides in double: Σ w may exceed fp32's range, and a quotient of
+      // fp32 values rounded via double is the correctly rounded fp32 one
+      // (the rank-valued mean (N − 1) / 2 comes out exact).
+      const double divisor = sums[c];
+      for (float* p = begin; p != end; ++p) {
+        *p = static_cast<float>(static_cast<double>(*p) / divisor);
+      }
+    } else {
+      std::fill(begin, end, 0.0f);
+    }
+    sums[c] = 0;  // the chunk is stale from here on (see acc_)
+  }
+
+  ClosedRound closed;
+  closed.round = open_;
+  closed.contributors = contributors;
+  closed.total_weight = total_weight;
+  closed.quorum_close = quorum_close;
+  closed.mean = absl::MakeConstSpan(acc);
+
+  has_chunk_[slot] = false;
+  ++open_;
+  deadline_.reset();
+  if (has_chunk_[Slot(open_)]) {
+    deadline_ = clock_->Now() + options_.round_timeout;
+  }
+  miss_counted_ = false;
+
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    Worker& w = it->second;
+    std::swap(w.received[kPrev], w.received[kOpen]);
+    std::swap(w.received[kOpen], w.received[kNext]);
+    w.received[kNext].Clear();
+    w.weight0 = {w.weight0[kOpen], w.weight0[kNext], 0};
+    if (!w.live && w.received[kPrev].count() == 0 &&
+        w.received[kOpen].count() == 0) {
+      workers_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return closed;
+}
+
+uint64_t RoundState::open_round() const { return open_; }
+
+uint32_t RoundState::num_chunks() const { return num_chunks_; }
+
+size_t RoundState::ChunkElements(uint32_t chunk_index) const {
+  if (chunk_index >= num_chunks_) return 0;
+  return common::ChunkRange(options_.shard_elements, chunk_index).size();
+}
+
+std::optional<absl::Time> RoundState::Deadline() const { return deadline_; }
+
+uint64_t RoundState::quorum_misses() const { return quorum_misses_; }
+
+}  // namespace co2::server

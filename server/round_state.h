@@ -1,0 +1,161 @@
+// The round state machine of one (job, shard): membership of the round,
+// streaming accumulation of contributions, and when a round may close.
+// Pure logic with an injectable clock and no I/O; it owns the two round
+// accumulators (the open round r and r + 1) and the per-chunk weight sums, so
+// its memory is O(shard), whatever the number of workers.
+//
+// Rules (design.md §3, §5, §9):
+//  - Accepted rounds are r − 1, r and r + 1 (r = open round). A chunk of r − 1
+//    (a straggler's) is folded into r; older is ABORTED; newer than r + 1 is
+//    FAILED_PRECONDITION.
+//  - Each (worker, round, chunk) counts once; a resend is accepted, ignored.
+//  - Weights are kept per chunk: the mean of chunk c is Σ w·Δ_c / Σ w.
+//  - Round r closes when every live worker required for it (first_round <= r)
+//    has sent all chunks of r; or at its deadline (round_timeout after the
+//    round opened with a chunk in it, or after its first chunk) when at least
+//    min_workers did. A round never closes with no complete contribution.
+//
+// Not thread-safe: the owner serialises calls (server::JobShard holds a mutex).
+#ifndef CO2_SERVER_ROUND_STATE_H_
+#define CO2_SERVER_ROUND_STATE_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/clock.h"
+#include "common/codec.h"
+
+namespace co2::server {
+
+struct RoundOptions {
+  size_t shard_elements = 0;  // n, this shard's range size
+  uint32_t min_workers = 1;   // quorum at the deadline
+  absl::Duration round_timeout = absl::Seconds(60);  // see class comment
+};
+
+struct ChunkOutcome {
+  bool duplicate = false;  // already counted; nothing changed
+  bool folded = false;     // a round r − 1 chunk, added to round r
+};
+
+struct ClosedRound {
+  uint64_t round = 0;
+  uint32_t contributors = 0;  // workers with a complete contribution
+  double total_weight = 0;    // Σ weights of those complete contributions
+  bool quorum_close = false;  // closed at the deadline, not by completeness
+  // D_r, the weighted mean; valid until the next non-const call.
+  absl::Span<const float> mean;
+};
+
+class RoundState {
+ public:
+  RoundState(const RoundOptions& options, common::Clock* clock);  // borrowed
+  RoundState(const RoundState&) = delete;
+  RoundState& operator=(const RoundState&) = delete;
+
+  // Makes `worker` live and required for every round >= first_round. Calling
+  // it again for a live worker updates first_round.
+  void AddWorker(std::string_view worker, uint64_t first_round);
+  // The worker left or its lease expired: no longer required. Its counted
+  // chunks stay counted.
+  void RemoveWorker(std::string_view worker);
+  bool IsLive(std::string_view worker) const;
+  size_t live_workers() const;
+
+  // Accumulates one chunk. `payload` must already have passed
+  // common::Validate for the chunk's element count (see ChunkElements()).
+  // NOT_FOUND for a worker that is not live; ABORTED / FAILED_PRECONDITION for
+  // rounds out of the window; INVALID_ARGUMENT for a chunk index out of range
+  // or a weight that is not finite and > 0.
+  absl::StatusOr<ChunkOutcome> AddChunk(std::string_view worker, uint64_t round,
+                                        uint32_t chunk_index,
+                                        common::Codec codec,
+                                        std::string_view payload,
+                                        double weight);
+
+  // Closes the open round if it is complete or past its deadline with quorum:
+  // computes the mean, advances the open round and returns it. Otherwise
+  // nothing happens and it returns nullopt. Call after AddChunk,
+  // RemoveWorker, and when Deadline() passes. Closes at most one round per
+  // call: call again while it returns a round (r + 1 may be complete too).
+  std::optional<ClosedRound> TryClose();
+
+  uint64_t open_round() const;
+  uint32_t num_chunks() const;
+  // Elements in chunk `chunk_index` (the last may be short).
+  size_t ChunkElements(uint32_t chunk_index) const;
+  // When the open round's deadline passes; nullopt while it has no chunk.
+  std::optional<absl::Time> Deadline() const;
+  // Rounds whose deadline passed without quorum (counted once per round).
+  uint64_t quorum_misses() const;
+
+ private:
+  // Which chunks of one round a worker has sent; count() is O(1).
+  class ChunkSet {
+   public:
+    void Reset(uint32_t num_chunks);  // sizes it, all clear
+    void Clear();
+    bool Test(uint32_t c) const { return (words_[c / 64] >> (c % 64)) & 1u; }
+    void Set(uint32_t c);
+    uint32_t count() const { return count_; }
+
+   private:
+    std::vector<uint64_t> words_;
+    uint32_t count_ = 0;
+  };
+
+  // Slots of Worker::received / weight0, relative to the open round.
+  static constexpr int kPrev = 0;  // open − 1 (folded late chunks)
+  static constexpr int kOpen = 1;
+  static constexpr int kNext = 2;  // open + 1
+
+  struct Worker {
+    bool live = false;
+    uint64_t first_round = 0;
+    std::array<ChunkSet, 3> received;
+    // The weight sent with chunk 0: the weight of the contribution.
+    std::array<double, 3> weight0 = {0, 0, 0};
+  };
+
+  // Accumulator slot of a round: rounds alternate between the two buffers.
+  static int Slot(uint64_t round) { return static_cast<int>(round & 1); }
+  // acc[slot][chunk c] += w · decode(payload), zeroing a stale chunk first.
+  void Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
+                  std::string_view payload, float w);
+  // Writes the mean of the open round in place and advances the open round.
+  ClosedRound Close(uint32_t contributors, double total_weight,
+                    bool quorum_close);
+
+  const RoundOptions options_;
+  common::Clock* const clock_;
+  const uint32_t num_chunks_;
+
+  uint64_t open_ = 0;
+  // Σ w·Δ per element, for rounds with Slot(round) == i. A chunk's contents
+  // are meaningful only while its weight sum is > 0; otherwise they are stale
+  // (e.g. the last mean) and are zeroed at the chunk's first accumulation.
+  std::array<std::vector<float>, 2> acc_;
+  std::array<std::vector<double>, 2> weight_sum_;   // Σ w per chunk
+  std::array<bool, 2> has_chunk_ = {false, false};  // a chunk of that round
+  std::optional<absl::Time> deadline_;              // of the open round
+  bool miss_counted_ = false;                       // for the open round
+  uint64_t quorum_misses_ = 0;
+  size_t live_workers_ = 0;
+  // Live workers, and departed ones while they still have counted chunks in
+  // the window (their complete contributions count at close; a rejoin keeps
+  // its duplicate detection).
+  absl::flat_hash_map<std::string, Worker> workers_;
+};
+
+}  // namespace co2::server
+
+#endif  // CO2_SERVER_ROUND_STATE_H_

@@ -1,0 +1,478 @@
+// Co2Optimizer against real in-process aggregator shards (port 0) and real
+// Gloo groups, with workers and local ranks as threads. Closed-form checks
+// use constant gradients: parameter w, loss Σ w·c, SGD with lr 1, so every
+// inner step moves x by −c exactly and every round's mean Δ is τ·mean(c).
+#include "client/co2_optimizer.h"
+
+#include <stdlib.h>
+
+#include <torch/torch.h>
+
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/aggregator_client.h"
+#include "client/flat_params.h"
+#include "client/intra_node_group.h"
+#include "common/job_config.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/aggregator_server.h"
+
+namespace co2::client {
+namespace {
+
+class Shards {
+ public:
+  explicit Shards(int count) {
+    for (int i = 0; i < count; ++i) {
+      server::AggregatorServerOptions options;
+      options.address = "127.0.0.1:0";
+      options.registry.shard_index = i;
+      options.registry.num_shards = count;
+      auto server = server::AggregatorServer::Start(options);
+      EXPECT_TRUE(server.ok()) << server.status();
+      if (!server.ok()) continue;
+      addresses_.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
+      servers_.push_back(std::move(*server));
+    }
+  }
+  ~Shards() {
+    for (auto& s : servers_) s->Shutdown(absl::Seconds(1));
+  }
+  const std::vector<std::string>& addresses() const { return addresses_; }
+
+ private:
+  std::vector<std::unique_ptr<server::AggregatorServer>> servers_;
+  std::vector<std::string> addresses_;
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string templ = ::testing::TempDir() + "/co2_optimizer_test.XXXXXX";
+    path_ = mkdtemp(templ.data());
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+ClientOptions MakeClientOptions(const Shards& shards, const std::string& job,
+                                const std::string& worker, Algo algo,
+                                float beta, int tau) {
+  ClientOptions options;
+  options.addresses = shards.addresses();
+  options.job = job;
+  options.worker_id = worker;
+  options.job_config = common::DefaultJobConfig(0, 0);
+  options.job_config.set_alpha(1.0f);
+  options.job_config.set_beta(beta);
+  options.job_config.set_gap_penalty(v1::GAP_PENALTY_NONE);
+  options.job_config.set_clip(v1::CLIP_NONE);
+  options.job_config.set_max_staleness(StalenessOf(algo));
+  options.job_config.set_tau(tau);
+  options.connect_timeout = absl::Seconds(20);
+  return options;
+}
+
+// Runs body(i) on n threads and joins them.
+void RunThreads(int n, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
+  for (auto& t : threads) t.join();
+}
+
+// Every element of x equals `value`.
+::testing::AssertionResult AllEqual(const torch::Tensor& x, float value) {
+  const float lo = x.min().item<float>();
+  const float hi = x.max().item<float>();
+  if (lo == value && hi == value) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "range [" << lo << ", " << hi << "], expected " << value;
+}
+
+// ---------------------------------------------------------------------------
+// 1 worker, τ = 1, α = 1, β = 0, localsgd: the same trajectory as the
+// unwrapped optimizer (design.md §9).
+
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(10, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    return fc2->forward(torch::tanh(fc1->forward(x)));
+  }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+TEST(Co2OptimizerTest, LocalSgdTauOneMatchesUnwrappedOptimizer) {
+  Shards shards(1);
+  ASSERT_EQ(shards.addresses().size(), 1u);
+  torch::manual_seed(7);
+  Mlp net;
+  torch::manual_seed(7);
+  Mlp ref;
+  auto flat = FlatParams::Create(net->parameters());
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0.01);
+  torch::optim::AdamW inner(net->parameters(), adamw);
+  torch::optim::AdamW ref_opt(ref->parameters(), adamw);
+
+  auto client = AggregatorClient::Connect(
+      MakeClientOptions(shards, "trajectory", "w0", Algo::kLocalSgd, 0, 1),
+      (*flat)->ParamSpan());
+  ASSERT_TRUE(client.ok()) << client.status();
+  Co2OptimizerOptions options;
+  options.algo = Algo::kLocalSgd;
+  options.tau = 1;
+  options.samples_per_step = 16;
+  auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
+                                  std::move(*client), nullptr, nullptr);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+
+  torch::manual_seed(11);
+  const torch::Tensor inputs = torch::randn({40, 16, 10});
+  const torch::Tensor targets = torch::randint(0, 4, {40, 16});
+  for (int step = 0; step < 40; ++step) {
+    (*opt)->ZeroGrad();
+    ref_opt.zero_grad();
+    torch::Tensor loss = torch::nn::functional::cross_entropy(
+        net->forward(inputs[step]), targets[step]);
+    torch::Tensor ref_loss = torch::nn::functional::cross_entropy(
+        ref->forward(inputs[step]), targets[step]);
+    loss.backward();
+    ref_loss.backward();
+    ASSERT_TRUE((*opt)->Step().ok());
+    ref_opt.step();
+    EXPECT_NEAR(loss.item<float>(), ref_loss.item<float>(),
+                1e-5 * std::abs(ref_loss.item<float>()))
+        << "step " << step;
+  }
+  ASSERT_TRUE((*opt)->Finish().ok());
+  std::vector<torch::Tensor> ref_params;
+  for (const auto& p : ref->parameters()) ref_params.push_back(p.detach().flatten());
+  EXPECT_TRUE(torch::allclose((*flat)->params(), torch::cat(ref_params),
+                              /*rtol=*/1e-5, /*atol=*/1e-6));
+  EXPECT_EQ((*opt)->rounds().size(), 40u);
+}
+
+// ---------------------------------------------------------------------------
+// 2 workers on 2 shards, constant gradients c = 0.5 and 1.5 (mean 1): after
+// each boundary every worker holds the closed-form anchor.
+
+struct ClosedFormCase {
+  Algo algo;
+  float beta;
+};
+
+class ClosedFormTest : public ::testing::TestWithParam<ClosedFormCase> {};
+
+// The anchor after the boundary of each round, and after Finish (last entry).
+std::vector<float> ExpectedAnchors(Algo algo, float beta, int tau,
+                                   int rounds) {
+  const double d = tau * 1.0;  // mean Δ
+  double a = 0, m = 0, pending = 0;
+  std::vector<float> out;
+  for (int r = 0; r < rounds; ++r) {
+    if (algo == Algo::kCo2) {
+      if (r > 0) a += pending;
+      m = beta * m + d;
+      pending = -m;
+    } else {
+      m = beta * m + d;
+      a -= m;
+    }
+    out.push_back(static_cast<float>(a));
+  }
+  out.push_back(static_cast<float>(algo == Algo::kCo2 ? a + pending : a));
+  return out;
+}
+
+TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
+  const ClosedFormCase param = GetParam();
+  constexpr int kWorkers = 2;
+  constexpr int kTau = 4;
+  constexpr int kRounds = 6;
+  constexpr int64_t kParams = 65536 + 1000;  // spans both shards
+  Shards shards(2);
+  ASSERT_EQ(shards.addresses().size(), 2u);
+  const std::vector<float> expected =
+      ExpectedAnchors(param.algo, param.beta, kTau, kRounds);
+  const std::string job = absl::StrCat("closed-", AlgoName(param.algo));
+
+  std::vector<std::vector<float>> seen(kWorkers);
+  std::vector<std::vector<uint64_t>> hashes(kWorkers);
+  std::vector<std::string> errors(kWorkers);
+  std::atomic<int> connected{0};
+  RunThreads(kWorkers, [&](int i) {
+    torch::Tensor w = torch::zeros({kParams}).requires_grad_(true);
+    auto flat = FlatParams::Create({w});
+    if (!flat.ok()) return void(errors[i] = flat.status().ToString());
+    torch::optim::SGD inner({w}, torch::optim::SGDOptions(1.0));
+    auto client = AggregatorClient::Connect(
+        MakeClientOptions(shards, job, absl::StrCat("w", i), param.algo,
+                          param.beta, kTau),
+        (*flat)->ParamSpan());
+    if (!client.ok()) return void(errors[i] = client.status().ToString());
+    // Both join before either pushes, so both are required for round 0.
+    ++connected;
+    while (connected.load() < kWorkers) std::this_thread::yield();
+    Co2OptimizerOptions options;
+    options.algo = param.algo;
+    options.tau = kTau;
+    options.hash_params = true;
+    auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
+                                    std::move(*client), nullptr, nullptr);
+    if (!opt.ok()) return void(errors[i] = opt.status().ToString());
+    const torch::Tensor c = torch::full({kParams}, 0.5f + i);
+    for (int step = 0; step < kTau * kRounds; ++step) {
+      (*opt)->ZeroGrad();
+      (w * c).sum().backward();
+      absl::Status s = (*opt)->Step();
+      if (!s.ok()) return void(errors[i] = s.ToString());
+      if (step % kTau == kTau - 1) {
+        seen[i].push_back((*flat)->params()[0].item<float>());
+        if (!AllEqual((*flat)->params(), seen[i].back())) {
+          return void(errors[i] = "parameters differ within a worker");
+        }
+      }
+    }
+    absl::Status s = (*opt)->Finish();
+    if (!s.ok()) return void(errors[i] = s.ToString());
+    seen[i].push_back((*flat)->params()[0].item<float>());
+    for (const RoundStats& r : (*opt)->rounds()) {
+      hashes[i].push_back(r.params_hash);
+    }
+  });
+  for (int i = 0; i < kWorkers; ++i) {
+    EXPECT_EQ(errors[i], "") << "worker " << i;
+    EXPECT_THAT(seen[i], ::testing::ElementsAreArray(expected))
+        << "worker " << i;
+  }
+  EXPECT_EQ(hashes[0], hashes[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Algos, ClosedFormTest,
+    ::testing::Values(ClosedFormCase{Algo::kCo2, 0.0f},
+                      ClosedFormCase{Algo::kCo2, 0.5f},
+                      ClosedFormCase{Algo::kLocalSgd, 0.0f},
+                      ClosedFormCase{Algo::kSlowMo, 0.5f}),
+    [](const auto& info) {
+      return absl::StrCat(AlgoName(info.param.algo),
+                          info.param.beta > 0 ? "_momentum" : "");
+    });
+
+// ---------------------------------------------------------------------------
+// Local ranks and ddp: rank-valued gradients c = rank + 1.
+
+// Runs `ranks` threads, each with a Gloo group of all of them, and gives
+// body(rank, group) a constant-gradient parameter setup.
+struct RankResult {
+  std::vector<float> after_boundary;
+  std::string error;
+};
+
+TEST(Co2OptimizerTest, LocalRanksAverageGradientsAndShareTheAnchor) {
+  constexpr int kRanks = 2;
+  constexpr int kTau = 3;
+  constexpr int kRounds = 3;
+  constexpr int64_t kParams = 5000;
+  Shards shards(1);
+  TempDir store;
+  std::vector<RankResult> results(kRanks);
+  RunThreads(kRanks, [&](int rank) {
+    RankResult& out = results[rank];
+    GroupOptions group_options;
+    group_options.rank = rank;
+    group_options.size = kRanks;
+    group_options.store_dir = store.path();
+    group_options.prefix = "local";
+    group_options.timeout = absl::Seconds(30);
+    auto group = CreateIntraNodeGroup(group_options);
+    if (!group.ok()) return void(out.error = group.status().ToString());
+    torch::Tensor w = torch::zeros({kParams}).requires_grad_(true);
+    auto flat = FlatParams::Create({w});
+    if (!flat.ok()) return void(out.error = flat.status().ToString());
+    torch::optim::SGD inner({w}, torch::optim::SGDOptions(1.0));
+    std::unique_ptr<AggregatorClient> client;
+    if (rank == 0) {
+      auto c = AggregatorClient::Connect(
+          MakeClientOptions(shards, "local", "w0", Algo::kLocalSgd, 0, kTau),
+          (*flat)->ParamSpan());
+      if (!c.ok()) return void(out.error = c.status().ToString());
+      client = std::move(*c);
+    }
+    Co2OptimizerOptions options;
+    options.algo = Algo::kLocalSgd;
+    options.tau = kTau;
+    auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
+                                    std::move(client), group->get(), nullptr);
+    if (!opt.ok()) return void(out.error = opt.status().ToString());
+    EXPECT_EQ((*opt)->is_leader(), rank == 0);
+    const torch::Tensor c = torch::full({kParams}, rank + 1.0f);
+    for (int step = 0; step < kTau * kRounds; ++step) {
+      (*opt)->ZeroGrad();
+      (w * c).sum().backward();
+      absl::Status s = (*opt)->Step();
+      if (!s.ok()) return void(out.error = s.ToString());
+      if (step % kTau == kTau - 1) {
+        out.after_boundary.push_back((*flat)->params()[0].item<float>());
+      }
+    }
+    absl::Status s = (*opt)->Finish();
+    if (!s.ok()) out.error = s.ToString();
+  });
+  // Mean gradient 1.5 per step; one worker: the average is x itself.
+  const std::vector<float> expected = {-4.5f, -9.0f, -13.5f};
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_EQ(results[rank].error, "") << "rank " << rank;
+    EXPECT_THAT(results[rank].after_boundary,
+                ::testing::ElementsAreArray(expected))
+        << "rank " << rank;
+  }
+}
+
+TEST(Co2OptimizerTest, DdpAllReducesGradientsAcrossAllRanks) {
+  constexpr int kRanks = 3;
+  constexpr int64_t kParams = 1000;
+  TempDir store;
+  std::vector<RankResult> results(kRanks);
+  RunThreads(kRanks, [&](int rank) {
+    RankResult& out = results[rank];
+    GroupOptions group_options;
+    group_options.rank = rank;
+    group_options.size = kRanks;
+    group_options.store_dir = store.path();
+    group_options.prefix = "global";
+    group_options.timeout = absl::Seconds(30);
+    auto group = CreateIntraNodeGroup(group_options);
+    if (!group.ok()) return void(out.error = group.status().ToString());
+    // Different initial values: Create makes rank 0's the common start.
+    torch::Tensor w = torch::full({kParams}, 10.0f * rank).requires_grad_(true);
+    auto flat = FlatParams::Create({w});
+    if (!flat.ok()) return void(out.error = flat.status().ToString());
+    torch::optim::SGD inner({w}, torch::optim::SGDOptions(1.0));
+    Co2OptimizerOptions options;
+    options.algo = Algo::kDdp;
+    options.tau = 2;
+    auto opt = Co2Optimizer::Create(options, flat->get(), &inner, nullptr,
+                                    nullptr, group->get());
+    if (!opt.ok()) return void(out.error = opt.status().ToString());
+    const torch::Tensor c = torch::full({kParams}, rank + 1.0f);
+    for (int step = 0; step < 4; ++step) {
+      (*opt)->ZeroGrad();
+      (w * c).sum().backward();
+      absl::Status s = (*opt)->Step();
+      if (!s.ok()) return void(out.error = s.ToString());
+      if (!AllEqual((*flat)->params(), (*flat)->params()[0].item<float>())) {
+        return void(out.error = "parameters differ within a rank");
+      }
+      out.after_boundary.push_back((*flat)->params()[0].item<float>());
+    }
+    if ((*opt)->rounds().size() != 2) out.error = "expected 2 stats rounds";
+    if ((*opt)->bytes_sent() != 4 * kParams * sizeof(float)) {
+      out.error = absl::StrCat("bytes_sent ", (*opt)->bytes_sent());
+    }
+  });
+  const std::vector<float> expected = {-2.0f, -4.0f, -6.0f, -8.0f};
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_EQ(results[rank].error, "") << "rank " << rank;
+    EXPECT_THAT(results[rank].after_boundary,
+                ::testing::ElementsAreArray(expected));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Memory and validation.
+
+TEST(Co2OptimizerTest, LeaderHoldsOnlyParamsGradsAnchorStateAndClientBuffers) {
+  Shards shards(1);
+  constexpr int64_t kParams = 100000;
+  torch::Tensor w = torch::zeros({kParams}).requires_grad_(true);
+  auto flat = FlatParams::Create({w});
+  ASSERT_TRUE(flat.ok());
+  torch::optim::AdamW inner({w}, torch::optim::AdamWOptions(1e-3));
+  auto client = AggregatorClient::Connect(
+      MakeClientOptions(shards, "memory", "w0", Algo::kCo2, 0, 2),
+      (*flat)->ParamSpan());
+  ASSERT_TRUE(client.ok()) << client.status();
+  Co2OptimizerOptions options;
+  options.algo = Algo::kCo2;
+  options.tau = 2;
+  auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
+                                  std::move(*client), nullptr, nullptr);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  for (int step = 0; step < 4; ++step) {
+    (*opt)->ZeroGrad();
+    w.sum().backward();
+    ASSERT_TRUE((*opt)->Step().ok());
+  }
+  const MemoryReport m = (*opt)->Memory();
+  const size_t model = kParams * sizeof(float);
+  EXPECT_EQ(m.params, model);
+  EXPECT_EQ(m.grads, model);
+  EXPECT_EQ(m.anchor, model);
+  EXPECT_EQ(m.staging, 0u);
+  EXPECT_EQ(m.optimizer_state, 2 * model);  // AdamW: exp_avg, exp_avg_sq
+  EXPECT_EQ(m.client_buffers, 2 * model);   // fp32 send + receive
+  // Nothing else of model size: 7 model-sized buffers in all.
+  EXPECT_EQ(m.Total(), 7 * model);
+  EXPECT_EQ((*opt)->bytes_sent(), 2 * model);  // two rounds pushed
+  ASSERT_TRUE((*opt)->Finish().ok());
+  EXPECT_EQ((*opt)->Step().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(Co2OptimizerTest, RejectsInconsistentSetups) {
+  torch::Tensor w = torch::zeros({10}).requires_grad_(true);
+  auto flat = FlatParams::Create({w});
+  ASSERT_TRUE(flat.ok());
+  torch::optim::SGD inner({w}, torch::optim::SGDOptions(0.1));
+  Co2OptimizerOptions options;
+  options.tau = 0;
+  EXPECT_EQ(Co2Optimizer::Create(options, flat->get(), &inner, nullptr,
+                                 nullptr, nullptr)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  options.tau = 2;
+  options.algo = Algo::kCo2;  // a leader without a client
+  auto no_client = Co2Optimizer::Create(options, flat->get(), &inner, nullptr,
+                                        nullptr, nullptr);
+  EXPECT_EQ(no_client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_client.status().message(),
+              ::testing::HasSubstr("aggregator client"));
+
+  // A co2 optimizer on a job that runs with staleness 0.
+  Shards shards(1);
+  auto client = AggregatorClient::Connect(
+      MakeClientOptions(shards, "mismatch", "w0", Algo::kLocalSgd, 0, 2),
+      (*flat)->ParamSpan());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto mismatch = Co2Optimizer::Create(options, flat->get(), &inner,
+                                       std::move(*client), nullptr, nullptr);
+  EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mismatch.status().message(),
+              ::testing::HasSubstr("max_staleness"));
+
+  EXPECT_EQ(ParseAlgo("slowmo").value(), Algo::kSlowMo);
+  EXPECT_EQ(ParseAlgo("sgd").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace co2::client

@@ -1,0 +1,77 @@
+#include "common/job_config.h"
+
+#include <functional>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace co2::common {
+namespace {
+
+TEST(JobConfigTest, DefaultIsValid) {
+  EXPECT_TRUE(ValidateJobConfig(DefaultJobConfig(1000, 2)).ok());
+}
+
+struct BadField {
+  std::string name;
+  std::function<void(v1::JobConfig*)> break_it;
+  std::string expected;  // part of the message
+};
+
+class JobConfigBadFieldTest : public testing::TestWithParam<BadField> {};
+
+TEST_P(JobConfigBadFieldTest, IsRejectedNamingTheField) {
+  v1::JobConfig config = DefaultJobConfig(1000, 2);
+  GetParam().break_it(&config);
+  const absl::Status s = ValidateJobConfig(config);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find(GetParam().expected), std::string::npos) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, JobConfigBadFieldTest,
+    testing::Values(
+        BadField{"version", [](auto* c) { c->set_protocol_version(7); },
+                 "protocol_version must be 1, got 7"},
+        BadField{"params", [](auto* c) { c->set_num_parameters(0); },
+                 "num_parameters"},
+        BadField{"alpha", [](auto* c) { c->set_alpha(-1); },
+                 "alpha must be finite and > 0, got -1"},
+        BadField{"beta", [](auto* c) { c->set_beta(1.0f); },
+                 "beta must be in [0, 1), got 1"},
+        BadField{"lambda",
+                 [](auto* c) {
+                   c->set_gap_penalty(v1::GAP_PENALTY_CONSTANT);
+                   c->set_penalty_lambda(0.5f);
+                 },
+                 "penalty_lambda must be finite and >= 1, got 0.5"},
+        BadField{"clip", [](auto* c) { c->set_clip_value(0); }, "clip_value"},
+        BadField{"codec", [](auto* c) { c->set_downlink_codec(v1::Codec(9)); },
+                 "downlink_codec must be FP32, BF16 or INT8, got 9"},
+        BadField{"staleness", [](auto* c) { c->set_max_staleness(2); },
+                 "max_staleness must be 0 or 1, got 2"},
+        BadField{"penalty", [](auto* c) { c->set_gap_penalty(v1::GapPenalty(0)); },
+                 "gap_penalty"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(JobConfigTest, MismatchNamesTheField) {
+  v1::JobConfig job = DefaultJobConfig(1000, 2);
+  v1::JobConfig other = job;
+  EXPECT_TRUE(CheckSameJobConfig(job, other).ok());
+  other.set_beta(0.9f);
+  const absl::Status s = CheckSameJobConfig(job, other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("beta"), std::string::npos) << s;
+}
+
+TEST(JobConfigTest, ParsesNamesAndRejectsUnknownOnes) {
+  EXPECT_EQ(*ParseGapPenalty("gap_aware"), v1::GAP_PENALTY_GAP_AWARE);
+  EXPECT_EQ(*ParseClip("value"), v1::CLIP_VALUE);
+  EXPECT_EQ(*ParseMomentum("nesterov"), v1::MOMENTUM_NESTEROV);
+  const absl::Status s = ParseClip("sometimes").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("\"sometimes\""), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace co2::common

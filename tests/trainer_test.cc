@@ -1,0 +1,222 @@
+// co2-train end to end: the real binary, its child processes and its
+// embedded aggregator, on the real Fashion-MNIST files. Each run is bounded
+// by timeout(1), so a hang fails the test instead of stalling it.
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <zlib.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+using google::protobuf::Struct;
+using google::protobuf::Value;
+using ::testing::HasSubstr;
+
+const char kMnist[] = "/usr/share/datasets/fashion-mnist";
+
+struct RunResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+  absl::Duration took;
+};
+
+RunResult RunCo2Train(const std::vector<std::string>& args, int timeout_s) {
+  const std::string command =
+      absl::StrCat("timeout -k 5 ", timeout_s, " ", CO2_TRAIN_BINARY, " ",
+                   absl::StrJoin(args, " "), " 2>&1");
+  RunResult result;
+  const absl::Time start = absl::Now();
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) {
+    result.output.append(buffer, n);
+  }
+  const int status = pclose(pipe);
+  result.took = absl::Now() - start;
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 1000;
+  return result;
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string templ = ::testing::TempDir() + "/trainer_test.XXXXXX";
+    path_ = mkdtemp(templ.data());
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+const Value& Field(const Struct& s, const std::string& key) {
+  static const Value kNull;
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? kNull : it->second;
+}
+
+TEST(TrainerTest, TwoWorkersTwoLocalRanksThirtyRounds) {
+  TempDir dir;
+  const std::string report = dir.path() + "/report.json";
+  const RunResult run = RunCo2Train(
+      {"--task=fashion-mnist", "--algo=co2", "--workers=2", "--local_ranks=2",
+       "--tau=2", "--steps=60", "--batch_size=32", "--lr=2e-3", "--seed=3",
+       "--eval_every=10", "--eval_examples=500", "--final_eval_examples=2000",
+       "--progress=false", absl::StrCat("--report=", report)},
+      /*timeout_s=*/400);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("30 rounds"));
+  EXPECT_THAT(run.output,
+              HasSubstr("identical on every rank after every boundary: yes"));
+
+  std::ifstream in(report);
+  ASSERT_TRUE(in.good()) << "no report at " << report;
+  std::stringstream text;
+  text << in.rdbuf();
+  Struct doc;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
+      << "report is not JSON:\n" << text.str();
+
+  EXPECT_EQ(Field(doc, "rounds").number_value(), 30);
+  EXPECT_TRUE(Field(doc, "params_identical").bool_value());
+  EXPECT_GT(Field(doc, "wall_time_s").number_value(), 0);
+  EXPECT_GT(Field(doc, "bytes_sent").number_value(), 0);
+  EXPECT_GE(Field(doc, "exposed_comm_s").number_value(), 0);
+  const Struct& final_metrics = Field(doc, "final_metrics").struct_value();
+  EXPECT_GT(Field(final_metrics, "test_accuracy").number_value(), 0.5);
+
+  // The loss falls: the last five rounds against the first five.
+  const auto& curve = Field(doc, "curve").list_value().values();
+  ASSERT_EQ(curve.size(), 30);
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i) {
+    first += Field(curve[i].struct_value(), "loss").number_value();
+    last += Field(curve[25 + i].struct_value(), "loss").number_value();
+  }
+  EXPECT_LT(last, 0.8 * first) << "first five " << first / 5 << ", last five "
+                               << last / 5;
+  EXPECT_TRUE(Field(curve[9].struct_value(), "metric").has_number_value());
+
+  // Every rank holds identical parameters after each boundary.
+  const auto& ranks = Field(doc, "ranks").list_value().values();
+  ASSERT_EQ(ranks.size(), 4);
+  const auto& hashes0 = Field(ranks[0].struct_value(), "params_hashes").list_value();
+  ASSERT_EQ(hashes0.values_size(), 30);
+  std::set<std::string> distinct;
+  for (const Value& rank : ranks) {
+    const auto& hashes = Field(rank.struct_value(), "params_hashes").list_value();
+    ASSERT_EQ(hashes.values_size(), 30);
+    for (int i = 0; i < 30; ++i) {
+      EXPECT_EQ(hashes.values(i).string_value(), hashes0.values(i).string_value())
+          << "round " << i;
+    }
+    distinct.insert(Field(rank.struct_value(), "final_hash").string_value());
+  }
+  EXPECT_EQ(distinct.size(), 1u);
+  // The parameters move from round to round.
+  EXPECT_NE(hashes0.values(0).string_value(), hashes0.values(29).string_value());
+}
+
+TEST(TrainerTest, DdpBaselineRuns) {
+  TempDir dir;
+  const std::string report = dir.path() + "/ddp.json";
+  const RunResult run = RunCo2Train(
+      {"--algo=ddp", "--workers=2", "--local_ranks=1", "--tau=4", "--steps=16",
+       "--eval_every=0", "--final_eval_examples=500", "--progress=false",
+       absl::StrCat("--report=", report)},
+      /*timeout_s=*/300);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output, HasSubstr("4 rounds"));
+  EXPECT_THAT(run.output,
+              HasSubstr("identical on every rank after every boundary: yes"));
+  EXPECT_TRUE(std::filesystem::exists(report));
+}
+
+// ---------------------------------------------------------------------------
+// Bad input: a clear message, a non-zero exit, and no hang.
+
+TEST(TrainerTest, MissingDatasetFailsClearly) {
+  const RunResult run = RunCo2Train(
+      {"--data_dir=/nonexistent/fashion-mnist", "--workers=1", "--steps=2"},
+      /*timeout_s=*/60);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.exit_code, 124) << "timed out";
+  EXPECT_THAT(run.output, HasSubstr("co2-train: error"));
+  EXPECT_THAT(run.output, HasSubstr("/nonexistent/fashion-mnist"));
+  EXPECT_LT(run.took, absl::Seconds(30));
+}
+
+// Writes `bytes` gzip-compressed to `path`.
+void WriteGz(const std::string& path, const std::string& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), bytes.size()), static_cast<int>(bytes.size()));
+  gzclose(f);
+}
+
+TEST(TrainerTest, CorruptedIdxHeaderFailsClearly) {
+  TempDir dir;
+  for (const char* name :
+       {"train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz"}) {
+    std::filesystem::create_symlink(absl::StrCat(kMnist, "/", name),
+                                    absl::StrCat(dir.path(), "/", name));
+  }
+  // Magic 0x00000804 (a 4-dimensional idx), then 60000 x 28 x 28.
+  const std::string header("\x00\x00\x08\x04\x00\x00\xea\x60\x00\x00\x00\x1c"
+                           "\x00\x00\x00\x1c",
+                           16);
+  const std::string images = dir.path() + "/train-images-idx3-ubyte.gz";
+  WriteGz(images, header + std::string(1000, '\0'));
+  const RunResult run = RunCo2Train(
+      {absl::StrCat("--data_dir=", dir.path()), "--workers=1", "--steps=2"},
+      /*timeout_s=*/60);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.exit_code, 124) << "timed out";
+  EXPECT_THAT(run.output, HasSubstr("co2-train: error"));
+  EXPECT_THAT(run.output, HasSubstr("train-images-idx3-ubyte.gz"));
+  EXPECT_LT(run.took, absl::Seconds(30));
+}
+
+TEST(TrainerTest, UnreachableAggregatorFailsClearly) {
+  const RunResult run = RunCo2Train(
+      {"--aggregators=127.0.0.1:1", "--connect_timeout=3s", "--workers=2",
+       "--steps=4", "--progress=false"},
+      /*timeout_s=*/90);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.exit_code, 124) << "timed out";
+  EXPECT_THAT(run.output, HasSubstr("co2-train: error"));
+  EXPECT_THAT(run.output, HasSubstr("aggregator"));
+  EXPECT_THAT(run.output, HasSubstr("127.0.0.1:1"));
+  EXPECT_LT(run.took, absl::Seconds(60));
+}
+
+TEST(TrainerTest, BadFlagValueFailsBeforeSpawning) {
+  const RunResult run = RunCo2Train({"--algo=sgd"}, /*timeout_s=*/30);
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_THAT(run.output, HasSubstr("unknown algorithm 'sgd'"));
+}
+
+}  // namespace

@@ -11,7 +11,8 @@ PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libabsl-dev zlib1g-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libtorch-dev libgloo-dev \
   prometheus-cpp-dev prometheus dataset-fashion-mnist fortunes \
-  iperf3 iproute2 gnuplot-nox
+  iperf3 iproute2 gnuplot-nox \
+  clang libclang-rt-14-dev openssl
 
 .PHONY: deps configure build test test-long test-all demo bench clean
 

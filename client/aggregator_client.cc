@@ -23,7 +23,9 @@
 namespace co2::client {
 namespace {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> MakeChannel(
+    const std::string& address,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(8 << 20);
   args.SetMaxSendMessageSize(8 << 20);
@@ -31,8 +33,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   args);
+  return grpc::CreateCustomChannel(address, credentials, args);
 }
 
 void SetDeadline(grpc::ClientContext* context, absl::Time deadline) {
@@ -83,10 +84,14 @@ class AggregatorClient::Impl {
       return absl::InvalidArgumentError("worker_id is empty");
     }
     CO2_RETURN_IF_ERROR(common::ValidateJobConfig(config));
+    CO2_ASSIGN_OR_RETURN(
+        std::shared_ptr<grpc::ChannelCredentials> credentials,
+        common::MakeChannelCredentials(options_.tls, options_.token,
+                                       options_.job));
     for (uint32_t i = 0; i < options_.addresses.size(); ++i) {
       Shard& shard = shards_.emplace_back();
       shard.address = options_.addresses[i];
-      shard.channel = MakeChannel(shard.address);
+      shard.channel = MakeChannel(shard.address, credentials);
       shard.stub = v1::Aggregator::NewStub(shard.channel);
       CO2_RETURN_IF_ERROR(WithShard(i, shard.address, Join(i, shard, deadline)));
     }
@@ -110,6 +115,9 @@ class AggregatorClient::Impl {
       so.uplink = options_.uplink_codec;
       so.downlink = common::Codec(config.downlink_codec());
       so.first_update_round = first_update;
+      so.first_contribution_round = start_round_;
+      so.join = JoinRequest();
+      so.rpc_timeout = options_.rpc_timeout;
       so.reconnect_timeout = options_.reconnect_timeout;
       so.initial_backoff = options_.initial_backoff;
       so.max_backoff = options_.max_backoff;
@@ -236,13 +244,18 @@ class AggregatorClient::Impl {
   const v1::JobConfig& job_config() const { return options_.job_config; }
 
  private:
-  // Join, retrying while the shard is unavailable (e.g. still starting).
-  absl::Status Join(uint32_t index, Shard& shard, absl::Time deadline) {
+  v1::JoinRequest JoinRequest() const {
     v1::JoinRequest request;
     request.set_job(options_.job);
     request.set_worker_id(options_.worker_id);
     *request.mutable_config() = options_.job_config;
     request.set_uplink_codec(v1::Codec(options_.uplink_codec));
+    return request;
+  }
+
+  // Join, retrying while the shard is unavailable (e.g. still starting).
+  absl::Status Join(uint32_t index, Shard& shard, absl::Time deadline) {
+    const v1::JoinRequest request = JoinRequest();
     v1::JoinResponse response;
     CO2_RETURN_IF_ERROR(RetryUnavailable(deadline, [&](absl::Time call_deadline) {
       grpc::ClientContext context;

@@ -26,6 +26,7 @@
 #include "absl/types/span.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/codec.h"
+#include "common/tls_config.h"
 
 namespace co2::client {
 
@@ -38,6 +39,11 @@ struct ClientOptions {
   // num_shards are filled in by Connect from the anchor and addresses.
   v1::JobConfig job_config;
   common::Codec uplink_codec = common::Codec::kFp32;
+  // TLS to the shards: ca_file verifies them; cert_file + key_file for mTLS.
+  // Empty: plaintext (in-process and loopback tests only).
+  common::TlsOptions tls;
+  // The job's bearer token, sent with the job name on every call; needs tls.
+  std::string token;
   absl::Duration rpc_timeout = absl::Seconds(30);       // one unary call
   absl::Duration connect_timeout = absl::Seconds(60);   // Connect overall
   absl::Duration reconnect_timeout = absl::Seconds(60); // give up on a shard

@@ -78,7 +78,7 @@ std::string ToJson(const Struct& s) {
   options.add_whitespace = true;
   std::string out;
   // A Struct holds only JSON-representable values: printing cannot fail.
-  google::protobuf::util::MessageToJsonString(s, &out, options).IgnoreError();
+  (void)google::protobuf::util::MessageToJsonString(s, &out, options);
   return out;
 }
 

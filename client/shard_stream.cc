@@ -7,6 +7,7 @@
 #include "common/grpc_status.h"
 #include "common/layout.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 
 namespace co2::client {
@@ -56,6 +57,7 @@ ShardStream::ShardStream(const ShardStreamOptions& options,
       num_chunks_(static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
       send_(ChunkBuffers(options.uplink, options.shard_elements)),
       recv_(num_chunks_),
+      resume_round_(options.first_contribution_round),
       next_update_round_(options.first_update_round),
       recv_have_(num_chunks_, false) {
   reader_ = std::thread([this] { ReadLoop(); });
@@ -94,6 +96,7 @@ void ShardStream::CommitContribution(uint64_t round, double weight) {
   absl::MutexLock lock(&mu_);
   has_contribution_ = true;
   send_round_ = round;
+  resume_round_ = round;
   send_weight_ = weight;
   next_send_ = 0;
 }
@@ -147,31 +150,67 @@ void ShardStream::Fail(absl::Status status) {
   error_ = std::move(status);
 }
 
+absl::Status ShardStream::Rejoin() {
+  v1::JoinRequest request = options_.join;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_resume_round(resume_round_);
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  v1::JoinResponse response;
+  CO2_RETURN_IF_ERROR(
+      common::FromGrpcStatus(stub_->Join(&context, request, &response)));
+  if (response.must_seed()) {
+    // The shard restarted without its checkpoint: the job's anchor is gone
+    // there and this stream cannot rebuild it.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_index,
+        " lost the job's state (restarted without a checkpoint); restart "
+        "training, or run shards with --checkpoint_dir"));
+  }
+  return absl::OkStatus();
+}
+
 bool ShardStream::Reconnect() {
   const absl::Time give_up = absl::Now() + options_.reconnect_timeout;
   absl::Duration backoff = options_.initial_backoff;
   while (true) {
-    auto call = std::make_shared<Call>();
-    v1::ExchangeRequest open;
-    open.mutable_open()->set_job(options_.job);
-    open.mutable_open()->set_worker_id(options_.worker_id);
+    bool first;
     {
       absl::MutexLock lock(&mu_);
-      if (stop_) return false;
-      open.mutable_open()->set_replay_from_round(next_update_round_);
-      // Installed before the first write so that shutdown can cancel it.
-      call->stream = stub_->Exchange(&call->context);
-      call_ = call;
+      first = generation_ == 0;
     }
-    if (call->stream->Write(open)) {
+    absl::Status joined = first ? absl::OkStatus() : Rejoin();
+    if (!joined.ok() && IsTerminal(joined.code())) {
       absl::MutexLock lock(&mu_);
-      if (generation_ > 0) ++stats_.reconnects;
-      ++generation_;
-      // The shard may have lost what we sent: resend unless already answered.
-      if (has_contribution_ && !ReadyLocked(send_round_)) next_send_ = 0;
-      return true;
+      Fail(joined);
+      return false;
     }
-    const absl::Status status = common::FromGrpcStatus(call->stream->Finish());
+    absl::Status status = joined;
+    if (joined.ok()) {
+      auto call = std::make_shared<Call>();
+      v1::ExchangeRequest open;
+      open.mutable_open()->set_job(options_.job);
+      open.mutable_open()->set_worker_id(options_.worker_id);
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return false;
+        open.mutable_open()->set_replay_from_round(next_update_round_);
+        // Installed before the first write so that shutdown can cancel it.
+        call->stream = stub_->Exchange(&call->context);
+        call_ = call;
+      }
+      if (call->stream->Write(open)) {
+        absl::MutexLock lock(&mu_);
+        if (generation_ > 0) ++stats_.reconnects;
+        ++generation_;
+        // The shard may have lost what we sent: resend unless answered.
+        if (has_contribution_ && !ReadyLocked(send_round_)) next_send_ = 0;
+        return true;
+      }
+      status = common::FromGrpcStatus(call->stream->Finish());
+    }
     absl::MutexLock lock(&mu_);
     if (IsTerminal(status.code())) {
       Fail(status);

@@ -36,6 +36,11 @@ struct ShardStreamOptions {
   common::Codec uplink = common::Codec::kFp32;
   common::Codec downlink = common::Codec::kFp32;
   uint64_t first_update_round = 0;  // the first update this worker applies
+  uint64_t first_contribution_round = 0;  // the worker's start round
+  // Sent again before every reconnect, with resume_round set, so that a
+  // restarted shard knows the worker and the round it is in.
+  v1::JoinRequest join;
+  absl::Duration rpc_timeout = absl::Seconds(30);
   absl::Duration reconnect_timeout = absl::Seconds(60);
   absl::Duration initial_backoff = absl::Milliseconds(50);
   absl::Duration max_backoff = absl::Seconds(2);
@@ -83,6 +88,8 @@ class ShardStream {
   void WriteLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Opens a new call (with backoff) and installs it; false when giving up.
   bool Reconnect() ABSL_LOCKS_EXCLUDED(mu_);
+  // Joins again as a worker resuming at its current round.
+  absl::Status Rejoin() ABSL_LOCKS_EXCLUDED(mu_);
   void HandleUpdate(v1::OuterUpdate& update) ABSL_LOCKS_EXCLUDED(mu_);
   void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReadyLocked(uint64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -102,6 +109,7 @@ class ShardStream {
   bool has_contribution_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t send_round_ ABSL_GUARDED_BY(mu_) = 0;
   double send_weight_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t resume_round_ ABSL_GUARDED_BY(mu_);  // the last committed round
   uint32_t next_send_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t failed_write_generation_ ABSL_GUARDED_BY(mu_) = 0;

@@ -27,7 +27,6 @@ namespace {
 constexpr size_t kLanes = 16;
 
 constexpr int32_t kAbsMask = 0x7FFFFFFF;
-constexpr uint32_t kExpMask = 0x7F800000u;
 constexpr uint16_t kBf16ExpMask = 0x7F80;
 // Largest int8 scale for which every int8 value, -128 included, decodes to a
 // finite float: FLT_MAX / 128 (exact: a power-of-two division).
@@ -283,14 +282,15 @@ std::string FormatFloat(float f) {
   return absl::StrCat(f);
 }
 
-// Index of the first element in p[0, n) whose exponent bits are all ones
-// (Inf or NaN), or n. Word is uint32_t for fp32, uint16_t for bf16. Adding
-// the exponent's lowest bit to the masked exponent carries into the sign bit
-// exactly when the exponent is all ones, so a window is checked by OR-ing
-// three-operation terms; the element is located only on a hit.
-template <typename Word, Word kExp>
-size_t FindNonFinite(const char* p, size_t n) {
-  // The exponent's lowest bit, and the bit above the exponent.
+// OK if no element of p[0, n) has all exponent bits set (Inf or NaN), else
+// INVALID_ARGUMENT naming the first. Word is uint32_t (fp32) or uint16_t
+// (bf16). Adding the exponent's lowest bit to the masked exponent carries into
+// the sign bit exactly when the exponent is all ones, so a window is scanned
+// by OR-ing branch-free terms and the element is located only on a hit.
+template <typename Word>
+absl::Status CheckFinite(std::string_view codec_name, const char* p, size_t n) {
+  static constexpr Word kExp =
+      static_cast<Word>(0x7F800000u >> (32 - 8 * sizeof(Word)));
   static constexpr Word kCarry = kExp & static_cast<Word>(~kExp + 1);
   static constexpr Word kTop = static_cast<Word>(kExp + kCarry);
   const auto flag = [p](size_t i) {
@@ -313,9 +313,12 @@ size_t FindNonFinite(const char* p, size_t n) {
     if ((all & kTop) == 0) continue;
     for (i = begin; (flag(i) & kTop) == 0; ++i) {
     }
-    return i;
+    const float bad = FromWord(Load<Word>(p + sizeof(Word) * i));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToAbsl(codec_name), " payload element ", i,
+                     " is not finite: ", FormatFloat(bad)));
   }
-  return n;
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -396,19 +399,11 @@ absl::Status Validate(Codec codec, std::string_view bytes, size_t elements) {
         absl::StrCat(ToAbsl(name), " payload for ", elements,
                      " elements must be ", want, " bytes, got ", bytes.size()));
   }
-  size_t bad = elements;
-  float bad_value = 0.0f;
   switch (codec) {
     case Codec::kFp32:
-      bad = FindNonFinite<uint32_t, kExpMask>(bytes.data(), elements);
-      if (bad < elements) bad_value = Load<float>(bytes.data() + 4 * bad);
-      break;
+      return CheckFinite<uint32_t>(name, bytes.data(), elements);
     case Codec::kBf16:
-      bad = FindNonFinite<uint16_t, kBf16ExpMask>(bytes.data(), elements);
-      if (bad < elements) {
-        bad_value = Bf16ToFloat(Load<uint16_t>(bytes.data() + 2 * bad));
-      }
-      break;
+      return CheckFinite<uint16_t>(name, bytes.data(), elements);
     case Codec::kInt8:
       // Any int8 value times a scale in [0, kMaxInt8Scale] is finite.
       for (size_t b = 0; b < NumInt8Blocks(elements); ++b) {
@@ -421,11 +416,6 @@ absl::Status Validate(Codec codec, std::string_view bytes, size_t elements) {
         }
       }
       break;
-  }
-  if (bad < elements) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ToAbsl(name), " payload element ", bad,
-                     " is not finite: ", FormatFloat(bad_value)));
   }
   return absl::OkStatus();
 }

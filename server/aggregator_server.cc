@@ -1,6 +1,7 @@
 #include "server/aggregator_server.h"
 
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -16,10 +17,23 @@ absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
   server->registry_ =
       std::make_unique<JobRegistry>(options.registry, options.clock);
   server->service_ = std::make_unique<AggregatorService>(server->registry_.get());
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      grpc::InsecureServerCredentials();
+  if (options.tls.enabled()) {
+    CO2_ASSIGN_OR_RETURN(credentials,
+                         common::MakeServerCredentials(options.tls));
+    if (!options.tokens.empty()) {
+      credentials->SetAuthMetadataProcessor(
+          std::make_shared<TokenAuthProcessor>(options.tokens));
+    }
+  } else if (!options.tokens.empty()) {
+    return absl::InvalidArgumentError(
+        "bearer tokens need TLS (a certificate and key): gRPC checks them "
+        "only on secure connections");
+  }
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.address, grpc::InsecureServerCredentials(),
-                           &server->port_);
+  builder.AddListeningPort(options.address, credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
@@ -31,14 +45,18 @@ absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
   }
   CO2_LOG(INFO) << "aggregator shard " << options.registry.shard_index << "/"
             << options.registry.num_shards << " listening on port "
-            << server->port_;
+            << server->port_
+            << (options.tls.enabled()
+                    ? (options.tls.require_client_cert ? " (mTLS" : " (TLS")
+                    : " (plaintext")
+            << (options.tokens.empty() ? ")" : ", bearer tokens)");
   return server;
 }
 
 AggregatorServer::~AggregatorServer() { Shutdown(absl::ZeroDuration()); }
 
 void AggregatorServer::Shutdown(absl::Duration grace) {
-  if (shut_down_) return;
+  if (shut_down_ || server_ == nullptr) return;  // never started
   shut_down_ = true;
   server_->Shutdown(absl::ToChronoTime(absl::Now() + grace));
   server_->Wait();

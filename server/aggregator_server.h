@@ -11,7 +11,9 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "common/tls_config.h"
 #include "server/job_registry.h"
+#include "server/token_auth.h"
 
 namespace grpc {
 class Server;
@@ -26,12 +28,19 @@ struct AggregatorServerOptions {
   JobRegistryOptions registry;        // shard index, shard count, limits
   // Largest message accepted (a 1 MiB chunk plus headers fits easily).
   int max_message_bytes = 8 << 20;
+  // TLS, or mTLS with tls.require_client_cert. Left empty it is plaintext:
+  // for in-process use and tests on loopback only; co2-aggregator refuses
+  // plaintext unless --insecure.
+  common::TlsOptions tls;
+  // Bearer tokens checked on every call (needs tls); empty = none checked.
+  JobTokens tokens;
   common::Clock* clock = common::Clock::Real();  // borrowed
 };
 
 class AggregatorServer {
  public:
-  // Binds and starts serving; UNAVAILABLE naming the address if it can't bind.
+  // Binds and starts serving; UNAVAILABLE naming the address if it can't bind,
+  // the TLS file errors, INVALID_ARGUMENT for tokens without TLS.
   static absl::StatusOr<std::unique_ptr<AggregatorServer>> Start(
       const AggregatorServerOptions& options);
   ~AggregatorServer();  // Shutdown(absl::ZeroDuration()) if still running

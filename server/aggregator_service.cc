@@ -13,6 +13,7 @@
 #include "common/codec.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/token_auth.h"
 
 namespace co2::server {
 namespace {
@@ -26,10 +27,13 @@ absl::Status ValidateId(absl::string_view what, const std::string& id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobShard*> FindJob(JobRegistry* registry, const std::string& job,
+// `context` authenticated the call; its bearer token must be for `job`.
+absl::StatusOr<JobShard*> FindJob(const grpc::CallbackServerContext* context,
+                                  JobRegistry* registry, const std::string& job,
                                   const std::string& worker) {
   CO2_RETURN_IF_ERROR(ValidateId("job", job));
   CO2_RETURN_IF_ERROR(ValidateId("worker_id", worker));
+  CO2_RETURN_IF_ERROR(CheckJobAccess(*context, job));
   return registry->Find(job);
 }
 
@@ -40,16 +44,21 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
   return reactor;
 }
 
-absl::Status DoJoin(JobRegistry* registry, const v1::JoinRequest& request,
+absl::Status DoJoin(const grpc::CallbackServerContext* context,
+                    JobRegistry* registry, const v1::JoinRequest& request,
                     v1::JoinResponse* response) {
   CO2_ASSIGN_OR_RETURN(common::Codec uplink,
                        common::CodecFromWire(request.uplink_codec()));
   CO2_RETURN_IF_ERROR(ValidateId("job", request.job()));
   CO2_RETURN_IF_ERROR(ValidateId("worker_id", request.worker_id()));
+  CO2_RETURN_IF_ERROR(CheckJobAccess(*context, request.job()));
   const v1::JobConfig config = registry->WithDefaults(request.config());
   CO2_ASSIGN_OR_RETURN(JobShard * job, registry->GetOrCreate(request.job(), config));
   CO2_ASSIGN_OR_RETURN(JoinResult joined,
-                       job->Join(request.worker_id(), config, uplink));
+                       job->Join(request.worker_id(), config, uplink,
+                                 request.has_resume_round()
+                                     ? std::optional<uint64_t>(request.resume_round())
+                                     : std::nullopt));
   response->set_shard_index(registry->options().shard_index);
   response->set_range_begin(job->range().begin);
   response->set_range_end(job->range().end);
@@ -64,8 +73,9 @@ absl::Status DoJoin(JobRegistry* registry, const v1::JoinRequest& request,
 // Receives A_0 chunk by chunk from the worker that was told to seed.
 class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
  public:
-  SeedReactor(JobRegistry* registry, v1::SeedResponse* response)
-      : registry_(registry), response_(response) {
+  SeedReactor(const grpc::CallbackServerContext* context, JobRegistry* registry,
+              v1::SeedResponse* response)
+      : context_(context), registry_(registry), response_(response) {
     StartRead(&chunk_);
   }
 
@@ -88,7 +98,8 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
   absl::Status Accept() {
     if (job_ == nullptr) {
       CO2_ASSIGN_OR_RETURN(job_,
-                           FindJob(registry_, chunk_.job(), chunk_.worker_id()));
+                           FindJob(context_, registry_, chunk_.job(),
+                                   chunk_.worker_id()));
       worker_ = chunk_.worker_id();
     }
     if (chunk_.anchor_round() != 0) {
@@ -112,6 +123,7 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
     return absl::OkStatus();
   }
 
+  const grpc::CallbackServerContext* const context_;
   JobRegistry* const registry_;
   v1::SeedResponse* const response_;
   v1::AnchorChunk chunk_;
@@ -123,9 +135,10 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
 // Streams a snapshot of the anchor, one chunk per write.
 class FetchReactor : public grpc::ServerWriteReactor<v1::AnchorChunk> {
  public:
-  FetchReactor(JobRegistry* registry, const v1::FetchRequest& request) {
+  FetchReactor(const grpc::CallbackServerContext* context,
+               JobRegistry* registry, const v1::FetchRequest& request) {
     absl::StatusOr<JobShard*> job =
-        FindJob(registry, request.job(), request.worker_id());
+        FindJob(context, registry, request.job(), request.worker_id());
     absl::StatusOr<AnchorSnapshot> snapshot =
         job.ok() ? (*job)->Fetch(request.worker_id())
                  : absl::StatusOr<AnchorSnapshot>(job.status());
@@ -172,8 +185,11 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::AnchorChunk> {
 class ExchangeReactor
     : public grpc::ServerBidiReactor<v1::ExchangeRequest, v1::OuterUpdate> {
  public:
-  explicit ExchangeReactor(JobRegistry* registry)
-      : registry_(registry), outbox_(std::make_shared<Outbox>(this)) {
+  ExchangeReactor(const grpc::CallbackServerContext* context,
+                  JobRegistry* registry)
+      : context_(context),
+        registry_(registry),
+        outbox_(std::make_shared<Outbox>(this)) {
     StartRead(&request_);
   }
 
@@ -271,7 +287,8 @@ class ExchangeReactor
       }
       const v1::ExchangeOpen& open = request_.open();
       CO2_ASSIGN_OR_RETURN(job_,
-                           FindJob(registry_, open.job(), open.worker_id()));
+                           FindJob(context_, registry_, open.job(),
+                                   open.worker_id()));
       worker_ = open.worker_id();
       CO2_RETURN_IF_ERROR(job_->UplinkCodec(worker_).status());
       for (auto& update : job_->Subscribe(outbox_, open.replay_from_round())) {
@@ -292,6 +309,7 @@ class ExchangeReactor
     return absl::OkStatus();
   }
 
+  const grpc::CallbackServerContext* const context_;
   JobRegistry* const registry_;
   const std::shared_ptr<Outbox> outbox_;
   v1::ExchangeRequest request_;
@@ -304,29 +322,29 @@ class ExchangeReactor
 grpc::ServerUnaryReactor* AggregatorService::Join(
     grpc::CallbackServerContext* context, const v1::JoinRequest* request,
     v1::JoinResponse* response) {
-  return FinishUnary(context, DoJoin(registry_, *request, response));
+  return FinishUnary(context, DoJoin(context, registry_, *request, response));
 }
 
 grpc::ServerReadReactor<v1::AnchorChunk>* AggregatorService::Seed(
-    grpc::CallbackServerContext* /*context*/, v1::SeedResponse* response) {
-  return new SeedReactor(registry_, response);
+    grpc::CallbackServerContext* context, v1::SeedResponse* response) {
+  return new SeedReactor(context, registry_, response);
 }
 
 grpc::ServerWriteReactor<v1::AnchorChunk>* AggregatorService::Fetch(
-    grpc::CallbackServerContext* /*context*/, const v1::FetchRequest* request) {
-  return new FetchReactor(registry_, *request);
+    grpc::CallbackServerContext* context, const v1::FetchRequest* request) {
+  return new FetchReactor(context, registry_, *request);
 }
 
 grpc::ServerBidiReactor<v1::ExchangeRequest, v1::OuterUpdate>*
-AggregatorService::Exchange(grpc::CallbackServerContext* /*context*/) {
-  return new ExchangeReactor(registry_);
+AggregatorService::Exchange(grpc::CallbackServerContext* context) {
+  return new ExchangeReactor(context, registry_);
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Heartbeat(
     grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
   absl::StatusOr<JobShard*> job =
-      FindJob(registry_, request->job(), request->worker_id());
+      FindJob(context, registry_, request->job(), request->worker_id());
   absl::Status status =
       job.ok() ? (*job)->Heartbeat(request->worker_id()) : job.status();
   if (status.ok()) {
@@ -341,7 +359,7 @@ grpc::ServerUnaryReactor* AggregatorService::Leave(
     grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
     v1::LeaveResponse* /*response*/) {
   absl::StatusOr<JobShard*> job =
-      FindJob(registry_, request->job(), request->worker_id());
+      FindJob(context, registry_, request->job(), request->worker_id());
   absl::Status status =
       job.ok() ? (*job)->Leave(request->worker_id()) : job.status();
   if (status.ok()) registry_->Wake();  // a round may now be complete

@@ -13,7 +13,43 @@ namespace co2::server {
 JobRegistry::JobRegistry(const JobRegistryOptions& options,
                          common::Clock* clock)
     : options_(options), clock_(clock) {
+  if (!options_.checkpoint_dir.empty()) {
+    checkpoints_ = std::make_unique<CheckpointStore>(options_.checkpoint_dir);
+    RestoreJobs();
+  }
   poller_ = std::thread([this] { PollLoop(); });
+}
+
+void JobRegistry::RestoreJobs() {
+  std::vector<LoadedCheckpoint> loaded = checkpoints_->LoadAll(
+      options_.shard_index, options_.num_shards, &restore_errors_);
+  absl::MutexLock lock(&mu_);
+  for (LoadedCheckpoint& checkpoint : loaded) {
+    const std::string job = checkpoint.header.job();
+    const uint64_t round = checkpoint.header.rounds_closed();
+    auto restored = JobShard::Restore(std::move(checkpoint), ShardOptions(),
+                                      clock_);
+    if (!restored.ok()) {
+      restore_errors_.push_back(restored.status());
+      continue;
+    }
+    CO2_LOG(INFO) << "shard " << options_.shard_index << ": restored job "
+                  << job << " at round " << round << " from "
+                  << checkpoints_->dir();
+    jobs_.emplace(job, *std::move(restored));
+  }
+  for (const absl::Status& error : restore_errors_) {
+    // The job starts afresh when a worker joins; a worker then re-seeds it.
+    CO2_LOG(ERROR) << "shard " << options_.shard_index
+                   << ": cannot restore: " << error;
+  }
+}
+
+JobShardOptions JobRegistry::ShardOptions() const {
+  JobShardOptions shard = options_.shard;
+  shard.shard_index = options_.shard_index;
+  shard.checkpoints = checkpoints_.get();
+  return shard;
 }
 
 JobRegistry::~JobRegistry() {
@@ -45,6 +81,12 @@ absl::StatusOr<JobShard*> JobRegistry::GetOrCreate(
         options_.shard_index, ") belongs to a service of ", options_.num_shards,
         " shards"));
   }
+  if (config.num_parameters() > options_.max_parameters) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "JobConfig.num_parameters is ", config.num_parameters(),
+        ", more than this shard accepts (limit ", options_.max_parameters,
+        ", --max_parameters)"));
+  }
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job);
   if (it != jobs_.end()) return it->second.get();
@@ -53,10 +95,8 @@ absl::StatusOr<JobShard*> JobRegistry::GetOrCreate(
         "cannot create job \"", job, "\": ", jobs_.size(),
         " jobs already (limit ", options_.max_jobs, ")"));
   }
-  JobShardOptions shard = options_.shard;
-  shard.shard_index = options_.shard_index;
   CO2_ASSIGN_OR_RETURN(auto created, JobShard::Create(std::string(job), config,
-                                                      shard, clock_));
+                                                      ShardOptions(), clock_));
   CO2_LOG(INFO) << "shard " << options_.shard_index << ": new job " << job << " ["
             << created->range().begin << ", " << created->range().end
             << "): " << common::DescribeJobConfig(config);

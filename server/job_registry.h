@@ -10,6 +10,7 @@
 #include <string>
 
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -17,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/clock.h"
+#include "server/checkpoint_store.h"
 #include "server/job_shard.h"
 
 namespace co2::server {
@@ -25,10 +27,16 @@ struct JobRegistryOptions {
   uint32_t shard_index = 0;
   uint32_t num_shards = 1;
   uint32_t max_jobs = 64;  // RESOURCE_EXHAUSTED past this
+  // Largest JobConfig.num_parameters a job may declare (RESOURCE_EXHAUSTED):
+  // a shard allocates ~5 fp32 copies of its range when the job is created.
+  uint64_t max_parameters = uint64_t{1} << 32;
   JobShardOptions shard;   // shard_index is copied from above
   // Used for a JobConfig that leaves min_workers / round_timeout_ms at 0.
   uint32_t default_min_workers = 1;
   absl::Duration default_round_timeout = absl::Seconds(60);
+  // Directory of the shard checkpoints; empty: no checkpoints. Jobs found
+  // there are restored at start.
+  std::string checkpoint_dir;
   // The poller re-checks deadlines at least this often; it is woken at once
   // by new contributions.
   absl::Duration max_poll_interval = absl::Milliseconds(500);
@@ -36,7 +44,9 @@ struct JobRegistryOptions {
 
 class JobRegistry {
  public:
-  // `clock` is borrowed. Starts the poller thread.
+  // `clock` is borrowed. Restores the jobs checkpointed in
+  // options.checkpoint_dir (logging the files it cannot use), then starts the
+  // poller thread.
   JobRegistry(const JobRegistryOptions& options, common::Clock* clock);
   ~JobRegistry();  // stops the poller
   JobRegistry(const JobRegistry&) = delete;
@@ -57,12 +67,21 @@ class JobRegistry {
   void Wake() ABSL_LOCKS_EXCLUDED(mu_);
 
   const JobRegistryOptions& options() const { return options_; }
+  // Checkpoint files found unusable at start (DATA_LOSS each).
+  const std::vector<absl::Status>& restore_errors() const {
+    return restore_errors_;
+  }
 
  private:
   void PollLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
+  void RestoreJobs() ABSL_LOCKS_EXCLUDED(mu_);
+  JobShardOptions ShardOptions() const;
+
   const JobRegistryOptions options_;
   common::Clock* const clock_;
+  std::unique_ptr<CheckpointStore> checkpoints_;  // null without a directory
+  std::vector<absl::Status> restore_errors_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<JobShard>> jobs_
       ABSL_GUARDED_BY(mu_);

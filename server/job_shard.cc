@@ -53,19 +53,85 @@ absl::Status NotMember(const std::string& worker) {
 absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(
     std::string job, const v1::JobConfig& config,
     const JobShardOptions& options, common::Clock* clock) {
+  return Build(std::move(job), config, options, clock, /*first_round=*/0);
+}
+
+absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Build(
+    std::string job, const v1::JobConfig& config,
+    const JobShardOptions& options, common::Clock* clock,
+    uint64_t first_round) {
   CO2_RETURN_IF_ERROR(common::ValidateJobConfig(config));
   CO2_RETURN_IF_ERROR(ValidateOuterConfig(ToOuterConfig(config)));
   CO2_ASSIGN_OR_RETURN(
       common::Range range,
       common::ShardRangeFor(config.num_parameters(), config.num_shards(),
                             options.shard_index));
-  return std::unique_ptr<JobShard>(
-      new JobShard(std::move(job), config, options, range, clock));
+  return std::unique_ptr<JobShard>(new JobShard(
+      std::move(job), config, options, range, clock, first_round));
+}
+
+absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
+    LoadedCheckpoint checkpoint, const JobShardOptions& options,
+    common::Clock* clock) {
+  const v1::ShardCheckpointHeader& h = checkpoint.header;
+  CO2_ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard,
+                       Build(h.job(), h.config(), options, clock,
+                             h.rounds_closed()));
+  auto data_loss = [&](const std::string& what) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint of job \"", h.job(), "\": ", what));
+  };
+  if (shard->range_.begin != h.range_begin() ||
+      shard->range_.end != h.range_end() ||
+      checkpoint.anchor.size() != shard->range_.size() ||
+      checkpoint.momentum.size() != shard->range_.size()) {
+    return data_loss(absl::StrCat("covers [", h.range_begin(), ", ",
+                                  h.range_end(), ") but shard ",
+                                  options.shard_index, " owns [",
+                                  shard->range_.begin, ", ", shard->range_.end,
+                                  ")"));
+  }
+  const uint32_t chunks = shard->num_chunks();
+  const size_t expected_chunks = h.rounds_closed() > 0 ? chunks : 0;
+  if (checkpoint.update_chunks.size() != expected_chunks) {
+    return data_loss(absl::StrCat("has ", checkpoint.update_chunks.size(),
+                                  " update chunks, expected ",
+                                  expected_chunks));
+  }
+  const common::Codec codec = common::Codec(h.config().downlink_codec());
+  absl::MutexLock lock(&shard->mu_);
+  shard->anchor_ = std::move(checkpoint.anchor);
+  shard->momentum_ = std::move(checkpoint.momentum);
+  shard->anchor_ready_ = true;
+  shard->rounds_closed_ = h.rounds_closed();
+  shard->restored_quorum_misses_ = h.quorum_misses();
+  const absl::Time lease_expiry = clock->Now() + options.lease;
+  for (const v1::CheckpointMember& m : h.members()) {
+    absl::StatusOr<common::Codec> uplink = common::CodecFromWire(m.uplink_codec());
+    if (!uplink.ok()) return data_loss(std::string(uplink.status().message()));
+    shard->members_[m.worker_id()] = Member{*uplink, lease_expiry};
+    shard->rounds_.AddWorker(m.worker_id(), h.rounds_closed());
+  }
+  if (expected_chunks == 0) return shard;
+  auto update = std::make_shared<UpdateChunks>();
+  for (uint32_t i = 0; i < chunks; ++i) {
+    const common::Range r = common::ChunkRange(shard->range_.size(), i);
+    std::string& bytes = checkpoint.update_chunks[i];
+    absl::Status valid = common::Validate(codec, bytes, r.size());
+    if (!valid.ok()) return data_loss(std::string(valid.message()));
+    common::Decode(codec, bytes,
+                   absl::MakeSpan(shard->last_update_).subspan(r.begin, r.size()));
+    update->push_back(shard->UpdateMessage(h.rounds_closed() - 1, i,
+                                           h.update_contributors(),
+                                           std::move(bytes)));
+  }
+  shard->cache_.push_back(std::move(update));
+  return shard;
 }
 
 JobShard::JobShard(std::string job, const v1::JobConfig& config,
                    const JobShardOptions& options, common::Range range,
-                   common::Clock* clock)
+                   common::Clock* clock, uint64_t first_round)
     : job_(std::move(job)),
       config_(config),
       options_(options),
@@ -73,7 +139,8 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       outer_(ToOuterConfig(config)),
       clock_(clock),
       rounds_(RoundOptions{range.size(), config.min_workers(),
-                           absl::Milliseconds(config.round_timeout_ms())},
+                           absl::Milliseconds(config.round_timeout_ms()),
+                           first_round},
               clock),
       anchor_(range.size()),
       momentum_(range.size()),
@@ -85,9 +152,11 @@ uint32_t JobShard::num_chunks() const {
 
 absl::StatusOr<JoinResult> JobShard::Join(const std::string& worker,
                                           const v1::JobConfig& config,
-                                          common::Codec uplink) {
+                                          common::Codec uplink,
+                                          std::optional<uint64_t> resume_round) {
   CO2_RETURN_IF_ERROR(common::CheckSameJobConfig(config_, config));
   absl::MutexLock lock(&mu_);
+  if (evicted_.contains(worker)) return NotMemberLocked(worker);
   auto it = members_.find(worker);
   if (it == members_.end()) {
     if (members_.size() >= options_.max_workers) {
@@ -96,11 +165,15 @@ absl::StatusOr<JoinResult> JobShard::Join(const std::string& worker,
                        " workers (limit ", options_.max_workers, ")"));
     }
     it = members_.emplace(std::string(worker), Member{}).first;
+    checkpoint_dirty_ = true;
     // A worker of a fresh job takes part from round 0; one joining a running
-    // job from the anchor round its Fetch returns (see Fetch).
-    rounds_.AddWorker(worker, rounds_closed_ == 0 ? 0 : UINT64_MAX);
-    CO2_LOG(INFO) << "job " << job_ << ": worker " << worker << " joined ("
-              << members_.size() << " live)";
+    // job from the anchor round its Fetch returns (see Fetch); one resuming
+    // after a reconnect from the round it is in.
+    rounds_.AddWorker(worker, resume_round.value_or(
+                                  rounds_closed_ == 0 ? 0 : UINT64_MAX));
+    CO2_LOG(INFO) << "job " << job_ << ": worker " << worker
+                  << (resume_round ? " rejoined" : " joined") << " ("
+                  << members_.size() << " live)";
   }
   it->second.uplink = uplink;
   it->second.lease_expiry = clock_->Now() + options_.lease;
@@ -117,14 +190,15 @@ absl::StatusOr<JoinResult> JobShard::Join(const std::string& worker,
 absl::Status JobShard::Heartbeat(const std::string& worker) {
   absl::MutexLock lock(&mu_);
   auto it = members_.find(worker);
-  if (it == members_.end()) return NotMember(worker);
+  if (it == members_.end()) return NotMemberLocked(worker);
   it->second.lease_expiry = clock_->Now() + options_.lease;
   return absl::OkStatus();
 }
 
 absl::Status JobShard::Leave(const std::string& worker) {
   absl::MutexLock lock(&mu_);
-  if (members_.erase(worker) == 0) return NotMember(worker);
+  if (members_.erase(worker) == 0) return NotMemberLocked(worker);
+  checkpoint_dirty_ = true;
   rounds_.RemoveWorker(worker);
   if (seeder_ == worker && !anchor_ready_) seeder_.clear();
   CO2_LOG(INFO) << "job " << job_ << ": worker " << worker << " left";
@@ -135,7 +209,7 @@ absl::StatusOr<common::Codec> JobShard::UplinkCodec(
     const std::string& worker) const {
   absl::MutexLock lock(&mu_);
   auto it = members_.find(worker);
-  if (it == members_.end()) return NotMember(worker);
+  if (it == members_.end()) return NotMemberLocked(worker);
   return it->second.uplink;
 }
 
@@ -168,6 +242,8 @@ absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index
                  absl::MakeSpan(anchor_).subspan(chunk.begin, chunk.size()));
   if (++seeded_chunks_ == num_chunks()) {
     anchor_ready_ = true;
+    checkpoint_dirty_ = true;
+    round_opened_ = clock_->Now();
     CO2_LOG(INFO) << "job " << job_ << ": anchor seeded by " << worker;
   }
   return absl::OkStatus();
@@ -175,7 +251,7 @@ absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index
 
 absl::StatusOr<AnchorSnapshot> JobShard::Fetch(const std::string& worker) {
   absl::MutexLock lock(&mu_);
-  if (members_.find(worker) == members_.end()) return NotMember(worker);
+  if (members_.find(worker) == members_.end()) return NotMemberLocked(worker);
   if (!anchor_ready_) {
     return absl::UnavailableError(absl::StrCat(
         "job \"", job_, "\" has no anchor yet (being seeded by \"", seeder_,
@@ -198,6 +274,15 @@ absl::StatusOr<AnchorSnapshot> JobShard::Fetch(const std::string& worker) {
 
 absl::Status JobShard::Contribute(const std::string& worker,
                                   const v1::Contribution& c) {
+  absl::Status status = ContributeUnobserved(worker, c);
+  if (!status.ok() && options_.observer != nullptr) {
+    options_.observer->OnRejected(job_, RejectReasonOf(status));
+  }
+  return status;
+}
+
+absl::Status JobShard::ContributeUnobserved(const std::string& worker,
+                                            const v1::Contribution& c) {
   CO2_ASSIGN_OR_RETURN(common::Codec codec, common::CodecFromWire(c.codec()));
   if (c.chunk_index() >= num_chunks()) {
     return absl::InvalidArgumentError(
@@ -209,7 +294,7 @@ absl::Status JobShard::Contribute(const std::string& worker,
   absl::Status valid = common::Validate(codec, c.payload(), elements);
   absl::MutexLock lock(&mu_);
   auto it = members_.find(worker);
-  if (it == members_.end()) return NotMember(worker);
+  if (it == members_.end()) return NotMemberLocked(worker);
   if (it->second.uplink != codec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "contribution codec ", std::string(common::CodecName(codec)),
@@ -217,14 +302,32 @@ absl::Status JobShard::Contribute(const std::string& worker,
         std::string(common::CodecName(it->second.uplink)), ")"));
   }
   if (!valid.ok()) {
-    return absl::Status(valid.code(),
-                        absl::StrCat("round ", c.round(), " chunk ",
-                                     c.chunk_index(), ": ", valid.message()));
+    // Dropped before anything is accumulated; a worker that keeps sending
+    // garbage (a diverged model) is evicted so it cannot stall the rounds.
+    ++stats_.rejected_chunks;
+    std::string message = absl::StrCat("round ", c.round(), " chunk ",
+                                       c.chunk_index(), ": ", valid.message());
+    const uint32_t rejects = ++it->second.consecutive_rejects;
+    if (options_.max_rejected_chunks > 0 &&
+        rejects >= options_.max_rejected_chunks) {
+      EvictLocked(worker, absl::StrCat(rejects,
+                                       " invalid contribution chunks in a row "
+                                       "(last: ",
+                                       message, ")"));
+      absl::StrAppend(&message, "; worker \"", worker, "\" is evicted after ",
+                      rejects, " invalid chunks in a row");
+    }
+    return absl::Status(valid.code(), message);
   }
+  it->second.consecutive_rejects = 0;
   it->second.lease_expiry = clock_->Now() + options_.lease;
   CO2_ASSIGN_OR_RETURN(ChunkOutcome outcome,
                        rounds_.AddChunk(worker, c.round(), c.chunk_index(),
                                         codec, c.payload(), c.weight()));
+  if (options_.observer != nullptr) {
+    options_.observer->OnContribution(job_, codec, c.payload().size(),
+                                      outcome.folded, outcome.duplicate);
+  }
   if (outcome.duplicate) ++stats_.duplicate_chunks;
   if (outcome.folded) ++stats_.late_chunks;
   return absl::OkStatus();
@@ -242,16 +345,63 @@ std::vector<std::shared_ptr<const UpdateChunks>> JobShard::Subscribe(
 }
 
 int JobShard::Poll() {
+  std::optional<v1::ShardCheckpointHeader> header;
+  {
+    absl::MutexLock lock(&mu_);
+    ExpireLeasesLocked();
+    while (CloseRoundLocked()) {
+    }
+    ObservePollLocked();
+    // Membership and the seeded anchor are made durable too, so a shard
+    // that restarts before its first round closed still knows the job.
+    const bool dirty = checkpoint_dirty_ && anchor_ready_ &&
+                       options_.checkpoints != nullptr;
+    if (unpublished_.empty() && !dirty) return 0;
+    if (options_.checkpoints != nullptr) {
+      if (clock_->Now() < checkpoint_retry_at_) return 0;
+      header = CheckpointHeaderLocked();
+      checkpoint_dirty_ = false;
+    }
+  }
+  if (header.has_value()) {
+    const absl::Time start = absl::Now();
+    const absl::Status written = WriteCheckpoint(*header);
+    absl::MutexLock lock(&mu_);
+    if (!written.ok()) {
+      // The update waits: releasing it before the state is durable could
+      // leave workers ahead of a restarted shard.
+      checkpoint_dirty_ = true;
+      ++stats_.checkpoint_failures;
+      checkpoint_retry_at_ = clock_->Now() + options_.checkpoint_retry;
+      CO2_LOG(ERROR) << "job " << job_ << ": checkpoint of round "
+                     << rounds_closed_ - 1 << " failed, update held: "
+                     << written;
+      return 0;
+    }
+    ++stats_.checkpoints_written;
+    stats_.last_checkpoint_duration = absl::Now() - start;
+    if (options_.observer != nullptr) {
+      options_.observer->OnCheckpointWritten(job_,
+                                             stats_.last_checkpoint_duration);
+    }
+  }
   std::vector<std::shared_ptr<const UpdateChunks>> published;
   std::vector<std::shared_ptr<UpdateSink>> sinks;
   {
     absl::MutexLock lock(&mu_);
-    ExpireLeasesLocked();
-    while (auto update = CloseRoundLocked()) published.push_back(*update);
-    if (!published.empty()) sinks = LiveSinksLocked();
+    published.swap(unpublished_);
+    for (const auto& update : published) cache_.push_back(update);
+    while (cache_.size() > 2) cache_.erase(cache_.begin());
+    sinks = LiveSinksLocked();
   }
   for (const auto& update : published) {
     for (const auto& sink : sinks) sink->Send(update);
+    if (options_.observer != nullptr) {
+      size_t bytes = 0;
+      for (const auto& chunk : *update) bytes += chunk->payload().size();
+      options_.observer->OnUpdatePublished(
+          job_, common::Codec(config_.downlink_codec()), bytes, sinks.size());
+    }
   }
   return static_cast<int>(published.size());
 }
@@ -259,6 +409,7 @@ int JobShard::Poll() {
 absl::Time JobShard::NextDeadline() const {
   absl::MutexLock lock(&mu_);
   absl::Time next = rounds_.Deadline().value_or(absl::InfiniteFuture());
+  if (!unpublished_.empty()) next = std::min(next, checkpoint_retry_at_);
   for (const auto& [worker, member] : members_) {
     next = std::min(next, member.lease_expiry);
   }
@@ -269,7 +420,7 @@ JobShardStats JobShard::stats() const {
   absl::MutexLock lock(&mu_);
   JobShardStats s = stats_;
   s.rounds_closed = rounds_closed_;
-  s.quorum_misses = rounds_.quorum_misses();
+  s.quorum_misses = restored_quorum_misses_ + rounds_.quorum_misses();
   s.live_workers = members_.size();
   return s;
 }
@@ -280,26 +431,58 @@ std::vector<float> JobShard::AnchorForTesting(uint64_t* anchor_round) const {
   return anchor_;
 }
 
+absl::Status JobShard::NotMemberLocked(const std::string& worker) const {
+  auto evicted = evicted_.find(worker);
+  if (evicted == evicted_.end()) return NotMember(worker);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker \"", worker, "\" was evicted from job \"", job_, "\": ",
+      evicted->second, "; it cannot rejoin under this id"));
+}
+
+void JobShard::EvictLocked(const std::string& worker, std::string reason) {
+  CO2_LOG(WARNING) << "job " << job_ << ": evicting worker " << worker << ": "
+                   << reason;
+  members_.erase(worker);
+  rounds_.RemoveWorker(worker);
+  if (seeder_ == worker && !anchor_ready_) seeder_.clear();
+  if (evicted_.size() >= options_.max_workers) evicted_.erase(evicted_.begin());
+  evicted_[worker] = std::move(reason);
+  ++stats_.evicted_workers;
+}
+
 uint64_t JobShard::AnchorRoundLocked() const {
   // A_0 = A_1 (U_1 = 0), so before any round closed the anchor starts round 0.
   return rounds_closed_ == 0 ? 0 : rounds_closed_ + config_.max_staleness();
 }
 
-std::optional<std::shared_ptr<const UpdateChunks>> JobShard::CloseRoundLocked() {
-  if (!anchor_ready_) return std::nullopt;
+bool JobShard::CloseRoundLocked() {
+  if (!anchor_ready_) return false;
   std::optional<ClosedRound> closed = rounds_.TryClose();
-  if (!closed) return std::nullopt;
-  // The gap g of this step is the previous decoded update; OuterStep may write
-  // the new update over it (element-wise).
+  if (!closed) return false;
+  // The gap g of this step is the previous decoded update; OuterStep writes
+  // the new update over it (element-wise, allowed by its contract).
   stats_.last_step = OuterStep(outer_, closed->mean, last_update_,
                                absl::MakeSpan(momentum_),
                                absl::MakeSpan(last_update_));
   if (closed->quorum_close) ++stats_.quorum_closes;
+  ObserveRoundClosedLocked(*closed);
   ++rounds_closed_;
-  auto update = EncodeUpdateLocked(*closed);
-  cache_.push_back(update);
-  if (cache_.size() > 2) cache_.erase(cache_.begin());
-  return update;
+  unpublished_.push_back(EncodeUpdateLocked(*closed));
+  return true;
+}
+
+std::shared_ptr<const v1::OuterUpdate> JobShard::UpdateMessage(
+    uint64_t round, uint32_t chunk_index, uint32_t contributors,
+    std::string payload) const {
+  auto msg = std::make_shared<v1::OuterUpdate>();
+  msg->set_round(round);
+  msg->set_anchor_round(round + 1 + config_.max_staleness());
+  msg->set_chunk_index(chunk_index);
+  msg->set_num_chunks(num_chunks());
+  msg->set_codec(v1::Codec(config_.downlink_codec()));
+  msg->set_contributors(contributors);
+  msg->set_payload(std::move(payload));
+  return msg;
 }
 
 std::shared_ptr<const UpdateChunks> JobShard::EncodeUpdateLocked(
@@ -310,24 +493,57 @@ std::shared_ptr<const UpdateChunks> JobShard::EncodeUpdateLocked(
   for (uint32_t i = 0; i < num_chunks(); ++i) {
     const common::Range r = common::ChunkRange(range_.size(), i);
     auto update = absl::MakeSpan(last_update_).subspan(r.begin, r.size());
-    auto msg = std::make_shared<v1::OuterUpdate>();
-    msg->set_round(closed.round);
-    msg->set_anchor_round(closed.round + 1 + config_.max_staleness());
-    msg->set_chunk_index(i);
-    msg->set_num_chunks(num_chunks());
-    msg->set_codec(v1::Codec(config_.downlink_codec()));
-    msg->set_contributors(closed.contributors);
-    std::string* payload = msg->mutable_payload();
-    payload->resize(common::EncodedSize(codec, r.size()));
-    common::Encode(codec, update, absl::MakeSpan(payload->data(), payload->size()));
+    std::string payload(common::EncodedSize(codec, r.size()), '\0');
+    common::Encode(codec, update, absl::MakeSpan(payload.data(), payload.size()));
     // Keep exactly the bits the workers will decode, so anchors stay
     // bit-identical on both sides.
-    common::Decode(codec, *payload, update);
+    common::Decode(codec, payload, update);
     auto anchor = absl::MakeSpan(anchor_).subspan(r.begin, r.size());
     for (size_t j = 0; j < r.size(); ++j) anchor[j] += update[j];
-    chunks->push_back(std::move(msg));
+    chunks->push_back(
+        UpdateMessage(closed.round, i, closed.contributors, std::move(payload)));
   }
   return chunks;
+}
+
+const UpdateChunks* JobShard::LastUpdateLocked() const {
+  if (!unpublished_.empty()) return unpublished_.back().get();
+  if (!cache_.empty()) return cache_.back().get();
+  return nullptr;
+}
+
+v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
+  v1::ShardCheckpointHeader header;
+  header.set_job(job_);
+  header.set_shard_index(options_.shard_index);
+  *header.mutable_config() = config_;
+  header.set_range_begin(range_.begin);
+  header.set_range_end(range_.end);
+  header.set_rounds_closed(rounds_closed_);
+  header.set_quorum_misses(restored_quorum_misses_ + rounds_.quorum_misses());
+  if (const UpdateChunks* update = LastUpdateLocked();
+      update != nullptr && !update->empty()) {
+    header.set_update_contributors(update->front()->contributors());
+  }
+  for (const auto& [worker, member] : members_) {
+    v1::CheckpointMember* m = header.add_members();
+    m->set_worker_id(worker);
+    m->set_uplink_codec(v1::Codec(member.uplink));
+  }
+  return header;
+}
+
+absl::Status JobShard::WriteCheckpoint(const v1::ShardCheckpointHeader& header) {
+  CheckpointView view;
+  view.header = &header;
+  view.anchor = anchor_;
+  view.momentum = momentum_;
+  if (const UpdateChunks* update = LastUpdateLocked(); update != nullptr) {
+    for (const auto& chunk : *update) {
+      view.update_chunks.push_back(&chunk->payload());
+    }
+  }
+  return options_.checkpoints->Write(view);
 }
 
 void JobShard::ExpireLeasesLocked() {
@@ -342,6 +558,7 @@ void JobShard::ExpireLeasesLocked() {
     rounds_.RemoveWorker(it->first);
     if (seeder_ == it->first && !anchor_ready_) seeder_.clear();
     members_.erase(it++);
+    checkpoint_dirty_ = true;
   }
 }
 
@@ -355,6 +572,34 @@ std::vector<std::shared_ptr<UpdateSink>> JobShard::LiveSinksLocked() {
   });
   sinks_.erase(dead, sinks_.end());
   return live;
+}
+
+void JobShard::ObserveRoundClosedLocked(const ClosedRound& closed) {
+  const absl::Time now = clock_->Now();
+  if (options_.observer != nullptr) {
+    RoundClosedEvent event;
+    event.round = closed.round;
+    event.duration = now - round_opened_;
+    event.contributors = closed.contributors;
+    event.quorum_close = closed.quorum_close;
+    event.step = stats_.last_step;
+    event.elements = range_.size();
+    options_.observer->OnRoundClosed(job_, event);
+  }
+  round_opened_ = now;
+}
+
+void JobShard::ObservePollLocked() {
+  if (options_.observer == nullptr) return;
+  ShardPollEvent event;
+  event.live_workers = members_.size();
+  event.open_round = rounds_.open_round();
+  event.open_round_age =
+      anchor_ready_ ? clock_->Now() - round_opened_ : absl::ZeroDuration();
+  const uint64_t misses = rounds_.quorum_misses();
+  event.new_quorum_misses = misses - observed_quorum_misses_;
+  observed_quorum_misses_ = misses;
+  options_.observer->OnPoll(job_, event);
 }
 
 }  // namespace co2::server

@@ -28,8 +28,10 @@
 #include "common/clock.h"
 #include "common/codec.h"
 #include "common/layout.h"
+#include "server/checkpoint_store.h"
 #include "server/outer_optimizer.h"
 #include "server/round_state.h"
+#include "server/shard_observer.h"
 
 namespace co2::server {
 
@@ -48,6 +50,18 @@ struct JobShardOptions {
   uint32_t shard_index = 0;
   absl::Duration lease = absl::Seconds(10);  // membership without a heartbeat
   uint32_t max_workers = 1024;               // per job; RESOURCE_EXHAUSTED
+  // A worker whose contribution chunks fail validation (NaN/Inf, bad size)
+  // this many times in a row is evicted: removed from the rounds, and its
+  // later calls get FAILED_PRECONDITION saying why. 0: never evict.
+  uint32_t max_rejected_chunks = 3;
+  // Where closed rounds are made durable before their update is released;
+  // nullptr: no checkpoints. Borrowed; must outlive the shard.
+  const CheckpointStore* checkpoints = nullptr;
+  // How soon a failed checkpoint write is retried (its update waits).
+  absl::Duration checkpoint_retry = absl::Seconds(1);
+  // Told about contributions, rounds and rejections (metrics); nullptr:
+  // none. Borrowed; must outlive the shard. See shard_observer.h.
+  ShardObserver* observer = nullptr;
 };
 
 struct JoinResult {
@@ -55,7 +69,7 @@ struct JoinResult {
   uint64_t open_round = 0;
 };
 
-// One chunk of the anchor, copied out under the lock.
+// The anchor, copied out under the lock, chunk by chunk.
 struct AnchorSnapshot {
   uint64_t anchor_round = 0;
   std::vector<std::string> chunks;  // fp32 bytes, chunk by chunk
@@ -68,6 +82,11 @@ struct JobShardStats {
   uint64_t late_chunks = 0;       // folded into the next round
   uint64_t duplicate_chunks = 0;
   uint64_t live_workers = 0;
+  uint64_t rejected_chunks = 0;   // failed validation (NaN/Inf, size); dropped
+  uint64_t evicted_workers = 0;   // after max_rejected_chunks in a row
+  uint64_t checkpoints_written = 0;
+  uint64_t checkpoint_failures = 0;
+  absl::Duration last_checkpoint_duration;
   OuterStepStats last_step;
 };
 
@@ -77,16 +96,28 @@ class JobShard {
   static absl::StatusOr<std::unique_ptr<JobShard>> Create(
       std::string job, const v1::JobConfig& config,
       const JobShardOptions& options, common::Clock* clock);
+  // A shard restarted from its checkpoint: anchor, momentum, the last update
+  // (the next gap, and replayed to workers that missed it) and the round.
+  // Workers rejoin; contributions of the round in flight are resent by them.
+  static absl::StatusOr<std::unique_ptr<JobShard>> Restore(
+      LoadedCheckpoint checkpoint, const JobShardOptions& options,
+      common::Clock* clock);
 
+  const std::string& job() const { return job_; }
   const v1::JobConfig& config() const { return config_; }
   common::Range range() const { return range_; }
   uint32_t num_chunks() const;
 
-  // Adds (or renews) `worker` with its uplink codec. FAILED_PRECONDITION for a
-  // config that differs from the job's; RESOURCE_EXHAUSTED past max_workers.
+  // Adds (or renews) `worker` with its uplink codec. A worker that was
+  // training and reconnects passes the round it contributes next as
+  // `resume_round`, and takes part from it without fetching the anchor.
+  // FAILED_PRECONDITION for a config that differs from the job's;
+  // RESOURCE_EXHAUSTED past max_workers.
   absl::StatusOr<JoinResult> Join(const std::string& worker,
                                   const v1::JobConfig& config,
-                                  common::Codec uplink) ABSL_LOCKS_EXCLUDED(mu_);
+                                  common::Codec uplink,
+                                  std::optional<uint64_t> resume_round = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Heartbeat(const std::string& worker) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Leave(const std::string& worker) ABSL_LOCKS_EXCLUDED(mu_);
   // The codec `worker` joined with; NOT_FOUND for a worker that is not live.
@@ -112,7 +143,8 @@ class JobShard {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Expires leases and closes the open round if it can close; runs the outer
-  // step and publishes to the sinks. Returns how many rounds closed.
+  // step, writes the checkpoint and then publishes to the sinks. Returns how
+  // many rounds were published. One thread at a time (the registry poller).
   int Poll() ABSL_LOCKS_EXCLUDED(mu_);
   // The earliest time Poll has work to do without new input (a round
   // deadline or a lease expiry); InfiniteFuture if none.
@@ -127,17 +159,48 @@ class JobShard {
   struct Member {
     common::Codec uplink = common::Codec::kFp32;
     absl::Time lease_expiry;
+    uint32_t consecutive_rejects = 0;  // invalid chunks since the last valid
   };
 
+  static absl::StatusOr<std::unique_ptr<JobShard>> Build(
+      std::string job, const v1::JobConfig& config,
+      const JobShardOptions& options, common::Clock* clock,
+      uint64_t first_round);
   JobShard(std::string job, const v1::JobConfig& config,
            const JobShardOptions& options, common::Range range,
-           common::Clock* clock);
+           common::Clock* clock, uint64_t first_round);
+  // The message carrying chunk `chunk_index` of the update of `round`.
+  std::shared_ptr<const v1::OuterUpdate> UpdateMessage(
+      uint64_t round, uint32_t chunk_index, uint32_t contributors,
+      std::string payload) const;
   uint64_t AnchorRoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::optional<std::shared_ptr<const UpdateChunks>> CloseRoundLocked()
+  // NOT_FOUND for a worker that never joined or left; FAILED_PRECONDITION
+  // saying why for one that was evicted.
+  absl::Status NotMemberLocked(const std::string& worker) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EvictLocked(const std::string& worker, std::string reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes A, m and the last update. Runs without the lock: that state only
+  // changes in CloseRoundLocked, on the same (poller) thread.
+  absl::Status WriteCheckpoint(const v1::ShardCheckpointHeader& header)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
   std::shared_ptr<const UpdateChunks> EncodeUpdateLocked(
       const ClosedRound& closed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::ShardCheckpointHeader CheckpointHeaderLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The encoded update of the last closed round (published or not); null
+  // before the first round closed.
+  const UpdateChunks* LastUpdateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Contribute without telling the observer about a rejection.
+  absl::Status ContributeUnobserved(const std::string& worker,
+                                    const v1::Contribution& c)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Observer reports (no-ops without an observer).
+  void ObserveRoundClosedLocked(const ClosedRound& closed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ObservePollLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::shared_ptr<UpdateSink>> LiveSinksLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -151,6 +214,9 @@ class JobShard {
   mutable absl::Mutex mu_;
   RoundState rounds_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
+  // Evicted workers → why; they cannot rejoin under the same id. At most
+  // max_workers entries (the oldest are forgotten).
+  absl::flat_hash_map<std::string, std::string> evicted_ ABSL_GUARDED_BY(mu_);
   std::string seeder_ ABSL_GUARDED_BY(mu_);
   uint32_t seeded_chunks_ ABSL_GUARDED_BY(mu_) = 0;
   bool anchor_ready_ ABSL_GUARDED_BY(mu_) = false;
@@ -160,8 +226,19 @@ class JobShard {
   uint64_t rounds_closed_ ABSL_GUARDED_BY(mu_) = 0;
   // Encoded updates of the last two closed rounds, oldest first.
   std::vector<std::shared_ptr<const UpdateChunks>> cache_ ABSL_GUARDED_BY(mu_);
+  // Closed rounds whose checkpoint is not durable yet: not yet sent.
+  std::vector<std::shared_ptr<const UpdateChunks>> unpublished_
+      ABSL_GUARDED_BY(mu_);
+  absl::Time checkpoint_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Membership or the seeded anchor changed since the last checkpoint.
+  bool checkpoint_dirty_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::weak_ptr<UpdateSink>> sinks_ ABSL_GUARDED_BY(mu_);
   JobShardStats stats_ ABSL_GUARDED_BY(mu_);
+  uint64_t restored_quorum_misses_ ABSL_GUARDED_BY(mu_) = 0;
+  // For the observer: when the open round opened (last close, seed or
+  // creation), and the quorum misses already reported.
+  absl::Time round_opened_ ABSL_GUARDED_BY(mu_) = clock_->Now();
+  uint64_t observed_quorum_misses_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace co2::server

@@ -3,6 +3,7 @@
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <pthread.h>
 
@@ -11,7 +12,12 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "server/aggregator_server.h"
+#include "common/metrics_server.h"
+#include "server/health_server.h"
+#include "server/shard_metrics.h"
+#include "server/shard_ordinal.h"
 
 ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
 ABSL_FLAG(int, port, 50051, "Port to listen on (0 picks a free one).");
@@ -26,12 +32,108 @@ ABSL_FLAG(absl::Duration, lease, absl::Seconds(10),
           "A worker that sends nothing for this long leaves the rounds.");
 ABSL_FLAG(int, max_jobs, 64, "Jobs this shard accepts.");
 ABSL_FLAG(int, max_workers, 1024, "Workers per job.");
+// Operations (docs/operations.md).
+ABSL_FLAG(int, metrics_port, 9464,
+          "Port of the Prometheus /metrics endpoint on --host (0 picks a "
+          "free one; -1 turns it off).");
+ABSL_FLAG(int, health_port, -1,
+          "Plaintext port on --host serving only grpc.health.v1.Health, for "
+          "probes that cannot speak TLS (Kubernetes gRPC probes); -1: off "
+          "(the health service is also on --port).");
+ABSL_FLAG(bool, shard_index_from_hostname, false,
+          "Take the shard index from the hostname's -N suffix (pod N of a "
+          "Kubernetes StatefulSet) instead of --shard_index.");
+ABSL_FLAG(uint64_t, max_parameters, uint64_t{1} << 32,
+          "Largest JobConfig.num_parameters (P) a job may declare; the shard "
+          "holds about 5 x 4 bytes per element of its range.");
+ABSL_FLAG(int, max_message_bytes, 8 << 20,
+          "Largest gRPC message accepted (a 1 MiB chunk plus headers fits).");
+ABSL_FLAG(int, max_rejected_chunks, 3,
+          "A worker whose contributions fail validation (NaN/Inf, bad size) "
+          "this many times in a row is evicted from its job.");
+// Access control (docs/reliability.md).
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of this shard.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle that signs worker certificates; when given, workers "
+          "must present one (mTLS).");
+ABSL_FLAG(std::string, job_tokens_file, "",
+          "File of `job token` lines (`*` as the job: any job): the bearer "
+          "token each job's workers must send. Needs TLS.");
+ABSL_FLAG(std::string, token, "",
+          "One bearer token for every job (visible in ps; prefer "
+          "--job_tokens_file). Needs TLS.");
+ABSL_FLAG(bool, insecure, false,
+          "Serve plaintext gRPC with no authentication. Only for a trusted, "
+          "isolated network; without it the shard refuses to start with no "
+          "TLS material.");
+
+namespace {
+
+// TLS and tokens from the flags. Plaintext only with --insecure, and then
+// loudly; never tokens without TLS.
+absl::Status ReadSecurityFlags(co2::server::AggregatorServerOptions* options) {
+  const bool insecure = absl::GetFlag(FLAGS_insecure);
+  co2::common::TlsOptions& tls = options->tls;
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  tls.require_client_cert = !tls.ca_file.empty();
+  const std::string tokens_file = absl::GetFlag(FLAGS_job_tokens_file);
+  const std::string token = absl::GetFlag(FLAGS_token);
+  if (!tokens_file.empty() && !token.empty()) {
+    return absl::InvalidArgumentError(
+        "give --job_tokens_file or --token, not both");
+  }
+  if (insecure) {
+    if (tls.enabled() || !tokens_file.empty() || !token.empty()) {
+      return absl::InvalidArgumentError(
+          "--insecure serves plaintext without authentication; it cannot be "
+          "combined with --tls_* or tokens");
+    }
+    CO2_LOG(WARNING)
+        << "INSECURE: --insecure given: serving plaintext gRPC with no "
+           "authentication; anyone who can reach this port can join any job "
+           "and read its parameters. Use only on a trusted, isolated network.";
+    return absl::OkStatus();
+  }
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "refusing to serve without TLS: give --tls_cert and --tls_key (and "
+        "--tls_client_ca to require worker certificates, --job_tokens_file "
+        "for per-job tokens), or --insecure for a trusted, isolated network");
+  }
+  if (!tokens_file.empty()) {
+    CO2_ASSIGN_OR_RETURN(options->tokens,
+                         co2::server::LoadJobTokensFile(tokens_file));
+  } else if (!token.empty()) {
+    options->tokens.any_job = token;
+  } else {
+    CO2_LOG(WARNING) << "no bearer tokens (--job_tokens_file / --token): any "
+                     << "client that completes the TLS handshake"
+                     << (tls.require_client_cert ? " with a client certificate"
+                                                 : "")
+                     << " may join any job";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "co2-aggregator --shard_index=i --num_shards=S [--port=50051]");
+      "co2-aggregator --shard_index=i --num_shards=S [--port=50051]\n"
+      "  --tls_cert=F --tls_key=F [--tls_client_ca=F] [--job_tokens_file=F]\n"
+      "  or --insecure (plaintext, trusted networks only)");
   absl::ParseCommandLine(argc, argv);
-  const int shard_index = absl::GetFlag(FLAGS_shard_index);
+  const absl::StatusOr<int> resolved_shard = co2::server::ResolveShardIndex(
+      absl::GetFlag(FLAGS_shard_index),
+      absl::GetFlag(FLAGS_shard_index_from_hostname));
+  if (!resolved_shard.ok()) {
+    std::cerr << "error: " << resolved_shard.status().message() << "\n";
+    return 2;
+  }
+  const int shard_index = *resolved_shard;
   const int num_shards = absl::GetFlag(FLAGS_num_shards);
   if (num_shards < 1 || shard_index < 0 || shard_index >= num_shards) {
     std::cerr << "error: --shard_index=" << shard_index
@@ -44,6 +146,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   co2::server::AggregatorServerOptions options;
+  if (absl::Status s = ReadSecurityFlags(&options); !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 2;
+  }
+  options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.registry.max_parameters = absl::GetFlag(FLAGS_max_parameters);
+  options.registry.shard.max_rejected_chunks =
+      absl::GetFlag(FLAGS_max_rejected_chunks);
   options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":",
                                  absl::GetFlag(FLAGS_port));
   options.registry.shard_index = shard_index;
@@ -62,14 +172,43 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  // Metrics first: the shard reports to them from its first call. They are
+  // declared before the server, so they outlive it.
+  std::unique_ptr<co2::common::MetricsServer> metrics;
+  std::unique_ptr<co2::server::ShardMetrics> shard_metrics;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    co2::common::MetricsServerOptions metrics_options;
+    metrics_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":",
+                                           absl::GetFlag(FLAGS_metrics_port));
+    auto started = co2::common::MetricsServer::Start(metrics_options);
+    if (!started.ok()) {
+      std::cerr << "error: " << started.status() << "\n";
+      return 1;
+    }
+    metrics = *std::move(started);
+    shard_metrics = std::make_unique<co2::server::ShardMetrics>(
+        metrics->registry(), shard_index);
+    options.registry.shard.observer = shard_metrics.get();
+  }
   auto server = co2::server::AggregatorServer::Start(options);
   if (!server.ok()) {
     std::cerr << "error: " << server.status() << "\n";
     return 1;
   }
+  std::unique_ptr<co2::server::HealthServer> health;
+  if (absl::GetFlag(FLAGS_health_port) >= 0) {
+    auto started = co2::server::HealthServer::Start(absl::StrCat(
+        absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_health_port)));
+    if (!started.ok()) {
+      std::cerr << "error: " << started.status() << "\n";
+      return 1;
+    }
+    health = *std::move(started);
+  }
   int signal = 0;
   sigwait(&stop_signals, &signal);
   CO2_LOG(INFO) << "signal " << signal << ": shutting down";
+  if (health != nullptr) health->Shutdown(absl::ZeroDuration());
   (*server)->Shutdown(absl::Seconds(5));
   return 0;
 }

@@ -62,7 +62,8 @@ RoundState::RoundState(const RoundOptions& options, common::Clock* clock)
     : options_(options),
       clock_(clock),
       num_chunks_(
-          static_cast<uint32_t>(common::NumChunks(options.shard_elements))) {
+          static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
+      open_(options.first_round) {
   for (int s = 0; s < 2; ++s) {
     acc_[s].assign(options_.shard_elements, 0.0f);
     weight_sum_[s].assign(num_chunks_, 0.0);

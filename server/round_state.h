@@ -40,6 +40,7 @@ struct RoundOptions {
   size_t shard_elements = 0;  // n, this shard's range size
   uint32_t min_workers = 1;   // quorum at the deadline
   absl::Duration round_timeout = absl::Seconds(60);  // see class comment
+  uint64_t first_round = 0;  // the open round at start (restored shards)
 };
 
 struct ChunkOutcome {

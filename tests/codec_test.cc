@@ -1,5 +1,6 @@
 #include "common/codec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>

@@ -1,5 +1,8 @@
 #include "server/job_shard.h"
 
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -7,6 +10,7 @@
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "gtest/gtest.h"
+#include "server/checkpoint_store.h"
 
 namespace co2::server {
 namespace {
@@ -132,6 +136,92 @@ TEST_F(JobShardTest, RejectsBadInputWithoutTouchingTheAnchor) {
   EXPECT_EQ(shard_->Poll(), 1);
   uint64_t round = 0;
   for (float a : shard_->AnchorForTesting(&round)) ASSERT_EQ(a, 9.0f);
+}
+
+std::string TempDir() {
+  char pattern[] = "/tmp/co2-shard-XXXXXX";
+  return mkdtemp(pattern);
+}
+
+// Drives one shard through `rounds` rounds of two workers with round-valued
+// deltas, starting at round `from`.
+void RunRounds(JobShard& shard, uint64_t from, uint64_t rounds) {
+  for (uint64_t r = from; r < from + rounds; ++r) {
+    ASSERT_TRUE(shard.Contribute("a", Contribution(r, 0.25f * r)).ok());
+    ASSERT_TRUE(shard.Contribute("b", Contribution(r, -0.5f, 3)).ok());
+    ASSERT_EQ(shard.Poll(), 1) << "round " << r;
+  }
+}
+
+v1::JobConfig MomentumConfig() {
+  v1::JobConfig c = common::DefaultJobConfig(kParams, 1);  // β, penalty, clip on
+  c.set_min_workers(2);
+  return c;
+}
+
+TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  JobShardOptions with_store;
+  with_store.checkpoints = &store;
+  auto original = *JobShard::Create("job", MomentumConfig(), with_store, &clock);
+  auto reference = *JobShard::Create("job", MomentumConfig(), {}, &clock);
+  for (JobShard* shard : {original.get(), reference.get()}) {
+    for (const char* w : {"a", "b"}) {
+      ASSERT_TRUE(shard->Join(w, MomentumConfig(), common::Codec::kFp32).ok());
+    }
+    ASSERT_TRUE(shard->SeedChunk("a", 0, Fp32(1.5f)).ok());
+    RunRounds(*shard, 0, 3);
+  }
+  EXPECT_EQ(original->stats().checkpoints_written, 3u);
+
+  std::vector<absl::Status> errors;
+  std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
+  ASSERT_EQ(loaded.size(), 1u);
+  auto restored = JobShard::Restore(std::move(loaded[0]), with_store, &clock);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  JobShard& shard = **restored;
+  // The update of the last closed round is replayed to reconnecting workers.
+  auto sink = std::make_shared<RecordingSink>();
+  auto replay = shard.Subscribe(sink, 2);
+  ASSERT_EQ(replay.size(), 1u);
+  EXPECT_EQ((*replay[0])[0]->round(), 2u);
+  // Workers rejoin where they were and continue.
+  for (const char* w : {"a", "b"}) {
+    ASSERT_TRUE(shard.Join(w, MomentumConfig(), common::Codec::kFp32, 3).ok());
+  }
+  RunRounds(shard, 3, 2);
+  RunRounds(*reference, 3, 2);
+  uint64_t round_a = 0, round_b = 0;
+  const std::vector<float> a = shard.AnchorForTesting(&round_a);
+  const std::vector<float> b = reference->AnchorForTesting(&round_b);
+  EXPECT_EQ(round_a, round_b);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{3, 4}));
+}
+
+TEST(JobShardCheckpointTest, UpdateIsHeldUntilItsCheckpointIsDurable) {
+  common::FakeClock clock;
+  const std::string dir = TempDir() + "/blocked";
+  { std::ofstream(dir) << "a file where the directory should be"; }
+  CheckpointStore store(dir);
+  JobShardOptions options;
+  options.checkpoints = &store;
+  auto shard = *JobShard::Create("job", Config(1), options, &clock);
+  ASSERT_TRUE(shard->Join("a", Config(1), common::Codec::kFp32).ok());
+  ASSERT_TRUE(shard->SeedChunk("a", 0, Fp32(1)).ok());
+  auto sink = std::make_shared<RecordingSink>();
+  shard->Subscribe(sink, 0);
+  ASSERT_TRUE(shard->Contribute("a", Contribution(0, 1)).ok());
+  EXPECT_EQ(shard->Poll(), 0);
+  EXPECT_TRUE(sink->rounds.empty()) << "update released before it was durable";
+  EXPECT_EQ(shard->stats().checkpoint_failures, 1u);
+  // The disk comes back: the retry publishes.
+  std::remove(dir.c_str());
+  clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(shard->Poll(), 1);
+  EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{0}));
 }
 
 }  // namespace

@@ -1,0 +1,148 @@
+#include "common/tls_config.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+
+namespace co2::common {
+namespace {
+
+// Adds the bearer token and the job to every call. Non-blocking: the values
+// are fixed, so gRPC may call it inline.
+class BearerTokenPlugin : public grpc::MetadataCredentialsPlugin {
+ public:
+  BearerTokenPlugin(std::string token, std::string job)
+      : authorization_(absl::StrCat(kBearerPrefix, token)),
+        job_(std::move(job)) {}
+
+  bool IsBlocking() const override { return false; }
+  const char* GetType() const override { return "co2-bearer-token"; }
+
+  grpc::Status GetMetadata(
+      grpc::string_ref /*service_url*/, grpc::string_ref /*method_name*/,
+      const grpc::AuthContext& /*channel_auth_context*/,
+      std::multimap<std::string, std::string>* metadata) override {
+    metadata->emplace(kAuthorizationHeader, authorization_);
+    metadata->emplace(kJobHeader, job_);
+    return grpc::Status::OK;
+  }
+
+  std::string DebugString() override {
+    return absl::StrCat("co2 bearer token for job ", job_);
+  }
+
+ private:
+  const std::string authorization_;
+  const std::string job_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        const std::string& what) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    const int error = errno;
+    const std::string message = absl::StrCat(
+        "cannot read ", what, " \"", path, "\": ", std::strerror(error));
+    if (error == ENOENT) return absl::NotFoundError(message);
+    if (error == EACCES) return absl::PermissionDeniedError(message);
+    return absl::InvalidArgumentError(message);
+  }
+  std::string contents;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0) {
+    contents.append(buffer, n);
+  }
+  const bool failed = std::ferror(file) != 0;
+  const int error = errno;
+  std::fclose(file);
+  if (failed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot read ", what, " \"", path, "\": ", std::strerror(error)));
+  }
+  if (contents.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " \"", path, "\" is ", contents.empty() ? "empty" : "not PEM",
+        " (expected a -----BEGIN ...----- block)"));
+  }
+  return contents;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsOptions& tls) {
+  if (!tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "TLS needs a certificate and key (none given)");
+  }
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a TLS server needs both a certificate and a key file (certificate \"",
+        tls.cert_file, "\", key \"", tls.key_file, "\")"));
+  }
+  if (tls.require_client_cert && tls.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "requiring client certificates (mTLS) needs the CA file that signs "
+        "them");
+  }
+  grpc::SslServerCredentialsOptions options(
+      tls.require_client_cert
+          ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  CO2_ASSIGN_OR_RETURN(pair.cert_chain,
+                       ReadPemFile(tls.cert_file, "TLS certificate"));
+  CO2_ASSIGN_OR_RETURN(pair.private_key,
+                       ReadPemFile(tls.key_file, "TLS private key"));
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!tls.ca_file.empty()) {
+    CO2_ASSIGN_OR_RETURN(options.pem_root_certs,
+                         ReadPemFile(tls.ca_file, "TLS CA certificate"));
+  }
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const TlsOptions& tls, const std::string& token, const std::string& job) {
+  if (!tls.enabled()) {
+    if (!token.empty()) {
+      return absl::InvalidArgumentError(
+          "a bearer token needs TLS: give the CA file (and for mTLS the client "
+          "certificate and key); it is never sent in plaintext");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a client certificate needs both the certificate and the key file "
+        "(certificate \"",
+        tls.cert_file, "\", key \"", tls.key_file, "\")"));
+  }
+  grpc::SslCredentialsOptions options;
+  if (!tls.ca_file.empty()) {
+    CO2_ASSIGN_OR_RETURN(options.pem_root_certs,
+                         ReadPemFile(tls.ca_file, "TLS CA certificate"));
+  }
+  if (!tls.cert_file.empty()) {
+    CO2_ASSIGN_OR_RETURN(options.pem_cert_chain,
+                         ReadPemFile(tls.cert_file, "TLS client certificate"));
+    CO2_ASSIGN_OR_RETURN(options.pem_private_key,
+                         ReadPemFile(tls.key_file, "TLS client private key"));
+  }
+  std::shared_ptr<grpc::ChannelCredentials> channel =
+      grpc::SslCredentials(options);
+  if (token.empty()) return channel;
+  return grpc::CompositeChannelCredentials(
+      channel, grpc::MetadataCredentialsFromPlugin(
+                   std::make_unique<BearerTokenPlugin>(token, job)));
+}
+
+}  // namespace co2::common

@@ -1,0 +1,65 @@
+// TLS material for co2's gRPC channels, read from PEM files, and the gRPC
+// credentials built from it: server credentials (TLS, or mTLS when client
+// certificates are required) and channel credentials (TLS, optionally with a
+// client certificate for mTLS, optionally with a bearer token sent on every
+// call). Plaintext is never a default: callers that want it say so
+// (AggregatorServerOptions / ClientOptions leave `tls` empty only for
+// in-process use; co2-aggregator needs --insecure for it).
+// Pure functions; any thread.
+#ifndef CO2_COMMON_TLS_CONFIG_H_
+#define CO2_COMMON_TLS_CONFIG_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace grpc {
+class ServerCredentials;
+class ChannelCredentials;
+}  // namespace grpc
+
+namespace co2::common {
+
+// Metadata keys of co2's call credentials. The job travels in metadata too
+// because an AuthMetadataProcessor sees headers, never request bodies; the
+// server then checks that every request names the job its token is for.
+inline constexpr char kAuthorizationHeader[] = "authorization";
+inline constexpr char kJobHeader[] = "co2-job";
+inline constexpr char kBearerPrefix[] = "Bearer ";
+
+// One side's TLS files (PEM). Empty cert_file and ca_file = plaintext.
+struct TlsOptions {
+  std::string cert_file;  // this side's certificate chain (client: for mTLS)
+  std::string key_file;   // its private key; required with cert_file
+  // CAs that verify the peer. Server: client certificates (mTLS). Client: the
+  // server's certificate (empty = the system roots).
+  std::string ca_file;
+  // Server only: refuse clients without a certificate signed by ca_file.
+  bool require_client_cert = false;
+
+  bool enabled() const { return !cert_file.empty() || !ca_file.empty(); }
+};
+
+// The whole file; NOT_FOUND / PERMISSION_DENIED / INVALID_ARGUMENT (empty)
+// naming `path` and what it was supposed to hold (`what`).
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        const std::string& what);
+
+// SslServerCredentials from `tls`. INVALID_ARGUMENT when TLS is not enabled,
+// cert_file or key_file is missing, or require_client_cert has no ca_file;
+// the ReadPemFile errors for unreadable files.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsOptions& tls);
+
+// Channel credentials: SslCredentials when tls.enabled() (with the client
+// certificate when cert_file is set), insecure otherwise. With a non-empty
+// `token`, every call also carries `authorization: Bearer <token>` and
+// `co2-job: <job>`; a token on a plaintext channel is INVALID_ARGUMENT (it
+// would travel in clear, and gRPC drops call credentials there anyway).
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
+    const TlsOptions& tls, const std::string& token, const std::string& job);
+
+}  // namespace co2::common
+
+#endif  // CO2_COMMON_TLS_CONFIG_H_

@@ -1,0 +1,250 @@
+#include "server/checkpoint_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace co2::server {
+namespace {
+
+constexpr char kMagic[8] = {'C', 'O', '2', 'C', 'K', 'P', 'T', '1'};
+constexpr uint32_t kFormatVersion = 1;
+
+absl::Status ErrnoStatus(const std::string& what, const std::string& path,
+                         int err) {
+  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  if (err == ENOSPC || err == EDQUOT) {
+    return absl::ResourceExhaustedError(message);
+  }
+  return absl::UnavailableError(message);
+}
+
+// Writes everything or fails; keeps the running CRC.
+class FileWriter {
+ public:
+  FileWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+
+  absl::Status Append(const void* data, size_t size) {
+    crc_ = crc32_z(crc_, static_cast<const Bytef*>(data), size);
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::write(fd_, p, size);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus("cannot write", path_, errno);
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  uint32_t crc() const { return static_cast<uint32_t>(crc_); }
+
+ private:
+  const int fd_;
+  const std::string path_;
+  uLong crc_ = crc32_z(0L, Z_NULL, 0);
+};
+
+absl::Status WriteFile(const std::string& path, const CheckpointView& view,
+                       const std::string& header) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus("cannot create", path, errno);
+  FileWriter out(fd, path);
+  absl::Status status = [&]() -> absl::Status {
+    const uint32_t header_size = static_cast<uint32_t>(header.size());
+    CO2_RETURN_IF_ERROR(out.Append(kMagic, sizeof(kMagic)));
+    CO2_RETURN_IF_ERROR(out.Append(&header_size, sizeof(header_size)));
+    CO2_RETURN_IF_ERROR(out.Append(header.data(), header.size()));
+    CO2_RETURN_IF_ERROR(
+        out.Append(view.anchor.data(), view.anchor.size() * sizeof(float)));
+    CO2_RETURN_IF_ERROR(
+        out.Append(view.momentum.data(), view.momentum.size() * sizeof(float)));
+    for (const std::string* chunk : view.update_chunks) {
+      CO2_RETURN_IF_ERROR(out.Append(chunk->data(), chunk->size()));
+    }
+    const uint32_t crc = out.crc();
+    CO2_RETURN_IF_ERROR(out.Append(&crc, sizeof(crc)));
+    if (::fsync(fd) != 0) return ErrnoStatus("cannot fsync", path, errno);
+    return absl::OkStatus();
+  }();
+  if (::close(fd) != 0 && status.ok()) {
+    status = ErrnoStatus("cannot close", path, errno);
+  }
+  return status;
+}
+
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open directory", dir, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  return rc == 0 ? absl::OkStatus() : ErrnoStatus("cannot fsync", dir, err);
+}
+
+absl::Status DataLoss(const std::string& path, const std::string& what) {
+  return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", what));
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open", path, errno);
+  std::string bytes;
+  char buffer[1 << 16];
+  while (true) {
+    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus("cannot read", path, err);
+    }
+    if (n == 0) break;
+    bytes.append(buffer, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return bytes;
+}
+
+// Hex-escapes every byte outside [A-Za-z0-9_-] so a job name is one safe
+// path element.
+std::string EscapeJob(const std::string& job) {
+  std::string out;
+  for (unsigned char c : job) {
+    if (std::isalnum(c) || c == '_' || c == '-') {
+      out.push_back(static_cast<char>(c));
+    } else {
+      out += absl::StrFormat("%%%02x", c);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string CheckpointStore::PathFor(const std::string& job,
+                                     uint32_t shard_index,
+                                     uint32_t num_shards) const {
+  return absl::StrCat(dir_, "/", EscapeJob(job), ".shard-", shard_index, "-of-",
+                      num_shards, ".ckpt");
+}
+
+absl::Status CheckpointStore::Write(const CheckpointView& view) const {
+  if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
+    return ErrnoStatus("cannot create directory", dir_, errno);
+  }
+  v1::ShardCheckpointHeader header = *view.header;
+  header.set_format_version(kFormatVersion);
+  header.clear_update_chunk_bytes();
+  for (const std::string* chunk : view.update_chunks) {
+    header.add_update_chunk_bytes(static_cast<uint32_t>(chunk->size()));
+  }
+  const std::string path = PathFor(header.job(), header.shard_index(),
+                                   header.config().num_shards());
+  const std::string temp = path + ".tmp";
+  absl::Status status = WriteFile(temp, view, header.SerializeAsString());
+  if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
+    status = ErrnoStatus("cannot rename to", path, errno);
+  }
+  if (!status.ok()) {
+    ::unlink(temp.c_str());
+    return status;
+  }
+  return SyncDirectory(dir_);
+}
+
+absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(const std::string& path) {
+  CO2_ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  const size_t fixed = sizeof(kMagic) + sizeof(uint32_t) + sizeof(uint32_t);
+  if (bytes.size() < fixed || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) {
+    return DataLoss(path, "not a co2 checkpoint (bad magic or too short)");
+  }
+  uint32_t stored_crc = 0;
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - sizeof(stored_crc),
+              sizeof(stored_crc));
+  const uint32_t crc = static_cast<uint32_t>(crc32_z(
+      crc32_z(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
+      bytes.size() - sizeof(stored_crc)));
+  if (crc != stored_crc) {
+    return DataLoss(path, absl::StrFormat("checksum mismatch (stored %08x, "
+                                          "computed %08x): torn or corrupted",
+                                          stored_crc, crc));
+  }
+  uint32_t header_size = 0;
+  std::memcpy(&header_size, bytes.data() + sizeof(kMagic), sizeof(header_size));
+  size_t offset = sizeof(kMagic) + sizeof(header_size);
+  LoadedCheckpoint loaded;
+  if (header_size > bytes.size() - fixed ||
+      !loaded.header.ParseFromArray(bytes.data() + offset, header_size)) {
+    return DataLoss(path, "unreadable header");
+  }
+  offset += header_size;
+  const v1::ShardCheckpointHeader& h = loaded.header;
+  if (h.format_version() != kFormatVersion) {
+    return DataLoss(path, absl::StrCat("unknown format version ", h.format_version()));
+  }
+  const size_t n = h.range_end() - h.range_begin();
+  size_t update_bytes = 0;
+  for (uint32_t size : h.update_chunk_bytes()) update_bytes += size;
+  const size_t body = bytes.size() - sizeof(stored_crc) - offset;
+  if (h.range_end() < h.range_begin() || body != 2 * n * sizeof(float) + update_bytes) {
+    return DataLoss(path, absl::StrCat("body of ", body, " bytes does not match a range of ",
+                                       n, " elements and ", update_bytes,
+                                       " update bytes"));
+  }
+  loaded.anchor.resize(n);
+  loaded.momentum.resize(n);
+  std::memcpy(loaded.anchor.data(), bytes.data() + offset, n * sizeof(float));
+  offset += n * sizeof(float);
+  std::memcpy(loaded.momentum.data(), bytes.data() + offset, n * sizeof(float));
+  offset += n * sizeof(float);
+  for (uint32_t size : h.update_chunk_bytes()) {
+    loaded.update_chunks.emplace_back(bytes.data() + offset, size);
+    offset += size;
+  }
+  return loaded;
+}
+
+std::vector<LoadedCheckpoint> CheckpointStore::LoadAll(
+    uint32_t shard_index, uint32_t num_shards,
+    std::vector<absl::Status>* errors) const {
+  std::vector<LoadedCheckpoint> loaded;
+  DIR* dir = ::opendir(dir_.c_str());
+  if (dir == nullptr) return loaded;  // no directory yet: nothing to restore
+  const std::string suffix =
+      absl::StrCat(".shard-", shard_index, "-of-", num_shards, ".ckpt");
+  while (dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (!absl::EndsWith(name, suffix)) continue;
+    const std::string path = absl::StrCat(dir_, "/", name);
+    absl::StatusOr<LoadedCheckpoint> one = Load(path);
+    if (one.ok() && (one->header.shard_index() != shard_index ||
+                     one->header.config().num_shards() != num_shards)) {
+      one = DataLoss(path, "belongs to another shard layout");
+    }
+    if (one.ok()) {
+      loaded.push_back(*std::move(one));
+    } else {
+      errors->push_back(one.status());
+    }
+  }
+  ::closedir(dir);
+  return loaded;
+}
+
+}  // namespace co2::server

@@ -1,0 +1,75 @@
+// CheckpointStore: durable shard state on local disk. One file per (job,
+// shard): <dir>/<job>.shard-<i>-of-<S>.ckpt, written atomically (temp file,
+// fsync, rename, fsync of the directory) and checksummed (CRC-32 over the
+// whole file), so a crash leaves either the old or the new checkpoint, and a
+// torn or corrupted file is detected on load (DATA_LOSS) instead of used.
+//
+// File: "CO2CKPT1" | u32 header length | ShardCheckpointHeader | anchor fp32 |
+// momentum fp32 | encoded last update chunks | u32 CRC-32 of all before it.
+//
+// Thread-safe (no shared mutable state); Write is called from the aggregator
+// poller thread, never from gRPC reactions.
+#ifndef CO2_SERVER_CHECKPOINT_STORE_H_
+#define CO2_SERVER_CHECKPOINT_STORE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "co2/v1/checkpoint.pb.h"
+
+namespace co2::server {
+
+// What a checkpoint holds, as spans into the live state (Write) or owned
+// vectors (Load).
+struct CheckpointView {
+  const v1::ShardCheckpointHeader* header = nullptr;  // update sizes filled in by Write
+  absl::Span<const float> anchor;
+  absl::Span<const float> momentum;
+  std::vector<const std::string*> update_chunks;  // may be empty (round 0)
+};
+
+struct LoadedCheckpoint {
+  v1::ShardCheckpointHeader header;
+  std::vector<float> anchor;
+  std::vector<float> momentum;
+  std::vector<std::string> update_chunks;
+};
+
+class CheckpointStore {
+ public:
+  // `dir` is created if missing.
+  explicit CheckpointStore(std::string dir) : dir_(std::move(dir)) {}
+
+  const std::string& dir() const { return dir_; }
+
+  // Atomically replaces the checkpoint of (header.job, header.shard_index).
+  // RESOURCE_EXHAUSTED when the disk is full, UNAVAILABLE/INTERNAL for other
+  // I/O errors; the message names the file and the errno text. A failed
+  // write leaves the previous checkpoint intact.
+  absl::Status Write(const CheckpointView& view) const;
+
+  // Every checkpoint file of shard `shard_index` of `num_shards` in the
+  // directory, loaded and verified. Files that fail verification are skipped
+  // and reported in `errors` (DATA_LOSS naming the file and what was wrong).
+  std::vector<LoadedCheckpoint> LoadAll(uint32_t shard_index,
+                                        uint32_t num_shards,
+                                        std::vector<absl::Status>* errors) const;
+
+  // Loads and verifies one file.
+  static absl::StatusOr<LoadedCheckpoint> Load(const std::string& path);
+
+  // The file of (job, shard); job names are escaped to stay one path element.
+  std::string PathFor(const std::string& job, uint32_t shard_index,
+                      uint32_t num_shards) const;
+
+ private:
+  std::string dir_;
+};
+
+}  // namespace co2::server
+
+#endif  // CO2_SERVER_CHECKPOINT_STORE_H_

@@ -1,0 +1,100 @@
+// ShardMetrics: the Prometheus implementation of ShardObserver for one
+// aggregator shard. It registers its metric families in a borrowed registry
+// (normally common::MetricsServer's) with a constant `shard` label, and adds
+// one child per training job (label `co2_job`: Prometheus keeps `job` for
+// the scrape job) on first use. The names are the contract with deploy/
+// (dashboard, alert rules) and docs/operations.md; tests/deploy_test.py checks
+// that every co2_* name used there is one of these.
+//
+// name (labels)                                    type       what
+// co2_aggregator_rounds_completed_total            counter    rounds closed
+// co2_aggregator_round_duration_seconds            histogram  opening to close
+// co2_aggregator_contributions_total               counter    complete, in closed rounds
+// co2_aggregator_contribution_chunks_total (codec) counter    accepted chunks
+// co2_aggregator_late_chunks_total                 counter    folded into the next round
+// co2_aggregator_duplicate_chunks_total            counter    resends, ignored
+// co2_aggregator_rejected_chunks_total (reason)    counter    see RejectReasonName
+// co2_aggregator_bytes_in_total (codec)            counter    accepted payload bytes
+// co2_aggregator_bytes_out_total (codec)           counter    update payload bytes queued
+// co2_aggregator_active_workers                    gauge      live leases
+// co2_aggregator_open_round                        gauge      round accepting chunks
+// co2_aggregator_open_round_age_seconds            gauge      since it opened
+// co2_aggregator_round_contributors                gauge      of the last closed round
+// co2_aggregator_quorum_closes_total               counter    closed at the deadline
+// co2_aggregator_quorum_misses_total               counter    deadline without quorum
+// co2_aggregator_checkpoint_duration_seconds       histogram  checkpoint made durable
+// co2_aggregator_gap_penalty_mean                  gauge      mean Λ, last round
+// co2_aggregator_outer_momentum_norm               gauge      ||m|| of this shard
+// co2_aggregator_clipped_fraction                  gauge      of m's elements, last round
+//
+// Thread-safe (prometheus-cpp metrics are); the registry must outlive it.
+#ifndef CO2_SERVER_SHARD_METRICS_H_
+#define CO2_SERVER_SHARD_METRICS_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "server/shard_observer.h"
+
+namespace co2::server {
+
+class ShardMetrics : public ShardObserver {
+ public:
+  ShardMetrics(prometheus::Registry& registry, uint32_t shard_index);
+
+  void OnContribution(const std::string& job, common::Codec codec, size_t bytes,
+                      bool late, bool duplicate) override;
+  void OnRejected(const std::string& job, RejectReason reason) override;
+  void OnRoundClosed(const std::string& job,
+                     const RoundClosedEvent& event) override;
+  void OnUpdatePublished(const std::string& job, common::Codec codec,
+                         size_t bytes, size_t streams) override;
+  void OnPoll(const std::string& job, const ShardPollEvent& event) override;
+  void OnCheckpointWritten(const std::string& job,
+                           absl::Duration duration) override;
+
+  // The same as OnCheckpointWritten, under the name the checkpoint store is
+  // expected to call when it holds a ShardMetrics directly.
+  void ObserveCheckpointDuration(const std::string& job,
+                                 absl::Duration duration) {
+    OnCheckpointWritten(job, duration);
+  }
+
+ private:
+  using Counters = prometheus::Family<prometheus::Counter>;
+  using Gauges = prometheus::Family<prometheus::Gauge>;
+  using Histograms = prometheus::Family<prometheus::Histogram>;
+
+  prometheus::Histogram& RoundDuration(const std::string& job);
+  prometheus::Histogram& CheckpointDuration(const std::string& job);
+
+  Counters& rounds_completed_;
+  Histograms& round_duration_;
+  Counters& contributions_;
+  Counters& contribution_chunks_;
+  Counters& late_chunks_;
+  Counters& duplicate_chunks_;
+  Counters& rejected_chunks_;
+  Counters& bytes_in_;
+  Counters& bytes_out_;
+  Gauges& active_workers_;
+  Gauges& open_round_;
+  Gauges& open_round_age_;
+  Gauges& round_contributors_;
+  Counters& quorum_closes_;
+  Counters& quorum_misses_;
+  Histograms& checkpoint_duration_;
+  Gauges& gap_penalty_mean_;
+  Gauges& momentum_norm_;
+  Gauges& clipped_fraction_;
+};
+
+}  // namespace co2::server
+
+#endif  // CO2_SERVER_SHARD_METRICS_H_

@@ -1,0 +1,48 @@
+#include "server/shard_observer.h"
+
+#include "absl/strings/match.h"
+
+namespace co2::server {
+
+RejectReason RejectReasonOf(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      // common::Validate names a NaN/Inf element "... is not finite: nan";
+      // codec_test and shard_metrics_test pin that wording.
+      return absl::StrContains(status.message(), "is not finite")
+                 ? RejectReason::kNonFinite
+                 : RejectReason::kInvalidArgument;
+    case absl::StatusCode::kAborted:
+      return RejectReason::kStale;
+    case absl::StatusCode::kFailedPrecondition:
+      return RejectReason::kAhead;
+    case absl::StatusCode::kNotFound:
+      return RejectReason::kNotMember;
+    case absl::StatusCode::kResourceExhausted:
+      return RejectReason::kResourceExhausted;
+    default:
+      return RejectReason::kOther;
+  }
+}
+
+absl::string_view RejectReasonName(RejectReason reason) {
+  switch (reason) {
+    case RejectReason::kInvalidArgument:
+      return "invalid_argument";
+    case RejectReason::kNonFinite:
+      return "non_finite";
+    case RejectReason::kStale:
+      return "stale";
+    case RejectReason::kAhead:
+      return "ahead";
+    case RejectReason::kNotMember:
+      return "not_member";
+    case RejectReason::kResourceExhausted:
+      return "resource_exhausted";
+    case RejectReason::kOther:
+      break;
+  }
+  return "other";
+}
+
+}  // namespace co2::server

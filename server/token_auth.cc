@@ -1,0 +1,173 @@
+#include "server/token_auth.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/tls_config.h"
+#include "grpcpp/server_context.h"
+
+namespace co2::server {
+namespace {
+
+// Compares without an early exit, so the time taken does not tell an
+// attacker how many leading bytes of a guess were right.
+bool SecretEquals(absl::string_view a, absl::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? a[i] : 0;
+    const unsigned char y = i < b.size() ? b[i] : 0;
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
+grpc::Status Unauthenticated(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, message);
+}
+
+}  // namespace
+
+absl::StatusOr<JobTokens> ParseJobTokens(absl::string_view text,
+                                         const std::string& source) {
+  JobTokens tokens;
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_number;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || absl::StartsWith(line, "#")) continue;
+    std::vector<absl::string_view> fields =
+        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    if (fields.size() != 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ":", line_number, ": expected `job token`, got ",
+          fields.size(), " fields"));
+    }
+    const std::string job(fields[0]);
+    const std::string token(fields[1]);
+    if (job == "*") {
+      if (!tokens.any_job.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            source, ":", line_number, ": a second `*` (any job) token"));
+      }
+      tokens.any_job = token;
+      continue;
+    }
+    if (!tokens.per_job.emplace(job, token).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ":", line_number, ": job \"", job, "\" has a token already"));
+    }
+  }
+  if (tokens.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, " holds no `job token` line"));
+  }
+  return tokens;
+}
+
+absl::StatusOr<JobTokens> LoadJobTokensFile(const std::string& path) {
+  std::string text;
+  {
+    // ReadPemFile's checks are for PEM; read plainly here.
+    std::FILE* file = std::fopen(path.c_str(), "rb");
+    if (file == nullptr) {
+      return absl::NotFoundError(absl::StrCat("cannot read tokens file \"",
+                                              path, "\": ", std::strerror(errno)));
+    }
+    char buffer[4096];
+    size_t n = 0;
+    while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0) {
+      text.append(buffer, n);
+    }
+    std::fclose(file);
+  }
+  struct stat st {};
+  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
+    CO2_LOG(WARNING) << "tokens file " << path
+                     << " is readable by group/others; chmod 600 it";
+  }
+  return ParseJobTokens(text, path);
+}
+
+grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
+                                         grpc::AuthContext* context,
+                                         OutputMetadata* consumed_auth_metadata,
+                                         OutputMetadata* /*response_metadata*/) {
+  // Probes (Kubernetes, grpc_health_probe) carry no token.
+  auto path = auth_metadata.find(":path");
+  if (path != auth_metadata.end() &&
+      absl::StartsWith(absl::string_view(path->second.data(), path->second.size()),
+                       "/grpc.health.v1.Health/")) {
+    return grpc::Status::OK;
+  }
+  auto job_it = auth_metadata.find(common::kJobHeader);
+  auto auth_it = auth_metadata.find(common::kAuthorizationHeader);
+  if (auth_it == auth_metadata.end()) {
+    return Unauthenticated(
+        "no bearer token: this aggregator requires `authorization: Bearer "
+        "<token>` (ClientOptions.token)");
+  }
+  if (job_it == auth_metadata.end() || job_it->second.empty()) {
+    return Unauthenticated(
+        "no `co2-job` header naming the job the bearer token is for");
+  }
+  const absl::string_view authorization(auth_it->second.data(),
+                                        auth_it->second.size());
+  const std::string job(job_it->second.data(), job_it->second.size());
+  if (!absl::StartsWith(authorization, common::kBearerPrefix)) {
+    return Unauthenticated(
+        "the authorization header is not of the form `Bearer <token>`");
+  }
+  const absl::string_view token =
+      authorization.substr(sizeof(common::kBearerPrefix) - 1);
+  auto expected = tokens_.per_job.find(job);
+  const std::string* want = expected != tokens_.per_job.end()
+                                ? &expected->second
+                                : (tokens_.any_job.empty() ? nullptr
+                                                           : &tokens_.any_job);
+  if (want == nullptr) {
+    return Unauthenticated(
+        absl::StrCat("no token is configured for job \"", job, "\""));
+  }
+  if (!SecretEquals(token, *want)) {
+    return Unauthenticated(
+        absl::StrCat("the bearer token is not valid for job \"", job, "\""));
+  }
+  context->AddProperty(kAuthJobProperty, job);
+  // The token stops here; handlers never see it.
+  consumed_auth_metadata->insert(
+      std::make_pair(std::string(common::kAuthorizationHeader),
+                     std::string(auth_it->second.data(), auth_it->second.size())));
+  return grpc::Status::OK;
+}
+
+absl::Status CheckJobAccess(const grpc::ServerContextBase& context,
+                            const std::string& job) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr) return absl::OkStatus();
+  const std::vector<grpc::string_ref> jobs =
+      auth->FindPropertyValues(kAuthJobProperty);
+  if (jobs.empty()) return absl::OkStatus();  // no tokens on this server
+  for (const grpc::string_ref& allowed : jobs) {
+    if (absl::string_view(allowed.data(), allowed.size()) == job) {
+      return absl::OkStatus();
+    }
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      "this call's bearer token is for job \"",
+      std::string(jobs[0].data(), jobs[0].size()), "\", the request names job \"",
+      job, "\""));
+}
+
+}  // namespace co2::server

@@ -1,0 +1,155 @@
+#include "server/checkpoint_store.h"
+
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "common/job_config.h"
+#include "gtest/gtest.h"
+
+namespace co2::server {
+namespace {
+
+std::string TempDir() {
+  char pattern[] = "/tmp/co2-ckpt-XXXXXX";
+  return mkdtemp(pattern);
+}
+
+struct Fixture {
+  v1::ShardCheckpointHeader header;
+  std::vector<float> anchor, momentum;
+  std::vector<std::string> update;
+
+  Fixture() {
+    header.set_job("job/with spaces");
+    header.set_shard_index(1);
+    *header.mutable_config() = common::DefaultJobConfig(70000, 2);
+    header.set_range_begin(65536);
+    header.set_range_end(70000);
+    header.set_rounds_closed(7);
+    header.set_quorum_misses(2);
+    header.set_update_contributors(3);
+    for (size_t j = 0; j < 70000 - 65536; ++j) {
+      anchor.push_back(j * 0.5f);
+      momentum.push_back(-1.0f * j);
+    }
+    update = {std::string(1000, 'u')};
+  }
+
+  CheckpointView View() const {
+    CheckpointView view;
+    view.header = &header;
+    view.anchor = anchor;
+    view.momentum = momentum;
+    for (const auto& chunk : update) view.update_chunks.push_back(&chunk);
+    return view;
+  }
+};
+
+TEST(CheckpointStoreTest, RoundTripsEveryField) {
+  CheckpointStore store(TempDir());
+  Fixture f;
+  ASSERT_TRUE(store.Write(f.View()).ok());
+  std::vector<absl::Status> errors;
+  std::vector<LoadedCheckpoint> all = store.LoadAll(1, 2, &errors);
+  ASSERT_EQ(all.size(), 1u);
+  EXPECT_TRUE(errors.empty());
+  const LoadedCheckpoint& c = all[0];
+  EXPECT_EQ(c.header.job(), "job/with spaces");
+  EXPECT_EQ(c.header.rounds_closed(), 7u);
+  EXPECT_EQ(c.header.quorum_misses(), 2u);
+  EXPECT_EQ(c.anchor, f.anchor);
+  EXPECT_EQ(c.momentum, f.momentum);
+  EXPECT_EQ(c.update_chunks, f.update);
+  // Another shard's files are not picked up.
+  EXPECT_TRUE(store.LoadAll(0, 2, &errors).empty());
+}
+
+TEST(CheckpointStoreTest, RewriteReplacesAtomically) {
+  CheckpointStore store(TempDir());
+  Fixture f;
+  ASSERT_TRUE(store.Write(f.View()).ok());
+  f.header.set_rounds_closed(8);
+  f.anchor[0] = 42;
+  ASSERT_TRUE(store.Write(f.View()).ok());
+  auto loaded = CheckpointStore::Load(store.PathFor(f.header.job(), 1, 2));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->header.rounds_closed(), 8u);
+  EXPECT_EQ(loaded->anchor[0], 42.0f);
+  EXPECT_NE(access((store.PathFor(f.header.job(), 1, 2) + ".tmp").c_str(), F_OK), 0)
+      << "temporary file left behind";
+}
+
+class CorruptionTest : public testing::TestWithParam<int> {};
+
+TEST_P(CorruptionTest, IsDetectedAsDataLoss) {
+  CheckpointStore store(TempDir());
+  Fixture f;
+  ASSERT_TRUE(store.Write(f.View()).ok());
+  const std::string path = store.PathFor(f.header.job(), 1, 2);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  switch (GetParam()) {
+    case 0:  // a flipped bit in the anchor
+      bytes[bytes.size() / 2] ^= 0x10;
+      break;
+    case 1:  // torn write: the tail is missing
+      bytes.resize(bytes.size() - 100);
+      break;
+    case 2:  // not a checkpoint at all
+      bytes = "hello";
+      break;
+  }
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << bytes;
+  }
+  absl::StatusOr<LoadedCheckpoint> loaded = CheckpointStore::Load(path);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
+  EXPECT_NE(loaded.status().message().find(path), std::string::npos);
+  std::vector<absl::Status> errors;
+  EXPECT_TRUE(store.LoadAll(1, 2, &errors).empty());
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), absl::StatusCode::kDataLoss);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CorruptionTest, testing::Values(0, 1, 2));
+
+TEST(CheckpointStoreTest, UnwritableDirectoryIsAnErrorNamingThePath) {
+  const std::string dir = TempDir() + "/not-a-dir";
+  { std::ofstream(dir) << "x"; }  // a file where the directory should be
+  CheckpointStore store(dir);
+  Fixture f;
+  const absl::Status s = store.Write(f.View());
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(dir), std::string::npos) << s;
+}
+
+TEST(CheckpointStoreTest, FullDiskIsResourceExhaustedAndKeepsTheOldFile) {
+  const std::string dir = TempDir();
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16k") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
+  }
+  CheckpointStore store(dir);
+  Fixture small;
+  small.anchor.resize(1000);
+  small.momentum.resize(1000);
+  small.header.set_range_end(small.header.range_begin() + 1000);
+  ASSERT_TRUE(store.Write(small.View()).ok());
+  Fixture big;  // ~37 KB: more than the 16 KiB disk holds
+  const absl::Status s = store.Write(big.View());
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  auto kept = CheckpointStore::Load(store.PathFor(small.header.job(), 1, 2));
+  EXPECT_TRUE(kept.ok()) << kept.status();
+  umount(dir.c_str());
+}
+
+}  // namespace
+}  // namespace co2::server

@@ -1,0 +1,198 @@
+#include "tests/e2e_harness.h"
+
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/aggregator_client.h"
+#include "common/job_config.h"
+#include "common/layout.h"
+#include "server/outer_optimizer.h"
+
+namespace co2::testing {
+
+float Delta(int worker, uint64_t round, size_t j) {
+  const int v = static_cast<int>((j * 7 + worker * 13 + round * 5) % 17) - 8;
+  return static_cast<float>(v) / 1024.0f;
+}
+double Weight(int worker) { return worker + 1; }
+float Initial(size_t j) { return static_cast<float>(j % 101) / 64.0f; }
+
+v1::JobConfig Co2Config(const E2eSpec& spec, v1::Codec downlink) {
+  v1::JobConfig config = common::DefaultJobConfig(spec.params, spec.shards);
+  config.set_alpha(0.8f);
+  config.set_beta(0.5f);
+  config.set_gap_penalty(v1::GAP_PENALTY_GAP_AWARE);
+  config.set_clip(v1::CLIP_ADAPTIVE);
+  config.set_clip_value(2.0f);
+  config.set_downlink_codec(downlink);
+  config.set_min_workers(spec.workers);
+  config.set_round_timeout_ms(60000);
+  return config;
+}
+
+Cluster::Cluster(uint32_t num_shards, std::string checkpoint_dir)
+    : num_shards_(num_shards),
+      checkpoint_dir_(std::move(checkpoint_dir)),
+      shards_(num_shards),
+      addresses_(num_shards) {
+  for (uint32_t i = 0; i < num_shards; ++i) {
+    absl::Status s = StartShard(i, "127.0.0.1:0");
+    if (!s.ok()) std::abort();
+  }
+}
+
+absl::Status Cluster::StartShard(uint32_t i, const std::string& address) {
+  server::AggregatorServerOptions options;
+  options.address = address;
+  options.registry.shard_index = i;
+  options.registry.num_shards = num_shards_;
+  options.registry.checkpoint_dir = checkpoint_dir_;
+  auto started = server::AggregatorServer::Start(options);
+  if (!started.ok()) return started.status();
+  addresses_[i] = absl::StrCat("127.0.0.1:", (*started)->port());
+  shards_[i] = *std::move(started);
+  return absl::OkStatus();
+}
+
+absl::Status Cluster::Restart(uint32_t i) {
+  shards_[i]->Shutdown(absl::ZeroDuration());
+  shards_[i].reset();
+  return StartShard(i, addresses_[i]);
+}
+
+std::vector<float> Cluster::Anchor(const std::string& job, uint64_t* round) {
+  std::vector<float> anchor;
+  for (auto& shard : shards_) {
+    auto js = shard->registry()->Find(job);
+    if (!js.ok()) return {};
+    std::vector<float> part = (*js)->AnchorForTesting(round);
+    anchor.insert(anchor.end(), part.begin(), part.end());
+  }
+  return anchor;
+}
+
+std::vector<float> ReferenceAnchor(const E2eSpec& spec,
+                                   const v1::JobConfig& config) {
+  server::OuterConfig outer;
+  outer.alpha = config.alpha();
+  outer.beta = config.beta();
+  outer.penalty = server::GapPenalty::kGapAware;
+  outer.clip = server::ClipMode::kAdaptive;
+  outer.clip_value = config.clip_value();
+  const common::Codec codec = common::Codec(config.downlink_codec());
+  const size_t n = spec.params;
+  std::vector<float> anchor(n), gap(n, 0.0f), m(n, 0.0f), mean(n), update(n);
+  for (size_t j = 0; j < n; ++j) anchor[j] = Initial(j);
+  double total_weight = 0;
+  for (int w = 0; w < spec.workers; ++w) total_weight += Weight(w);
+  for (uint64_t r = 0; r < spec.rounds; ++r) {
+    for (size_t j = 0; j < n; ++j) {
+      float sum = 0;
+      for (int w = 0; w < spec.workers; ++w) {
+        sum += static_cast<float>(Weight(w)) * Delta(w, r, j);
+      }
+      mean[j] = static_cast<float>(sum / total_weight);
+    }
+    server::OuterStep(outer, mean, gap, absl::MakeSpan(m), absl::MakeSpan(update));
+    // Encoded chunk by chunk within each shard, as the shards do.
+    for (uint32_t s = 0; s < spec.shards; ++s) {
+      const common::Range range = *common::ShardRangeFor(n, spec.shards, s);
+      for (size_t c = 0; c < common::NumChunks(range.size()); ++c) {
+        const common::Range chunk = common::ChunkRange(range.size(), c);
+        auto u = absl::MakeSpan(update).subspan(range.begin + chunk.begin,
+                                                chunk.size());
+        std::string bytes(common::EncodedSize(codec, u.size()), '\0');
+        common::Encode(codec, u, absl::MakeSpan(bytes.data(), bytes.size()));
+        common::Decode(codec, bytes, u);
+      }
+    }
+    for (size_t j = 0; j < n; ++j) {
+      anchor[j] += update[j];
+      gap[j] = update[j];
+    }
+  }
+  return anchor;
+}
+
+WorkerResult RunWorker(const E2eSpec& spec,
+                       const std::vector<std::string>& addresses,
+                       const std::string& job, const v1::JobConfig& config,
+                       common::Codec uplink, int worker,
+                       const std::function<void(uint64_t)>& after_round) {
+  WorkerResult result;
+  auto fail = [&](absl::Status s) {
+    result.status = std::move(s);
+    return result;
+  };
+  std::vector<float> anchor(spec.params);
+  for (size_t j = 0; j < spec.params; ++j) anchor[j] = Initial(j);
+  client::ClientOptions options;
+  options.addresses = addresses;
+  options.job = job;
+  options.worker_id = absl::StrCat("worker-", worker);
+  options.job_config = config;
+  options.uplink_codec = uplink;
+  auto connected =
+      client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  if (!connected.ok()) return fail(connected.status());
+  client::AggregatorClient& c = **connected;
+  if (c.start_round() != 0) {
+    return fail(absl::InternalError("a fresh job must start at round 0"));
+  }
+  std::vector<float> delta(spec.params);
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  for (uint64_t r = 0; r < spec.rounds; ++r) {
+    for (size_t j = 0; j < spec.params; ++j) delta[j] = Delta(worker, r, j);
+    if (r > 0) {
+      if (auto s = c.WaitForUpdate(r - 1, deadline); !s.ok()) return fail(s);
+    }
+    if (auto s = c.Push(r, delta, Weight(worker), deadline); !s.ok()) {
+      return fail(s);
+    }
+    if (r > 0) {
+      auto applied = c.ApplyUpdate(r - 1, absl::MakeSpan(anchor));
+      if (!applied.ok()) return fail(applied.status());
+      if (*applied != r + 1) {
+        return fail(absl::InternalError(absl::StrCat(
+            "update of round ", r - 1, " gave anchor round ", *applied)));
+      }
+    }
+    if (after_round) after_round(r);
+  }
+  const uint64_t last = spec.rounds - 1;
+  if (auto s = c.WaitForUpdate(last, deadline); !s.ok()) return fail(s);
+  if (auto a = c.ApplyUpdate(last, absl::MakeSpan(anchor)); !a.ok()) {
+    return fail(a.status());
+  }
+  const client::ClientStats stats = c.stats();
+  if (stats.rounds_pushed != spec.rounds ||
+      stats.updates_received != spec.rounds) {
+    return fail(absl::InternalError(absl::StrCat(
+        "pushed ", stats.rounds_pushed, " received ", stats.updates_received)));
+  }
+  result.reconnects = stats.reconnects;
+  if (auto s = c.Leave(absl::Now() + absl::Seconds(10)); !s.ok()) return fail(s);
+  result.anchor = std::move(anchor);
+  return result;
+}
+
+std::vector<WorkerResult> RunWorkers(
+    const E2eSpec& spec, const std::vector<std::string>& addresses,
+    const std::string& job, const v1::JobConfig& config,
+    const std::function<common::Codec(int)>& uplink,
+    const std::function<void(int, uint64_t)>& after_round) {
+  std::vector<WorkerResult> results(spec.workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < spec.workers; ++w) {
+    threads.emplace_back([&, w] {
+      std::function<void(uint64_t)> hook;
+      if (after_round) hook = [&, w](uint64_t r) { after_round(w, r); };
+      results[w] = RunWorker(spec, addresses, job, config, uplink(w), w, hook);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+}  // namespace co2::testing

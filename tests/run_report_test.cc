@@ -1,0 +1,125 @@
+#include "client/run_report.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace co2::client {
+namespace {
+
+RankReport MakeRank(int worker, int local_rank, int rounds) {
+  RankReport r;
+  r.worker = worker;
+  r.local_rank = local_rank;
+  r.leader = local_rank == 0;
+  r.steps = 2 * rounds;
+  r.train_s = 10;
+  r.exposed_comm_s = 1;
+  r.bytes_sent = r.leader ? 1000 : 0;
+  r.final_hash = "f";
+  r.metric_name = "test_accuracy";
+  if (worker == 0 && local_rank == 0) r.final_metrics["test_accuracy"] = 0.75;
+  r.memory_bytes["total"] = 4096;
+  for (int i = 0; i < rounds; ++i) {
+    RankRound round;
+    round.round = i;
+    round.steps = 2;
+    round.loss = 2.0 - 0.1 * i + worker;
+    round.metric = i == 1 ? 0.5 : -1;
+    round.params_hash = "h" + std::to_string(i);
+    r.rounds.push_back(round);
+  }
+  return r;
+}
+
+TEST(RunReportTest, RankReportRoundTrips) {
+  std::string dir = ::testing::TempDir() + "/run_report_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const std::string path = dir + "/rank.json";
+  const RankReport original = MakeRank(1, 0, 3);
+  ASSERT_TRUE(WriteRankReport(path, original).ok());
+  auto read = ReadRankReport(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->worker, 1);
+  EXPECT_TRUE(read->leader);
+  EXPECT_EQ(read->bytes_sent, 1000u);
+  ASSERT_EQ(read->rounds.size(), 3u);
+  EXPECT_EQ(read->rounds[1].metric, 0.5);
+  EXPECT_EQ(read->rounds[0].metric, -1);
+  EXPECT_EQ(read->rounds[2].params_hash, "h2");
+  EXPECT_DOUBLE_EQ(read->rounds[2].loss, original.rounds[2].loss);
+  EXPECT_EQ(read->memory_bytes.at("total"), 4096);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RunReportTest, ReadRejectsGarbage) {
+  std::string dir = ::testing::TempDir() + "/run_report_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ASSERT_TRUE(WriteFileAtomically(dir + "/bad.json", "{not json").ok());
+  EXPECT_EQ(ReadRankReport(dir + "/bad.json").status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadRankReport(dir + "/missing.json").status().code(),
+            absl::StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RunReportTest, SummarizeMergesAndChecksConsistency) {
+  std::vector<RankReport> ranks = {MakeRank(0, 0, 4), MakeRank(0, 1, 4),
+                                   MakeRank(1, 0, 4), MakeRank(1, 1, 4)};
+  auto summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->rounds, 4);
+  EXPECT_TRUE(summary->params_identical);
+  EXPECT_EQ(summary->bytes_sent, 2000u);
+  EXPECT_DOUBLE_EQ(summary->exposed_comm_s, 1.0);
+  EXPECT_DOUBLE_EQ(summary->exposed_comm_fraction, 0.1);
+  EXPECT_DOUBLE_EQ(summary->final_metrics.at("test_accuracy"), 0.75);
+  // Mean over ranks of the last round's loss: workers 0 and 1 differ by 1.
+  EXPECT_DOUBLE_EQ(summary->final_loss, 2.0 - 0.3 + 0.5);
+
+  ranks[3].rounds[2].params_hash = "other";
+  summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok());
+  EXPECT_FALSE(summary->params_identical);
+  EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("round 2"));
+
+  ranks[2].rounds.pop_back();
+  EXPECT_EQ(Summarize(ranks).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RunReportTest, MergedReportIsWellFormedJson) {
+  const std::vector<RankReport> ranks = {MakeRank(0, 0, 3), MakeRank(1, 0, 3)};
+  auto summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok());
+  RunInfo info;
+  info.settings["algo"] = "co2";
+  info.wall_s = 12.5;
+  info.aggregators = {"127.0.0.1:1234"};
+  const std::string json = MergedReportJson(info, ranks, *summary);
+  google::protobuf::Struct doc;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &doc).ok())
+      << json;
+  EXPECT_EQ(doc.fields().at("wall_time_s").number_value(), 12.5);
+  EXPECT_EQ(doc.fields().at("settings").struct_value().fields().at("algo")
+                .string_value(),
+            "co2");
+  const auto& curve = doc.fields().at("curve").list_value();
+  ASSERT_EQ(curve.values_size(), 3);
+  // Loss averaged over ranks (worker 1's is 1 higher), metric from worker 0.
+  const auto& round1 = curve.values(1).struct_value().fields();
+  EXPECT_DOUBLE_EQ(round1.at("loss").number_value(), 2.0 - 0.1 + 0.5);
+  EXPECT_EQ(round1.at("metric").number_value(), 0.5);
+  EXPECT_EQ(curve.values(0).struct_value().fields().count("metric"), 0u);
+  EXPECT_TRUE(doc.fields().at("params_identical").bool_value());
+  EXPECT_EQ(doc.fields().at("ranks").list_value().values_size(), 2);
+}
+
+}  // namespace
+}  // namespace co2::client

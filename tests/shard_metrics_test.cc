@@ -1,0 +1,263 @@
+// ShardMetrics driven by a real JobShard (fake clock, no gRPC): each metric
+// that co2-aggregator exports moves as the shard's work says it must.
+#include "server/shard_metrics.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/codec.h"
+#include "common/job_config.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "server/job_shard.h"
+
+namespace co2::server {
+namespace {
+
+constexpr size_t kParams = 1000;
+constexpr size_t kBytes = kParams * sizeof(float);
+using Labels = std::map<std::string, std::string>;
+
+// The series `name` whose labels are exactly `labels` plus shard="0".
+const prometheus::ClientMetric* Find(const prometheus::Registry& registry,
+                                     const std::string& name, Labels labels) {
+  static std::vector<prometheus::MetricFamily> families;
+  families = registry.Collect();
+  labels["shard"] = "0";
+  for (const auto& family : families) {
+    if (family.name != name) continue;
+    for (const auto& metric : family.metric) {
+      Labels have;
+      for (const auto& l : metric.label) have[l.name] = l.value;
+      if (have == labels) return &metric;
+    }
+  }
+  return nullptr;
+}
+
+// A counter's or gauge's value; NaN when the series does not exist.
+double Value(const prometheus::Registry& registry, const std::string& name,
+             const Labels& labels) {
+  const prometheus::ClientMetric* m = Find(registry, name, labels);
+  if (m == nullptr) return std::numeric_limits<double>::quiet_NaN();
+  return name.size() > 6 && name.substr(name.size() - 6) == "_total"
+             ? m->counter.value
+             : m->gauge.value;
+}
+
+class RecordingSink : public UpdateSink {
+ public:
+  void Send(std::shared_ptr<const UpdateChunks>) override {}
+};
+
+v1::JobConfig Config(uint32_t min_workers) {
+  v1::JobConfig c = common::DefaultJobConfig(kParams, 1);
+  c.set_alpha(1.0f);
+  c.set_beta(0.0f);
+  c.set_gap_penalty(v1::GAP_PENALTY_NONE);
+  c.set_clip(v1::CLIP_NONE);
+  c.set_min_workers(min_workers);
+  c.set_round_timeout_ms(1000);
+  return c;
+}
+
+std::string Fp32(float value) {
+  std::vector<float> v(kParams, value);
+  std::string bytes(kBytes, '\0');
+  common::Encode(common::Codec::kFp32, v,
+                 absl::MakeSpan(bytes.data(), bytes.size()));
+  return bytes;
+}
+
+v1::Contribution Contribution(uint64_t round, float value) {
+  v1::Contribution c;
+  c.set_round(round);
+  c.set_chunk_index(0);
+  c.set_codec(v1::CODEC_FP32);
+  c.set_weight(1);
+  c.set_payload(Fp32(value));
+  return c;
+}
+
+class ShardMetricsTest : public testing::Test {
+ protected:
+  void Create(uint32_t min_workers) {
+    JobShardOptions options;
+    options.observer = &metrics_;
+    auto created =
+        JobShard::Create("job", Config(min_workers), options, &clock_);
+    ASSERT_TRUE(created.ok()) << created.status();
+    shard_ = *std::move(created);
+    for (const char* w : {"a", "b"}) {
+      ASSERT_TRUE(
+          shard_->Join(w, Config(min_workers), common::Codec::kFp32).ok());
+    }
+    ASSERT_TRUE(shard_->SeedChunk("a", 0, Fp32(10)).ok());
+  }
+  double Get(const std::string& name, const Labels& labels = {{"co2_job", "job"}}) {
+    return Value(registry_, name, labels);
+  }
+
+  prometheus::Registry registry_;
+  ShardMetrics metrics_{registry_, 0};
+  common::FakeClock clock_;
+  std::unique_ptr<JobShard> shard_;
+};
+
+TEST_F(ShardMetricsTest, RoundsBytesAndTheOuterStep) {
+  Create(2);
+  auto sink1 = std::make_shared<RecordingSink>();
+  auto sink2 = std::make_shared<RecordingSink>();
+  shard_->Subscribe(sink1, 0);
+  shard_->Subscribe(sink2, 0);
+  for (uint64_t r = 0; r < 3; ++r) {
+    clock_.Advance(absl::Seconds(3));
+    ASSERT_TRUE(shard_->Contribute("a", Contribution(r, 1.0f)).ok());
+    ASSERT_TRUE(shard_->Contribute("b", Contribution(r, 3.0f)).ok());
+    ASSERT_EQ(shard_->Poll(), 1);
+  }
+  EXPECT_EQ(Get("co2_aggregator_rounds_completed_total"), 3);
+  EXPECT_EQ(Get("co2_aggregator_contributions_total"), 6);
+  EXPECT_EQ(Get("co2_aggregator_round_contributors"), 2);
+  EXPECT_EQ(Get("co2_aggregator_contribution_chunks_total",
+                {{"co2_job", "job"}, {"codec", "fp32"}}),
+            6);
+  EXPECT_EQ(Get("co2_aggregator_bytes_in_total",
+                {{"co2_job", "job"}, {"codec", "fp32"}}),
+            6 * kBytes);
+  // Each round's update (fp32, kBytes) went to both streams.
+  EXPECT_EQ(Get("co2_aggregator_bytes_out_total",
+                {{"co2_job", "job"}, {"codec", "fp32"}}),
+            3 * 2 * kBytes);
+  EXPECT_EQ(Get("co2_aggregator_active_workers"), 2);
+  EXPECT_EQ(Get("co2_aggregator_open_round"), 3);
+  EXPECT_EQ(Get("co2_aggregator_open_round_age_seconds"), 0);
+  // Every round opened 3 s (fake clock) before it closed.
+  const prometheus::ClientMetric* duration =
+      Find(registry_, "co2_aggregator_round_duration_seconds", {{"co2_job", "job"}});
+  ASSERT_NE(duration, nullptr);
+  EXPECT_EQ(duration->histogram.sample_count, 3u);
+  EXPECT_DOUBLE_EQ(duration->histogram.sample_sum, 9.0);
+  // β = 0, no penalty, no clip: m = D = mean(1, 3) = 2 on each element.
+  EXPECT_EQ(Get("co2_aggregator_gap_penalty_mean"), 1);
+  EXPECT_EQ(Get("co2_aggregator_clipped_fraction"), 0);
+  EXPECT_NEAR(Get("co2_aggregator_outer_momentum_norm"),
+              std::sqrt(4.0 * kParams), 1e-3);
+  EXPECT_EQ(Get("co2_aggregator_quorum_misses_total"), 0);
+  const double quorum_closes = Get("co2_aggregator_quorum_closes_total");
+  EXPECT_TRUE(std::isnan(quorum_closes) || quorum_closes == 0) << quorum_closes;
+  clock_.Advance(absl::Seconds(2));
+  shard_->Poll();
+  EXPECT_EQ(Get("co2_aggregator_open_round_age_seconds"), 2);
+}
+
+TEST_F(ShardMetricsTest, RejectionsAreCountedByReason) {
+  Create(2);
+  auto reason = [&](const std::string& r) {
+    return Get("co2_aggregator_rejected_chunks_total",
+               {{"co2_job", "job"}, {"reason", r}});
+  };
+  EXPECT_FALSE(shard_->Contribute("stranger", Contribution(0, 1.0f)).ok());
+  EXPECT_EQ(reason("not_member"), 1);
+
+  v1::Contribution nan = Contribution(0, std::nanf(""));
+  EXPECT_EQ(shard_->Contribute("a", nan).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reason("non_finite"), 1);
+
+  v1::Contribution bad_chunk = Contribution(0, 1.0f);
+  bad_chunk.set_chunk_index(7);
+  EXPECT_EQ(shard_->Contribute("a", bad_chunk).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reason("invalid_argument"), 1);
+
+  EXPECT_FALSE(shard_->Contribute("a", Contribution(5, 1.0f)).ok());
+  EXPECT_EQ(reason("ahead"), 1);
+
+  for (uint64_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(shard_->Contribute("a", Contribution(r, 1.0f)).ok());
+    ASSERT_TRUE(shard_->Contribute("b", Contribution(r, 1.0f)).ok());
+    ASSERT_EQ(shard_->Poll(), 1);
+  }
+  EXPECT_EQ(shard_->Contribute("a", Contribution(0, 1.0f)).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(reason("stale"), 1);
+  // Nothing rejected was counted as received.
+  EXPECT_EQ(Get("co2_aggregator_contribution_chunks_total",
+                {{"co2_job", "job"}, {"codec", "fp32"}}),
+            6);
+}
+
+TEST_F(ShardMetricsTest, DuplicatesLateChunksAndQuorumCloses) {
+  Create(1);
+  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());
+  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());  // resend
+  EXPECT_EQ(Get("co2_aggregator_duplicate_chunks_total"), 1);
+  EXPECT_EQ(shard_->Poll(), 0) << "b is live: round 0 waits for it";
+  clock_.Advance(absl::Seconds(2));  // past the deadline; quorum is 1
+  EXPECT_EQ(shard_->Poll(), 1);
+  EXPECT_EQ(Get("co2_aggregator_quorum_closes_total"), 1);
+  EXPECT_EQ(Get("co2_aggregator_round_contributors"), 1);
+  // b's round-0 chunk arrives after round 0 closed: folded into round 1.
+  ASSERT_TRUE(shard_->Contribute("b", Contribution(0, 1.0f)).ok());
+  EXPECT_EQ(Get("co2_aggregator_late_chunks_total"), 1);
+}
+
+TEST_F(ShardMetricsTest, QuorumMissesAndLeases) {
+  Create(2);
+  shard_->Poll();
+  EXPECT_EQ(Get("co2_aggregator_quorum_misses_total"), 0)
+      << "the series exists before the first miss";
+  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());
+  clock_.Advance(absl::Seconds(2));  // past the deadline, below quorum 2
+  EXPECT_EQ(shard_->Poll(), 0);
+  shard_->Poll();
+  EXPECT_EQ(Get("co2_aggregator_quorum_misses_total"), 1)
+      << "one round, counted once";
+  EXPECT_EQ(Get("co2_aggregator_open_round_age_seconds"), 2);
+  clock_.Advance(absl::Seconds(30));  // both leases expire
+  shard_->Poll();
+  EXPECT_EQ(Get("co2_aggregator_active_workers"), 0);
+}
+
+TEST_F(ShardMetricsTest, CheckpointDurationIsRegisteredBeforeTheFirstWrite) {
+  Create(2);
+  shard_->Poll();
+  const prometheus::ClientMetric* h = Find(
+      registry_, "co2_aggregator_checkpoint_duration_seconds", {{"co2_job", "job"}});
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->histogram.sample_count, 0u);
+  metrics_.ObserveCheckpointDuration("job", absl::Milliseconds(250));
+  metrics_.OnCheckpointWritten("job", absl::Milliseconds(750));
+  h = Find(registry_, "co2_aggregator_checkpoint_duration_seconds",
+           {{"co2_job", "job"}});
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->histogram.sample_count, 2u);
+  EXPECT_DOUBLE_EQ(h->histogram.sample_sum, 1.0);
+}
+
+TEST(RejectReasonTest, FollowsTheStatusCode) {
+  EXPECT_EQ(RejectReasonOf(absl::AbortedError("old")), RejectReason::kStale);
+  EXPECT_EQ(RejectReasonOf(absl::FailedPreconditionError("new")),
+            RejectReason::kAhead);
+  EXPECT_EQ(RejectReasonOf(absl::NotFoundError("who")),
+            RejectReason::kNotMember);
+  EXPECT_EQ(RejectReasonOf(absl::InvalidArgumentError("size")),
+            RejectReason::kInvalidArgument);
+  EXPECT_EQ(RejectReasonOf(absl::InvalidArgumentError(
+                "fp32 payload element 3 is not finite: nan")),
+            RejectReason::kNonFinite);
+  EXPECT_EQ(RejectReasonOf(absl::ResourceExhaustedError("x")),
+            RejectReason::kResourceExhausted);
+  EXPECT_EQ(RejectReasonOf(absl::InternalError("x")), RejectReason::kOther);
+  EXPECT_EQ(RejectReasonName(RejectReason::kNonFinite), "non_finite");
+  EXPECT_EQ(RejectReasonName(RejectReason::kNotMember), "not_member");
+}
+
+}  // namespace
+}  // namespace co2::server

@@ -1,0 +1,430 @@
+// Access control over real gRPC: TLS, mTLS and per-job bearer tokens, with a
+// CA (and a second, foreign CA) generated on the spot with the openssl CLI.
+// Each refusal is paired with the same call succeeding with the right
+// material, so no test passes because nothing works.
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "client/aggregator_client.h"
+#include "co2/v1/aggregator.grpc.pb.h"
+#include "common/job_config.h"
+#include "common/tls_config.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "server/aggregator_server.h"
+#include "server/token_auth.h"
+
+namespace co2 {
+namespace {
+
+using grpc::StatusCode;
+
+constexpr size_t kParams = 1000;
+
+// Runs a shell command; returns its exit status and output (stdout+stderr).
+int RunCommand(const std::string& command, std::string* output = nullptr) {
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  std::string out;
+  char buffer[4096];
+  size_t n = 0;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  const int status = pclose(pipe);
+  if (output != nullptr) *output = out;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// A CA with a server certificate (SAN localhost, 127.0.0.1) and a client
+// certificate, plus a second CA with its own client and server certificates.
+class Pki {
+ public:
+  static const Pki& Get() {
+    static const Pki* pki = new Pki();
+    return *pki;
+  }
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  const std::string& error() const { return error_; }
+
+ private:
+  Pki() {
+    char templ[] = "/tmp/co2-tls-test-XXXXXX";
+    dir_ = mkdtemp(templ);
+    Write("server.ext",
+          "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
+          "extendedKeyUsage=serverAuth\n");
+    Write("client.ext", "extendedKeyUsage=clientAuth\n");
+    for (const std::string ca : {"ca", "other-ca"}) {
+      Step(absl::StrCat(
+          "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
+          "-nodes -days 2 -subj '/CN=co2 test ", ca, "' -keyout ", Path(ca),
+          ".key -out ", Path(ca), ".pem -addext "
+          "basicConstraints=critical,CA:TRUE -addext "
+          "keyUsage=critical,keyCertSign,cRLSign"));
+      Sign(ca, ca == "ca" ? "server" : "other-server", "localhost", "server.ext");
+      Sign(ca, ca == "ca" ? "client" : "other-client", "worker-0", "client.ext");
+    }
+  }
+
+  void Sign(const std::string& ca, const std::string& name,
+            const std::string& cn, const std::string& ext) {
+    Step(absl::StrCat(
+        "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes "
+        "-subj '/CN=", cn, "' -keyout ", Path(name), ".key -out ", Path(name),
+        ".csr"));
+    Step(absl::StrCat("openssl x509 -req -days 2 -in ", Path(name), ".csr -CA ",
+                      Path(ca), ".pem -CAkey ", Path(ca), ".key -CAcreateserial ",
+                      "-CAserial ", Path(ca), ".srl -extfile ", Path(ext),
+                      " -out ", Path(name), ".pem"));
+  }
+
+  void Step(const std::string& command) {
+    std::string output;
+    if (error_.empty() && RunCommand(command, &output) != 0) {
+      error_ = absl::StrCat(command, " failed:\n", output);
+    }
+  }
+
+  void Write(const std::string& name, const std::string& text) {
+    std::ofstream(Path(name)) << text;
+  }
+
+  std::string dir_;
+  std::string error_;
+};
+
+common::TlsOptions ServerTls(bool mtls) {
+  const Pki& pki = Pki::Get();
+  common::TlsOptions tls;
+  tls.cert_file = pki.Path("server.pem");
+  tls.key_file = pki.Path("server.key");
+  if (mtls) {
+    tls.ca_file = pki.Path("ca.pem");
+    tls.require_client_cert = true;
+  }
+  return tls;
+}
+
+// `client`: "client", "other-client" or "" (no certificate); `ca`: the CA
+// the client trusts for the server's certificate.
+common::TlsOptions ClientTls(const std::string& client,
+                             const std::string& ca = "ca") {
+  const Pki& pki = Pki::Get();
+  common::TlsOptions tls;
+  tls.ca_file = pki.Path(ca + ".pem");
+  if (!client.empty()) {
+    tls.cert_file = pki.Path(client + ".pem");
+    tls.key_file = pki.Path(client + ".key");
+  }
+  return tls;
+}
+
+v1::JobConfig Config() {
+  v1::JobConfig c = common::DefaultJobConfig(kParams, 1);
+  c.set_min_workers(1);
+  return c;
+}
+
+class TlsTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(Pki::Get().error(), "") << "could not create the test PKI";
+  }
+
+  void StartServer(bool mtls, server::JobTokens tokens = {}) {
+    server::AggregatorServerOptions options;
+    options.address = "127.0.0.1:0";
+    options.tls = ServerTls(mtls);
+    options.tokens = std::move(tokens);
+    auto s = server::AggregatorServer::Start(options);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    address_ = absl::StrCat("127.0.0.1:", server_->port());
+  }
+
+  std::unique_ptr<v1::Aggregator::Stub> Stub(
+      std::shared_ptr<grpc::ChannelCredentials> credentials) {
+    return v1::Aggregator::NewStub(grpc::CreateChannel(address_, credentials));
+  }
+  std::unique_ptr<v1::Aggregator::Stub> Stub(const common::TlsOptions& tls,
+                                             const std::string& token = "",
+                                             const std::string& job = "job-a") {
+    auto credentials = common::MakeChannelCredentials(tls, token, job);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    return Stub(*credentials);
+  }
+
+  static grpc::Status Join(v1::Aggregator::Stub* stub,
+                           const std::string& job = "job-a",
+                           const std::string& worker = "worker-0") {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::JoinRequest request;
+    request.set_job(job);
+    request.set_worker_id(worker);
+    *request.mutable_config() = Config();
+    request.set_uplink_codec(v1::CODEC_FP32);
+    v1::JoinResponse response;
+    return stub->Join(&context, request, &response);
+  }
+
+  std::unique_ptr<server::AggregatorServer> server_;
+  std::string address_;
+};
+
+void ExpectStatus(const grpc::Status& s, StatusCode code,
+                  const std::string& message_part) {
+  EXPECT_EQ(s.error_code(), code) << s.error_message();
+  EXPECT_NE(s.error_message().find(message_part), std::string::npos)
+      << "message: " << s.error_message()
+      << "\nexpected to contain: " << message_part;
+}
+
+TEST_F(TlsTest, PlaintextClientIsRefusedWhenTlsIsRequired) {
+  StartServer(/*mtls=*/false);
+  const grpc::Status plaintext =
+      Join(Stub(grpc::InsecureChannelCredentials()).get());
+  EXPECT_EQ(plaintext.error_code(), StatusCode::UNAVAILABLE)
+      << plaintext.error_message();
+  EXPECT_TRUE(Join(Stub(ClientTls("")).get()).ok());
+}
+
+TEST_F(TlsTest, ClientRefusesAServerItsCaDidNotSign) {
+  StartServer(/*mtls=*/false);
+  const grpc::Status foreign = Join(Stub(ClientTls("", "other-ca")).get());
+  EXPECT_EQ(foreign.error_code(), StatusCode::UNAVAILABLE)
+      << foreign.error_message();
+  EXPECT_TRUE(Join(Stub(ClientTls("")).get()).ok());
+}
+
+TEST_F(TlsTest, MtlsRefusesClientCertificatesFromAnotherCa) {
+  StartServer(/*mtls=*/true);
+  const grpc::Status foreign = Join(Stub(ClientTls("other-client")).get());
+  EXPECT_EQ(foreign.error_code(), StatusCode::UNAVAILABLE)
+      << foreign.error_message();
+  const grpc::Status none = Join(Stub(ClientTls("")).get());
+  EXPECT_EQ(none.error_code(), StatusCode::UNAVAILABLE) << none.error_message();
+  const grpc::Status plaintext =
+      Join(Stub(grpc::InsecureChannelCredentials()).get());
+  EXPECT_EQ(plaintext.error_code(), StatusCode::UNAVAILABLE)
+      << plaintext.error_message();
+  EXPECT_TRUE(Join(Stub(ClientTls("client")).get()).ok());
+}
+
+server::JobTokens Tokens() {
+  server::JobTokens tokens;
+  tokens.per_job["job-a"] = "secret-a";
+  tokens.per_job["job-b"] = "secret-b";
+  return tokens;
+}
+
+TEST_F(TlsTest, WrongOrMissingTokenIsUnauthenticated) {
+  StartServer(/*mtls=*/true, Tokens());
+  const common::TlsOptions tls = ClientTls("client");
+  ExpectStatus(Join(Stub(tls, "wrong", "job-a").get()),
+               StatusCode::UNAUTHENTICATED,
+               "bearer token is not valid for job \"job-a\"");
+  // Job b's token does not open job a.
+  ExpectStatus(Join(Stub(tls, "secret-b", "job-a").get()),
+               StatusCode::UNAUTHENTICATED, "not valid for job \"job-a\"");
+  ExpectStatus(Join(Stub(tls).get()), StatusCode::UNAUTHENTICATED,
+               "no bearer token");
+  ExpectStatus(Join(Stub(tls, "secret-c", "job-c").get(), "job-c"),
+               StatusCode::UNAUTHENTICATED,
+               "no token is configured for job \"job-c\"");
+  // The token's secret never appears in what the client is told.
+  const grpc::Status wrong = Join(Stub(tls, "secret-b", "job-a").get());
+  EXPECT_EQ(wrong.error_message().find("secret"), std::string::npos);
+  EXPECT_TRUE(Join(Stub(tls, "secret-a", "job-a").get()).ok());
+  EXPECT_TRUE(Join(Stub(tls, "secret-b", "job-b").get(), "job-b").ok());
+}
+
+TEST_F(TlsTest, TokenForOneJobCannotActOnAnother) {
+  StartServer(/*mtls=*/true, Tokens());
+  // Valid token and header for job a, but the request names job b.
+  auto stub = Stub(ClientTls("client"), "secret-a", "job-a");
+  ExpectStatus(Join(stub.get(), "job-b"), StatusCode::PERMISSION_DENIED,
+               "token is for job \"job-a\", the request names job \"job-b\"");
+  ASSERT_TRUE(Join(stub.get(), "job-a").ok());
+  grpc::ClientContext context;
+  v1::HeartbeatRequest request;
+  request.set_job("job-b");
+  request.set_worker_id("worker-0");
+  v1::HeartbeatResponse response;
+  ExpectStatus(stub->Heartbeat(&context, request, &response),
+               StatusCode::PERMISSION_DENIED, "job-b");
+  EXPECT_FALSE(server_->registry()->Find("job-b").ok());
+}
+
+TEST_F(TlsTest, AnyJobTokenOpensEveryJobWithoutItsOwn) {
+  server::JobTokens tokens = Tokens();
+  tokens.any_job = "service-token";
+  StartServer(/*mtls=*/false, tokens);
+  const common::TlsOptions tls = ClientTls("");
+  EXPECT_TRUE(Join(Stub(tls, "service-token", "job-z").get(), "job-z").ok());
+  // A job with its own token needs that one.
+  ExpectStatus(Join(Stub(tls, "service-token", "job-a").get()),
+               StatusCode::UNAUTHENTICATED, "job-a");
+}
+
+TEST_F(TlsTest, FullRoundThroughAggregatorClientWithMtlsAndToken) {
+  StartServer(/*mtls=*/true, Tokens());
+  std::vector<float> anchor(kParams);
+  for (size_t j = 0; j < kParams; ++j) anchor[j] = static_cast<float>(j) / 8;
+  client::ClientOptions options;
+  options.addresses = {address_};
+  options.job = "job-a";
+  options.worker_id = "worker-0";
+  options.job_config = Config();
+  options.tls = ClientTls("client");
+  options.token = "secret-a";
+  options.connect_timeout = absl::Seconds(20);
+  auto connected =
+      client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  client::AggregatorClient& client = **connected;
+  const std::vector<float> delta(kParams, 0.25f);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  ASSERT_TRUE(client.Push(0, delta, 1.0, deadline).ok());
+  ASSERT_TRUE(client.WaitForUpdate(0, deadline).ok());
+  auto round = client.ApplyUpdate(0, absl::MakeSpan(anchor));
+  ASSERT_TRUE(round.ok()) << round.status();
+  uint64_t server_round = 0;
+  auto job = server_->registry()->Find("job-a");
+  ASSERT_TRUE(job.ok());
+  const std::vector<float> server_anchor =
+      (*job)->AnchorForTesting(&server_round);
+  EXPECT_EQ(*round, server_round);
+  EXPECT_EQ(anchor, server_anchor);
+  EXPECT_NE(anchor[1], 1.0f / 8) << "the update moved nothing";
+  EXPECT_TRUE(client.Leave(absl::Now() + absl::Seconds(5)).ok());
+
+  // The same client with a wrong token fails at Connect, with the code.
+  options.worker_id = "worker-1";
+  options.token = "wrong";
+  options.connect_timeout = absl::Seconds(5);
+  auto refused =
+      client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated)
+      << refused.status();
+}
+
+TEST_F(TlsTest, HealthChecksNeedNoToken) {
+  StartServer(/*mtls=*/false, Tokens());
+  auto channel = grpc::CreateChannel(
+      address_, *common::MakeChannelCredentials(ClientTls(""), "", ""));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  // grpc.health.v1.HealthCheckRequest{} serialises to zero bytes.
+  grpc::Slice empty("");
+  grpc::ByteBuffer request(&empty, 1), response;
+  grpc::GenericStub generic(channel);
+  grpc::Status status;
+  bool done = false;
+  absl::Mutex mu;
+  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check",
+                    grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
+                      absl::MutexLock lock(&mu);
+                      status = s;
+                      done = true;
+                    });
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(&done));
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST(TlsConfigTest, UnreadableFilesAreNamed) {
+  common::TlsOptions tls;
+  tls.cert_file = "/nonexistent/server.pem";
+  tls.key_file = "/nonexistent/server.key";
+  auto missing = common::MakeServerCredentials(tls);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find("/nonexistent/server.pem"),
+            std::string::npos)
+      << missing.status();
+
+  const std::string not_pem = "/tmp/co2-tls-test-not-pem.txt";
+  std::ofstream(not_pem) << "hello\n";
+  tls.cert_file = not_pem;
+  auto garbage = common::MakeServerCredentials(tls);
+  EXPECT_EQ(garbage.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(garbage.status().message().find("not PEM"), std::string::npos)
+      << garbage.status();
+  std::filesystem::remove(not_pem);
+
+  tls.key_file = "";
+  EXPECT_EQ(common::MakeServerCredentials(tls).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  common::TlsOptions mtls_without_ca = ServerTls(false);
+  mtls_without_ca.require_client_cert = true;
+  EXPECT_EQ(common::MakeServerCredentials(mtls_without_ca).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TlsConfigTest, TokensAreNeverSentOrAcceptedInPlaintext) {
+  auto client = common::MakeChannelCredentials({}, "token", "job");
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(client.status().message().find("needs TLS"), std::string::npos);
+  server::AggregatorServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.tokens = Tokens();
+  auto server = server::AggregatorServer::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument)
+      << server.status();
+}
+
+TEST(TlsConfigTest, TokenFilesAreParsedStrictly) {
+  auto tokens = server::ParseJobTokens(
+      "# comment\n\njob-a  secret-a\n*\tany\n  job-b secret-b  \n", "f");
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(tokens->per_job.at("job-a"), "secret-a");
+  EXPECT_EQ(tokens->per_job.at("job-b"), "secret-b");
+  EXPECT_EQ(tokens->any_job, "any");
+  auto three = server::ParseJobTokens("a b c\n", "tokens.txt");
+  EXPECT_EQ(three.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(three.status().message().find("tokens.txt:1"), std::string::npos);
+  EXPECT_FALSE(server::ParseJobTokens("a x\na y\n", "f").ok());
+  EXPECT_FALSE(server::ParseJobTokens("# nothing\n", "f").ok());
+  EXPECT_EQ(server::LoadJobTokensFile("/nonexistent/tokens").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+// What an operator sees: the binary refuses plaintext unless told.
+TEST(TlsBinaryTest, AggregatorRefusesToStartWithoutTlsUnlessInsecure) {
+  std::string output;
+  EXPECT_EQ(RunCommand(absl::StrCat(CO2_AGGREGATOR_BINARY, " --port=0"), &output), 2);
+  EXPECT_NE(output.find("refusing to serve without TLS"), std::string::npos)
+      << output;
+  // --insecure starts, says so loudly, and stops cleanly on SIGTERM.
+  RunCommand(absl::StrCat("timeout -s TERM 2 ", CO2_AGGREGATOR_BINARY,
+                   " --insecure --port=0"),
+      &output);
+  EXPECT_NE(output.find("WARNING"), std::string::npos) << output;
+  EXPECT_NE(output.find("INSECURE"), std::string::npos) << output;
+  EXPECT_EQ(RunCommand(absl::StrCat(CO2_AGGREGATOR_BINARY,
+                             " --port=0 --tls_cert=/nonexistent/c.pem "
+                             "--tls_key=/nonexistent/c.key"),
+                &output),
+            1);
+  EXPECT_NE(output.find("/nonexistent/c.pem"), std::string::npos) << output;
+  EXPECT_EQ(RunCommand(absl::StrCat(CO2_AGGREGATOR_BINARY,
+                             " --port=0 --insecure --token=x"),
+                &output),
+            2);
+}
+
+}  // namespace
+}  // namespace co2

@@ -13,6 +13,13 @@ PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   prometheus-cpp-dev prometheus dataset-fashion-mnist fortunes \
   iperf3 iproute2 gnuplot-nox \
   clang libclang-rt-14-dev openssl
+# deploy/ checks (tests/deploy_test.py): python3-yaml, promtool (prometheus),
+# and Debian's kubectl unless a kubectl is already on PATH (another vendor's
+# package owns /usr/bin/kubectl then, and the two cannot both be installed).
+PACKAGES += python3-yaml $(if $(shell command -v kubectl 2>/dev/null),,kubernetes-client)
+# Installed without their Recommends: docker-compose's would pull in the
+# Docker engine, which nothing here runs (`docker-compose config` needs none).
+PACKAGES_NO_RECOMMENDS := docker-compose
 
 .PHONY: deps configure build test test-long test-all demo bench clean
 
@@ -25,6 +32,14 @@ deps:
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@missing=$$(dpkg-query -W -f='$${Package} $${Status}\n' $(PACKAGES_NO_RECOMMENDS) 2>/dev/null \
+	  | awk '$$NF=="installed"{print $$1}' | sort | comm -13 - <(tr ' ' '\n' <<<"$(PACKAGES_NO_RECOMMENDS)" | grep . | sort)); \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing $$missing (without recommends)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
 $(BUILD)/build.ninja:

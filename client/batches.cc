@@ -14,9 +14,8 @@ absl::StatusOr<Batch> MakeFashionMnistBatch(
     const FashionMnistExamples& examples, absl::Span<const int64_t> indices) {
   for (const int64_t index : indices) {
     if (index < 0 || index >= examples.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("example index ", index, " outside [0, ",
-                       examples.size(), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "example index ", index, " outside [0, ", examples.size(), ")"));
     }
   }
   // One lookup per pixel instead of a subtract and divide.
@@ -55,8 +54,8 @@ absl::StatusOr<Batch> MakeCharLmBatch(absl::Span<const uint8_t> windows,
   const int64_t window = seq_len + 1;
   if (static_cast<int64_t>(windows.size()) % window != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(windows.size(), " bytes are not whole windows of ",
-                     window, " (seq_len + 1)"));
+        absl::StrCat(windows.size(), " bytes are not whole windows of ", window,
+                     " (seq_len + 1)"));
   }
   const int64_t batch_size = static_cast<int64_t>(windows.size()) / window;
   try {

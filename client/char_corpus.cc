@@ -159,10 +159,9 @@ absl::StatusOr<WindowSampler> WindowSampler::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("seq_len must be >= 1, got ", options.seq_len));
   }
-  CO2_ASSIGN_OR_RETURN(
-      IndexRange part,
-      ContiguousPart(static_cast<int64_t>(text.size()), options.worker,
-                     options.num_workers));
+  CO2_ASSIGN_OR_RETURN(IndexRange part,
+                       ContiguousPart(static_cast<int64_t>(text.size()),
+                                      options.worker, options.num_workers));
   if (part.size() < options.seq_len + 1) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", options.worker, " of ", options.num_workers, " gets ",
@@ -177,7 +176,8 @@ absl::StatusOr<WindowSampler> WindowSampler::Create(
 void WindowSampler::Sample(int64_t batch_size, std::vector<uint8_t>* windows) {
   const int64_t window = seq_len_ + 1;
   const uint64_t num_starts = static_cast<uint64_t>(part_.size() - window + 1);
-  windows->resize(static_cast<size_t>(std::max<int64_t>(batch_size, 0) * window));
+  windows->resize(
+      static_cast<size_t>(std::max<int64_t>(batch_size, 0) * window));
   uint8_t* out = windows->data();
   for (int64_t b = 0; b < batch_size; ++b) {
     const int64_t start =

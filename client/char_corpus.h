@@ -34,7 +34,7 @@ struct CharCorpusOptions {
 };
 
 struct CharCorpusStats {
-  int files = 0;                  // fortune files read
+  int files = 0;  // fortune files read
   int64_t train_fortunes = 0;
   int64_t heldout_fortunes = 0;
   int64_t duplicates_dropped = 0;  // exact repeats across files
@@ -67,10 +67,10 @@ class CharCorpus {
 };
 
 struct WindowSamplerOptions {
-  int64_t seq_len = 64;     // T: inputs per window; a window holds T+1 bytes
-  int worker = 0;           // w in [0, num_workers)
-  int num_workers = 1;      // W
-  uint64_t seed = 0;        // job seed; mixed with the worker id
+  int64_t seq_len = 64;  // T: inputs per window; a window holds T+1 bytes
+  int worker = 0;        // w in [0, num_workers)
+  int num_workers = 1;   // W
+  uint64_t seed = 0;     // job seed; mixed with the worker id
 };
 
 // Samples windows of T+1 consecutive bytes (inputs = first T, targets = last

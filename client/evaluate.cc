@@ -127,8 +127,8 @@ absl::StatusOr<LanguageModelEval> EvaluateCharLm(TaskModel& model,
   if (options.batch_size < 1 || options.seq_len < 1 ||
       options.max_windows < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "bad evaluation options: batch_size ", options.batch_size,
-        ", seq_len ", options.seq_len, ", max_windows ", options.max_windows));
+        "bad evaluation options: batch_size ", options.batch_size, ", seq_len ",
+        options.seq_len, ", max_windows ", options.max_windows));
   }
   const int64_t seq_len = options.seq_len;
   const int64_t text_size = static_cast<int64_t>(text.size());

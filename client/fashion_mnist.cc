@@ -30,7 +30,8 @@ absl::StatusOr<std::string> ReadGzipFile(const std::string& path) {
   if (file == nullptr) {
     const int err = errno;
     if (err == 0) {  // zlib itself failed (out of memory), not the OS
-      return absl::ResourceExhaustedError(absl::StrCat(path, ": gzopen failed"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(path, ": gzopen failed"));
     }
     return absl::ErrnoToStatus(err, path);
   }
@@ -75,8 +76,7 @@ absl::Status CheckMagic(const std::string& path, uint32_t magic,
 }
 
 absl::Status CheckLength(const std::string& path, const std::string& data,
-                         uint64_t expected, uint32_t count,
-                         const char* what) {
+                         uint64_t expected, uint32_t count, const char* what) {
   if (data.size() == expected) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
       path, ": ", data.size(), " bytes after decompression, but the header's ",
@@ -90,14 +90,15 @@ absl::StatusOr<std::vector<uint8_t>> ParseImages(const std::string& path,
     return absl::DataLossError(absl::StrCat(
         path, ": ", data.size(), " bytes, shorter than the 16-byte header"));
   }
-  CO2_RETURN_IF_ERROR(CheckMagic(path, ReadBigEndian32(data, 0), kIdxImagesMagic));
+  CO2_RETURN_IF_ERROR(
+      CheckMagic(path, ReadBigEndian32(data, 0), kIdxImagesMagic));
   const uint32_t count = ReadBigEndian32(data, 4);
   const uint32_t rows = ReadBigEndian32(data, 8);
   const uint32_t cols = ReadBigEndian32(data, 12);
   if (rows != kFashionMnistRows || cols != kFashionMnistCols) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": images are ", rows, "x", cols, ", expected ",
-        kFashionMnistRows, "x", kFashionMnistCols));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": images are ", rows, "x", cols, ", expected ",
+                     kFashionMnistRows, "x", kFashionMnistCols));
   }
   const uint64_t expected =
       kImagesHeaderBytes + uint64_t{count} * kFashionMnistPixels;
@@ -111,10 +112,11 @@ absl::StatusOr<std::vector<uint8_t>> ParseLabels(const std::string& path,
     return absl::DataLossError(absl::StrCat(
         path, ": ", data.size(), " bytes, shorter than the 8-byte header"));
   }
-  CO2_RETURN_IF_ERROR(CheckMagic(path, ReadBigEndian32(data, 0), kIdxLabelsMagic));
+  CO2_RETURN_IF_ERROR(
+      CheckMagic(path, ReadBigEndian32(data, 0), kIdxLabelsMagic));
   const uint32_t count = ReadBigEndian32(data, 4);
-  CO2_RETURN_IF_ERROR(CheckLength(path, data, kLabelsHeaderBytes + uint64_t{count},
-                                  count, "labels"));
+  CO2_RETURN_IF_ERROR(CheckLength(
+      path, data, kLabelsHeaderBytes + uint64_t{count}, count, "labels"));
   std::vector<uint8_t> labels(data.begin() + kLabelsHeaderBytes, data.end());
   for (size_t i = 0; i < labels.size(); ++i) {
     if (labels[i] >= kFashionMnistClasses) {
@@ -158,9 +160,9 @@ absl::StatusOr<FashionMnistExamples> LoadFashionMnistSplit(
 
   const uint64_t num_images = examples.images.size() / kFashionMnistPixels;
   if (num_images != examples.labels.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        labels_path, ": ", examples.labels.size(), " labels, but ",
-        images_path, " has ", num_images, " images"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(labels_path, ": ", examples.labels.size(), " labels, but ",
+                     images_path, " has ", num_images, " images"));
   }
   return examples;
 }
@@ -168,10 +170,10 @@ absl::StatusOr<FashionMnistExamples> LoadFashionMnistSplit(
 absl::StatusOr<FashionMnist> LoadFashionMnist(
     const FashionMnistOptions& options) {
   FashionMnist data;
-  CO2_ASSIGN_OR_RETURN(data.train,
-                       LoadFashionMnistSplit(options, FashionMnistSplit::kTrain));
-  CO2_ASSIGN_OR_RETURN(data.test,
-                       LoadFashionMnistSplit(options, FashionMnistSplit::kTest));
+  CO2_ASSIGN_OR_RETURN(
+      data.train, LoadFashionMnistSplit(options, FashionMnistSplit::kTrain));
+  CO2_ASSIGN_OR_RETURN(
+      data.test, LoadFashionMnistSplit(options, FashionMnistSplit::kTest));
   return data;
 }
 

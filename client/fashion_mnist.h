@@ -17,7 +17,8 @@ namespace co2::client {
 
 inline constexpr int kFashionMnistRows = 28;
 inline constexpr int kFashionMnistCols = 28;
-inline constexpr int kFashionMnistPixels = kFashionMnistRows * kFashionMnistCols;
+inline constexpr int kFashionMnistPixels =
+    kFashionMnistRows * kFashionMnistCols;
 inline constexpr int kFashionMnistClasses = 10;
 // idx magic numbers: 0x08 = unsigned byte, then the number of dimensions.
 inline constexpr uint32_t kIdxImagesMagic = 0x00000803;

@@ -19,16 +19,16 @@ namespace nn = torch::nn;
 class FashionCnn final : public TaskModel {
  public:
   FashionCnn()
-      : conv1_(register_module("conv1",
-                               nn::Conv2d(nn::Conv2dOptions(1, 16, 5)))),
-        conv2_(register_module("conv2",
-                               nn::Conv2d(nn::Conv2dOptions(16, 32, 5)))),
+      : conv1_(
+            register_module("conv1", nn::Conv2d(nn::Conv2dOptions(1, 16, 5)))),
+        conv2_(
+            register_module("conv2", nn::Conv2d(nn::Conv2dOptions(16, 32, 5)))),
         fc1_(register_module("fc1", nn::Linear(32 * 4 * 4, 128))),
         fc2_(register_module("fc2", nn::Linear(128, 10))) {}
 
   at::Tensor forward(const at::Tensor& input) override {
-    TORCH_CHECK(input.dim() == 4 && input.size(1) == 1 &&
-                    input.size(2) == 28 && input.size(3) == 28,
+    TORCH_CHECK(input.dim() == 4 && input.size(1) == 1 && input.size(2) == 28 &&
+                    input.size(3) == 28,
                 "fashion-mnist model expects [B, 1, 28, 28], got ",
                 input.sizes());
     at::Tensor h = torch::max_pool2d(torch::relu(conv1_->forward(input)), 2);
@@ -58,10 +58,10 @@ class CharLstm final : public TaskModel {
             "embedding",
             nn::Embedding(o.char_vocab_size, o.char_embedding_dim))),
         lstm_(register_module(
-            "lstm", nn::LSTM(nn::LSTMOptions(o.char_embedding_dim,
-                                             o.char_hidden_size)
-                                 .num_layers(o.char_num_layers)
-                                 .batch_first(true)))),
+            "lstm",
+            nn::LSTM(nn::LSTMOptions(o.char_embedding_dim, o.char_hidden_size)
+                         .num_layers(o.char_num_layers)
+                         .batch_first(true)))),
         head_(register_module(
             "head", nn::Linear(o.char_hidden_size, o.char_vocab_size))) {}
 
@@ -104,10 +104,9 @@ absl::StatusOr<std::shared_ptr<TaskModel>> MakeModel(
     if (options.char_vocab_size < 1 || options.char_embedding_dim < 1 ||
         options.char_hidden_size < 1 || options.char_num_layers < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "charlm dimensions must be positive: vocab ",
-          options.char_vocab_size, ", embedding ", options.char_embedding_dim,
-          ", hidden ", options.char_hidden_size, ", layers ",
-          options.char_num_layers));
+          "charlm dimensions must be positive: vocab ", options.char_vocab_size,
+          ", embedding ", options.char_embedding_dim, ", hidden ",
+          options.char_hidden_size, ", layers ", options.char_num_layers));
     }
   }
   try {

@@ -34,10 +34,10 @@ struct ModelOptions {
   // torch::manual_seed(seed) runs just before the parameters are created, so
   // every worker starting from the same seed holds the same initial model.
   uint64_t seed = 0;
-  int64_t char_vocab_size = 256;      // charlm: byte tokens (kCharVocabSize)
-  int64_t char_embedding_dim = 64;    // charlm: embedding width
-  int64_t char_hidden_size = 128;     // charlm: LSTM state width
-  int64_t char_num_layers = 1;        // charlm: stacked LSTM layers
+  int64_t char_vocab_size = 256;    // charlm: byte tokens (kCharVocabSize)
+  int64_t char_embedding_dim = 64;  // charlm: embedding width
+  int64_t char_hidden_size = 128;   // charlm: LSTM state width
+  int64_t char_num_layers = 1;      // charlm: stacked LSTM layers
 };
 
 class TaskModel : public torch::nn::Module {

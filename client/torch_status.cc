@@ -35,8 +35,7 @@ absl::Status TorchExceptionToStatus(absl::string_view context) {
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(context, ": ", e.what()));
   } catch (...) {
-    return absl::InternalError(
-        absl::StrCat(context, ": unknown exception"));
+    return absl::InternalError(absl::StrCat(context, ": unknown exception"));
   }
 }
 

@@ -81,7 +81,16 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      Finish(common::ToGrpcStatus(Complete()));
+      absl::Status complete = Complete();
+      if (!complete.ok()) {
+        Finish(common::ToGrpcStatus(complete));
+        return;
+      }
+      // The seed is acknowledged once the anchor is durable, so a shard that
+      // restarts right after cannot have forgotten the job.
+      job_->NotifyWhenDurable(
+          [this](absl::Status s) { Finish(common::ToGrpcStatus(s)); });
+      registry_->Wake();
       return;
     }
     absl::Status status = Accept();

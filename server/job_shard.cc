@@ -111,6 +111,8 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
     if (!uplink.ok()) return data_loss(std::string(uplink.status().message()));
     shard->members_[m.worker_id()] = Member{*uplink, lease_expiry};
     shard->rounds_.AddWorker(m.worker_id(), h.rounds_closed());
+    shard->rounds_.RestoreCountedInPreviousRound(m.worker_id(),
+                                                 m.counted_last_round());
   }
   if (expected_chunks == 0) return shard;
   auto update = std::make_shared<UpdateChunks>();
@@ -145,6 +147,27 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       anchor_(range.size()),
       momentum_(range.size()),
       last_update_(range.size()) {}
+
+JobShard::~JobShard() {
+  std::vector<std::function<void(absl::Status)>> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    waiters.swap(durable_waiters_);
+  }
+  for (auto& done : waiters) {
+    done(absl::UnavailableError("shard shutting down before the checkpoint"));
+  }
+}
+
+void JobShard::NotifyWhenDurable(std::function<void(absl::Status)> done) {
+  if (options_.checkpoints == nullptr) {
+    done(absl::OkStatus());
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  checkpoint_dirty_ = true;
+  durable_waiters_.push_back(std::move(done));
+}
 
 uint32_t JobShard::num_chunks() const {
   return static_cast<uint32_t>(common::NumChunks(range_.size()));
@@ -346,6 +369,7 @@ std::vector<std::shared_ptr<const UpdateChunks>> JobShard::Subscribe(
 
 int JobShard::Poll() {
   std::optional<v1::ShardCheckpointHeader> header;
+  std::vector<std::function<void(absl::Status)>> durable;
   {
     absl::MutexLock lock(&mu_);
     ExpireLeasesLocked();
@@ -384,7 +408,9 @@ int JobShard::Poll() {
       options_.observer->OnCheckpointWritten(job_,
                                              stats_.last_checkpoint_duration);
     }
+    durable.swap(durable_waiters_);
   }
+  for (auto& done : durable) done(absl::OkStatus());
   std::vector<std::shared_ptr<const UpdateChunks>> published;
   std::vector<std::shared_ptr<UpdateSink>> sinks;
   {
@@ -529,6 +555,7 @@ v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
     v1::CheckpointMember* m = header.add_members();
     m->set_worker_id(worker);
     m->set_uplink_codec(v1::Codec(member.uplink));
+    m->set_counted_last_round(rounds_.CountedInPreviousRound(worker));
   }
   return header;
 }

@@ -13,6 +13,7 @@
 #define CO2_SERVER_JOB_SHARD_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,6 +100,7 @@ class JobShard {
   // A shard restarted from its checkpoint: anchor, momentum, the last update
   // (the next gap, and replayed to workers that missed it) and the round.
   // Workers rejoin; contributions of the round in flight are resent by them.
+  ~JobShard();
   static absl::StatusOr<std::unique_ptr<JobShard>> Restore(
       LoadedCheckpoint checkpoint, const JobShardOptions& options,
       common::Clock* clock);
@@ -128,6 +130,11 @@ class JobShard {
   // seed, chunks in order; the anchor is ready after the last one.
   absl::Status SeedChunk(const std::string& worker, uint32_t chunk_index,
                          const std::string& payload) ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls `done` (on the poller thread, or at once without checkpoints) when
+  // the state as of now is in a durable checkpoint; with UNAVAILABLE if the
+  // shard is destroyed first.
+  void NotifyWhenDurable(std::function<void(absl::Status)> done)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The whole current anchor; marks `worker` as entering the round it names.
   // UNAVAILABLE while no anchor is seeded.
   absl::StatusOr<AnchorSnapshot> Fetch(const std::string& worker)
@@ -232,6 +239,8 @@ class JobShard {
   absl::Time checkpoint_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Membership or the seeded anchor changed since the last checkpoint.
   bool checkpoint_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::function<void(absl::Status)>> durable_waiters_
+      ABSL_GUARDED_BY(mu_);
   std::vector<std::weak_ptr<UpdateSink>> sinks_ ABSL_GUARDED_BY(mu_);
   JobShardStats stats_ ABSL_GUARDED_BY(mu_);
   uint64_t restored_quorum_misses_ ABSL_GUARDED_BY(mu_) = 0;

@@ -279,4 +279,23 @@ std::optional<absl::Time> RoundState::Deadline() const { return deadline_; }
 
 uint64_t RoundState::quorum_misses() const { return quorum_misses_; }
 
+std::string RoundState::CountedInPreviousRound(std::string_view worker) const {
+  auto it = workers_.find(AsAbsl(worker));
+  if (it == workers_.end() || it->second.received[kPrev].count() == 0) return {};
+  std::string bits((num_chunks_ + 7) / 8, '\0');
+  for (uint32_t c = 0; c < num_chunks_; ++c) {
+    if (it->second.received[kPrev].Test(c)) bits[c / 8] |= char(1 << (c % 8));
+  }
+  return bits;
+}
+
+void RoundState::RestoreCountedInPreviousRound(std::string_view worker,
+                                               std::string_view bits) {
+  auto it = workers_.find(AsAbsl(worker));
+  if (it == workers_.end()) return;
+  for (uint32_t c = 0; c < num_chunks_ && c / 8 < bits.size(); ++c) {
+    if ((bits[c / 8] >> (c % 8)) & 1) it->second.received[kPrev].Set(c);
+  }
+}
+
 }  // namespace co2::server

@@ -99,6 +99,15 @@ class RoundState {
   // Rounds whose deadline passed without quorum (counted once per round).
   uint64_t quorum_misses() const;
 
+  // For checkpoints: which chunks of round open − 1 `worker` has had counted
+  // (bit c of byte c / 8), empty if none. Restoring them lets a restarted
+  // shard recognise resends of the last closed round as duplicates instead of
+  // folding them into the open round a second time.
+  std::string CountedInPreviousRound(std::string_view worker) const;
+  // Marks those chunks as counted for `worker` (which must have been added).
+  void RestoreCountedInPreviousRound(std::string_view worker,
+                                     std::string_view bits);
+
  private:
   // Which chunks of one round a worker has sent; count() is O(1).
   class ChunkSet {

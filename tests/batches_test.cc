@@ -41,10 +41,10 @@ TEST(BatchesTest, FashionMnistBatchPicksAndNormalises) {
   EXPECT_EQ(batch->target[1].item<int64_t>(), 7);
   const float expect200 = (200 / 255.0f - kFashionMnistMean) / kFashionMnistStd;
   const float expect0 = -kFashionMnistMean / kFashionMnistStd;
-  EXPECT_TRUE(torch::allclose(batch->input[0],
-                              torch::full({1, 28, 28}, expect200)));
-  EXPECT_TRUE(torch::allclose(batch->input[1],
-                              torch::full({1, 28, 28}, expect0)));
+  EXPECT_TRUE(
+      torch::allclose(batch->input[0], torch::full({1, 28, 28}, expect200)));
+  EXPECT_TRUE(
+      torch::allclose(batch->input[1], torch::full({1, 28, 28}, expect0)));
 }
 
 TEST(BatchesTest, FashionMnistBatchRejectsBadIndex) {
@@ -59,8 +59,8 @@ TEST(BatchesTest, FashionMnistBatchRejectsBadIndex) {
 }
 
 TEST(BatchesTest, NormalisedRealDataHasZeroMeanUnitStd) {
-  auto test = LoadFashionMnistSplit(FashionMnistOptions{},
-                                    FashionMnistSplit::kTrain);
+  auto test =
+      LoadFashionMnistSplit(FashionMnistOptions{}, FashionMnistSplit::kTrain);
   ASSERT_TRUE(test.ok()) << test.status();
   std::vector<int64_t> indices(20000);
   std::iota(indices.begin(), indices.end(), int64_t{0});
@@ -71,17 +71,16 @@ TEST(BatchesTest, NormalisedRealDataHasZeroMeanUnitStd) {
 }
 
 TEST(BatchesTest, CharLmBatchShiftsTargetsByOne) {
-  const std::vector<uint8_t> windows = {'a', 'b', 'c', 'd',
-                                        'w', 'x', 'y', 'z'};
+  const std::vector<uint8_t> windows = {'a', 'b', 'c', 'd', 'w', 'x', 'y', 'z'};
   auto batch = MakeCharLmBatch(windows, /*seq_len=*/3);
   ASSERT_TRUE(batch.ok()) << batch.status();
   EXPECT_THAT(Sizes(batch->input), ElementsAre(2, 3));
   EXPECT_TRUE(torch::equal(
-      batch->input,
-      torch::tensor({'a', 'b', 'c', 'w', 'x', 'y'}, torch::kLong).view({2, 3})));
+      batch->input, torch::tensor({'a', 'b', 'c', 'w', 'x', 'y'}, torch::kLong)
+                        .view({2, 3})));
   EXPECT_TRUE(torch::equal(
-      batch->target,
-      torch::tensor({'b', 'c', 'd', 'x', 'y', 'z'}, torch::kLong).view({2, 3})));
+      batch->target, torch::tensor({'b', 'c', 'd', 'x', 'y', 'z'}, torch::kLong)
+                         .view({2, 3})));
 }
 
 TEST(BatchesTest, CharLmBatchRejectsPartialWindows) {

@@ -97,7 +97,7 @@ TEST(CharCorpusTest, LoadingIsDeterministic) {
 TEST(CharCorpusTest, SkipsIndexesAndDeduplicates) {
   TempDir dir("char_corpus_small");
   dir.Write("a", "one\n%\ntwo\n%\nthree\n%\n");
-  dir.Write("b", "two\n%\nfour\n%\n");   // "two" repeats file a
+  dir.Write("b", "two\n%\nfour\n%\n");  // "two" repeats file a
   dir.Write("a.dat", "\x02\x00binary index");
   dir.Write("a.u8", "not read\n%\n");
   CharCorpusOptions options;

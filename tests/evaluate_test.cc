@@ -27,8 +27,8 @@ class OracleClassifier final : public TaskModel {
     forward_saw_grad_ = torch::GradMode::is_enabled();
     const int64_t batch = input.size(0);
     if (always_zero_) {
-      return torch::zeros({batch, 10}).index_put_({torch::indexing::Slice(), 0},
-                                                  10.0);
+      return torch::zeros({batch, 10})
+          .index_put_({torch::indexing::Slice(), 0}, 10.0);
     }
     // Pixel (0,0) of example i was normalised from the value of its label.
     const at::Tensor raw =
@@ -95,8 +95,8 @@ TEST(EvaluateTest, ConstantClassifierScoresItsClassShare) {
 }
 
 TEST(EvaluateTest, UntrainedCnnIsNearChanceOnTheRealTestSet) {
-  auto test = LoadFashionMnistSplit(FashionMnistOptions{},
-                                    FashionMnistSplit::kTest);
+  auto test =
+      LoadFashionMnistSplit(FashionMnistOptions{}, FashionMnistSplit::kTest);
   ASSERT_TRUE(test.ok()) << test.status();
   auto model = MakeModel(Task::kFashionMnist);
   ASSERT_TRUE(model.ok()) << model.status();

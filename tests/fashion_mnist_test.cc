@@ -108,7 +108,8 @@ TEST(FashionMnistTest, ShardsOfTheTrainingSetAreDisjointCompleteAndMixed) {
 }
 
 TEST(FashionMnistTest, FileNames) {
-  const FashionMnistFiles test = FashionMnistFileNames(FashionMnistSplit::kTest);
+  const FashionMnistFiles test =
+      FashionMnistFileNames(FashionMnistSplit::kTest);
   EXPECT_EQ(test.images, "t10k-images-idx3-ubyte.gz");
   EXPECT_EQ(test.labels, "t10k-labels-idx1-ubyte.gz");
 }
@@ -120,10 +121,10 @@ class CorruptFashionMnistTest : public ::testing::Test {
   static void SetUpTestSuite() {
     const FashionMnistFiles names =
         FashionMnistFileNames(FashionMnistSplit::kTest);
-    images_ = new std::string(
-        ReadGz(kInstalled.directory + "/" + names.images));
-    labels_ = new std::string(
-        ReadGz(kInstalled.directory + "/" + names.labels));
+    images_ =
+        new std::string(ReadGz(kInstalled.directory + "/" + names.images));
+    labels_ =
+        new std::string(ReadGz(kInstalled.directory + "/" + names.labels));
   }
   static void TearDownTestSuite() {
     delete images_;
@@ -272,8 +273,9 @@ TEST(FashionMnistTest, MissingDirectory) {
   options.directory = "/nonexistent/fashion-mnist";
   auto data = LoadFashionMnist(options);
   EXPECT_EQ(data.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(data.status().message(),
-              HasSubstr("/nonexistent/fashion-mnist/train-images-idx3-ubyte.gz"));
+  EXPECT_THAT(
+      data.status().message(),
+      HasSubstr("/nonexistent/fashion-mnist/train-images-idx3-ubyte.gz"));
 }
 
 }  // namespace

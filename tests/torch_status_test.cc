@@ -49,8 +49,7 @@ TEST(TorchStatusTest, NotImplementedIsUnimplemented) {
 TEST(TorchStatusTest, OtherExceptions) {
   EXPECT_EQ(Convert([] { throw std::bad_alloc(); }).code(),
             absl::StatusCode::kResourceExhausted);
-  const absl::Status status =
-      Convert([] { throw std::runtime_error("boom"); });
+  const absl::Status status = Convert([] { throw std::runtime_error("boom"); });
   EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(status.message(), HasSubstr("boom"));
   EXPECT_EQ(Convert([] { throw 42; }).code(), absl::StatusCode::kInternal);

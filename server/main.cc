@@ -31,6 +31,10 @@ ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(10),
           "A worker that sends nothing for this long leaves the rounds.");
 ABSL_FLAG(int, max_jobs, 64, "Jobs this shard accepts.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Directory for this shard's checkpoints (written atomically after "
+          "every round, before its update is released; jobs found there are "
+          "restored at start). Empty: no checkpoints.");
 ABSL_FLAG(int, max_workers, 1024, "Workers per job.");
 // Operations (docs/operations.md).
 ABSL_FLAG(int, metrics_port, 9464,
@@ -159,6 +163,7 @@ int main(int argc, char** argv) {
   options.registry.shard_index = shard_index;
   options.registry.num_shards = num_shards;
   options.registry.max_jobs = absl::GetFlag(FLAGS_max_jobs);
+  options.registry.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.registry.shard.lease = absl::GetFlag(FLAGS_lease);
   options.registry.shard.max_workers = absl::GetFlag(FLAGS_max_workers);
   options.registry.default_min_workers = absl::GetFlag(FLAGS_min_workers);

@@ -93,7 +93,9 @@ class AggregatorClient::Impl {
       shard.address = options_.addresses[i];
       shard.channel = MakeChannel(shard.address, credentials);
       shard.stub = v1::Aggregator::NewStub(shard.channel);
-      CO2_RETURN_IF_ERROR(WithShard(i, shard.address, Join(i, shard, deadline)));
+      CO2_RETURN_IF_ERROR(WithShard(
+          i, shard.address,
+          common::WithTransportHint(Join(i, shard, deadline), options_.tls)));
     }
     for (uint32_t i = 0; i < shards_.size(); ++i) {
       Shard& shard = shards_[i];

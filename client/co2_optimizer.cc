@@ -225,8 +225,10 @@ absl::Status Co2Optimizer::PushDelta(RoundStats& stats) {
   float* d = x.data();
   for (size_t i = 0; i < x.size(); ++i) d[i] = a[i] - d[i];
   const double weight = steps_in_round_ * options_.samples_per_step;
-  CO2_RETURN_IF_ERROR(client_->Push(
-      round_, x, weight, options_.clock->Now() + options_.push_timeout));
+  const absl::Time pushed = options_.clock->Now();
+  CO2_RETURN_IF_ERROR(
+      client_->Push(round_, x, weight, pushed + options_.push_timeout));
+  stats.push += options_.clock->Now() - pushed;
   stats.bytes_sent += common::EncodedSize(options_.uplink_codec, x.size());
   return absl::OkStatus();
 }

@@ -79,6 +79,7 @@ struct RoundStats {
   int steps = 0;                  // inner steps in the round
   absl::Duration compute;         // step() time: collectives + inner steps
   absl::Duration exposed_comm;    // WaitForUpdate (ddp: global all-reduce)
+  absl::Duration push;            // Push: encode Δ, hand it to the streams
   absl::Duration boundary;        // the whole boundary
   uint64_t bytes_sent = 0;        // payload bytes pushed this round
   uint64_t params_hash = 0;       // after the boundary, if hash_params

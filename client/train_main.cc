@@ -40,6 +40,13 @@ ABSL_FLAG(std::string, downlink_codec, "fp32", "Downlink codec: fp32 | bf16 | in
 ABSL_FLAG(std::vector<std::string>, aggregators, {},
           "host:port of each aggregator shard; empty: start --shards embedded.");
 ABSL_FLAG(int, shards, 1, "Embedded aggregator shards.");
+ABSL_FLAG(std::string, aggregator_ca, "",
+          "PEM CA that signed the --aggregators' certificates (TLS).");
+ABSL_FLAG(std::string, aggregator_cert, "",
+          "This worker's PEM certificate for mTLS (with --aggregator_key).");
+ABSL_FLAG(std::string, aggregator_key, "", "PEM key of --aggregator_cert.");
+ABSL_FLAG(std::string, aggregator_token_file, "",
+          "File holding the job's bearer token for the --aggregators.");
 ABSL_FLAG(std::string, job, "", "Job name (default: unique per run).");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Fashion-MNIST idx.gz directory.");
@@ -60,6 +67,9 @@ ABSL_FLAG(std::string, report, "", "Write the JSON report here.");
 ABSL_FLAG(std::string, run_dir, "", "Scratch directory (default: a fresh one in /tmp).");
 ABSL_FLAG(bool, progress, true, "Show the one-line progress display.");
 ABSL_FLAG(bool, keep_run_dir, false, "Keep the scratch directory and logs.");
+ABSL_FLAG(int, metrics_port, -1,
+          "Worker leaders serve /metrics on this port + their worker index "
+          "(0: free ports; -1: off).");
 ABSL_FLAG(std::string, role, "launcher", "Internal: launcher | worker.");
 ABSL_FLAG(int, worker, 0, "Internal: this process's worker.");
 ABSL_FLAG(int, local_rank, 0, "Internal: this process's local rank.");
@@ -93,6 +103,10 @@ co2::client::TrainerOptions ReadOptions() {
   o.downlink_codec = absl::GetFlag(FLAGS_downlink_codec);
   o.aggregators = absl::GetFlag(FLAGS_aggregators);
   o.shards = absl::GetFlag(FLAGS_shards);
+  o.aggregator_ca = absl::GetFlag(FLAGS_aggregator_ca);
+  o.aggregator_cert = absl::GetFlag(FLAGS_aggregator_cert);
+  o.aggregator_key = absl::GetFlag(FLAGS_aggregator_key);
+  o.aggregator_token_file = absl::GetFlag(FLAGS_aggregator_token_file);
   o.job = absl::GetFlag(FLAGS_job);
   o.data_dir = absl::GetFlag(FLAGS_data_dir);
   o.corpus_dir = absl::GetFlag(FLAGS_corpus_dir);
@@ -108,6 +122,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.progress = absl::GetFlag(FLAGS_progress);
   o.keep_run_dir = absl::GetFlag(FLAGS_keep_run_dir);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   return o;
 }
 

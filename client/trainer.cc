@@ -16,6 +16,7 @@
 #include "client/batches.h"
 #include "client/char_corpus.h"
 #include "client/co2_optimizer.h"
+#include "client/worker_metrics.h"
 #include "client/data_shard.h"
 #include "client/evaluate.h"
 #include "client/fashion_mnist.h"
@@ -27,6 +28,7 @@
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
+#include "common/tls_config.h"
 
 namespace co2::client {
 namespace {
@@ -237,6 +239,14 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
     return Bad("eval_every", absl::StrCat("must be >= 0, got ", o.eval_every));
   }
   if (o.threads < 1) return Bad("threads", absl::StrCat("must be >= 1, got ", o.threads));
+  if (o.aggregators.empty() &&
+      !(o.aggregator_ca + o.aggregator_cert + o.aggregator_key +
+        o.aggregator_token_file)
+           .empty()) {
+    return Bad("aggregator_ca",
+               "and the other --aggregator_* TLS flags are for external "
+               "shards (--aggregators); embedded shards are plaintext");
+  }
   CO2_RETURN_IF_ERROR(common::ParseCodec(o.codec).status());
   CO2_ASSIGN_OR_RETURN(Algo algo, ParseAlgo(o.algo));
   CO2_ASSIGN_OR_RETURN(v1::JobConfig config, MakeJobConfig(o, algo));
@@ -314,6 +324,13 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
     co.worker_id = absl::StrCat("worker-", worker);
     CO2_ASSIGN_OR_RETURN(co.job_config, MakeJobConfig(o, algo));
     co.uplink_codec = uplink;
+    co.tls.ca_file = o.aggregator_ca;
+    co.tls.cert_file = o.aggregator_cert;
+    co.tls.key_file = o.aggregator_key;
+    if (!o.aggregator_token_file.empty()) {
+      CO2_ASSIGN_OR_RETURN(co.token,
+                           common::ReadTokenFile(o.aggregator_token_file));
+    }
     co.connect_timeout = o.connect_timeout;
     co.reconnect_timeout = o.connect_timeout;
     co.rpc_timeout = std::min(o.connect_timeout, absl::Seconds(30));
@@ -337,6 +354,16 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
     }
   }
 
+  std::unique_ptr<WorkerMetrics> metrics;  // leaders with --metrics_port
+  if (leader && o.metrics_port >= 0) {
+    CO2_ASSIGN_OR_RETURN(
+        metrics,
+        WorkerMetrics::Serve(
+            absl::StrCat("0.0.0.0:",
+                         o.metrics_port == 0 ? 0 : o.metrics_port + worker),
+            o.job.empty() ? "co2-train" : o.job,
+            absl::StrCat("worker-", worker)));
+  }
   Co2OptimizerOptions opts;
   opts.algo = algo;
   opts.tau = o.tau;
@@ -370,6 +397,16 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
     while (consumed < co2->rounds().size()) {
       const RoundStats& s = co2->rounds()[consumed++];
       if (s.steps == 0) continue;
+      if (metrics != nullptr) {
+        WorkerRoundSample sample;
+        sample.inner_steps = s.steps;
+        sample.compute = s.compute;
+        sample.exposed_comm = s.exposed_comm;
+        sample.push = s.push;
+        sample.bytes_sent = s.bytes_sent;
+        sample.staleness = StalenessOf(algo);
+        metrics->ObserveRound(sample);
+      }
       RankRound r;
       r.round = s.round;
       r.steps = s.steps;

@@ -51,6 +51,14 @@ struct TrainerOptions {
   // Aggregator shards host:port, in shard order. Empty: the launcher starts
   // `shards` embedded shards and fills this in for the workers.
   std::vector<std::string> aggregators;
+  // TLS to external shards (with `aggregators` only; embedded shards are
+  // plaintext on 127.0.0.1): the CA that signed the shards' certificates,
+  // this worker's certificate and key for mTLS, and a file holding the job's
+  // bearer token (docs/reliability.md).
+  std::string aggregator_ca;
+  std::string aggregator_cert;
+  std::string aggregator_key;
+  std::string aggregator_token_file;
   int shards = 1;
   std::string job;                     // job name (launcher picks a unique one)
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
@@ -67,6 +75,9 @@ struct TrainerOptions {
   std::string run_dir;                 // scratch directory shared by ranks
   bool progress = true;                // launcher: live one-line display
   bool keep_run_dir = false;           // launcher: keep logs for debugging
+  // Worker leaders serve Prometheus metrics (client/worker_metrics.h) on
+  // port metrics_port + worker; 0 picks free ports, -1 serves none.
+  int metrics_port = -1;
 };
 
 // Checks ranges and names (INVALID_ARGUMENT naming the flag and value).

@@ -3,16 +3,16 @@
 // WorkerMetrics turns it into these series, labelled with the training job
 // (`co2_job`; Prometheus keeps `job` for the scrape job) and the worker id:
 //
-// name                                    type       what
-// co2_worker_rounds_total                 counter    round boundaries passed
-// co2_worker_inner_step_seconds           histogram  one sample per inner step
-//                                                    (the round's mean step time)
-// co2_worker_exposed_comm_seconds         histogram  per round: waiting for updates
-// co2_worker_exposed_comm_seconds_total   counter    the running sum of that
-// co2_worker_push_seconds                 histogram  per round: time in Push
-// co2_worker_bytes_sent_total             counter    contribution payload bytes
-// co2_worker_staleness_rounds             gauge      round computed − round of the
-//                                                    update last applied
+//   co2_worker_rounds_total                counter    boundaries passed
+//   co2_worker_inner_step_seconds          histogram  one sample per inner
+//                                                     step: the round's mean
+//   co2_worker_exposed_comm_seconds        histogram  per round: the wait
+//                                                     for outer updates
+//   co2_worker_exposed_comm_seconds_total  counter    the sum of those waits
+//   co2_worker_push_seconds                histogram  per round: time in Push
+//   co2_worker_bytes_sent_total            counter    contribution payload
+//   co2_worker_staleness_rounds            gauge      round computed − round
+//                                                     of the update applied
 //
 // Torch-free, so any trainer can link it. Serve() starts a MetricsServer of its
 // own; the constructor records into a borrowed registry instead (tests, or a

@@ -6,6 +6,11 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -73,6 +78,24 @@ inline float Bf16ToFloat(uint16_t h) {
   return BitCast<float>(static_cast<uint32_t>(h) << 16);
 }
 
+#if defined(__SSE2__)
+// FloatToBf16 of eight floats (as bits in a, b). The sum is shifted
+// arithmetically: its low 16 bits are the same as with the logical shift and
+// it fits int16, so SSE2's signed pack narrows it exactly (GCC 12 narrows
+// with six shuffles instead).
+inline __m128i EightToBf16(__m128i a, __m128i b) {
+  const __m128i bias = _mm_set1_epi32(0x7FFF), one = _mm_set1_epi32(1);
+  a = _mm_add_epi32(_mm_add_epi32(a, bias),
+                    _mm_and_si128(_mm_srli_epi32(a, 16), one));
+  b = _mm_add_epi32(_mm_add_epi32(b, bias),
+                    _mm_and_si128(_mm_srli_epi32(b, 16), one));
+  const __m128i h = _mm_packs_epi32(_mm_srai_epi32(a, 16), _mm_srai_epi32(b, 16));
+  const __m128i inf = _mm_cmpeq_epi16(
+      _mm_and_si128(h, _mm_set1_epi16(0x7FFF)), _mm_set1_epi16(kBf16ExpMask));
+  return _mm_add_epi16(h, inf);  // inf is -1 where rounding reached ±Inf
+}
+#endif
+
 // lrintf(y) as an int8 for |y| < 127.5, clamped to [-127, 127] when kClamp
 // (for |y| < 2^22); see kRoundMagic. (Clamping y as a float first would be
 // cheaper, but then GCC 12 stops vectorising the loop.)
@@ -104,6 +127,24 @@ template <bool kClamp>
 void QuantizeBlock(const float* __restrict__ in, size_t count, float scale,
                    int8_t* __restrict__ q) {
   size_t i = 0;
+#if defined(__SSE2__)
+  // Without the clamp every value is in [-127, 127], so SSE2's signed packs
+  // narrow it exactly (GCC 12 narrows with a long series of shuffles).
+  if constexpr (!kClamp) {
+    const __m128 s = _mm_set1_ps(scale), magic = _mm_set1_ps(kRoundMagic);
+    const __m128i magic_bits = _mm_set1_epi32(kRoundMagicBits);
+    const auto quantize = [&](size_t k) {
+      const __m128 y = _mm_add_ps(_mm_div_ps(_mm_loadu_ps(in + k), s), magic);
+      return _mm_sub_epi32(_mm_castps_si128(y), magic_bits);
+    };
+    for (; i + kLanes <= count; i += kLanes) {
+      const __m128i lo = _mm_packs_epi32(quantize(i), quantize(i + 4));
+      const __m128i hi = _mm_packs_epi32(quantize(i + 8), quantize(i + 12));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i),
+                       _mm_packs_epi16(lo, hi));
+    }
+  }
+#endif
   for (; i + kLanes <= count; i += kLanes) {
     for (size_t j = 0; j < kLanes; ++j) {
       q[i + j] = QuantizeInt8<kClamp>(in[i + j] / scale);
@@ -118,22 +159,32 @@ float EncodeInt8Block(const float* __restrict__ in, size_t count,
                       char* __restrict__ scale_out, int8_t* __restrict__ q) {
   // absmax on the bit patterns: for non-negative non-NaN floats the integer
   // order is the float order, and a signed int32 max vectorises (SSE2 has no
-  // unsigned one). Four lanes fill one register, which GCC keeps live.
-  constexpr size_t kMaxLanes = 4;
-  int32_t lane_max[kMaxLanes] = {};
+  // unsigned one); a NaN input (a diverged worker) gives a NaN scale, which
+  // the receiver rejects. Four registers of lanes, as GCC vector types so
+  // that they stay in registers (see CheckFinite).
+  typedef int32_t Lanes __attribute__((vector_size(16)));
+  constexpr size_t kPerVector = sizeof(Lanes) / sizeof(int32_t);
+  const auto abs_bits = [in](size_t i) {
+    Lanes v;
+    std::memcpy(&v, in + i, sizeof v);
+    return v & kAbsMask;
+  };
+  const auto max = [](Lanes a, Lanes b) { return a > b ? a : b; };
+  Lanes max0 = {}, max1 = {}, max2 = {}, max3 = {};
   size_t i = 0;
-  for (; i + kMaxLanes <= count; i += kMaxLanes) {
-    for (size_t j = 0; j < kMaxLanes; ++j) {
-      const int32_t a = BitCast<int32_t>(in[i + j]) & kAbsMask;
-      lane_max[j] = lane_max[j] > a ? lane_max[j] : a;
-    }
+  for (; i + 4 * kPerVector <= count; i += 4 * kPerVector) {
+    max0 = max(max0, abs_bits(i));
+    max1 = max(max1, abs_bits(i + kPerVector));
+    max2 = max(max2, abs_bits(i + 2 * kPerVector));
+    max3 = max(max3, abs_bits(i + 3 * kPerVector));
   }
   int32_t m = 0;
   for (; i < count; ++i) {
     const int32_t a = BitCast<int32_t>(in[i]) & kAbsMask;
     m = m > a ? m : a;
   }
-  for (int32_t lane : lane_max) m = m > lane ? m : lane;
+  const Lanes lanes = max(max(max0, max1), max(max2, max3));
+  for (size_t j = 0; j < kPerVector; ++j) m = m > lanes[j] ? m : lanes[j];
   const float scale = std::min(BitCast<float>(m) / 127.0f, kMaxInt8Scale);
   std::memcpy(scale_out, &scale, sizeof scale);
   if (!(scale > 0.0f)) {  // All zeros, or too small to have a scale.
@@ -162,6 +213,30 @@ template <typename Word, bool kFeedback>
 void EncodeWords(const float* __restrict__ value, float* __restrict__ residual,
                  char* __restrict__ out, size_t n) {
   size_t i = 0;
+#if defined(__SSE2__)
+  if constexpr (std::is_same_v<Word, uint16_t>) {
+    for (; i + kLanes <= n; i += kLanes) {
+#pragma GCC unroll 2
+      for (size_t k = i; k < i + kLanes; k += 8) {
+        __m128 v0 = _mm_loadu_ps(value + k), v1 = _mm_loadu_ps(value + k + 4);
+        if (kFeedback) {
+          v0 = _mm_add_ps(v0, _mm_loadu_ps(residual + k));
+          v1 = _mm_add_ps(v1, _mm_loadu_ps(residual + k + 4));
+        }
+        const __m128i h =
+            EightToBf16(_mm_castps_si128(v0), _mm_castps_si128(v1));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * k), h);
+        if (kFeedback) {  // v − Bf16ToFloat(h)
+          const __m128i zero = _mm_setzero_si128();
+          _mm_storeu_ps(residual + k, _mm_sub_ps(v0, _mm_castsi128_ps(
+                                                         _mm_unpacklo_epi16(zero, h))));
+          _mm_storeu_ps(residual + k + 4, _mm_sub_ps(v1, _mm_castsi128_ps(
+                                                             _mm_unpackhi_epi16(zero, h))));
+        }
+      }
+    }
+  }
+#endif
   for (; i + kLanes <= n; i += kLanes) {
     for (size_t k = i; k < i + kLanes; ++k) {
       const float v = kFeedback ? value[k] + residual[k] : value[k];
@@ -297,19 +372,32 @@ absl::Status CheckFinite(std::string_view codec_name, const char* p, size_t n) {
     return static_cast<Word>((Load<Word>(p + sizeof(Word) * i) & kExp) +
                              kCarry);
   };
-  // One register of lanes, as for absmax in EncodeInt8Block.
-  constexpr size_t kAnyLanes = 16 / sizeof(Word);
+  // Four registers of lanes per step, as GCC vector types (SSE2 on x86-64,
+  // NEON on AArch64) so that they stay in registers; one register per step
+  // would be bound by the loop's own overhead.
+  typedef Word Lanes __attribute__((vector_size(16)));
+  constexpr size_t kPerVector = sizeof(Lanes) / sizeof(Word);
+  constexpr size_t kStep = 4 * kPerVector;
+  const auto flags = [p](size_t i) {
+    Lanes v;
+    std::memcpy(&v, p + sizeof(Word) * i, sizeof v);
+    return (v & kExp) + kCarry;
+  };
   constexpr size_t kWindow = 4096;
   for (size_t begin = 0; begin < n; begin += kWindow) {
     const size_t end = std::min(n, begin + kWindow);
-    Word any[kAnyLanes] = {};
+    Lanes any0 = {}, any1 = {}, any2 = {}, any3 = {};
     size_t i = begin;
-    for (; i + kAnyLanes <= end; i += kAnyLanes) {
-      for (size_t j = 0; j < kAnyLanes; ++j) any[j] |= flag(i + j);
+    for (; i + kStep <= end; i += kStep) {
+      any0 |= flags(i);
+      any1 |= flags(i + kPerVector);
+      any2 |= flags(i + 2 * kPerVector);
+      any3 |= flags(i + 3 * kPerVector);
     }
-    for (; i < end; ++i) any[0] |= flag(i);
     Word all = 0;
-    for (Word lane : any) all |= lane;
+    for (; i < end; ++i) all |= flag(i);
+    const Lanes any = (any0 | any1) | (any2 | any3);
+    for (size_t j = 0; j < kPerVector; ++j) all |= any[j];
     if ((all & kTop) == 0) continue;
     for (i = begin; (flag(i) & kTop) == 0; ++i) {
     }

@@ -6,7 +6,9 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
@@ -77,6 +79,28 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path,
   return contents;
 }
 
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  std::FILE* file = std::fopen(path.c_str(), "rb");
+  if (file == nullptr) {
+    const int error = errno;
+    const std::string message = absl::StrCat("cannot read token file \"", path,
+                                             "\": ", std::strerror(error));
+    return error == ENOENT ? absl::NotFoundError(message)
+                           : absl::PermissionDeniedError(message);
+  }
+  char buffer[4096];
+  const size_t n = std::fread(buffer, 1, sizeof(buffer), file);
+  std::fclose(file);
+  absl::string_view text(buffer, n);
+  text = text.substr(0, text.find('\n'));
+  text = absl::StripAsciiWhitespace(text);
+  if (text.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file \"", path, "\" is empty"));
+  }
+  return std::string(text);
+}
+
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsOptions& tls) {
   if (!tls.enabled()) {
@@ -143,6 +167,26 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return grpc::CompositeChannelCredentials(
       channel, grpc::MetadataCredentialsFromPlugin(
                    std::make_unique<BearerTokenPlugin>(token, job)));
+}
+
+absl::Status WithTransportHint(const absl::Status& status,
+                               const TlsOptions& tls) {
+  if (status.code() != absl::StatusCode::kUnavailable &&
+      status.code() != absl::StatusCode::kDeadlineExceeded) {
+    return status;
+  }
+  const std::string hint =
+      tls.enabled()
+          ? absl::StrCat(
+                " (this client uses TLS, trusting CA \"", tls.ca_file,
+                "\", client certificate \"", tls.cert_file,
+                "\": if the shard is up, check that its certificate is signed "
+                "by that CA and names the address you dial, that it does not "
+                "require a client certificate you lack, and that it is not "
+                "plaintext; its log names the handshake error)")
+          : " (this client uses plaintext: if the shard is up, it may serve "
+            "TLS; give ClientOptions.tls the CA that signed its certificate)";
+  return absl::Status(status.code(), absl::StrCat(status.message(), hint));
 }
 
 }  // namespace co2::common

@@ -46,6 +46,11 @@ struct TlsOptions {
 absl::StatusOr<std::string> ReadPemFile(const std::string& path,
                                         const std::string& what);
 
+// A bearer token kept in a file (its first line, without surrounding
+// whitespace), so that it stays out of command lines. Errors name the path;
+// an empty token is INVALID_ARGUMENT.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
 // SslServerCredentials from `tls`. INVALID_ARGUMENT when TLS is not enabled,
 // cert_file or key_file is missing, or require_client_cert has no ca_file;
 // the ReadPemFile errors for unreadable files.
@@ -59,6 +64,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 // would travel in clear, and gRPC drops call credentials there anyway).
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const TlsOptions& tls, const std::string& token, const std::string& job);
+
+// For a connection that failed (UNAVAILABLE or DEADLINE_EXCEEDED): `status`
+// with a hint about the transport this client used, since gRPC reports a TLS
+// mismatch (plaintext vs TLS, a CA that does not match, a missing client
+// certificate) only as "Socket closed" or "handshake failed". Other statuses
+// are returned unchanged.
+absl::Status WithTransportHint(const absl::Status& status,
+                               const TlsOptions& tls);
 
 }  // namespace co2::common
 

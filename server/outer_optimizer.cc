@@ -4,7 +4,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "absl/base/attributes.h"
 #include "absl/status/status.h"
@@ -20,7 +25,9 @@
 // elements with a constant-trip inner loop: GCC at -O2 (very-cheap cost model)
 // vectorises that shape but not a plain runtime-length loop, and the per-lane
 // double accumulators make the reductions vectorisable while keeping a fixed
-// summation order, so results are bit-for-bit deterministic.
+// summation order, so results are bit-for-bit deterministic. The passes with a
+// reduction spell the groups out in GCC vector types (see DoubleLanes), with
+// the same lanes and operations, so that the partial sums stay in registers.
 //
 // `gap` may be the very buffer that receives `update` (a shard that keeps one
 // U buffer passes U_{r+1} in and gets U_{r+2} back): gap is only read before
@@ -30,6 +37,63 @@ namespace co2::server {
 namespace {
 
 constexpr size_t kLanes = 8;
+
+// The reductions keep their kLanes partial sums in registers as GCC vector
+// types (SSE2 on x86-64, NEON on AArch64): with a `double partial[kLanes]`
+// that a vectorised inner loop indexes, GCC keeps the array in memory and
+// every group waits on a store and a reload. Lane l of the vectors is lane l
+// of ForEachLane, so the sums and their order are the same.
+typedef float F4 __attribute__((vector_size(16)));
+typedef double D2 __attribute__((vector_size(16)));
+typedef int32_t I4 __attribute__((vector_size(16)));
+typedef uint32_t U4 __attribute__((vector_size(16)));
+static_assert(kLanes == 8, "a group is two F4, its lanes four D2");
+
+inline F4 LoadF4(const float* p) {
+  F4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void StoreF4(float* p, F4 v) { std::memcpy(p, &v, sizeof v); }
+inline F4 SplatF4(float x) { return F4{x, x, x, x}; }
+inline F4 AbsF4(F4 v) { return F4(I4(v) & 0x7FFFFFFF); }
+// Lanes 0-1 and 2-3 of v, widened. (GCC 12 widens a 2-float vector one
+// element at a time, so x86 gets cvtps2pd by name.)
+#if defined(__SSE2__)
+inline D2 LowD2(F4 v) { return D2(_mm_cvtps_pd(__m128(v))); }
+inline D2 HighD2(F4 v) {
+  return D2(_mm_cvtps_pd(_mm_movehl_ps(__m128(v), __m128(v))));
+}
+#else
+inline D2 LowD2(F4 v) {
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1), D2);
+}
+inline D2 HighD2(F4 v) {
+  return __builtin_convertvector(__builtin_shufflevector(v, v, 2, 3), D2);
+}
+#endif
+
+// Eight double lanes: lane 2k + h in sums[k][h].
+struct DoubleLanes {
+  D2 sums[4] = {};
+  // lane (4·half + l) += x[l] widened, for the F4 of one half of a group.
+  void Add(int half, F4 x) {
+    sums[2 * half] += LowD2(x);
+    sums[2 * half + 1] += HighD2(x);
+  }
+  // lane += x[l]² in double.
+  void AddSquares(int half, F4 x) {
+    const D2 lo = LowD2(x), hi = HighD2(x);
+    sums[2 * half] += lo * lo;
+    sums[2 * half + 1] += hi * hi;
+  }
+  void Store(double (&partial)[kLanes]) const {
+    for (int k = 0; k < 4; ++k) {
+      partial[2 * k] = sums[k][0];
+      partial[2 * k + 1] = sums[k][1];
+    }
+  }
+};
 
 // Calls body(j, lane) for every j in [0, n): full groups of kLanes first, then
 // the tail on lanes 0, 1, ... The lane lets callers keep one partial sum per
@@ -87,10 +151,17 @@ struct Totals {
 
 // mean |g| over the block + ε, the denominator of the gap-aware Λ.
 ABSL_ATTRIBUTE_NOINLINE float GapScale(const float* __restrict gap, size_t n) {
-  double partial[kLanes] = {};
-  ForEachLane(n, [&](size_t j, size_t lane) {
-    partial[lane] += std::fabs(static_cast<double>(gap[j]));
-  });
+  DoubleLanes lanes;
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    lanes.Add(0, AbsF4(LoadF4(gap + i)));
+    lanes.Add(1, AbsF4(LoadF4(gap + i + 4)));
+  }
+  double partial[kLanes];
+  lanes.Store(partial);
+  for (size_t lane = 0; i < n; ++i, ++lane) {
+    partial[lane] += std::fabs(static_cast<double>(gap[i]));
+  }
   return static_cast<float>(SumLanes(partial) / static_cast<double>(n) +
                             static_cast<double>(kGapEpsilon));
 }
@@ -120,20 +191,24 @@ ABSL_ATTRIBUTE_NOINLINE double UpdateMomentum(const float* __restrict delta,
       m[j] = beta * m[j] + scaled_delta;
       return lambda;
     };
-    // ForEachLane by hand: with the widening ΣΛ in the same loop GCC 12
-    // fails to if-convert max(1, ·) and vectorises nothing, so each group's
-    // Λ goes through a small array and is summed by a second loop.
-    double partial[kLanes] = {};
+    // step() on F4: the same operations, element by element.
+    const F4 scale = SplatF4(param), one = SplatF4(1.0f), b = SplatF4(beta);
+    DoubleLanes lanes;
     size_t i = 0;
     for (; i + kLanes <= n; i += kLanes) {
-      float lambdas[kLanes];
-      for (size_t lane = 0; lane < kLanes; ++lane) {
-        lambdas[lane] = step(i + lane);
-      }
-      for (size_t lane = 0; lane < kLanes; ++lane) {
-        partial[lane] += static_cast<double>(lambdas[lane]);
+#pragma GCC unroll 2
+      for (int half = 0; half < 2; ++half) {
+        const size_t j = i + 4 * half;
+        const F4 ratio = AbsF4(LoadF4(gap + j)) / scale;
+        const F4 lambda = ratio > one ? ratio : one;
+        const F4 scaled_delta = LoadF4(delta + j) / lambda;
+        if constexpr (kKeepScaled) StoreF4(scaled + j, scaled_delta);
+        StoreF4(m + j, b * LoadF4(m + j) + scaled_delta);
+        lanes.Add(half, lambda);
       }
     }
+    double partial[kLanes];
+    lanes.Store(partial);
     for (size_t lane = 0; i < n; ++i, ++lane) {
       partial[lane] += static_cast<double>(step(i));
     }
@@ -143,11 +218,18 @@ ABSL_ATTRIBUTE_NOINLINE double UpdateMomentum(const float* __restrict delta,
 
 // rms of the block's m.
 ABSL_ATTRIBUTE_NOINLINE double Rms(const float* __restrict m, size_t n) {
-  double partial[kLanes] = {};
-  ForEachLane(n, [&](size_t j, size_t lane) {
-    const double v = static_cast<double>(m[j]);
+  DoubleLanes lanes;
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    lanes.AddSquares(0, LoadF4(m + i));
+    lanes.AddSquares(1, LoadF4(m + i + 4));
+  }
+  double partial[kLanes];
+  lanes.Store(partial);
+  for (size_t lane = 0; i < n; ++i, ++lane) {
+    const double v = static_cast<double>(m[i]);
     partial[lane] += v * v;
-  });
+  }
   return std::sqrt(SumLanes(partial) / static_cast<double>(n));
 }
 
@@ -161,10 +243,49 @@ ABSL_ATTRIBUTE_NOINLINE void ClipAndUpdate(
     const OuterConfig& config, float param, float bound, Totals& totals) {
   const float neg_alpha = -config.alpha;
   const float beta = config.beta;
-  double norm_partial[kLanes] = {};
+  // The body below on F4, for the full groups.
+  const F4 na = SplatF4(neg_alpha), b = SplatF4(beta);
+  const F4 hi_bound = SplatF4(bound), lo_bound = SplatF4(-bound);
+  const F4 penalty = SplatF4(PenaltyAt<kPenalty>(0.0f, param));
+  DoubleLanes norm;
+  U4 clipped_lanes[2] = {};
+  size_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+#pragma GCC unroll 2
+    for (int half = 0; half < 2; ++half) {
+      const size_t j = i + 4 * half;
+      F4 v = LoadF4(m + j);
+      if constexpr (kClip) {
+        const I4 low = v < lo_bound;
+        const I4 high = v > hi_bound;
+        clipped_lanes[half] -= U4(low | high);  // a true lane is all ones
+        v = low ? lo_bound : (high ? hi_bound : v);
+        StoreF4(m + j, v);
+      }
+      if constexpr (kNesterov) {
+        F4 step;
+        if constexpr (kPenalty == GapPenalty::kGapAware) {
+          step = LoadF4(scaled + j);
+        } else {
+          step = LoadF4(delta + j) / penalty;
+        }
+        StoreF4(update + j, na * (b * v + step));
+      } else {
+        StoreF4(update + j, na * v);
+      }
+      norm.AddSquares(half, v);
+    }
+  }
+  double norm_partial[kLanes];
+  norm.Store(norm_partial);
   // A block has at most kBlockElements elements, so 32 bits per lane suffice.
-  uint32_t clipped_partial[kLanes] = {};
-  ForEachLane(n, [&](size_t j, size_t lane) {
+  uint32_t clipped_partial[kLanes];
+  for (int l = 0; l < 4; ++l) {
+    clipped_partial[l] = clipped_lanes[0][l];
+    clipped_partial[4 + l] = clipped_lanes[1][l];
+  }
+  for (size_t lane = 0; i < n; ++i, ++lane) {
+    const size_t j = i;
     float v = m[j];
     if constexpr (kClip) {
       const bool low = v < -bound;
@@ -185,7 +306,7 @@ ABSL_ATTRIBUTE_NOINLINE void ClipAndUpdate(
       update[j] = neg_alpha * v;
     }
     norm_partial[lane] += static_cast<double>(v) * static_cast<double>(v);
-  });
+  }
   totals.norm_sq += SumLanes(norm_partial);
   totals.clipped += SumLanes(clipped_partial);
 }

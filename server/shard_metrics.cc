@@ -138,7 +138,8 @@ void ShardMetrics::OnContribution(const std::string& job, common::Codec codec,
 
 void ShardMetrics::OnRejected(const std::string& job, RejectReason reason) {
   rejected_chunks_
-      .Add({{"co2_job", job}, {"reason", std::string(RejectReasonName(reason))}})
+      .Add(
+          {{"co2_job", job}, {"reason", std::string(RejectReasonName(reason))}})
       .Increment();
 }
 
@@ -176,9 +177,9 @@ void ShardMetrics::OnPoll(const std::string& job, const ShardPollEvent& event) {
   if (event.new_quorum_misses > 0) {
     misses.Increment(static_cast<double>(event.new_quorum_misses));
   }
-  // Likewise the checkpoint histogram: registered now, observed by the
-  // checkpoint store through OnCheckpointWritten.
-  CheckpointDuration(job);
+  // Likewise the checkpoint histogram (observed in OnCheckpointWritten),
+  // so shards without --checkpoint_dir show an empty one.
+  if (!checkpoint_duration_.Has(labels)) CheckpointDuration(job);
 }
 
 void ShardMetrics::OnCheckpointWritten(const std::string& job,

@@ -6,26 +6,28 @@
 // (dashboard, alert rules) and docs/operations.md; tests/deploy_test.py checks
 // that every co2_* name used there is one of these.
 //
-// name (labels)                                    type       what
-// co2_aggregator_rounds_completed_total            counter    rounds closed
-// co2_aggregator_round_duration_seconds            histogram  opening to close
-// co2_aggregator_contributions_total               counter    complete, in closed rounds
-// co2_aggregator_contribution_chunks_total (codec) counter    accepted chunks
-// co2_aggregator_late_chunks_total                 counter    folded into the next round
-// co2_aggregator_duplicate_chunks_total            counter    resends, ignored
-// co2_aggregator_rejected_chunks_total (reason)    counter    see RejectReasonName
-// co2_aggregator_bytes_in_total (codec)            counter    accepted payload bytes
-// co2_aggregator_bytes_out_total (codec)           counter    update payload bytes queued
-// co2_aggregator_active_workers                    gauge      live leases
-// co2_aggregator_open_round                        gauge      round accepting chunks
-// co2_aggregator_open_round_age_seconds            gauge      since it opened
-// co2_aggregator_round_contributors                gauge      of the last closed round
-// co2_aggregator_quorum_closes_total               counter    closed at the deadline
-// co2_aggregator_quorum_misses_total               counter    deadline without quorum
-// co2_aggregator_checkpoint_duration_seconds       histogram  checkpoint made durable
-// co2_aggregator_gap_penalty_mean                  gauge      mean Λ, last round
-// co2_aggregator_outer_momentum_norm               gauge      ||m|| of this shard
-// co2_aggregator_clipped_fraction                  gauge      of m's elements, last round
+// Counters:
+//   co2_aggregator_rounds_completed_total          rounds closed
+//   co2_aggregator_contributions_total             complete, in closed rounds
+//   co2_aggregator_contribution_chunks_total       accepted chunks (codec)
+//   co2_aggregator_late_chunks_total               folded into the next round
+//   co2_aggregator_duplicate_chunks_total          resends, ignored
+//   co2_aggregator_rejected_chunks_total           refused (reason)
+//   co2_aggregator_bytes_in_total                  accepted payload (codec)
+//   co2_aggregator_bytes_out_total                 update payload (codec)
+//   co2_aggregator_quorum_closes_total             closed at the deadline
+//   co2_aggregator_quorum_misses_total             deadline without quorum
+// Gauges:
+//   co2_aggregator_active_workers                  live leases
+//   co2_aggregator_open_round                      round accepting chunks
+//   co2_aggregator_open_round_age_seconds          since it opened
+//   co2_aggregator_round_contributors              of the last closed round
+//   co2_aggregator_gap_penalty_mean                mean Λ, last outer step
+//   co2_aggregator_outer_momentum_norm             ||m|| of this shard
+//   co2_aggregator_clipped_fraction                of m's elements, last step
+// Histograms:
+//   co2_aggregator_round_duration_seconds          opening to close
+//   co2_aggregator_checkpoint_duration_seconds     checkpoint made durable
 //
 // Thread-safe (prometheus-cpp metrics are); the registry must outlive it.
 #ifndef CO2_SERVER_SHARD_METRICS_H_
@@ -59,8 +61,8 @@ class ShardMetrics : public ShardObserver {
   void OnCheckpointWritten(const std::string& job,
                            absl::Duration duration) override;
 
-  // The same as OnCheckpointWritten, under the name the checkpoint store is
-  // expected to call when it holds a ShardMetrics directly.
+  // OnCheckpointWritten under a name for callers outside the observer
+  // interface (a checkpoint writer that holds the ShardMetrics itself).
   void ObserveCheckpointDuration(const std::string& job,
                                  absl::Duration duration) {
     OnCheckpointWritten(job, duration);

@@ -83,7 +83,7 @@ class ShardObserver {
   virtual void OnPoll(const std::string& /*job*/,
                       const ShardPollEvent& /*event*/) {}
   // A checkpoint of the job's shard state became durable after `duration`
-  // (for the checkpoint store to call; see ShardMetrics).
+  // (JobShard::Poll, after each successful write).
   virtual void OnCheckpointWritten(const std::string& /*job*/,
                                    absl::Duration /*duration*/) {}
 };

@@ -51,8 +51,8 @@ inline absl::StatusOr<std::string> HttpGet(int port,
   };
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     if (errno != EINPROGRESS) {
-      return absl::UnavailableError(absl::StrCat("connect to port ", port,
-                                                 ": ", std::strerror(errno)));
+      return absl::UnavailableError(
+          absl::StrCat("connect to port ", port, ": ", std::strerror(errno)));
     }
     absl::Status ready = wait(POLLOUT);
     if (!ready.ok()) return ready;
@@ -60,8 +60,8 @@ inline absl::StatusOr<std::string> HttpGet(int port,
     socklen_t len = sizeof(error);
     getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
     if (error != 0) {
-      return absl::UnavailableError(absl::StrCat("connect to port ", port,
-                                                 ": ", std::strerror(error)));
+      return absl::UnavailableError(
+          absl::StrCat("connect to port ", port, ": ", std::strerror(error)));
     }
   }
   const std::string request = absl::StrCat(
@@ -70,8 +70,8 @@ inline absl::StatusOr<std::string> HttpGet(int port,
   while (sent < request.size()) {
     absl::Status ready = wait(POLLOUT);
     if (!ready.ok()) return ready;
-    const ssize_t n = send(fd, request.data() + sent, request.size() - sent,
-                           MSG_NOSIGNAL);
+    const ssize_t n =
+        send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
     if (n < 0 && errno != EAGAIN) {
       return absl::InternalError(absl::StrCat("send: ", std::strerror(errno)));
     }

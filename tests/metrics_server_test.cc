@@ -30,8 +30,7 @@ TEST(MetricsServerTest, ServesTheRegistryOnAnEphemeralPort) {
       .Register(server->registry())
       .Add({{"kind", "a"}})
       .Increment(3);
-  auto body =
-      testing::HttpGet(server->port(), "/metrics", absl::Seconds(10));
+  auto body = testing::HttpGet(server->port(), "/metrics", absl::Seconds(10));
   ASSERT_TRUE(body.ok()) << body.status();
   EXPECT_TRUE(absl::StrContains(*body, "co2_test_events_total{kind=\"a\"} 3"))
       << *body;

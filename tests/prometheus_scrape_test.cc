@@ -5,12 +5,12 @@
 // the workers did. Prometheus also loads deploy/prometheus/alerts.yml, so the
 // shipped alert rules are evaluated against real series. Every wait is
 // bounded; Prometheus is killed on every exit path.
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -91,8 +91,7 @@ class PrometheusProcess {
     dir_ = dir;
     port_ = port;
     const std::vector<std::string> args = {
-        kPrometheus,
-        absl::StrCat("--config.file=", dir, "/prometheus.yml"),
+        kPrometheus, absl::StrCat("--config.file=", dir, "/prometheus.yml"),
         absl::StrCat("--storage.tsdb.path=", dir, "/data"),
         absl::StrCat("--web.listen-address=127.0.0.1:", port),
         "--log.level=warn"};
@@ -162,7 +161,8 @@ class PrometheusProcess {
     double v = 0;
     if (open == std::string::npos || close == std::string::npos ||
         !absl::SimpleAtod(body->substr(open + 2, close - open - 2), &v)) {
-      return absl::InternalError(absl::StrCat(promql, ": cannot parse ", *body));
+      return absl::InternalError(
+          absl::StrCat(promql, ": cannot parse ", *body));
     }
     return v;
   }
@@ -334,8 +334,8 @@ TEST(PrometheusScrapeTest, PrometheusSeesTheAggregatorAndWorkerSeries) {
       {"sum(co2_aggregator_bytes_in_total{codec=\"fp32\"})",
        kWorkers * bytes_per_worker, 1e18},
       // Each update goes to both workers' streams (a replay is not counted).
-      {"sum(co2_aggregator_bytes_out_total{codec=\"fp32\"})",
-       bytes_per_worker, 1e18},
+      {"sum(co2_aggregator_bytes_out_total{codec=\"fp32\"})", bytes_per_worker,
+       1e18},
       {"min(co2_aggregator_active_workers{co2_job=\"scrape\"})", kWorkers,
        kWorkers},
       // No series until a first rejection.
@@ -373,8 +373,9 @@ TEST(PrometheusScrapeTest, PrometheusSeesTheAggregatorAndWorkerSeries) {
     }
     if (!failing.empty()) absl::SleepFor(absl::Milliseconds(500));
   } while (!failing.empty() && absl::Now() < deadline);
-  EXPECT_TRUE(failing.empty()) << absl::StrJoin(failing, "\n")
-                               << "\nprometheus log:\n" << prometheus.Log();
+  EXPECT_TRUE(failing.empty())
+      << absl::StrJoin(failing, "\n") << "\nprometheus log:\n"
+      << prometheus.Log();
 
   // The shipped alert rules loaded and evaluate cleanly on these series, and
   // none fires for a healthy job.
@@ -382,7 +383,8 @@ TEST(PrometheusScrapeTest, PrometheusSeesTheAggregatorAndWorkerSeries) {
   ASSERT_TRUE(rules.ok()) << rules.status();
   for (const char* alert :
        {"Co2RoundStuck", "Co2QuorumMisses", "Co2ContributionsRejected"}) {
-    EXPECT_TRUE(absl::StrContains(*rules, absl::StrCat("\"name\":\"", alert, "\"")))
+    EXPECT_TRUE(
+        absl::StrContains(*rules, absl::StrCat("\"name\":\"", alert, "\"")))
         << alert << " not loaded: " << *rules;
   }
   EXPECT_FALSE(absl::StrContains(*rules, "\"health\":\"err\"")) << *rules;

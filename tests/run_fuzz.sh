@@ -14,6 +14,7 @@ if [[ -z "$cxx" ]]; then
   exit 1
 fi
 mkdir -p "$build"
+build=$(cd "$build" && pwd)
 if [[ ! -f "$build/build.ninja" ]]; then
   CC=$cc CXX=$cxx cmake -S "$src" -B "$build" -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCO2_FUZZ=ON -DCO2_WITH_TORCH=OFF \

@@ -10,9 +10,11 @@ build=$2
 tests=(layout_test codec_test job_config_test outer_optimizer_test
        round_state_test job_shard_test checkpoint_store_test
        aggregator_errors_test aggregator_e2e_test limits_test tls_test)
+mkdir -p "$build"
+build=$(cd "$build" && pwd)
 if [[ ! -f "$build/build.ninja" ]]; then
   cmake -S "$src" --preset asan -B "$build" -DCO2_WITH_TORCH=OFF \
-    >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
+    >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
 fi
 cmake --build "$build" -j "$(nproc)" --target "${tests[@]}"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}

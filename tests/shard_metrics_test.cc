@@ -99,7 +99,8 @@ class ShardMetricsTest : public testing::Test {
     }
     ASSERT_TRUE(shard_->SeedChunk("a", 0, Fp32(10)).ok());
   }
-  double Get(const std::string& name, const Labels& labels = {{"co2_job", "job"}}) {
+  double Get(const std::string& name,
+             const Labels& labels = {{"co2_job", "job"}}) {
     return Value(registry_, name, labels);
   }
 
@@ -138,8 +139,8 @@ TEST_F(ShardMetricsTest, RoundsBytesAndTheOuterStep) {
   EXPECT_EQ(Get("co2_aggregator_open_round"), 3);
   EXPECT_EQ(Get("co2_aggregator_open_round_age_seconds"), 0);
   // Every round opened 3 s (fake clock) before it closed.
-  const prometheus::ClientMetric* duration =
-      Find(registry_, "co2_aggregator_round_duration_seconds", {{"co2_job", "job"}});
+  const prometheus::ClientMetric* duration = Find(
+      registry_, "co2_aggregator_round_duration_seconds", {{"co2_job", "job"}});
   ASSERT_NE(duration, nullptr);
   EXPECT_EQ(duration->histogram.sample_count, 3u);
   EXPECT_DOUBLE_EQ(duration->histogram.sample_sum, 9.0);
@@ -228,8 +229,9 @@ TEST_F(ShardMetricsTest, QuorumMissesAndLeases) {
 TEST_F(ShardMetricsTest, CheckpointDurationIsRegisteredBeforeTheFirstWrite) {
   Create(2);
   shard_->Poll();
-  const prometheus::ClientMetric* h = Find(
-      registry_, "co2_aggregator_checkpoint_duration_seconds", {{"co2_job", "job"}});
+  const prometheus::ClientMetric* h =
+      Find(registry_, "co2_aggregator_checkpoint_duration_seconds",
+           {{"co2_job", "job"}});
   ASSERT_NE(h, nullptr);
   EXPECT_EQ(h->histogram.sample_count, 0u);
   metrics_.ObserveCheckpointDuration("job", absl::Milliseconds(250));

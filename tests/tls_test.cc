@@ -198,6 +198,19 @@ TEST_F(TlsTest, PlaintextClientIsRefusedWhenTlsIsRequired) {
   EXPECT_EQ(plaintext.error_code(), StatusCode::UNAVAILABLE)
       << plaintext.error_message();
   EXPECT_TRUE(Join(Stub(ClientTls("")).get()).ok());
+  // Through the client library the user is told what to check.
+  std::vector<float> anchor(kParams);
+  client::ClientOptions options;
+  options.addresses = {address_};
+  options.worker_id = "worker-0";
+  options.job_config = Config();
+  options.connect_timeout = absl::Seconds(1);
+  auto connected =
+      client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  ASSERT_FALSE(connected.ok());
+  EXPECT_NE(connected.status().message().find("this client uses plaintext"),
+            std::string::npos)
+      << connected.status();
 }
 
 TEST_F(TlsTest, ClientRefusesAServerItsCaDidNotSign) {
@@ -372,6 +385,21 @@ TEST(TlsConfigTest, UnreadableFilesAreNamed) {
   mtls_without_ca.require_client_cert = true;
   EXPECT_EQ(common::MakeServerCredentials(mtls_without_ca).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TlsConfigTest, TokenFilesHoldOneToken) {
+  const std::string path = "/tmp/co2-tls-test-token";
+  std::ofstream(path) << "  s3cret \nignored\n";
+  auto token = common::ReadTokenFile(path);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, "s3cret");
+  std::ofstream(path) << "\n";
+  EXPECT_EQ(common::ReadTokenFile(path).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  std::filesystem::remove(path);
+  auto missing = common::ReadTokenFile(path);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(missing.status().message().find(path), std::string::npos);
 }
 
 TEST(TlsConfigTest, TokensAreNeverSentOrAcceptedInPlaintext) {

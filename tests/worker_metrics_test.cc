@@ -46,7 +46,8 @@ TEST(WorkerMetricsTest, ARoundBecomesItsSeries) {
   EXPECT_TRUE(Has(text, "co2_worker_inner_step_seconds_count" + labels + " 8"));
   EXPECT_NEAR(Sample(text, "co2_worker_inner_step_seconds_sum" + labels), 0.8,
               1e-9);
-  EXPECT_TRUE(Has(text, "co2_worker_exposed_comm_seconds_count" + labels + " 2"));
+  EXPECT_TRUE(
+      Has(text, "co2_worker_exposed_comm_seconds_count" + labels + " 2"));
   EXPECT_NEAR(Sample(text, "co2_worker_exposed_comm_seconds_total" + labels),
               0.06, 1e-9);
   EXPECT_NEAR(Sample(text, "co2_worker_push_seconds_sum" + labels), 0.01, 1e-9);

@@ -5,6 +5,9 @@ SHELL := /bin/bash
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
+# ccache hits across clones in other directories (CI builds a fresh clone).
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
 # Every Debian package the project needs (design.md §7).
 PACKAGES := build-essential cmake ninja-build ccache pkg-config git \

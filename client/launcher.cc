@@ -130,6 +130,35 @@ void KillAll(std::vector<Child>& children, pid_t pgid, absl::Duration grace) {
   }
 }
 
+// While it lives, the process's stderr (where the embedded aggregator logs)
+// goes to a file, and user() writes to the original stderr, so that the
+// progress display stays one line. The saved descriptor is close-on-exec:
+// children never hold the user's terminal or pipe.
+class StderrToFile {
+ public:
+  explicit StderrToFile(const std::string& path) {
+    saved_ = fcntl(STDERR_FILENO, F_DUPFD_CLOEXEC, 3);
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (saved_ >= 0 && fd >= 0) dup2(fd, STDERR_FILENO);
+    if (fd >= 0) close(fd);
+    user_ = saved_ >= 0 ? fdopen(dup(saved_), "w") : nullptr;
+  }
+  ~StderrToFile() {
+    if (user_ != nullptr) std::fclose(user_);
+    if (saved_ >= 0) {
+      dup2(saved_, STDERR_FILENO);
+      close(saved_);
+    }
+  }
+  StderrToFile(const StderrToFile&) = delete;
+  StderrToFile& operator=(const StderrToFile&) = delete;
+  FILE* user() const { return user_ != nullptr ? user_ : stderr; }
+
+ private:
+  int saved_ = -1;
+  FILE* user_ = nullptr;
+};
+
 std::map<std::string, std::string> Settings(const TrainerOptions& o) {
   return {{"task", o.task},
           {"algo", o.algo},
@@ -192,6 +221,8 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
     o.job = absl::StrCat("co2-train-", getpid(), "-", absl::ToUnixMillis(started));
   }
 
+  const StderrToFile quiet(o.run_dir + "/aggregator.log");
+  FILE* const user = quiet.user();
   std::vector<std::unique_ptr<server::AggregatorServer>> shards;
   if (uses_aggregator && o.aggregators.empty()) {
     for (int i = 0; i < o.shards; ++i) {
@@ -262,7 +293,7 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
     children[i].running = true;
   }
 
-  const bool live = o.progress && isatty(STDERR_FILENO);
+  const bool live = o.progress && isatty(fileno(user));
   std::string last_line;
   size_t running = 0;
   for (const Child& c : children) running += c.running ? 1 : 0;
@@ -293,24 +324,26 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
     const std::string line = ProgressLine(o, p);
     if (line != last_line) {
       if (live) {
-        std::fprintf(stderr, "\r\033[K%s", line.c_str());
+        std::fprintf(user, "\r\033[K%s", line.c_str());
       } else if (p.valid && (p.round == p.total || p.round % 10 == 0)) {
-        std::fprintf(stderr, "%s\n", line.c_str());
+        std::fprintf(user, "%s\n", line.c_str());
       }
       last_line = line;
+      std::fflush(user);
     }
   }
-  if (live) std::fprintf(stderr, "\n");
+  if (live) std::fprintf(user, "\n");
+  std::fflush(user);
   KillAll(children, pgid, absl::Seconds(5));
   for (auto& s : shards) s->Shutdown(absl::Seconds(1));
   sigprocmask(SIG_SETMASK, &old_mask, nullptr);
   if (!failure.ok()) {
     if (own_run_dir && !o.keep_run_dir && interrupted) {
       std::filesystem::remove_all(o.run_dir, ec);
-    } else {
-      std::fprintf(stderr, "co2-train: logs kept in %s\n", o.run_dir.c_str());
+      return failure;
     }
-    return failure;
+    return absl::Status(failure.code(), absl::StrCat(failure.message(),
+                                                     "(logs kept in ", o.run_dir, ")"));
   }
 
   std::vector<RankReport> reports;

@@ -32,6 +32,9 @@ class AggregatorErrorsTest : public testing::Test {
   void SetUp() override {
     server::AggregatorServerOptions options;
     options.address = "127.0.0.1:0";
+    // These tests send many bad chunks from one worker; eviction after
+    // repeated bad chunks has its own test (limits_test).
+    options.registry.shard.max_rejected_chunks = 0;
     auto s = server::AggregatorServer::Start(options);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);

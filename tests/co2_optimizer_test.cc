@@ -280,8 +280,8 @@ INSTANTIATE_TEST_SUITE_P(
 // ---------------------------------------------------------------------------
 // Local ranks and ddp: rank-valued gradients c = rank + 1.
 
-// Runs `ranks` threads, each with a Gloo group of all of them, and gives
-// body(rank, group) a constant-gradient parameter setup.
+// What one rank thread saw: the parameter value after each boundary (or
+// step), or the first error.
 struct RankResult {
   std::vector<float> after_boundary;
   std::string error;

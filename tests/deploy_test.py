@@ -411,8 +411,11 @@ def check_k8s(rules):
     env = {e["name"]: e for e in t.get("env", [])}
     check("JOB_COMPLETION_INDEX" in env,
           "Job: JOB_COMPLETION_INDEX is not declared for $(...) expansion")
+    # Per-pod DNS names of the headless Service, fully qualified (the names
+    # the shard certificate carries).
+    namespace = sts["metadata"]["namespace"]
     expected = ",".join(
-        f"{sts['metadata']['name']}-{i}.{spec['serviceName']}:"
+        f"{sts['metadata']['name']}-{i}.{spec['serviceName']}.{namespace}.svc:"
         f"{flag(args, 'port')}" for i in range(replicas))
     check(flag(targs, "aggregators") == expected,
           f"Job: --aggregators={flag(targs, 'aggregators')}, want {expected}")
@@ -423,6 +426,15 @@ def check_k8s(rules):
     check(str(tports.get("metrics")) == flag(targs, "metrics_port"),
           "Job: metrics port is not --metrics_port")
     jvolumes = {v["name"]: v for v in jpod.get("volumes", [])}
+    jmounts = {m["name"]: m["mountPath"] for m in t.get("volumeMounts", [])}
+    tls_items = {i["path"] for i in
+                 jvolumes.get("tls", {}).get("secret", {}).get("items", [])}
+    for name in ("aggregator_ca", "aggregator_token_file"):
+        value = flag(targs, name)
+        check(isinstance(value, str) and
+              value == f"{jmounts.get('tls')}/{os.path.basename(value)}" and
+              os.path.basename(value) in tls_items,
+              f"Job: --{name}={value} is not a file of the mounted Secret")
     pvcs = {p["metadata"]["name"] for p in by_kind["PersistentVolumeClaim"]}
     for v in jvolumes.values():
         if "persistentVolumeClaim" in v:

@@ -1,5 +1,11 @@
 #include "common/metrics_server.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 
@@ -57,6 +63,87 @@ TEST(MetricsServerTest, AnAddressWithoutPortIsInvalid) {
   auto server = MetricsServer::Start(options);
   ASSERT_FALSE(server.ok());
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A raw exchange: sends `request`, returns all the server wrote back.
+std::string RawExchange(int port, const std::string& request) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval timeout{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  std::string reply;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(request.size())) {
+    char buffer[4096];
+    ssize_t n;
+    while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0)
+      reply.append(buffer, n);
+  }
+  close(fd);
+  return reply;
+}
+
+TEST(MetricsServerTest, AnswersOnlyGetMetrics) {
+  std::unique_ptr<MetricsServer> server = StartOnFreePort();
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(absl::StartsWith(
+      RawExchange(server->port(), "GET /other HTTP/1.1\r\nHost: x\r\n\r\n"),
+      "HTTP/1.1 404"));
+  EXPECT_TRUE(absl::StartsWith(
+      RawExchange(server->port(), "POST /metrics HTTP/1.1\r\n\r\n"),
+      "HTTP/1.1 405"));
+  const std::string head =
+      RawExchange(server->port(), "HEAD /metrics?x=1 HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(absl::StartsWith(head, "HTTP/1.1 200 OK\r\n")) << head;
+  EXPECT_TRUE(absl::EndsWith(head, "\r\n\r\n")) << "HEAD has no body";
+  EXPECT_TRUE(
+      absl::StrContains(head, "Content-Type: text/plain; version=0.0.4"));
+}
+
+TEST(MetricsServerTest, AStalledClientIsDroppedAfterTheTimeout) {
+  MetricsServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.io_timeout = absl::Milliseconds(300);
+  auto server = MetricsServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // Connects and sends half a request, then nothing.
+  const int stalled = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(stalled, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  ASSERT_GT(send(stalled, "GET /metr", 9, MSG_NOSIGNAL), 0);
+  // The next scrape is served once the stalled one times out.
+  auto body =
+      testing::HttpGet((*server)->port(), "/metrics", absl::Seconds(10));
+  EXPECT_TRUE(body.ok()) << body.status();
+  close(stalled);
+}
+
+TEST(MetricsServerTest, StopsPromptlyWithAClientConnected) {
+  MetricsServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.io_timeout = absl::Seconds(60);
+  auto server = MetricsServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int stalled = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(stalled, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  absl::SleepFor(absl::Milliseconds(100));  // the server is in the request
+  const absl::Time start = absl::Now();
+  server->reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  close(stalled);
 }
 
 TEST(MetricsServerTest, ExponentialBuckets) {

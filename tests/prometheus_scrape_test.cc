@@ -76,6 +76,37 @@ std::string UrlEncode(const std::string& s) {
   return out;
 }
 
+// Every "expr" string of the Grafana dashboard (JSON-unescaped), with its
+// template variables replaced by values a query can run with.
+std::vector<std::string> DashboardQueries(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  std::vector<std::string> queries;
+  const std::string key = "\"expr\": \"";
+  for (size_t at = json.find(key); at != std::string::npos;
+       at = json.find(key, at)) {
+    std::string expr;
+    for (at += key.size(); at < json.size() && json[at] != '"'; ++at) {
+      if (json[at] == '\\' && at + 1 < json.size()) ++at;  // \" and \\ only
+      expr.push_back(json[at]);
+    }
+    for (const auto& [variable, value] :
+         std::vector<std::pair<std::string, std::string>>{
+             {"$__rate_interval", "1m"},
+             {"$__range", "5m"},
+             {"$co2_job", ".*"}}) {
+      for (size_t v = expr.find(variable); v != std::string::npos;
+           v = expr.find(variable, v + value.size())) {
+        expr.replace(v, variable.size(), value);
+      }
+    }
+    queries.push_back(expr);
+  }
+  return queries;
+}
+
 // One aggregator shard with its own /metrics endpoint, as co2-aggregator runs.
 struct Shard {
   std::unique_ptr<common::MetricsServer> metrics;
@@ -376,6 +407,18 @@ TEST(PrometheusScrapeTest, PrometheusSeesTheAggregatorAndWorkerSeries) {
   EXPECT_TRUE(failing.empty())
       << absl::StrJoin(failing, "\n") << "\nprometheus log:\n"
       << prometheus.Log();
+
+  // Every panel query of the shipped dashboard is valid PromQL that
+  // Prometheus evaluates (an empty result is fine: e.g. no rejections).
+  const std::vector<std::string> panels =
+      DashboardQueries(CO2_SOURCE_DIR "/deploy/grafana/co2-dashboard.json");
+  EXPECT_GE(panels.size(), 20u);
+  for (const std::string& promql : panels) {
+    absl::StatusOr<std::string> body =
+        prometheus.Get(absl::StrCat("/api/v1/query?query=", UrlEncode(promql)));
+    EXPECT_TRUE(body.ok() && absl::StrContains(*body, "\"status\":\"success\""))
+        << promql << ": " << (body.ok() ? *body : body.status().ToString());
+  }
 
   // The shipped alert rules loaded and evaluate cleanly on these series, and
   // none fires for a healthy job.

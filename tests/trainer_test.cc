@@ -201,9 +201,11 @@ TEST(TrainerTest, CorruptedIdxHeaderFailsClearly) {
 }
 
 TEST(TrainerTest, UnreachableAggregatorFailsClearly) {
+  TempDir dir;  // the failed run keeps its logs here
   const RunResult run = RunCo2Train(
       {"--aggregators=127.0.0.1:1", "--connect_timeout=3s", "--workers=2",
-       "--steps=4", "--progress=false"},
+       "--steps=4", "--progress=false",
+       absl::StrCat("--run_dir=", dir.path(), "/run")},
       /*timeout_s=*/90);
   EXPECT_NE(run.exit_code, 0);
   EXPECT_NE(run.exit_code, 124) << "timed out";

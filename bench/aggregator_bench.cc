@@ -1,0 +1,498 @@
+// aggregator_bench (issue 6, part 2): how fast S co2-aggregator shards on
+// loopback take N workers' rounds of P fp32 deltas, next to the transport
+// limit (iperf3 moving the same bytes over the same N·S streams) and to what
+// a user would run instead (a Gloo ring all-reduce of the same P floats across
+// N processes), all in one invocation; plus each shard's peak memory against
+// its fp32 range. bench/run_aggregator.sh runs it; docs/performance.md
+// explains the numbers.
+//
+// One binary, three roles: the driver (default) starts the shards (the real
+// co2-aggregator binary), the workers (this binary, --role=client, one
+// process each, an AggregatorClient), iperf3 and the Gloo ranks (this binary,
+// --role=gloo), steps them through a ready/go barrier over their stdin and
+// stdout, and writes one JSON report.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/bench_util.h"
+#include "client/aggregator_client.h"
+#include "client/intra_node_group.h"
+#include "common/job_config.h"
+#include "common/layout.h"
+
+ABSL_FLAG(std::string, role, "driver", "driver | client | gloo (internal)");
+ABSL_FLAG(std::string, aggregator, "", "The co2-aggregator binary.");
+ABSL_FLAG(std::vector<std::string>, workers, std::vector<std::string>({"2", "4", "8"}),
+          "Numbers of workers N to run, one after the other.");
+ABSL_FLAG(int, shards, 2, "Shards S.");
+ABSL_FLAG(uint64_t, params, uint64_t{8} << 20, "Parameters P (fp32).");
+ABSL_FLAG(int, rounds, 6,
+          "Rounds (all-reduces) per repetition; the first is a warm-up.");
+ABSL_FLAG(int, repetitions, 3, "Repetitions of each N; medians are reported.");
+ABSL_FLAG(std::string, iperf3, "iperf3", "iperf3 binary; empty: skip it.");
+ABSL_FLAG(bool, gloo, true, "Run the Gloo all-reduce reference.");
+ABSL_FLAG(std::string, out, "", "Write the JSON report here (else stdout).");
+ABSL_FLAG(std::string, scratch, "",
+          "Directory for logs and rendezvous files (default: a fresh one).");
+ABSL_FLAG(std::string, copy_counter, "",
+          "libco2_copy_counter.so: preloaded into the shards, which then "
+          "report the bytes they memcpy (by caller) and receive.");
+// Internal: the client and gloo roles.
+ABSL_FLAG(std::string, addresses, "", "Internal: shard addresses.");
+ABSL_FLAG(std::string, job, "bench", "Internal: job / group name.");
+ABSL_FLAG(int, rank, 0, "Internal: this worker's index.");
+ABSL_FLAG(int, size, 1, "Internal: number of workers.");
+
+namespace co2::bench {
+namespace {
+
+using Stamps = std::vector<double>;
+
+std::string StampsJson(const Stamps& stamps) {
+  std::ostringstream o;
+  o.precision(17);
+  o << "[";
+  for (size_t i = 0; i < stamps.size(); ++i) o << (i ? ", " : "") << stamps[i];
+  o << "]";
+  return o.str();
+}
+
+Stamps ParseStamps(const std::string& json) {
+  Stamps stamps;
+  const size_t open = json.find('['), close = json.find(']');
+  if (open == std::string::npos || close == std::string::npos) return stamps;
+  for (absl::string_view part : absl::StrSplit(
+           absl::string_view(json).substr(open + 1, close - open - 1), ',')) {
+    stamps.push_back(std::strtod(std::string(part).c_str(), nullptr));
+  }
+  return stamps;
+}
+
+// A delta that differs by worker, small and finite.
+std::vector<float> MakeDelta(size_t p, int rank) {
+  std::vector<float> delta(p);
+  for (size_t i = 0; i < p; ++i) {
+    delta[i] = 1e-3f * static_cast<float>((i + static_cast<size_t>(rank)) % 7) -
+               3e-3f;
+  }
+  return delta;
+}
+
+void WaitForGo() {
+  std::printf("ready\n");
+  std::fflush(stdout);
+  std::string line;
+  std::getline(std::cin, line);
+}
+
+int Fail(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "%s: %s\n", what.c_str(), status.ToString().c_str());
+  std::printf("error %s\n", what.c_str());
+  return 1;
+}
+
+// One worker: joins every shard, then R synchronous rounds (push Δ_r, wait
+// for U_r, apply it), stamping the end of each.
+int RunClient() {
+  const size_t p = absl::GetFlag(FLAGS_params);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  client::ClientOptions options;
+  options.addresses = absl::StrSplit(absl::GetFlag(FLAGS_addresses), ',');
+  options.job = absl::GetFlag(FLAGS_job);
+  options.worker_id = absl::StrCat("worker-", absl::GetFlag(FLAGS_rank));
+  options.job_config = common::DefaultJobConfig(0, 0);
+  options.job_config.set_round_timeout_ms(600000);
+  std::vector<float> anchor(p, 0.0f);
+  const std::vector<float> delta = MakeDelta(p, absl::GetFlag(FLAGS_rank));
+  auto connected = client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  if (!connected.ok()) return Fail("connect", connected.status());
+  std::unique_ptr<client::AggregatorClient> client = *std::move(connected);
+  WaitForGo();
+  Stamps stamps = {MonotonicSeconds()};
+  const uint64_t start = client->start_round();
+  for (int i = 0; i < rounds; ++i) {
+    const uint64_t r = start + static_cast<uint64_t>(i);
+    const absl::Time deadline = absl::Now() + absl::Minutes(5);
+    absl::Status s = client->Push(r, delta, 1.0, deadline);
+    if (s.ok()) s = client->WaitForUpdate(r, deadline);
+    if (s.ok()) s = client->ApplyUpdate(r, absl::MakeSpan(anchor)).status();
+    if (!s.ok()) return Fail(absl::StrCat("round ", r), s);
+    stamps.push_back(MonotonicSeconds());
+  }
+  const client::ClientStats stats = client->stats();
+  std::printf("result {\"stamps\": %s, \"bytes_sent\": %llu, "
+              "\"bytes_received\": %llu}\n",
+              StampsJson(stamps).c_str(),
+              static_cast<unsigned long long>(stats.bytes_sent),
+              static_cast<unsigned long long>(stats.bytes_received));
+  std::fflush(stdout);
+  (void)client->Leave(absl::Now() + absl::Seconds(10));
+  return 0;
+}
+
+// One Gloo rank: R mean all-reduces of P floats, stamping the end of each.
+int RunGloo() {
+  const size_t p = absl::GetFlag(FLAGS_params);
+  client::GroupOptions options;
+  options.backend = client::Backend::kGloo;
+  options.rank = absl::GetFlag(FLAGS_rank);
+  options.size = absl::GetFlag(FLAGS_size);
+  options.store_dir = absl::GetFlag(FLAGS_scratch);
+  options.prefix = absl::GetFlag(FLAGS_job);
+  options.timeout = absl::Minutes(5);
+  auto group = client::CreateIntraNodeGroup(options);
+  if (!group.ok()) return Fail("gloo group", group.status());
+  std::vector<float> buffer = MakeDelta(p, options.rank);
+  WaitForGo();
+  Stamps stamps = {MonotonicSeconds()};
+  for (int i = 0; i < absl::GetFlag(FLAGS_rounds); ++i) {
+    absl::Status s = (*group)->AllReduceMean(buffer.data(), buffer.size());
+    if (!s.ok()) return Fail("all-reduce", s);
+    stamps.push_back(MonotonicSeconds());
+  }
+  std::printf("result {\"stamps\": %s}\n", StampsJson(stamps).c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+// Starts `children` (each must print "ready"), releases them together and
+// collects their "result" lines. Per round, the time the last of them
+// finished it; rounds[0] is the release. Empty on failure.
+Stamps RunTogether(std::vector<Child>& children) {
+  for (Child& c : children) {
+    if (!c.ReadUntil("ready")) return {};
+  }
+  for (Child& c : children) c.WriteLine("go");
+  std::vector<Stamps> all;
+  for (Child& c : children) {
+    std::optional<std::string> result = c.ReadUntil("result ");
+    if (!result) return {};
+    all.push_back(ParseStamps(*result));
+  }
+  for (Child& c : children) c.Wait();
+  Stamps last(all[0].size(), 0.0);
+  for (const Stamps& s : all) {
+    if (s.size() != last.size()) return {};
+    for (size_t i = 0; i < s.size(); ++i) last[i] = std::max(last[i], s[i]);
+  }
+  return last;
+}
+
+// Durations of rounds 2..R (round 1 is the warm-up).
+std::vector<double> TimedRounds(const Stamps& last) {
+  std::vector<double> d;
+  for (size_t i = 2; i < last.size(); ++i) d.push_back(last[i] - last[i - 1]);
+  return d;
+}
+
+struct ShardProcess {
+  std::optional<Child> child;
+  int port = 0;
+  uint64_t idle_rss = 0;  // VmRSS once listening, before any job
+  std::string log;
+  std::string copies_path;
+};
+
+std::optional<ShardProcess> StartShard(int index, int shards,
+                                       const std::string& scratch) {
+  ShardProcess shard;
+  shard.log = absl::StrCat(scratch, "/shard-", index, ".log");
+  std::map<std::string, std::string> env;
+  if (!absl::GetFlag(FLAGS_copy_counter).empty()) {
+    shard.copies_path = absl::StrCat(scratch, "/copies-shard-", index, ".json");
+    env["LD_PRELOAD"] = absl::GetFlag(FLAGS_copy_counter);
+    env["CO2_COPY_COUNTER_OUT"] = shard.copies_path;
+  }
+  std::optional<Child> child = Child::Spawn(
+      {absl::GetFlag(FLAGS_aggregator), "--insecure", "--host=127.0.0.1",
+       "--port=0", absl::StrCat("--shard_index=", index),
+       absl::StrCat("--num_shards=", shards), "--metrics_port=-1",
+       "--lease=300s", "--round_timeout=600s"},
+      shard.log, /*stdout_to_null=*/true, env);
+  if (!child) return std::nullopt;
+  shard.child = std::move(child);
+  const double deadline = MonotonicSeconds() + 60;
+  while (MonotonicSeconds() < deadline) {
+    const std::string log = ReadFile(shard.log);
+    const size_t at = log.find("listening on port ");
+    if (at != std::string::npos) {
+      shard.port = std::atoi(log.c_str() + at + 18);
+      shard.idle_rss = ProcStatusBytes(shard.child->pid(), "VmRSS");
+      return shard;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return std::nullopt;
+}
+
+struct Repetition {
+  std::vector<double> aggregator_rounds;  // seconds per timed round
+  double iperf3_bps = std::nan("");       // receiver-side bytes per second
+  double iperf3_sent_bytes = 0;
+  double iperf3_seconds = 0;
+  std::vector<double> gloo_rounds;
+  std::string shards_json;  // memory (and copies) per shard
+};
+
+// The aggregator part of one repetition; false on failure.
+bool RunAggregator(int n, int rep, const std::string& scratch, Repetition* out) {
+  const int s = absl::GetFlag(FLAGS_shards);
+  const uint64_t p = absl::GetFlag(FLAGS_params);
+  std::vector<ShardProcess> shards;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < s; ++i) {
+    std::optional<ShardProcess> shard = StartShard(i, s, scratch);
+    if (!shard) {
+      std::fprintf(stderr, "shard %d did not start (see %s/shard-%d.log)\n", i,
+                   scratch.c_str(), i);
+      return false;
+    }
+    addresses.push_back(absl::StrCat("127.0.0.1:", shard->port));
+    shards.push_back(std::move(*shard));
+  }
+  std::vector<Child> clients;
+  for (int c = 0; c < n; ++c) {
+    std::optional<Child> child = Child::Spawn(
+        {"/proc/self/exe", "--role=client",
+         absl::StrCat("--addresses=", absl::StrJoin(addresses, ",")),
+         absl::StrCat("--params=", p),
+         absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
+         absl::StrCat("--job=agg-", n, "-", rep), absl::StrCat("--rank=", c)},
+        absl::StrCat(scratch, "/client-", c, ".log"));
+    if (!child) return false;
+    clients.push_back(std::move(*child));
+  }
+  const Stamps last = RunTogether(clients);
+  if (last.empty()) {
+    std::fprintf(stderr, "a client failed (see %s/client-*.log)\n",
+                 scratch.c_str());
+    return false;
+  }
+  out->aggregator_rounds = TimedRounds(last);
+  std::ostringstream o;
+  o << "[";
+  for (int i = 0; i < s; ++i) {
+    ShardProcess& shard = shards[static_cast<size_t>(i)];
+    const uint64_t elements = common::ShardRangeFor(p, s, i)->size();
+    const uint64_t hwm = ProcStatusBytes(shard.child->pid(), "VmHWM");
+    const uint64_t rss = ProcStatusBytes(shard.child->pid(), "VmRSS");
+    shard.child->Signal(SIGTERM);
+    shard.child->Wait();
+    const double fp32 = 4.0 * static_cast<double>(elements);
+    o << (i ? ", " : "") << "{\"shard\": " << i
+      << ", \"fp32_range_bytes\": " << 4 * elements
+      << ", \"idle_rss_bytes\": " << shard.idle_rss
+      << ", \"peak_rss_bytes\": " << hwm << ", \"final_rss_bytes\": " << rss
+      << ", \"peak_over_range\": " << static_cast<double>(hwm) / fp32
+      << ", \"peak_minus_idle_over_range\": "
+      << static_cast<double>(hwm - shard.idle_rss) / fp32;
+    if (!shard.copies_path.empty()) {
+      // Payload the shard took in: N contributions per round plus the seed.
+      o << ", \"payload_bytes_received\": "
+        << 4 * elements * (static_cast<uint64_t>(n) *
+                               static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds)) +
+                           1)
+        << ", \"payload_bytes_sent_per_worker\": "
+        << 4 * elements * static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds))
+        << ", \"copies\": " << ReadFile(shard.copies_path);
+    }
+    o << "}";
+  }
+  o << "]";
+  out->shards_json = o.str();
+  return true;
+}
+
+// iperf3 moving `bytes` over `streams` streams on loopback.
+bool RunIperf3(uint64_t bytes, int streams, const std::string& scratch,
+               Repetition* out) {
+  const std::string iperf3 = absl::GetFlag(FLAGS_iperf3);
+  const int port = FreeLoopbackPort();
+  std::optional<Child> server = Child::Spawn(
+      {iperf3, "-s", "-1", "-p", std::to_string(port), "--forceflush"},
+      scratch + "/iperf3-server.log");
+  if (!server || !server->ReadUntil("Server listening")) return false;
+  std::optional<Child> client = Child::Spawn(
+      {iperf3, "-c", "127.0.0.1", "-p", std::to_string(port), "-P",
+       std::to_string(streams), "-n", std::to_string(bytes), "--json"},
+      scratch + "/iperf3-client.log");
+  if (!client) return false;
+  std::string json;
+  while (std::optional<std::string> line = client->ReadLine()) {
+    json += *line + "\n";
+  }
+  client->Wait();
+  server->Wait();
+  const size_t received = json.find("\"sum_received\"");
+  const size_t sent = json.find("\"sum_sent\"", json.find("\"end\""));
+  if (received == std::string::npos || sent == std::string::npos) return false;
+  out->iperf3_bps = JsonNumberAfter(json, "bits_per_second", received) / 8;
+  out->iperf3_sent_bytes = JsonNumberAfter(json, "bytes", sent);
+  out->iperf3_seconds = JsonNumberAfter(json, "seconds", received);
+  return true;
+}
+
+bool RunGlooReference(int n, int rep, const std::string& scratch,
+                      Repetition* out) {
+  std::vector<Child> ranks;
+  for (int r = 0; r < n; ++r) {
+    std::optional<Child> child = Child::Spawn(
+        {"/proc/self/exe", "--role=gloo",
+         absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
+         absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
+         // Unique per driver: rendezvous keys must not be reused.
+         absl::StrCat("--job=gloo-", getpid(), "-", n, "-", rep),
+         absl::StrCat("--rank=", r),
+         absl::StrCat("--size=", n), absl::StrCat("--scratch=", scratch)},
+        absl::StrCat(scratch, "/gloo-", r, ".log"));
+    if (!child) return false;
+    ranks.push_back(std::move(*child));
+  }
+  const Stamps last = RunTogether(ranks);
+  if (last.empty()) return false;
+  out->gloo_rounds = TimedRounds(last);
+  return true;
+}
+
+// A JSON number; null for NaN (a reference that was not run).
+std::string Num(double x) {
+  if (!std::isfinite(x)) return "null";
+  std::ostringstream o;
+  o.precision(6);
+  o << x;
+  return o.str();
+}
+
+std::string NumbersJson(const std::vector<double>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + Num(v[i]);
+  return out + "]";
+}
+
+int RunDriver() {
+  std::string scratch = absl::GetFlag(FLAGS_scratch);
+  if (scratch.empty()) {
+    char dir[] = "/tmp/co2-aggregator-bench-XXXXXX";
+    if (mkdtemp(dir) == nullptr) return 1;
+    scratch = dir;
+  } else if (system(("mkdir -p '" + scratch + "'").c_str()) != 0) {
+    return 1;
+  }
+  if (absl::GetFlag(FLAGS_aggregator).empty()) {
+    std::fprintf(stderr, "--aggregator is required\n");
+    return 2;
+  }
+  const int s = absl::GetFlag(FLAGS_shards);
+  const uint64_t p = absl::GetFlag(FLAGS_params);
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  if (rounds < 2) {
+    std::fprintf(stderr, "--rounds must be >= 2 (the first is a warm-up)\n");
+    return 2;
+  }
+  std::ostringstream o;
+  o << "{\n\"machine\": " << MachineJson() << ",\n\"config\": {\"params\": "
+    << p << ", \"shards\": " << s << ", \"rounds\": " << rounds
+    << ", \"timed_rounds\": " << rounds - 1
+    << ", \"repetitions\": " << absl::GetFlag(FLAGS_repetitions)
+    << ", \"codec\": \"fp32\", \"staleness\": 1"
+    << ", \"copy_counter\": " << !absl::GetFlag(FLAGS_copy_counter).empty()
+    << "},\n\"runs\": [";
+  bool first = true;
+  for (const std::string& w : absl::GetFlag(FLAGS_workers)) {
+    const int n = std::atoi(w.c_str());
+    // Payload through the shards per round: N deltas in, N updates out.
+    const double round_bytes = 2.0 * n * 4.0 * static_cast<double>(p);
+    std::vector<double> goodput, vs_iperf3, vs_gloo, agg_round, gloo_round,
+        iperf3_bps;
+    std::vector<std::string> shard_reports;
+    for (int rep = 0; rep < absl::GetFlag(FLAGS_repetitions); ++rep) {
+      Repetition r;
+      if (!RunAggregator(n, rep, scratch, &r)) return 1;
+      const double round_s = Median(r.aggregator_rounds);
+      agg_round.push_back(round_s);
+      goodput.push_back(round_bytes / round_s);
+      shard_reports.push_back(r.shards_json);
+      if (!absl::GetFlag(FLAGS_iperf3).empty()) {
+        const uint64_t bytes =
+            static_cast<uint64_t>(round_bytes) * static_cast<uint64_t>(rounds - 1);
+        if (!RunIperf3(bytes, n * s, scratch, &r)) {
+          std::fprintf(stderr, "iperf3 failed (see %s/iperf3-*.log)\n",
+                       scratch.c_str());
+          return 1;
+        }
+        iperf3_bps.push_back(r.iperf3_bps);
+        vs_iperf3.push_back(goodput.back() / r.iperf3_bps);
+      }
+      if (absl::GetFlag(FLAGS_gloo)) {
+        if (!RunGlooReference(n, rep, scratch, &r)) {
+          std::fprintf(stderr, "gloo failed (see %s/gloo-*.log)\n",
+                       scratch.c_str());
+          return 1;
+        }
+        gloo_round.push_back(Median(r.gloo_rounds));
+        vs_gloo.push_back(gloo_round.back() / round_s);
+      }
+      std::fprintf(stderr,
+                   "N=%d rep %d: round %.3f s, goodput %.2f GB/s, iperf3 "
+                   "%.2f GB/s, gloo all-reduce %.3f s\n",
+                   n, rep, round_s, goodput.back() / 1e9,
+                   iperf3_bps.empty() ? 0.0 : iperf3_bps.back() / 1e9,
+                   gloo_round.empty() ? 0.0 : gloo_round.back());
+    }
+    o << (first ? "" : ",") << "\n  {\"workers\": " << n
+      << ", \"streams\": " << n * s
+      << ", \"payload_bytes_per_round\": " << static_cast<uint64_t>(round_bytes)
+      << ",\n   \"aggregator\": {\"round_s_median\": " << Num(Median(agg_round))
+      << ", \"round_s\": " << NumbersJson(agg_round)
+      << ", \"goodput_bytes_per_s_median\": " << Num(Median(goodput)) << "}"
+      << ",\n   \"iperf3\": {\"bytes_per_s_median\": " << Num(Median(iperf3_bps))
+      << ", \"bytes_per_s\": " << NumbersJson(iperf3_bps) << "}"
+      << ",\n   \"gloo_allreduce\": {\"round_s_median\": " << Num(Median(gloo_round))
+      << ", \"round_s\": " << NumbersJson(gloo_round) << "}"
+      << ",\n   \"ratios\": {\"goodput_over_iperf3\": " << Num(Median(vs_iperf3))
+      << ", \"goodput_over_iperf3_each\": " << NumbersJson(vs_iperf3)
+      << ", \"gloo_round_over_aggregator_round\": " << Num(Median(vs_gloo))
+      << ", \"gloo_round_over_aggregator_round_each\": " << NumbersJson(vs_gloo)
+      << "},\n   \"shards\": [" << absl::StrJoin(shard_reports, ",\n     ")
+      << "]}";
+    first = false;
+  }
+  o << "\n]\n}\n";
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) {
+    std::cout << o.str();
+  } else {
+    FILE* f = std::fopen(out.c_str(), "w");
+    if (f == nullptr) return 1;
+    std::fputs(o.str().c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace co2::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  signal(SIGPIPE, SIG_IGN);
+  const std::string role = absl::GetFlag(FLAGS_role);
+  if (role == "client") return co2::bench::RunClient();
+  if (role == "gloo") return co2::bench::RunGloo();
+  return co2::bench::RunDriver();
+}

@@ -1,0 +1,374 @@
+#!/usr/bin/python3
+"""Convergence study: CO2 against DDP, Local-SGD and SlowMo, with ablations.
+
+One command runs every configuration of the study with co2-train (4 workers,
+fixed seeds, the same number of inner steps, hence samples, per algorithm),
+then writes
+  bench/results/convergence.json   every run: command, final metrics, curve
+  bench/results/convergence_*.png  validation metric against samples seen
+  docs/results.md                  the table between its convergence markers
+Runs are cached in --work (one report per run id), so an interrupted study
+resumes where it stopped. Standard library only (Debian's python3); gnuplot
+draws the plots.
+
+  bench/convergence/run.py                 # the full study (about 60 min, 2 cores)
+  bench/convergence/run.py --quick         # smoke test (about 5 min)
+  bench/convergence/run.py --only 'fashion-mnist/tau12/'  # a subset
+"""
+import argparse
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKERS = 4
+
+# Per task: steps of the full study (a multiple of every τ), batch, eval sizes,
+# the metric the table reports, and the stress learning rate.
+TASKS = {
+    "fashion-mnist": dict(steps=384, quick_steps=48, batch=32,
+                          flags=["--eval_examples=1000", "--final_eval_examples=0"],
+                          metric="test_accuracy", curve="metric",
+                          higher_better=True, stress_lr=3e-2),
+    "charlm": dict(steps=288, quick_steps=24, batch=16,
+                   flags=["--seq_len=32", "--eval_examples=200",
+                          "--final_eval_examples=1000"],
+                   metric="val_loss", curve="eval_loss",
+                   higher_better=False, stress_lr=3e-2),
+}
+
+# Variants: name -> (algo, extra flags). Baselines ignore the outer flags
+# that do not apply to them (trainer.cc: localsgd forces α=1, β=0).
+VARIANTS = {
+    "ddp": ("ddp", []),
+    "localsgd": ("localsgd", []),
+    "slowmo": ("slowmo", []),
+    "co2": ("co2", []),
+    "co2-nopenalty": ("co2", ["--gap_penalty=none"]),
+    "co2-noclip": ("co2", ["--clip=none"]),
+    "co2-int8": ("co2", ["--codec=int8"]),
+    # Outer-momentum sweep behind the choice of defaults.
+    "co2-beta0": ("co2", ["--beta=0"]),
+    "co2-beta0.2": ("co2", ["--beta=0.2"]),
+    "co2-beta0-nopenalty": ("co2", ["--beta=0", "--gap_penalty=none"]),
+}
+HEADLINE = ["ddp", "co2", "localsgd", "slowmo"]
+ABLATIONS = ["co2-beta0", "co2-noclip", "co2-nopenalty", "co2-int8", "co2-beta0.2",
+             "co2-beta0-nopenalty"]
+
+
+def plan(quick, seeds, taus, outer_flags):
+    """Returns the run specs of the study: dicts with id, task, variant, cmd args."""
+    runs = []
+
+    def add(task, variant, tau, seed, extra=(), group=None, lr=None):
+        algo, flags = VARIANTS[variant]
+        t = TASKS[task]
+        steps = t["quick_steps"] if quick else t["steps"]
+        # Evaluate about 8 times per run whatever τ is.
+        rounds = max(1, steps // tau)
+        eval_every = max(1, rounds // 8)
+        args = [f"--task={task}", f"--algo={algo}", f"--workers={WORKERS}",
+                f"--tau={tau}", f"--steps={steps}", f"--seed={seed}",
+                f"--batch_size={t['batch']}", f"--eval_every={eval_every}",
+                "--progress=false"] + t["flags"]
+        if algo != "ddp":
+            args += outer_flags
+        args += flags + list(extra)
+        if lr is not None:
+            args.append(f"--lr={lr}")
+        g = group or f"{task}/tau{tau}/{variant}"
+        runs.append(dict(id=f"{g}/seed{seed}", group=g, task=task,
+                         variant=variant, tau=tau, seed=seed, steps=steps,
+                         samples_per_step=WORKERS * t["batch"], args=args))
+
+    for task in TASKS:
+        if quick:
+            for v in ["ddp", "co2"]:
+                add(task, v, taus[0], seeds[0])
+            continue
+        # Seed-major order, so that a study cut short still has one seed of
+        # every row; ddp does not depend on τ; int8 and the β sweep run at
+        # the first τ only.
+        for i, tau in enumerate(taus):
+            for s in (seeds if i == 0 else seeds[:1]):
+                for v in HEADLINE:
+                    if not (v == "ddp" and i > 0):
+                        add(task, v, tau, s)
+                if s == seeds[0]:
+                    for v in ABLATIONS:
+                        if i == 0 or v in ("co2-noclip", "co2-nopenalty", "co2-beta0"):
+                            add(task, v, tau, s)
+    if not quick:
+        # Stress: an inner lr high enough to destabilise plain co2.
+        t = "fashion-mnist"
+        lr = TASKS[t]["stress_lr"]
+        for v in ["co2", "co2-noclip", "localsgd"]:
+            add(t, v, taus[0], seeds[0], group=f"{t}/stress-lr{lr:g}/{v}", lr=lr)
+    return runs
+
+
+def run_one(spec, binary, work, timeout, rerun):
+    path = os.path.join(work, spec["id"].replace("/", "__") + ".json")
+    log = path[:-5] + ".log"
+    cmd = [binary] + spec["args"] + [f"--report={path}"]
+    result = dict(spec, command=" ".join(shlex.quote(c) for c in
+                                         ["co2-train"] + spec["args"]))
+    if not rerun and os.path.exists(path + ".done"):
+        with open(path + ".done") as f:
+            cached = json.load(f)
+        if cached.get("command") == result["command"]:
+            return cached
+    start = time.time()
+    try:
+        with open(log, "w") as out:
+            p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
+                               timeout=timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+    result["wall_s"] = round(time.time() - start, 1)
+    result["rc"] = rc
+    with open(log, errors="replace") as f:
+        text = f.read()
+    result["diverged"] = "diverged" in text
+    if rc == 0 and os.path.exists(path):
+        with open(path) as f:
+            report = json.load(f)
+        task = TASKS[spec["task"]]
+        result["final_metrics"] = report["final_metrics"]
+        result["final_train_loss"] = report["final_train_loss"]
+        result["exposed_comm_fraction"] = report["exposed_comm_fraction"]
+        result["bytes_sent"] = report["bytes_sent"]
+        result["params_identical"] = report["params_identical"]
+        curve, seen = [], 0
+        for c in report["curve"]:
+            seen += c["steps"] * spec["samples_per_step"]
+            point = dict(samples=seen, train_loss=round(c["loss"], 5))
+            if task["curve"] in c:
+                point["val"] = round(c[task["curve"]], 5)
+            curve.append(point)
+        result["curve"] = curve
+        result["status"] = "ok"
+    else:
+        result["status"] = "diverged" if result["diverged"] else "failed"
+        result["error_tail"] = text[-600:]
+    with open(path + ".done", "w") as f:
+        json.dump(result, f)
+    print(f"[{result['status']:8}] {spec['id']:48} {result['wall_s']:7.1f}s "
+          f"{json.dumps(result.get('final_metrics', {}))}", flush=True)
+    return result
+
+
+def summarize(results):
+    groups = {}
+    for r in results:
+        groups.setdefault(r["group"], []).append(r)
+    rows = []
+    for g, rs in groups.items():
+        task = TASKS[rs[0]["task"]]
+        vals = [r["final_metrics"][task["metric"]] for r in rs if r["status"] == "ok"]
+        row = dict(group=g, task=rs[0]["task"], variant=rs[0]["variant"],
+                   tau=rs[0]["tau"], metric=task["metric"], n=len(vals),
+                   runs=len(rs), diverged=sum(r["status"] == "diverged" for r in rs),
+                   failed=sum(r["status"] == "failed" for r in rs),
+                   values=vals)
+        if vals:
+            row["mean"] = statistics.mean(vals)
+            row["std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+        rows.append(row)
+    # Gaps to ddp of the same task.
+    ddp = {r["task"]: r for r in rows if r["variant"] == "ddp" and "mean" in r}
+    for r in rows:
+        d = ddp.get(r["task"])
+        if d is None or "mean" not in r or r is d:
+            continue
+        if TASKS[r["task"]]["higher_better"]:
+            r["vs_ddp"] = f"{100 * (r['mean'] - d['mean']):+.2f} pt"
+        else:
+            r["vs_ddp"] = f"{100 * (r['mean'] / d['mean'] - 1):+.2f} %"
+    return rows
+
+
+def fmt(row):
+    if "mean" not in row:
+        return "—"
+    scale = 100 if row["metric"] == "test_accuracy" else 1
+    digits = 2 if scale == 100 else 4
+    s = f"{scale * row['mean']:.{digits}f}"
+    if row["n"] > 1:
+        s += f" ± {scale * row['std']:.{digits}f}"
+    return s
+
+
+def table(rows):
+    lines = ["| task | τ / case | variant | metric | mean ± std | runs ok / diverged / total | vs ddp |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        case = r["group"].split("/")[1]
+        metric = "test acc. %" if r["metric"] == "test_accuracy" else "val loss"
+        lines.append(f"| {r['task']} | {case} | {r['variant']} | {metric} | {fmt(r)} | "
+                     f"{r['n']} / {r['diverged']} / {r['runs']} | {r.get('vs_ddp', '')} |")
+    return "\n".join(lines)
+
+
+def plots(results, out, prefix):
+    if shutil.which("gnuplot") is None:
+        print("gnuplot not found: no plots", file=sys.stderr)
+        return []
+    made = []
+    cases = {}
+    for r in results:
+        if r["status"] != "ok":
+            continue
+        task, case = r["group"].split("/")[:2]
+        cases.setdefault((task, case), {}).setdefault(r["variant"], []).append(r)
+    data_dir = os.path.join(out, ".plotdata")
+    os.makedirs(data_dir, exist_ok=True)
+    for (task, case), variants in sorted(cases.items()):
+        series = []
+        for v, rs in variants.items():
+            # Mean over seeds, point by point (same schedule for every seed).
+            points = {}
+            for r in rs:
+                for p in r["curve"]:
+                    if "val" in p:
+                        points.setdefault(p["samples"], []).append(p["val"])
+            if not points:
+                continue
+            f = os.path.join(data_dir, f"{task}_{case}_{v}.dat")
+            with open(f, "w") as fh:
+                for s in sorted(points):
+                    fh.write(f"{s} {statistics.mean(points[s])}\n")
+            series.append((v, f))
+        if not series:
+            continue
+        png = os.path.join(out, f"{prefix}_{task}_{case}.png")
+        ylabel = ("validation accuracy (1000 test images)" if task == "fashion-mnist"
+                  else "validation loss (nats/char)")
+        script = [
+            "set terminal png size 800,500",
+            f"set output '{png}'",
+            f"set title '{task}, {case}, {WORKERS} workers (mean over seeds)'",
+            "set xlabel 'samples seen'", f"set ylabel '{ylabel}'",
+            "set key outside right", "set grid",
+            "plot " + ", ".join(f"'{f}' using 1:2 with linespoints title '{v}'"
+                                for v, f in series),
+        ]
+        subprocess.run(["gnuplot"], input="\n".join(script), text=True, check=True)
+        made.append(os.path.relpath(png, ROOT))
+    shutil.rmtree(data_dir, ignore_errors=True)
+    return made
+
+
+def machine():
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    return dict(cpu=cpu, cores=os.cpu_count(), kernel=platform.release(),
+                python=platform.python_version(), load_average_at_end=load)
+
+
+def git_head():
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def update_docs(path, text):
+    begin, end = "<!-- convergence:begin -->", "<!-- convergence:end -->"
+    with open(path) as f:
+        doc = f.read()
+    if begin not in doc or end not in doc:
+        print(f"{path}: no convergence markers; table not inserted", file=sys.stderr)
+        return
+    head, rest = doc.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w") as f:
+        f.write(head + begin + "\n" + text + "\n" + end + tail)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke test: 1 seed, few steps")
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build/client/co2-train"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
+    ap.add_argument("--work", default="/tmp/co2-convergence",
+                    help="per-run reports and logs (resume cache)")
+    ap.add_argument("--docs", default=os.path.join(ROOT, "docs/results.md"),
+                    help="file whose convergence markers get the table ('' = none)")
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--taus", default="12,48")
+    ap.add_argument("--only", default="", help="regex on run ids")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at a time")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per run")
+    ap.add_argument("--rerun", action="store_true", help="ignore cached runs")
+    ap.add_argument("--outer", default="",
+                    help="extra outer flags for every non-ddp run, e.g. '--beta=0.2'")
+    ap.add_argument("--list", action="store_true", help="print the plan and exit")
+    a = ap.parse_args()
+
+    seeds = [int(s) for s in a.seeds.split(",")]
+    taus = [int(t) for t in a.taus.split(",")]
+    runs = plan(a.quick, seeds, taus, shlex.split(a.outer))
+    if a.only:
+        runs = [r for r in runs if re.search(a.only, r["id"])]
+    if a.list:
+        for r in runs:
+            print(r["id"], " ".join(r["args"]))
+        return 0
+    if not os.access(a.bin, os.X_OK):
+        print(f"co2-train not found at {a.bin} (--bin)", file=sys.stderr)
+        return 2
+    os.makedirs(a.work, exist_ok=True)
+    os.makedirs(a.out, exist_ok=True)
+    start = time.time()
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        results = list(pool.map(lambda s: run_one(s, a.bin, a.work, a.timeout, a.rerun),
+                                runs))
+    rows = summarize(results)
+    name = "convergence_quick" if a.quick else "convergence"
+    pngs = plots(results, a.out, name)
+    doc = dict(
+        study=name, partial=bool(a.only) or a.quick,
+        command=" ".join(shlex.quote(x) for x in sys.argv),
+        binary=a.bin, git_head=git_head(),
+        machine=machine(), wall_time_s=round(time.time() - start, 1),
+        workers=WORKERS, seeds=seeds, taus=taus, tasks=TASKS,
+        summary=rows, plots=pngs, runs=results)
+    with open(os.path.join(a.out, name + ".json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    text = table(rows)
+    print(text)
+    if a.docs and not a.quick:
+        update_docs(a.docs, text)
+    bad = [r["id"] for r in results if r["status"] == "failed"]
+    if bad:
+        print("failed runs: " + ", ".join(bad), file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

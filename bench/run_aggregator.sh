@@ -1,0 +1,101 @@
+#!/bin/bash
+# Aggregator throughput and memory (issue 6, part 2; docs/performance.md):
+# S co2-aggregator shards on loopback take N workers' rounds of P fp32
+# deltas, next to iperf3 (same bytes, same N·S streams) and a Gloo
+# all-reduce of the same P floats across N processes, in the same run; then
+# a short run with the copy counter preloaded into the shard, which shows
+# where payload bytes are copied. Writes bench/results/aggregator.json.
+#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2 min)
+#   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=6 REPS=3 OUT=... \
+#     bench/run_aggregator.sh build-bench
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+build=$(cd "${1:-build}" && pwd)
+out=${OUT:-$here/results/aggregator.json}
+scratch=$(mktemp -d /tmp/co2-aggregator-bench-XXXXXX)
+trap 'rm -rf "$scratch"' EXIT
+bench="$build/bench/aggregator_bench"
+aggregator="$build/server/co2-aggregator"
+iperf3=${IPERF3:-$(command -v iperf3 || true)}
+
+"$bench" --aggregator="$aggregator" --iperf3="$iperf3" \
+  --workers="${WORKERS:-2,4,8}" --params="${PARAMS:-8388608}" \
+  --shards="${SHARDS:-2}" --rounds="${ROUNDS:-6}" \
+  --repetitions="${REPS:-3}" --scratch="$scratch/main" --out="$scratch/main.json"
+
+# Copies: one shard, two workers, under the LD_PRELOAD counter.
+"$bench" --aggregator="$aggregator" --iperf3= --gloo=false --workers=2 \
+  --shards=1 --params="${COPY_PARAMS:-4194304}" --rounds=4 --repetitions=1 \
+  --copy_counter="$build/bench/libco2_copy_counter.so" \
+  --scratch="$scratch/copies" --out="$scratch/copies.json"
+
+python3 - "$scratch/main.json" "$scratch/copies.json" "$out" "$aggregator" <<'PY'
+import json, subprocess, sys
+
+main, copies, out, aggregator = sys.argv[1:5]
+report = json.load(open(main))
+shard = json.load(open(copies))["runs"][0]["shards"][0][0]
+counted = shard["copies"]
+
+def symbolise(site):
+    if site["symbol"] or not site["object"].endswith("co2-aggregator"):
+        return site["symbol"]
+    try:
+        lines = subprocess.run(["addr2line", "-f", "-C", "-i", "-e", aggregator,
+                                site["offset"]], capture_output=True,
+                               text=True).stdout.splitlines()
+        return lines[-2] if len(lines) >= 2 else ""
+    except OSError:
+        return ""
+
+def role(site, symbol):
+    if "_M_append" in symbol:
+        return "uplink: protobuf parses the payload out of gRPC's slices into the message's std::string"
+    if "EpsCopyOutputStream" in symbol:
+        return "downlink: protobuf serialises each OuterUpdate (and the anchor on Fetch) into gRPC slices, once per stream"
+    if "EncodeUpdateLocked" in symbol:
+        return "downlink: Encode(fp32) of U into the payload shared by every stream, once per round"
+    if "Fetch" in symbol:
+        return "anchor snapshot for a worker's Fetch"
+    return "other"
+
+sites = []
+for site in sorted(counted["sites"], key=lambda s: -s["bytes"]):
+    symbol = symbolise(site)
+    sites.append({"role": role(site, symbol), "object": site["object"].split("/")[-1],
+                  "symbol": symbol, "bytes": site["bytes"], "calls": site["calls"]})
+received = shard["payload_bytes_received"]
+uplink_memcpy = sum(s["bytes"] for s in sites if s["role"].startswith("uplink"))
+report["copy_profile"] = {
+    "what": "one shard, 2 workers, 4 rounds + the seed, fp32; memcpy/memmove "
+            "bytes by caller (LD_PRELOAD bench/copy_counter.cc) and bytes "
+            "through socket system calls (the kernel's copy)",
+    "params": json.load(open(copies))["config"]["params"],
+    "payload_bytes_received": received,
+    "socket_bytes_received": counted["socket_bytes_received"],
+    "socket_bytes_sent": counted["socket_bytes_sent"],
+    "memcpy_bytes_total": counted["memcpy_bytes"],
+    "memcpy_bytes_in_small_calls": counted["memcpy_bytes_in_small_calls"],
+    "uplink_user_space_copies_per_payload_byte": round(uplink_memcpy / received, 4),
+    "uplink_kernel_copies_per_payload_byte": round(counted["socket_bytes_received"] / received, 4),
+    "sites": sites,
+}
+json.dump(report, open(out, "w"), indent=1)
+open(out, "a").write("\n")
+print(f"{'N':>3} {'round s':>8} {'goodput GB/s':>12} {'/iperf3':>8} "
+      f"{'gloo/agg':>8} {'peak/range':>10} {'(−idle)':>8}")
+for run in report["runs"]:
+    peaks = [s["peak_over_range"] for rep in run["shards"] for s in rep]
+    excess = [s["peak_minus_idle_over_range"] for rep in run["shards"] for s in rep]
+    r = run["ratios"]
+    fmt = lambda x, w: f"{x:>{w}.2f}" if x is not None else f"{'-':>{w}}"
+    print(f"{run['workers']:>3} {run['aggregator']['round_s_median']:>8.3f} "
+          f"{run['aggregator']['goodput_bytes_per_s_median'] / 1e9:>12.2f} "
+          f"{fmt(r['goodput_over_iperf3'], 8)} "
+          f"{fmt(r['gloo_round_over_aggregator_round'], 8)} "
+          f"{max(peaks):>10.1f} {max(excess):>8.1f}")
+cp = report["copy_profile"]
+print(f"uplink copies per payload byte: kernel {cp['uplink_kernel_copies_per_payload_byte']}, "
+      f"user space {cp['uplink_user_space_copies_per_payload_byte']} (then one decode-accumulate pass)")
+print(f"wrote {out}")
+PY

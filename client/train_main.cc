@@ -29,7 +29,8 @@ ABSL_FLAG(double, weight_decay, 0.01, "Inner weight decay.");
 ABSL_FLAG(int, batch_size, 32, "Examples per local rank and inner step.");
 ABSL_FLAG(int, seq_len, 64, "charlm: characters per training window.");
 ABSL_FLAG(float, alpha, 1.0f, "Outer learning rate.");
-ABSL_FLAG(float, beta, 0.5f, "Outer momentum.");
+ABSL_FLAG(float, beta, 0.0f,
+          "Outer momentum (docs/results.md; slowmo needs > 0, e.g. 0.5).");
 ABSL_FLAG(std::string, momentum, "heavy_ball", "heavy_ball | nesterov");
 ABSL_FLAG(std::string, gap_penalty, "gap_aware", "none | constant | gap_aware");
 ABSL_FLAG(float, penalty_lambda, 1.0f, "λ of --gap_penalty=constant.");

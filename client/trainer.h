@@ -40,7 +40,7 @@ struct TrainerOptions {
   // Outer step (JobConfig). localsgd forces α=1, β=0, no penalty, no clip;
   // slowmo forces no penalty and no clip.
   float alpha = 1.0f;
-  float beta = 0.5f;
+  float beta = 0.0f;                     // docs/results.md
   std::string momentum = "heavy_ball";    // heavy_ball | nesterov
   std::string gap_penalty = "gap_aware";  // none | constant | gap_aware
   float penalty_lambda = 1.0f;            // for gap_penalty=constant

@@ -24,7 +24,7 @@ v1::JobConfig DefaultJobConfig(uint64_t num_parameters, uint32_t num_shards) {
   c.set_num_parameters(num_parameters);
   c.set_num_shards(num_shards);
   c.set_alpha(1.0f);
-  c.set_beta(0.5f);
+  c.set_beta(0.0f);  // docs/results.md: stale outer momentum hurts
   c.set_momentum(v1::MOMENTUM_HEAVY_BALL);
   c.set_gap_penalty(v1::GAP_PENALTY_GAP_AWARE);
   c.set_penalty_lambda(1.0f);

@@ -37,11 +37,12 @@
 
 ABSL_FLAG(std::string, role, "driver", "driver | client | gloo (internal)");
 ABSL_FLAG(std::string, aggregator, "", "The co2-aggregator binary.");
-ABSL_FLAG(std::vector<std::string>, workers, std::vector<std::string>({"2", "4", "8"}),
+ABSL_FLAG(std::vector<std::string>, workers,
+          std::vector<std::string>({"2", "4", "8"}),
           "Numbers of workers N to run, one after the other.");
 ABSL_FLAG(int, shards, 2, "Shards S.");
 ABSL_FLAG(uint64_t, params, uint64_t{8} << 20, "Parameters P (fp32).");
-ABSL_FLAG(int, rounds, 6,
+ABSL_FLAG(int, rounds, 4,
           "Rounds (all-reduces) per repetition; the first is a warm-up.");
 ABSL_FLAG(int, repetitions, 3, "Repetitions of each N; medians are reported.");
 ABSL_FLAG(std::string, iperf3, "iperf3", "iperf3 binary; empty: skip it.");
@@ -87,8 +88,8 @@ Stamps ParseStamps(const std::string& json) {
 std::vector<float> MakeDelta(size_t p, int rank) {
   std::vector<float> delta(p);
   for (size_t i = 0; i < p; ++i) {
-    delta[i] = 1e-3f * static_cast<float>((i + static_cast<size_t>(rank)) % 7) -
-               3e-3f;
+    delta[i] =
+        1e-3f * static_cast<float>((i + static_cast<size_t>(rank)) % 7) - 3e-3f;
   }
   return delta;
 }
@@ -119,7 +120,8 @@ int RunClient() {
   options.job_config.set_round_timeout_ms(600000);
   std::vector<float> anchor(p, 0.0f);
   const std::vector<float> delta = MakeDelta(p, absl::GetFlag(FLAGS_rank));
-  auto connected = client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  auto connected =
+      client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
   if (!connected.ok()) return Fail("connect", connected.status());
   std::unique_ptr<client::AggregatorClient> client = *std::move(connected);
   WaitForGo();
@@ -135,11 +137,12 @@ int RunClient() {
     stamps.push_back(MonotonicSeconds());
   }
   const client::ClientStats stats = client->stats();
-  std::printf("result {\"stamps\": %s, \"bytes_sent\": %llu, "
-              "\"bytes_received\": %llu}\n",
-              StampsJson(stamps).c_str(),
-              static_cast<unsigned long long>(stats.bytes_sent),
-              static_cast<unsigned long long>(stats.bytes_received));
+  std::printf(
+      "result {\"stamps\": %s, \"bytes_sent\": %llu, "
+      "\"bytes_received\": %llu}\n",
+      StampsJson(stamps).c_str(),
+      static_cast<unsigned long long>(stats.bytes_sent),
+      static_cast<unsigned long long>(stats.bytes_received));
   std::fflush(stdout);
   (void)client->Leave(absl::Now() + absl::Seconds(10));
   return 0;
@@ -250,7 +253,8 @@ struct Repetition {
 };
 
 // The aggregator part of one repetition; false on failure.
-bool RunAggregator(int n, int rep, const std::string& scratch, Repetition* out) {
+bool RunAggregator(int n, int rep, const std::string& scratch,
+                   Repetition* out) {
   const int s = absl::GetFlag(FLAGS_shards);
   const uint64_t p = absl::GetFlag(FLAGS_params);
   std::vector<ShardProcess> shards;
@@ -304,9 +308,10 @@ bool RunAggregator(int n, int rep, const std::string& scratch, Repetition* out) 
     if (!shard.copies_path.empty()) {
       // Payload the shard took in: N contributions per round plus the seed.
       o << ", \"payload_bytes_received\": "
-        << 4 * elements * (static_cast<uint64_t>(n) *
-                               static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds)) +
-                           1)
+        << 4 * elements *
+               (static_cast<uint64_t>(n) *
+                    static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds)) +
+                1)
         << ", \"payload_bytes_sent_per_worker\": "
         << 4 * elements * static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds))
         << ", \"copies\": " << ReadFile(shard.copies_path);
@@ -351,15 +356,15 @@ bool RunGlooReference(int n, int rep, const std::string& scratch,
                       Repetition* out) {
   std::vector<Child> ranks;
   for (int r = 0; r < n; ++r) {
-    std::optional<Child> child = Child::Spawn(
-        {"/proc/self/exe", "--role=gloo",
-         absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
-         absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
-         // Unique per driver: rendezvous keys must not be reused.
-         absl::StrCat("--job=gloo-", getpid(), "-", n, "-", rep),
-         absl::StrCat("--rank=", r),
-         absl::StrCat("--size=", n), absl::StrCat("--scratch=", scratch)},
-        absl::StrCat(scratch, "/gloo-", r, ".log"));
+    std::optional<Child> child =
+        Child::Spawn({"/proc/self/exe", "--role=gloo",
+                      absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
+                      absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
+                      // Unique per driver: rendezvous keys must not be reused.
+                      absl::StrCat("--job=gloo-", getpid(), "-", n, "-", rep),
+                      absl::StrCat("--rank=", r), absl::StrCat("--size=", n),
+                      absl::StrCat("--scratch=", scratch)},
+                     absl::StrCat(scratch, "/gloo-", r, ".log"));
     if (!child) return false;
     ranks.push_back(std::move(*child));
   }
@@ -405,9 +410,9 @@ int RunDriver() {
     return 2;
   }
   std::ostringstream o;
-  o << "{\n\"machine\": " << MachineJson() << ",\n\"config\": {\"params\": "
-    << p << ", \"shards\": " << s << ", \"rounds\": " << rounds
-    << ", \"timed_rounds\": " << rounds - 1
+  o << "{\n\"machine\": " << MachineJson()
+    << ",\n\"config\": {\"params\": " << p << ", \"shards\": " << s
+    << ", \"rounds\": " << rounds << ", \"timed_rounds\": " << rounds - 1
     << ", \"repetitions\": " << absl::GetFlag(FLAGS_repetitions)
     << ", \"codec\": \"fp32\", \"staleness\": 1"
     << ", \"copy_counter\": " << !absl::GetFlag(FLAGS_copy_counter).empty()
@@ -428,8 +433,8 @@ int RunDriver() {
       goodput.push_back(round_bytes / round_s);
       shard_reports.push_back(r.shards_json);
       if (!absl::GetFlag(FLAGS_iperf3).empty()) {
-        const uint64_t bytes =
-            static_cast<uint64_t>(round_bytes) * static_cast<uint64_t>(rounds - 1);
+        const uint64_t bytes = static_cast<uint64_t>(round_bytes) *
+                               static_cast<uint64_t>(rounds - 1);
         if (!RunIperf3(bytes, n * s, scratch, &r)) {
           std::fprintf(stderr, "iperf3 failed (see %s/iperf3-*.log)\n",
                        scratch.c_str());
@@ -460,11 +465,14 @@ int RunDriver() {
       << ",\n   \"aggregator\": {\"round_s_median\": " << Num(Median(agg_round))
       << ", \"round_s\": " << NumbersJson(agg_round)
       << ", \"goodput_bytes_per_s_median\": " << Num(Median(goodput)) << "}"
-      << ",\n   \"iperf3\": {\"bytes_per_s_median\": " << Num(Median(iperf3_bps))
+      << ",\n   \"iperf3\": {\"bytes_per_s_median\": "
+      << Num(Median(iperf3_bps))
       << ", \"bytes_per_s\": " << NumbersJson(iperf3_bps) << "}"
-      << ",\n   \"gloo_allreduce\": {\"round_s_median\": " << Num(Median(gloo_round))
-      << ", \"round_s\": " << NumbersJson(gloo_round) << "}"
-      << ",\n   \"ratios\": {\"goodput_over_iperf3\": " << Num(Median(vs_iperf3))
+      << ",\n   \"gloo_allreduce\": {\"round_s_median\": "
+      << Num(Median(gloo_round)) << ", \"round_s\": " << NumbersJson(gloo_round)
+      << "}"
+      << ",\n   \"ratios\": {\"goodput_over_iperf3\": "
+      << Num(Median(vs_iperf3))
       << ", \"goodput_over_iperf3_each\": " << NumbersJson(vs_iperf3)
       << ", \"gloo_round_over_aggregator_round\": " << Num(Median(vs_gloo))
       << ", \"gloo_round_over_aggregator_round_each\": " << NumbersJson(vs_gloo)

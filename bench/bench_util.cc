@@ -27,7 +27,8 @@ namespace co2::bench {
 double MonotonicSeconds() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+  return static_cast<double>(ts.tv_sec) +
+         1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 std::optional<Child> Child::Spawn(
@@ -53,7 +54,8 @@ std::optional<Child> Child::Spawn(
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
   }
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::vector<std::string> env_strings;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -68,8 +70,8 @@ std::optional<Child> Child::Spawn(
   for (std::string& e : env_strings) env.push_back(e.data());
   env.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, args[0], &actions, nullptr, args.data(),
-                              env.data());
+  const int rc =
+      posix_spawnp(&pid, args[0], &actions, nullptr, args.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
   close(to_child[0]);
   close(from_child[1]);
@@ -246,9 +248,9 @@ std::string MachineJson() {
     }
   }
   const long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  const double memory_gib =
-      static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
-      static_cast<double>(sysconf(_SC_PAGE_SIZE)) / (1024.0 * 1024 * 1024);
+  const double memory_gib = static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                            static_cast<double>(sysconf(_SC_PAGE_SIZE)) /
+                            (1024.0 * 1024 * 1024);
   utsname u{};
   uname(&u);
   std::ostringstream o;
@@ -256,7 +258,8 @@ std::string MachineJson() {
     << ", \"memory_gib\": " << std::round(memory_gib * 10) / 10
     << ", \"kernel\": " << JsonString(std::string(u.sysname) + " " + u.release)
 #if defined(__clang__)
-    << ", \"compiler\": " << JsonString(std::string("clang ") + __clang_version__)
+    << ", \"compiler\": "
+    << JsonString(std::string("clang ") + __clang_version__)
 #else
     << ", \"compiler\": " << JsonString(std::string("GCC ") + __VERSION__)
 #endif

@@ -26,11 +26,10 @@ double MonotonicSeconds();
 class Child {
  public:
   // argv[0] is the program; searched on PATH when it has no '/'.
-  static std::optional<Child> Spawn(const std::vector<std::string>& argv,
-                                    const std::string& stderr_path = "",
-                                    bool stdout_to_null = false,
-                                    const std::map<std::string, std::string>&
-                                        extra_env = {});
+  static std::optional<Child> Spawn(
+      const std::vector<std::string>& argv, const std::string& stderr_path = "",
+      bool stdout_to_null = false,
+      const std::map<std::string, std::string>& extra_env = {});
   Child(Child&& other) noexcept;
   Child& operator=(Child&& other) noexcept;
   Child(const Child&) = delete;

@@ -48,8 +48,9 @@ ABSL_FLAG(std::vector<std::string>, models,
 ABSL_FLAG(std::vector<std::string>, tau, std::vector<std::string>({"8", "12"}),
           "τ values: co2-train's --tau default (8) and the JobConfig "
           "default (12).");
-ABSL_FLAG(int, batch, 32, "Examples per worker and inner step (co2-train's "
-                          "--batch_size default).");
+ABSL_FLAG(int, batch, 32,
+          "Examples per worker and inner step (co2-train's "
+          "--batch_size default).");
 ABSL_FLAG(int, rounds, 3, "Rounds of the measured co2 run.");
 ABSL_FLAG(int, ddp_steps, 3, "All-reduces of the measured ddp run.");
 ABSL_FLAG(std::string, out, "", "Write the JSON report here (else stdout).");
@@ -130,7 +131,8 @@ uint64_t ContributionBytes(uint64_t p, uint32_t s, common::Codec codec) {
   for (uint32_t i = 0; i < s; ++i) {
     const size_t elements = common::ShardRangeFor(p, s, i)->size();
     for (size_t c = 0; c < common::NumChunks(elements); ++c) {
-      bytes += common::EncodedSize(codec, common::ChunkRange(elements, c).size());
+      bytes +=
+          common::EncodedSize(codec, common::ChunkRange(elements, c).size());
     }
   }
   return bytes;
@@ -156,7 +158,8 @@ double MeasureCo2(uint64_t p, common::Codec codec, int tau,
       options.job_config.set_min_workers(static_cast<uint32_t>(n));
       options.uplink_codec = codec;
       std::vector<float> anchor(p, 0.0f), delta(p, 1e-3f * (w + 1));
-      auto client = client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+      auto client =
+          client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
       if (!client.ok()) {
         std::fprintf(stderr, "%s\n", client.status().ToString().c_str());
         failed = true;
@@ -166,10 +169,12 @@ double MeasureCo2(uint64_t p, common::Codec codec, int tau,
       for (int i = 0; i < rounds; ++i) {
         const uint64_t r = start + static_cast<uint64_t>(i);
         const absl::Time deadline = absl::Now() + absl::Minutes(2);
-        const double weight = static_cast<double>(tau) * absl::GetFlag(FLAGS_batch);
+        const double weight =
+            static_cast<double>(tau) * absl::GetFlag(FLAGS_batch);
         absl::Status s = (*client)->Push(r, delta, weight, deadline);
         if (s.ok()) s = (*client)->WaitForUpdate(r, deadline);
-        if (s.ok()) s = (*client)->ApplyUpdate(r, absl::MakeSpan(anchor)).status();
+        if (s.ok())
+          s = (*client)->ApplyUpdate(r, absl::MakeSpan(anchor)).status();
         if (!s.ok()) {
           std::fprintf(stderr, "%s\n", s.ToString().c_str());
           failed = true;
@@ -213,8 +218,9 @@ int RunDriver() {
   }
   std::ostringstream o;
   o.precision(6);
-  o << "{\n\"machine\": " << MachineJson() << ",\n\"config\": {\"workers\": " << n
-    << ", \"shards\": " << s << ", \"batch_per_worker_step\": " << b
+  o << "{\n\"machine\": " << MachineJson()
+    << ",\n\"config\": {\"workers\": " << n << ", \"shards\": " << s
+    << ", \"batch_per_worker_step\": " << b
     << ", \"co2_rounds_measured\": " << absl::GetFlag(FLAGS_rounds)
     << ", \"ddp_steps_measured\": " << absl::GetFlag(FLAGS_ddp_steps)
     << ", \"downlink_codec\": \"fp32\"},\n\"results\": [";
@@ -226,7 +232,8 @@ int RunDriver() {
     const uint64_t p = std::strtoull(parts[1].c_str(), nullptr, 10);
     // DDP: a ring all-reduce sends 2(N−1)/N · 4P bytes per rank and step;
     // co2-train's report counts the 4P-byte gradient buffer instead.
-    const double ddp_model = 2.0 * (n - 1) / n * 4.0 * static_cast<double>(p) * n;
+    const double ddp_model =
+        2.0 * (n - 1) / n * 4.0 * static_cast<double>(p) * n;
     const double ddp_measured = MeasureDdp(p, scratch, index++);
     const double ddp_per_sample_model = ddp_model / (n * b);
     const double ddp_per_sample = ddp_measured / (n * b);
@@ -235,13 +242,16 @@ int RunDriver() {
       for (common::Codec codec :
            {common::Codec::kFp32, common::Codec::kBf16, common::Codec::kInt8}) {
         const double model_round =
-            static_cast<double>(n) * static_cast<double>(ContributionBytes(p, s, codec));
-        const double measured_round = MeasureCo2(p, codec, tau, addresses, index++);
+            static_cast<double>(n) *
+            static_cast<double>(ContributionBytes(p, s, codec));
+        const double measured_round =
+            MeasureCo2(p, codec, tau, addresses, index++);
         const double samples_per_round = static_cast<double>(n) * tau * b;
         const double co2_model = model_round / samples_per_round;
         const double co2_measured = measured_round / samples_per_round;
         // The fp32 downlink: P·4 to each worker per round.
-        const double downlink = 4.0 * static_cast<double>(p) * n / samples_per_round;
+        const double downlink =
+            4.0 * static_cast<double>(p) * n / samples_per_round;
         o << (first ? "" : ",") << "\n  {\"model\": \"" << parts[0]
           << "\", \"params\": " << p << ", \"tau\": " << tau
           << ", \"codec\": \"" << common::CodecName(codec) << "\""
@@ -257,10 +267,12 @@ int RunDriver() {
           << ", \"reduction_counting_downlink\": "
           << ddp_per_sample / (co2_measured + downlink) << "}";
         first = false;
-        std::fprintf(stderr, "%s tau=%d %s: ddp %.0f B/sample, co2 %.1f B/sample, x%.1f\n",
-                     parts[0].c_str(), tau,
-                     std::string(common::CodecName(codec)).c_str(),
-                     ddp_per_sample, co2_measured, ddp_per_sample / co2_measured);
+        std::fprintf(
+            stderr,
+            "%s tau=%d %s: ddp %.0f B/sample, co2 %.1f B/sample, x%.1f\n",
+            parts[0].c_str(), tau,
+            std::string(common::CodecName(codec)).c_str(), ddp_per_sample,
+            co2_measured, ddp_per_sample / co2_measured);
       }
     }
   }

@@ -81,8 +81,7 @@ void Count(void* caller, size_t n) {
   size_t slot = (key >> 4) * 0x9E3779B97F4A7C15ull >> 52;  // 12 bits
   for (size_t probe = 0; probe < kSites; ++probe, slot = (slot + 1) % kSites) {
     uintptr_t seen = g_sites[slot].caller.load(std::memory_order_relaxed);
-    if (seen == 0 &&
-        g_sites[slot].caller.compare_exchange_strong(seen, key)) {
+    if (seen == 0 && g_sites[slot].caller.compare_exchange_strong(seen, key)) {
       seen = key;
     }
     if (seen == key) {
@@ -140,17 +139,17 @@ __attribute__((destructor)) void Report() {
     dladdr(reinterpret_cast<void*>(caller), &info);
     const uintptr_t base = reinterpret_cast<uintptr_t>(info.dli_fbase);
     int status = -1;
-    char* demangled = info.dli_sname == nullptr
-                          ? nullptr
-                          : abi::__cxa_demangle(info.dli_sname, nullptr,
-                                                nullptr, &status);
+    char* demangled =
+        info.dli_sname == nullptr
+            ? nullptr
+            : abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
     std::fprintf(f, "%s\n  {\"object\": ", first ? "" : ",");
     JsonEscaped(f, info.dli_fname != nullptr ? info.dli_fname : "?");
     std::fprintf(f, ", \"offset\": \"0x%llx\", \"symbol\": ",
                  static_cast<unsigned long long>(caller - base));
-    JsonEscaped(f, status == 0 ? demangled
-                               : (info.dli_sname != nullptr ? info.dli_sname
-                                                            : ""));
+    JsonEscaped(f, status == 0
+                       ? demangled
+                       : (info.dli_sname != nullptr ? info.dli_sname : ""));
     std::fprintf(f, ", \"bytes\": %llu, \"calls\": %llu}",
                  static_cast<unsigned long long>(site.bytes.load()),
                  static_cast<unsigned long long>(site.calls.load()));

@@ -5,8 +5,8 @@
 # all-reduce of the same P floats across N processes, in the same run; then
 # a short run with the copy counter preloaded into the shard, which shows
 # where payload bytes are copied. Writes bench/results/aggregator.json.
-#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2 min)
-#   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=6 REPS=3 OUT=... \
+#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2 min at load 10, 5 at load 25)
+#   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=4 REPS=3 OUT=... \
 #     bench/run_aggregator.sh build-bench
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +20,7 @@ iperf3=${IPERF3:-$(command -v iperf3 || true)}
 
 "$bench" --aggregator="$aggregator" --iperf3="$iperf3" \
   --workers="${WORKERS:-2,4,8}" --params="${PARAMS:-8388608}" \
-  --shards="${SHARDS:-2}" --rounds="${ROUNDS:-6}" \
+  --shards="${SHARDS:-2}" --rounds="${ROUNDS:-4}" \
   --repetitions="${REPS:-3}" --scratch="$scratch/main" --out="$scratch/main.json"
 
 # Copies: one shard, two workers, under the LD_PRELOAD counter.

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Every benchmark of docs/performance.md, each kept short; results go to
 # bench/results/. `make bench` runs this.
-#   bench/run_all.sh [BUILD_DIR]     (default build; ~4 min on 2 cores)
+#   bench/run_all.sh [BUILD_DIR]     (default build; ~7–9 min on 2 busy cores)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}

@@ -3,9 +3,9 @@
 # uplinks, at τ = 8 and 12 (issue 6, part 4; docs/performance.md). Writes
 # bench/results/bytes.json.
 #   bench/run_bytes.sh [BUILD_DIR]       (default build; ~10 s)
-# When BUILD_DIR/client/co2-train exists (a LibTorch build), a short
-# Fashion-MNIST run per algorithm cross-checks the figures with the bytes_sent
-# of its --report.
+# When BUILD_DIR/client/co2-train (or $CO2_TRAIN) exists, a short
+# Fashion-MNIST run per algorithm (TRAIN_STEPS=64 inner steps) cross-checks
+# the figures with the bytes_sent of its --report.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-build}" && pwd)
@@ -16,12 +16,12 @@ trap 'rm -rf "$scratch"' EXIT
 "$build/bench/bytes_bench" --scratch="$scratch/rendezvous" \
   --out="$scratch/bytes.json" ${BYTES_FLAGS:-}
 
-train="$build/client/co2-train"
+train=${CO2_TRAIN:-$build/client/co2-train}
 if [ -x "$train" ] && [ "${SKIP_TRAIN:-0}" != 1 ]; then
   for run in ddp:fp32 co2:fp32 co2:bf16 co2:int8; do
     algo=${run%:*}; codec=${run#*:}
     "$train" --task=fashion-mnist --algo="$algo" --codec="$codec" --workers=4 \
-      --tau=8 --batch_size=32 --steps=64 --eval_every=0 \
+      --tau=8 --batch_size=32 --steps="${TRAIN_STEPS:-64}" --eval_every=0 \
       --final_eval_examples=64 --progress=false \
       --report="$scratch/train-$algo-$codec.json" >/dev/null 2>&1 || true
   done

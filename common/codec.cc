@@ -89,9 +89,10 @@ inline __m128i EightToBf16(__m128i a, __m128i b) {
                     _mm_and_si128(_mm_srli_epi32(a, 16), one));
   b = _mm_add_epi32(_mm_add_epi32(b, bias),
                     _mm_and_si128(_mm_srli_epi32(b, 16), one));
-  const __m128i h = _mm_packs_epi32(_mm_srai_epi32(a, 16), _mm_srai_epi32(b, 16));
-  const __m128i inf = _mm_cmpeq_epi16(
-      _mm_and_si128(h, _mm_set1_epi16(0x7FFF)), _mm_set1_epi16(kBf16ExpMask));
+  const __m128i h =
+      _mm_packs_epi32(_mm_srai_epi32(a, 16), _mm_srai_epi32(b, 16));
+  const __m128i inf = _mm_cmpeq_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7FFF)),
+                                      _mm_set1_epi16(kBf16ExpMask));
   return _mm_add_epi16(h, inf);  // inf is -1 where rounding reached ±Inf
 }
 #endif
@@ -228,10 +229,12 @@ void EncodeWords(const float* __restrict__ value, float* __restrict__ residual,
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2 * k), h);
         if (kFeedback) {  // v − Bf16ToFloat(h)
           const __m128i zero = _mm_setzero_si128();
-          _mm_storeu_ps(residual + k, _mm_sub_ps(v0, _mm_castsi128_ps(
-                                                         _mm_unpacklo_epi16(zero, h))));
-          _mm_storeu_ps(residual + k + 4, _mm_sub_ps(v1, _mm_castsi128_ps(
-                                                             _mm_unpackhi_epi16(zero, h))));
+          _mm_storeu_ps(
+              residual + k,
+              _mm_sub_ps(v0, _mm_castsi128_ps(_mm_unpacklo_epi16(zero, h))));
+          _mm_storeu_ps(
+              residual + k + 4,
+              _mm_sub_ps(v1, _mm_castsi128_ps(_mm_unpackhi_epi16(zero, h))));
         }
       }
     }

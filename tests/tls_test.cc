@@ -61,6 +61,7 @@ class Pki {
   Pki() {
     char templ[] = "/tmp/co2-tls-test-XXXXXX";
     dir_ = mkdtemp(templ);
+    std::atexit([] { std::filesystem::remove_all(Get().dir_); });
     Write("server.ext",
           "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
           "extendedKeyUsage=serverAuth\n");

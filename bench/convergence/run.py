@@ -132,7 +132,7 @@ def plan(quick, seeds, taus, outer_flags):
     return runs
 
 
-def run_one(spec, binary, work, timeout, rerun):
+def run_one(spec, binary, work, timeout, rerun, cached_only=False):
     path = os.path.join(work, spec["id"].replace("/", "__") + ".json")
     log = path[:-5] + ".log"
     cmd = [binary] + spec["args"] + [f"--report={path}"]
@@ -150,6 +150,8 @@ def run_one(spec, binary, work, timeout, rerun):
                 if k in cached:
                     result[k] = cached[k]
             return result
+    if cached_only:
+        return None
     start = time.time()
     try:
         with open(log, "w") as out:
@@ -379,6 +381,8 @@ def main():
     ap.add_argument("--outer", default="",
                     help="extra outer flags for every non-ddp run, e.g. '--beta=0.2'")
     ap.add_argument("--list", action="store_true", help="print the plan and exit")
+    ap.add_argument("--cached_only", action="store_true",
+                    help="run nothing: summarise the runs already in --work")
     a = ap.parse_args()
 
     if not a.work:
@@ -392,20 +396,22 @@ def main():
         for r in runs:
             print(r["id"], " ".join(r["args"]))
         return 0
-    if not os.access(a.bin, os.X_OK):
+    if not a.cached_only and not os.access(a.bin, os.X_OK):
         print(f"co2-train not found at {a.bin} (--bin)", file=sys.stderr)
         return 2
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
     start = time.time()
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        results = list(pool.map(lambda s: run_one(s, a.bin, a.work, a.timeout, a.rerun),
-                                runs))
+        results = list(pool.map(lambda s: run_one(s, a.bin, a.work, a.timeout, a.rerun,
+                                                  a.cached_only), runs))
+    not_run = [s["id"] for s, r in zip(runs, results) if r is None]
+    results = [r for r in results if r is not None]
     rows = summarize(results)
     name = "convergence_quick" if a.quick else "convergence"
     pngs = plots(results, a.out, name)
     doc = dict(
-        study=name, partial=bool(a.only) or a.quick,
+        study=name, partial=bool(a.only or not_run) or a.quick, not_run=not_run,
         command=" ".join(shlex.quote(x) for x in sys.argv),
         binary=a.bin, git_head=git_head(),
         machine=machine(), wall_time_s=round(time.time() - start, 1),

@@ -63,8 +63,10 @@ test-long: build
 test-all: build
 	cd $(BUILD) && ctest --output-on-failure $(CTEST_ARGS)
 
+# Fashion-MNIST, 4 workers: CO2 and then DDP, final test accuracy side by side
+# (scripts/demo.sh; DEMO_ARGS adds co2-train flags to both runs).
 demo: build
-	$(BUILD)/client/co2-train --task=fashion-mnist --workers=4 --compare_ddp
+	scripts/demo.sh $(BUILD) $(DEMO_ARGS)
 
 bench: build
 	bench/run_all.sh $(BUILD)

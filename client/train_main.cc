@@ -28,13 +28,13 @@ ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine");
 ABSL_FLAG(double, weight_decay, 0.01, "Inner weight decay.");
 ABSL_FLAG(int, batch_size, 32, "Examples per local rank and inner step.");
 ABSL_FLAG(int, seq_len, 64, "charlm: characters per training window.");
-ABSL_FLAG(float, alpha, 1.0f, "Outer learning rate.");
+ABSL_FLAG(float, alpha, 0.5f, "Outer learning rate (docs/usage.md §4).");
 ABSL_FLAG(float, beta, 0.0f,
           "Outer momentum (docs/results.md; slowmo needs > 0, e.g. 0.5).");
 ABSL_FLAG(std::string, momentum, "heavy_ball", "heavy_ball | nesterov");
-ABSL_FLAG(std::string, gap_penalty, "gap_aware", "none | constant | gap_aware");
+ABSL_FLAG(std::string, gap_penalty, "none", "none | constant | gap_aware");
 ABSL_FLAG(float, penalty_lambda, 1.0f, "λ of --gap_penalty=constant.");
-ABSL_FLAG(std::string, clip, "adaptive", "Outer momentum clipping: none | value | adaptive");
+ABSL_FLAG(std::string, clip, "none", "Outer momentum clipping: none | value | adaptive");
 ABSL_FLAG(float, clip_value, 3.0f, "φ (value) or k (adaptive).");
 ABSL_FLAG(std::string, codec, "fp32", "Uplink codec: fp32 | bf16 | int8");
 ABSL_FLAG(std::string, downlink_codec, "fp32", "Downlink codec: fp32 | bf16 | int8");

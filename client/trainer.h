@@ -39,12 +39,12 @@ struct TrainerOptions {
   int seq_len = 64;                    // charlm window length
   // Outer step (JobConfig). localsgd forces α=1, β=0, no penalty, no clip;
   // slowmo forces no penalty and no clip.
-  float alpha = 1.0f;
-  float beta = 0.0f;                     // docs/results.md
+  float alpha = 0.5f;                    // docs/usage.md §4
+  float beta = 0.0f;
   std::string momentum = "heavy_ball";    // heavy_ball | nesterov
-  std::string gap_penalty = "gap_aware";  // none | constant | gap_aware
+  std::string gap_penalty = "none";       // none | constant | gap_aware
   float penalty_lambda = 1.0f;            // for gap_penalty=constant
-  std::string clip = "adaptive";          // none | value | adaptive
+  std::string clip = "none";              // none | value | adaptive
   float clip_value = 3.0f;                // φ (value) or k (adaptive)
   std::string codec = "fp32";             // uplink: fp32 | bf16 | int8
   std::string downlink_codec = "fp32";

@@ -23,12 +23,15 @@ v1::JobConfig DefaultJobConfig(uint64_t num_parameters, uint32_t num_shards) {
   c.set_protocol_version(kProtocolVersion);
   c.set_num_parameters(num_parameters);
   c.set_num_shards(num_shards);
-  c.set_alpha(1.0f);
-  c.set_beta(0.0f);  // docs/results.md: stale outer momentum hurts
+  // docs/usage.md §4 and docs/results.md: with a one-round-stale update the
+  // anchor is stable only while β + α·c < 1; the penalty and clipping cost
+  // accuracy at α = 0.5 and are opt-in.
+  c.set_alpha(0.5f);
+  c.set_beta(0.0f);
   c.set_momentum(v1::MOMENTUM_HEAVY_BALL);
-  c.set_gap_penalty(v1::GAP_PENALTY_GAP_AWARE);
+  c.set_gap_penalty(v1::GAP_PENALTY_NONE);
   c.set_penalty_lambda(1.0f);
-  c.set_clip(v1::CLIP_ADAPTIVE);
+  c.set_clip(v1::CLIP_NONE);
   c.set_clip_value(3.0f);
   c.set_downlink_codec(v1::CODEC_FP32);
   c.set_tau(12);

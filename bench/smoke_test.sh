@@ -33,6 +33,9 @@ assert run["workers"] == 2 and run["aggregator"]["round_s_median"] > 0
 assert run["shards"][0][0]["peak_rss_bytes"] > 0
 cp = a["copy_profile"]
 assert cp["socket_bytes_received"] >= cp["payload_bytes_received"]
+# Contributions are read where gRPC received them: no copy before the
+# accumulator (docs/performance.md, "Payload copies").
+assert cp["uplink_user_space_copies_per_payload_byte"] < 0.01, cp
 b = json.load(open(os.path.join(d, "bytes.json")))
 assert len(b["results"]) == 3
 for r in b["results"]:

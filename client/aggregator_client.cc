@@ -25,10 +25,20 @@ namespace {
 
 std::shared_ptr<grpc::Channel> MakeChannel(
     const std::string& address,
-    const std::shared_ptr<grpc::ChannelCredentials>& credentials) {
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const ClientOptions& options) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(8 << 20);
   args.SetMaxSendMessageSize(8 << 20);
+  // gRPC's own reconnect backoff grows to 120 s: after a shard restart the
+  // channel would stay in TRANSIENT_FAILURE (failing every call at once) long
+  // after the shard is back. Cap it at ours.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.initial_backoff)));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.initial_backoff)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(options.max_backoff)));
   // A dead shard or link breaks the stream within ~20 s instead of never.
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
@@ -50,7 +60,7 @@ absl::Status WithShard(uint32_t shard, const std::string& address,
 
 }  // namespace
 
-class AggregatorClient::Impl {
+class AggregatorClient::Impl : public AnchorSource {
  public:
   struct Shard {
     std::string address;
@@ -70,6 +80,9 @@ class AggregatorClient::Impl {
       stop_ = true;
     }
     if (heartbeat_.joinable()) heartbeat_.join();
+    // The stream threads may read the anchor (ReadAnchor): stop them while
+    // anchor_mu_ exists.
+    for (Shard& shard : shards_) shard.stream.reset();
   }
 
   absl::Status Connect(absl::Span<float> anchor) {
@@ -88,14 +101,23 @@ class AggregatorClient::Impl {
         std::shared_ptr<grpc::ChannelCredentials> credentials,
         common::MakeChannelCredentials(options_.tls, options_.token,
                                        options_.job));
-    for (uint32_t i = 0; i < options_.addresses.size(); ++i) {
-      Shard& shard = shards_.emplace_back();
+    shards_.resize(options_.addresses.size());
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      Shard& shard = shards_[i];
       shard.address = options_.addresses[i];
-      shard.channel = MakeChannel(shard.address, credentials);
+      shard.channel = MakeChannel(shard.address, credentials, options_);
       shard.stub = v1::Aggregator::NewStub(shard.channel);
+    }
+    // A lease runs from the Join: the rest of Connect can outlast it (a shard
+    // that is restarting, a seeder that is slow), so heartbeats start first.
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      Shard& shard = shards_[i];
       CO2_RETURN_IF_ERROR(WithShard(
           i, shard.address,
           common::WithTransportHint(Join(i, shard, deadline), options_.tls)));
+      absl::MutexLock lock(&mu_);
+      joined_shards_ = i + 1;
     }
     for (uint32_t i = 0; i < shards_.size(); ++i) {
       Shard& shard = shards_[i];
@@ -118,6 +140,8 @@ class AggregatorClient::Impl {
       so.downlink = common::Codec(config.downlink_codec());
       so.first_update_round = first_update;
       so.first_contribution_round = start_round_;
+      so.max_staleness = config.max_staleness();
+      so.anchor = this;
       so.join = JoinRequest();
       so.rpc_timeout = options_.rpc_timeout;
       so.reconnect_timeout = options_.reconnect_timeout;
@@ -128,7 +152,6 @@ class AggregatorClient::Impl {
     if (options_.uplink_codec != common::Codec::kFp32) {
       residual_.assign(anchor.size(), 0.0f);
     }
-    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
     CO2_LOG(INFO) << "worker " << options_.worker_id << " joined job "
                   << options_.job << " on " << shards_.size()
                   << " shards; starting at round " << start_round_;
@@ -188,23 +211,56 @@ class AggregatorClient::Impl {
     return absl::OkStatus();
   }
 
+  absl::Status TrackAnchor(absl::Span<const float> anchor) {
+    if (anchor.size() != anchor_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("anchor has ", anchor.size(), " elements, the job has ",
+                       anchor_size()));
+    }
+    absl::MutexLock lock(&anchor_mu_);
+    tracked_anchor_ = anchor;
+    return absl::OkStatus();
+  }
+
+  absl::Status ReadAnchor(
+      uint32_t shard,
+      absl::FunctionRef<void(absl::Span<const float>)> read) override {
+    absl::MutexLock lock(&anchor_mu_);
+    if (tracked_anchor_.data() == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shard, " lost the job's state and this worker lent no "
+          "anchor to re-seed it (AggregatorClient::TrackAnchor)"));
+    }
+    const common::Range& range = shards_[shard].range;
+    read(tracked_anchor_.subspan(range.begin, range.size()));
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<uint64_t> ApplyUpdate(uint64_t round, absl::Span<float> anchor) {
+    // Held while the anchor changes, so a stream re-seeding a shard reads
+    // either the anchor before this update or the one after it.
+    absl::MutexLock anchor_lock(&anchor_mu_);
+    if (tracked_anchor_.data() != nullptr &&
+        (anchor.data() != tracked_anchor_.data() ||
+         anchor.size() != tracked_anchor_.size())) {
+      return absl::InvalidArgumentError(
+          "ApplyUpdate was given another span than the tracked anchor");
+    }
     if (!UpdateReady(round)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the outer update of round ", round, " has not arrived yet"));
     }
     const common::Codec codec =
         common::Codec(options_.job_config.downlink_codec());
-    // Decode then add, as the shard does, so both hold the same bits.
-    std::vector<float> decoded(common::kChunkElements);
+    // a += 1·decode(u) in one pass, no temporary: 1·x is exactly x, so this
+    // is the shard's decode-then-add and both hold the same bits.
     for (Shard& shard : shards_) {
       const std::vector<std::string>& chunks = shard.stream->UpdateChunks();
       for (size_t c = 0; c < chunks.size(); ++c) {
         const common::Range r = common::ChunkRange(shard.range.size(), c);
-        auto out = absl::MakeSpan(decoded).first(r.size());
-        common::Decode(codec, chunks[c], out);
-        float* a = anchor.data() + shard.range.begin + r.begin;
-        for (size_t j = 0; j < r.size(); ++j) a[j] += out[j];
+        common::AccumulateDecoded(
+            codec, chunks[c], 1.0f,
+            anchor.subspan(shard.range.begin + r.begin, r.size()));
       }
       shard.stream->ReleaseUpdate(round);
     }
@@ -281,26 +337,12 @@ class AggregatorClient::Impl {
 
   absl::Status Seed(Shard& shard, absl::Span<const float> anchor,
                     absl::Time deadline) {
-    grpc::ClientContext context;
-    SetDeadline(&context, deadline);
-    v1::SeedResponse response;
-    auto writer = shard.stub->Seed(&context, &response);
-    v1::AnchorChunk chunk;
-    chunk.set_job(options_.job);
-    chunk.set_worker_id(options_.worker_id);
-    for (size_t c = 0; c < common::NumChunks(shard.range.size()); ++c) {
-      const common::Range r = common::ChunkRange(shard.range.size(), c);
-      chunk.set_chunk_index(static_cast<uint32_t>(c));
-      std::string* payload = chunk.mutable_payload();
-      payload->resize(r.size() * sizeof(float));
-      common::Encode(common::Codec::kFp32,
-                     anchor.subspan(shard.range.begin + r.begin, r.size()),
-                     absl::MakeSpan(payload->data(), payload->size()));
-      if (!writer->Write(chunk)) break;  // Finish says why
-    }
-    writer->WritesDone();
-    CO2_RETURN_IF_ERROR(common::FromGrpcStatus(writer->Finish()));
-    shard.anchor_round = response.anchor_round();
+    CO2_ASSIGN_OR_RETURN(
+        shard.anchor_round,
+        SeedAnchor(shard.stub.get(), options_.job, options_.worker_id,
+                   /*anchor_round=*/0,
+                   anchor.subspan(shard.range.begin, shard.range.size()),
+                   deadline));
     return absl::OkStatus();
   }
 
@@ -367,6 +409,9 @@ class AggregatorClient::Impl {
     }
   }
 
+  // Retries `call` on UNAVAILABLE, and on CANCELLED: a shard that shuts down
+  // (to restart) cancels the calls in flight. (Where Fetch cancels its own
+  // call, it returns the reason instead.)
   template <typename Call>
   absl::Status RetryUnavailable(absl::Time deadline, Call call) {
     absl::Duration backoff = options_.initial_backoff;
@@ -374,7 +419,10 @@ class AggregatorClient::Impl {
       const absl::Time call_deadline =
           std::min(deadline, absl::Now() + options_.rpc_timeout);
       absl::Status status = call(call_deadline);
-      if (status.code() != absl::StatusCode::kUnavailable) return status;
+      if (status.code() != absl::StatusCode::kUnavailable &&
+          status.code() != absl::StatusCode::kCancelled) {
+        return status;
+      }
       if (absl::Now() + backoff >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "gave up after ", absl::FormatDuration(options_.connect_timeout),
@@ -387,12 +435,22 @@ class AggregatorClient::Impl {
     }
   }
 
+  // Renews the leases of the shards joined so far, every lease / 3. A call
+  // gets no longer than that interval, so that one unreachable shard (a cut
+  // link answers nothing) cannot let the others' leases run out.
   void HeartbeatLoop() {
+    absl::Duration interval = absl::Seconds(1);
     while (true) {
-      absl::Duration interval = absl::Seconds(1);
-      for (uint32_t i = 0; i < shards_.size(); ++i) {
+      uint32_t joined;
+      {
+        absl::MutexLock lock(&mu_);
+        joined = joined_shards_;
+      }
+      const absl::Duration call_timeout = std::min(options_.rpc_timeout, interval);
+      interval = absl::Seconds(1);
+      for (uint32_t i = 0; i < joined; ++i) {
         grpc::ClientContext context;
-        SetDeadline(&context, absl::Now() + options_.rpc_timeout);
+        SetDeadline(&context, absl::Now() + call_timeout);
         v1::HeartbeatRequest request;
         request.set_job(options_.job);
         request.set_worker_id(options_.worker_id);
@@ -421,7 +479,12 @@ class AggregatorClient::Impl {
   std::thread heartbeat_;
   mutable absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  // Shards [0, joined_shards_) have been joined: the heartbeat renews them.
+  uint32_t joined_shards_ ABSL_GUARDED_BY(mu_) = 0;
   ClientStats stats_ ABSL_GUARDED_BY(mu_);
+  // Taken before a stream's lock, never after it.
+  absl::Mutex anchor_mu_;
+  absl::Span<const float> tracked_anchor_ ABSL_GUARDED_BY(anchor_mu_);
 };
 
 absl::StatusOr<std::unique_ptr<AggregatorClient>> AggregatorClient::Connect(
@@ -454,6 +517,9 @@ absl::Status AggregatorClient::WaitForUpdate(uint64_t round,
 absl::StatusOr<uint64_t> AggregatorClient::ApplyUpdate(
     uint64_t round, absl::Span<float> anchor) {
   return impl_->ApplyUpdate(round, anchor);
+}
+absl::Status AggregatorClient::TrackAnchor(absl::Span<const float> anchor) {
+  return impl_->TrackAnchor(anchor);
 }
 absl::Status AggregatorClient::Leave(absl::Time deadline) {
   return impl_->Leave(deadline);

@@ -12,6 +12,10 @@
 // Threads: Push/WaitForUpdate/ApplyUpdate/Leave are called by one trainer
 // thread; stats() from any thread. Internal threads per shard: one writer,
 // one reader; plus one heartbeat thread. Every wait has a deadline.
+//
+// Shard state loss: the worker lends its anchor (TrackAnchor); if a shard
+// restarts without the job's state, the stream re-seeds it from this
+// worker's anchor (design.md §5), so only the outer momentum is lost.
 #ifndef CO2_CLIENT_AGGREGATOR_CLIENT_H_
 #define CO2_CLIENT_AGGREGATOR_CLIENT_H_
 
@@ -93,7 +97,16 @@ class AggregatorClient {
   absl::Status WaitForUpdate(uint64_t round, absl::Time deadline);
   // anchor += decode(update of `round`), which must be ready; frees the receive
   // buffer for the next round. Returns the round of the resulting anchor.
+  // `anchor` must be the tracked anchor if TrackAnchor was called.
   absl::StatusOr<uint64_t> ApplyUpdate(uint64_t round, absl::Span<float> anchor);
+
+  // Lends the client this worker's anchor A (P elements, the span that
+  // ApplyUpdate adds into), so that a shard that lost the job's state is
+  // re-seeded from it by the stream threads. The caller changes it only
+  // through ApplyUpdate and keeps it alive as long as the client. Without
+  // it, such a shard fails the stream with FAILED_PRECONDITION.
+  // INVALID_ARGUMENT for a span of another size.
+  absl::Status TrackAnchor(absl::Span<const float> anchor);
 
   // Leaves the job on every shard (best effort until `deadline`).
   absl::Status Leave(absl::Time deadline);

@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "client/torch_status.h"
+#include "common/fnv_hash.h"
 #include "common/status_macros.h"
 
 namespace co2::client {
@@ -153,6 +154,8 @@ absl::Status Co2Optimizer::Init() {
   } catch (...) {
     return TorchExceptionToStatus("Co2Optimizer::Init");
   }
+  // A shard that loses the job's state is re-seeded from this anchor.
+  if (client_ != nullptr) CO2_RETURN_IF_ERROR(client_->TrackAnchor(anchor_));
   float* x = flat_->params().data_ptr<float>();
   if (local_ != nullptr && local_->size() > 1) {
     CO2_RETURN_IF_ERROR(local_->Broadcast(x, p, 0));
@@ -281,7 +284,9 @@ absl::Status Co2Optimizer::Boundary() {
       if (StalenessOf(options_.algo) == 1) {
         // U of round r−1 normally arrived while this round computed. Δ_r is
         // taken against A_r, so the update is applied only after the push.
-        const bool has_previous = round_ > start_round_;
+        // A worker that joined a running job fetched A_s (s > 0): it still
+        // applies the update of round s − 1, which makes A_{s+1}.
+        const bool has_previous = round_ > 0;
         if (has_previous) CO2_RETURN_IF_ERROR(WaitForUpdate(round_ - 1, stats));
         CO2_RETURN_IF_ERROR(PushDelta(stats));
         if (has_previous) CO2_RETURN_IF_ERROR(ApplyUpdate(round_ - 1));
@@ -376,14 +381,8 @@ MemoryReport Co2Optimizer::Memory() const {
 
 uint64_t Co2Optimizer::ParamsHash() const {
   torch::Tensor host = flat_->params().to(torch::kCPU).contiguous();
-  const auto* bytes = static_cast<const unsigned char*>(host.data_ptr());
-  const size_t n = static_cast<size_t>(host.numel()) * sizeof(float);
-  uint64_t h = 1469598103934665603ull;
-  for (size_t i = 0; i < n; ++i) {
-    h ^= bytes[i];
-    h *= 1099511628211ull;
-  }
-  return h;
+  return common::Fnv1a(absl::MakeConstSpan(host.data_ptr<float>(),
+                                           static_cast<size_t>(host.numel())));
 }
 
 }  // namespace co2::client

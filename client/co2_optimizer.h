@@ -135,7 +135,7 @@ class Co2Optimizer {
   absl::Duration total_compute() const;
   uint64_t bytes_sent() const;
   MemoryReport Memory() const;
-  // FNV-1a over the bytes of the live parameters.
+  // FNV-1a over the bytes of the live parameters (common/fnv_hash.h).
   uint64_t ParamsHash() const;
 
  private:

@@ -1,8 +1,9 @@
 // How: one gloo::rendezvous::Context connected as a full mesh of TCP pairs
-// on 127.0.0.1. Collectives use gloo's new-style API (gloo::allreduce and
-// gloo::broadcast with per-call tag and timeout). gloo reports every
-// failure, timeouts and dead peers included, by throwing; CallGloo() below is
-// the only place that turns those exceptions into absl::Status.
+// on GroupOptions::address. Collectives use gloo's new-style API
+// (gloo::allreduce and gloo::broadcast with per-call tag and timeout). gloo
+// reports every failure, timeouts and dead peers included, by throwing;
+// CallGloo() below is the only place that turns those exceptions into
+// absl::Status.
 #include "client/gloo_group.h"
 
 #include <signal.h>
@@ -38,9 +39,6 @@
 
 namespace co2::client {
 namespace {
-
-// All ranks of a group live on one node, so the pairs use loopback.
-constexpr char kLoopbackAddress[] = "127.0.0.1";
 
 // gloo signals a timeout with an IoException whose text says so ("Timed out
 // waiting ...", "Wait timeout for key(s)", "Read timeout", ...); anything
@@ -154,7 +152,7 @@ absl::StatusOr<std::unique_ptr<GlooGroup>> GlooGroup::Create(
                    " in ", options.store_dir, "/", options.prefix),
       [&] {
         ::gloo::transport::tcp::attr attr;
-        attr.hostname = kLoopbackAddress;
+        attr.hostname = options.address;
         attr.ai_family = AF_INET;
         std::shared_ptr<::gloo::transport::Device> device =
             ::gloo::transport::tcp::CreateDevice(attr);

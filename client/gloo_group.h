@@ -1,5 +1,6 @@
 // GlooGroup: the CPU backend of IntraNodeGroup. Owns a gloo context whose
-// pairs are TCP connections on loopback (127.0.0.1); ranks find each other
+// pairs are TCP connections on GroupOptions::address (loopback unless the
+// group spans hosts or network namespaces); ranks find each other
 // through gloo's FileStore in GroupOptions::store_dir under the group's
 // prefix. Host pointers only. One thread at a time (see intra_node_group.h).
 //

@@ -26,7 +26,7 @@
 namespace co2::client {
 
 enum class Backend {
-  kGloo,  // CPU collectives over TCP on loopback; host pointers.
+  kGloo,  // CPU collectives over TCP (GroupOptions::address); host pointers.
   kNccl,  // GPU collectives; device pointers on GroupOptions::device.
 };
 
@@ -45,6 +45,11 @@ struct GroupOptions {
   std::string prefix = "co2";
   // Deadline of the rendezvous and of every collective.
   absl::Duration timeout = absl::Seconds(60);
+  // Gloo: the IPv4 address this rank's pairs listen on and advertise to its
+  // peers. Loopback for ranks of one node; a group spanning hosts or network
+  // namespaces (ddp's global group, the co2 leaders' barrier) gives each
+  // rank the address of its own interface.
+  std::string address = "127.0.0.1";
   // CUDA device ordinal used by the NCCL backend.
   int device = 0;
 };

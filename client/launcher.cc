@@ -39,8 +39,41 @@ struct Child {
   pid_t pid = -1;
   bool running = false;
   int status = 0;  // from waitpid
+  int restarts = 0;
   std::string log;
+  std::vector<std::string> args;
 };
+
+// Forks and executes `args` in process group `pgid` (0: a new group led by
+// the child), stdout and stderr to `log` (appended to when `append`). The
+// child dies with `launcher` and gets `mask` back. Everything is prepared
+// before fork: after it, only async-signal-safe calls until exec. Returns
+// the pid, or -1 with errno set.
+pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
+            bool append, pid_t pgid, pid_t launcher, const sigset_t& mask) {
+  std::vector<std::string> owned = args;
+  std::vector<char*> argv;
+  for (std::string& a : owned) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
+  std::fflush(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    setpgid(0, pgid);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != launcher) _exit(127);
+    const int fd = open(log.c_str(), flags, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+    }
+    sigprocmask(SIG_SETMASK, &mask, nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  if (pid > 0) setpgid(pid, pgid);  // also here: no race with the child's own call
+  return pid;
+}
 
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
@@ -105,10 +138,14 @@ std::string ProgressLine(const TrainerOptions& o, const Progress& p) {
                          pct, p.elapsed);
 }
 
-// Kills the children's process group, SIGTERM then SIGKILL after `grace`,
-// and reaps every child.
+// Kills the children's process group and each child (a restarted child may
+// have missed the group), SIGTERM then SIGKILL after `grace`, and reaps
+// every child.
 void KillAll(std::vector<Child>& children, pid_t pgid, absl::Duration grace) {
   if (pgid > 0) kill(-pgid, SIGTERM);
+  for (const Child& c : children) {
+    if (c.running) kill(c.pid, SIGTERM);
+  }
   const absl::Time deadline = absl::Now() + grace;
   bool sent_kill = false;
   while (true) {
@@ -124,6 +161,9 @@ void KillAll(std::vector<Child>& children, pid_t pgid, absl::Duration grace) {
     if (!any) return;
     if (!sent_kill && absl::Now() >= deadline) {
       if (pgid > 0) kill(-pgid, SIGKILL);
+      for (const Child& c : children) {
+        if (c.running) kill(c.pid, SIGKILL);
+      }
       sent_kill = true;
     }
     absl::SleepFor(absl::Milliseconds(20));  // reaping a dying group
@@ -161,6 +201,7 @@ class StderrToFile {
 
 std::map<std::string, std::string> Settings(const TrainerOptions& o) {
   return {{"task", o.task},
+          {"model", o.model},
           {"algo", o.algo},
           {"workers", absl::StrCat(o.workers)},
           {"local_ranks", absl::StrCat(o.local_ranks)},
@@ -241,56 +282,36 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   // Everything a child needs is prepared before fork: after it, only
   // async-signal-safe calls until exec.
   std::vector<Child> children;
-  std::vector<std::vector<std::string>> argvs;
   for (int w = 0; w < o.workers; ++w) {
     for (int l = 0; l < o.local_ranks; ++l) {
       Child c;
       c.worker = w;
       c.local_rank = l;
       c.log = absl::StrCat(o.run_dir, "/rank-", w, "-", l, ".log");
-      children.push_back(c);
-      std::vector<std::string> args = {launch.self_exe};
-      args.insert(args.end(), launch.args.begin(), launch.args.end());
-      args.push_back("--role=worker");
-      args.push_back(absl::StrCat("--worker=", w));
-      args.push_back(absl::StrCat("--local_rank=", l));
-      args.push_back(absl::StrCat("--run_dir=", o.run_dir));
-      args.push_back(absl::StrCat("--job=", o.job));
-      args.push_back(absl::StrCat("--aggregators=", absl::StrJoin(o.aggregators, ",")));
-      argvs.push_back(std::move(args));
+      c.args = {launch.self_exe};
+      c.args.insert(c.args.end(), launch.args.begin(), launch.args.end());
+      c.args.push_back("--role=worker");
+      c.args.push_back(absl::StrCat("--worker=", w));
+      c.args.push_back(absl::StrCat("--local_rank=", l));
+      c.args.push_back(absl::StrCat("--run_dir=", o.run_dir));
+      c.args.push_back(absl::StrCat("--job=", o.job));
+      c.args.push_back(
+          absl::StrCat("--aggregators=", absl::StrJoin(o.aggregators, ",")));
+      children.push_back(std::move(c));
     }
   }
   const pid_t launcher = getpid();
   pid_t pgid = 0;
   absl::Status failure = absl::OkStatus();
-  for (size_t i = 0; i < children.size(); ++i) {
-    std::vector<char*> argv;
-    for (std::string& a : argvs[i]) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const char* log = children[i].log.c_str();
-    std::fflush(nullptr);
-    const pid_t pid = fork();
+  for (Child& c : children) {
+    const pid_t pid = Spawn(c.args, c.log, /*append=*/false, pgid, launcher, old_mask);
     if (pid < 0) {
       failure = absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
       break;
     }
-    if (pid == 0) {
-      setpgid(0, pgid);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != launcher) _exit(127);
-      const int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd >= 0) {
-        dup2(fd, STDOUT_FILENO);
-        dup2(fd, STDERR_FILENO);
-      }
-      sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    setpgid(pid, pgid);  // also here: no race with the child's own call
     if (pgid == 0) pgid = pid;
-    children[i].pid = pid;
-    children[i].running = true;
+    c.pid = pid;
+    c.running = true;
   }
 
   const bool live = o.progress && isatty(fileno(user));
@@ -312,7 +333,27 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
       if (!c.running || waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
       c.running = false;
       --running;
-      if (!(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) && failure.ok()) {
+      const bool failed = !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
+      if (failed && failure.ok() && c.restarts < o.max_restarts) {
+        // The worker rejoins the running job: it fetches the anchor and
+        // trains from the shards' round; the others never stopped.
+        ++c.restarts;
+        std::fprintf(user, "%s[co2-train] worker %d failed (%s); restarting it (%d of %d)\n",
+                     live ? "\r\033[K" : "", c.worker, DescribeExit(c.status).c_str(),
+                     c.restarts, o.max_restarts);
+        std::fflush(user);
+        std::vector<std::string> args = c.args;
+        args.push_back("--rejoin");
+        const pid_t pid = Spawn(args, c.log, /*append=*/true, pgid, launcher, old_mask);
+        if (pid > 0) {
+          c.pid = pid;
+          c.running = true;
+          ++running;
+          continue;
+        }
+        failure = absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
+      }
+      if (failed && failure.ok()) {
         failure = absl::AbortedError(absl::StrCat(
             "worker ", c.worker, " local rank ", c.local_rank, " failed (",
             DescribeExit(c.status), "); last lines of ", c.log, ":\n",

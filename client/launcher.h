@@ -7,7 +7,9 @@
 // Children live in their own process group: on any exit path (success, a
 // child's failure, SIGINT/SIGTERM) the launcher kills the whole group and
 // reaps it; children also die with the launcher (PR_SET_PDEATHSIG). A child
-// that fails ends the run with its exit status and the tail of its log.
+// that fails ends the run with its exit status and the tail of its log,
+// unless TrainerOptions::max_restarts allows restarting it: it is then
+// executed again with --rejoin and rejoins the running job.
 // Torch-free. Call from the main thread before other threads exist: it
 // blocks SIGINT/SIGTERM/SIGCHLD for the process and takes them synchronously.
 #ifndef CO2_CLIENT_LAUNCHER_H_

@@ -1,7 +1,9 @@
 // The example trainer's models: a small CNN for Fashion-MNIST and a small
 // character-level LSTM language model, behind one base class so the trainer
 // (and the CO2 optimizer, which only sees parameters()) need not know which
-// task runs. Both are sized for quick CPU training on two cores.
+// task runs. Both are sized for quick CPU training on two cores. A wide MLP
+// for Fashion-MNIST (5.8M parameters) gives benchmarks a model whose
+// communication time is not negligible (bench/overlap).
 //
 // forward() may throw c10::Error like any torch module; Forward() and
 // ComputeLoss() below catch it and return a Status. A model is used by one
@@ -30,10 +32,19 @@ enum class Task {
 absl::StatusOr<Task> ParseTask(absl::string_view name);
 std::string TaskName(Task task);
 
+enum class ModelSize {
+  kSmall,  // "small": the CNN (80,202 parameters) or the LSTM
+  kWide,   // "wide": fashion-mnist only, MLP 784-2048-2048-10 (5,824,522)
+};
+
+// "small" or "wide"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<ModelSize> ParseModelSize(absl::string_view name);
+
 struct ModelOptions {
   // torch::manual_seed(seed) runs just before the parameters are created, so
   // every worker starting from the same seed holds the same initial model.
   uint64_t seed = 0;
+  ModelSize size = ModelSize::kSmall;
   int64_t char_vocab_size = 256;    // charlm: byte tokens (kCharVocabSize)
   int64_t char_embedding_dim = 64;  // charlm: embedding width
   int64_t char_hidden_size = 128;   // charlm: LSTM state width
@@ -54,7 +65,7 @@ class TaskModel : public torch::nn::Module {
 
 // A freshly initialised model for `task`, on the CPU (the caller moves it).
 // Reseeds torch's global CPU generator (see ModelOptions::seed).
-// INVALID_ARGUMENT for a non-positive charlm dimension.
+// INVALID_ARGUMENT for a non-positive charlm dimension or a wide charlm.
 absl::StatusOr<std::shared_ptr<TaskModel>> MakeModel(
     Task task, const ModelOptions& options = {});
 

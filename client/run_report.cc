@@ -193,17 +193,29 @@ absl::StatusOr<RankReport> ReadRankReport(const std::string& path) {
 absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
   MergedSummary out;
   if (ranks.empty()) return absl::InvalidArgumentError("no rank reports");
-  const size_t rounds = ranks[0].rounds.size();
+  // A restarted worker reports the rounds from the one it rejoined at, so
+  // rounds are matched by number; every rank must end at the same round.
+  const RankReport* longest = &ranks[0];
+  for (const RankReport& r : ranks) {
+    if (r.rounds.size() > longest->rounds.size()) longest = &r;
+  }
+  const size_t rounds = longest->rounds.size();
   out.rounds = static_cast<int>(rounds);
   out.params_identical = true;
   int leaders = 0;
   double train_s = 0;
   for (const RankReport& r : ranks) {
-    if (r.rounds.size() != rounds) {
+    const uint64_t last = rounds > 0 ? longest->rounds.back().round : 0;
+    bool contiguous = r.rounds.empty() == (rounds == 0);
+    for (size_t i = 0; i < r.rounds.size() && contiguous; ++i) {
+      contiguous = r.rounds[i].round == last - (r.rounds.size() - 1 - i);
+    }
+    if (!contiguous) {
       return absl::InvalidArgumentError(absl::StrCat(
           "worker ", r.worker, " rank ", r.local_rank, " reports ",
-          r.rounds.size(), " rounds, worker ", ranks[0].worker, " rank ",
-          ranks[0].local_rank, " ", rounds));
+          r.rounds.size(), " rounds that are not contiguous up to round ",
+          last, " (worker ", longest->worker, " rank ", longest->local_rank,
+          " reports ", rounds, ")"));
     }
     if (!r.final_metrics.empty()) out.final_metrics = r.final_metrics;
     out.bytes_sent += r.bytes_sent;
@@ -213,13 +225,14 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
       train_s += r.train_s;
     }
     if (rounds > 0) out.final_loss += r.rounds.back().loss / ranks.size();
-    for (size_t i = 0; i < rounds && out.params_identical; ++i) {
-      if (r.rounds[i].params_hash != ranks[0].rounds[i].params_hash) {
+    const size_t skipped = rounds - r.rounds.size();
+    for (size_t i = 0; i < r.rounds.size() && out.params_identical; ++i) {
+      if (r.rounds[i].params_hash != longest->rounds[skipped + i].params_hash) {
         out.params_identical = false;
         out.first_difference = absl::StrCat(
             "round ", r.rounds[i].round, ": worker ", r.worker, " rank ",
-            r.local_rank, " differs from worker ", ranks[0].worker, " rank ",
-            ranks[0].local_rank);
+            r.local_rank, " differs from worker ", longest->worker, " rank ",
+            longest->local_rank);
       }
     }
     if (out.params_identical && r.final_hash != ranks[0].final_hash) {

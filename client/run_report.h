@@ -66,8 +66,10 @@ struct MergedSummary {
   std::string first_difference;   // when not identical
 };
 
-// Merges the rank reports (all W × L of them). INVALID_ARGUMENT when they
-// disagree on the number of rounds.
+// Merges the rank reports (all W × L of them). A rank may start at a later
+// round (a worker restarted into the job); rounds are compared by number.
+// INVALID_ARGUMENT when a rank's rounds are not contiguous up to the last
+// round of the longest.
 absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks);
 
 // The user-facing JSON document.

@@ -50,6 +50,34 @@ std::vector<std::string> ChunkBuffers(common::Codec codec, size_t elements) {
 
 }  // namespace
 
+absl::StatusOr<uint64_t> SeedAnchor(v1::Aggregator::Stub* stub,
+                                    const std::string& job,
+                                    const std::string& worker_id,
+                                    uint64_t anchor_round,
+                                    absl::Span<const float> range,
+                                    absl::Time deadline) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  v1::SeedResponse response;
+  auto writer = stub->Seed(&context, &response);
+  v1::AnchorChunk chunk;
+  chunk.set_job(job);
+  chunk.set_worker_id(worker_id);
+  chunk.set_anchor_round(anchor_round);
+  for (size_t c = 0; c < common::NumChunks(range.size()); ++c) {
+    const common::Range r = common::ChunkRange(range.size(), c);
+    chunk.set_chunk_index(static_cast<uint32_t>(c));
+    std::string* payload = chunk.mutable_payload();
+    payload->resize(r.size() * sizeof(float));
+    common::Encode(common::Codec::kFp32, range.subspan(r.begin, r.size()),
+                   absl::MakeSpan(payload->data(), payload->size()));
+    if (!writer->Write(chunk)) break;  // Finish says why
+  }
+  writer->WritesDone();
+  CO2_RETURN_IF_ERROR(common::FromGrpcStatus(writer->Finish()));
+  return response.anchor_round();
+}
+
 ShardStream::ShardStream(const ShardStreamOptions& options,
                          v1::Aggregator::Stub* stub)
     : options_(options),
@@ -88,6 +116,9 @@ absl::StatusOr<std::vector<std::string>*> ShardStream::BeginContribution(
         " chunks written)"));
   }
   if (!error_.ok()) return error_;
+  if (has_contribution_ && send_round_ == next_update_round_) {
+    reported_ready_ = true;
+  }
   has_contribution_ = false;
   return &send_;
 }
@@ -108,7 +139,9 @@ bool ShardStream::ReadyLocked(uint64_t round) const {
 
 bool ShardStream::UpdateReady(uint64_t round) const {
   absl::MutexLock lock(&mu_);
-  return ReadyLocked(round);
+  if (!ReadyLocked(round)) return false;
+  if (round == next_update_round_) reported_ready_ = true;
+  return true;
 }
 
 absl::Status ShardStream::WaitForUpdate(uint64_t round, absl::Time deadline) {
@@ -122,8 +155,9 @@ absl::Status ShardStream::WaitForUpdate(uint64_t round, absl::Time deadline) {
         " did not arrive by the deadline (", recv_count_, " of ", num_chunks_,
         " chunks of round ", next_update_round_, " received)"));
   }
-  if (ReadyLocked(round)) return absl::OkStatus();
-  return error_;
+  if (!ReadyLocked(round)) return error_;
+  if (round == next_update_round_) reported_ready_ = true;
+  return absl::OkStatus();
 }
 
 const std::vector<std::string>& ShardStream::UpdateChunks() const {
@@ -134,8 +168,18 @@ void ShardStream::ReleaseUpdate(uint64_t round) {
   absl::MutexLock lock(&mu_);
   if (round != next_update_round_) return;
   ++next_update_round_;
+  DropUpdateLocked();
+}
+
+uint64_t ShardStream::NeededUpdateLocked() const {
+  const bool kept = reported_ready_ && recv_count_ == num_chunks_;
+  return next_update_round_ + (kept ? 1 : 0);
+}
+
+void ShardStream::DropUpdateLocked() {
   recv_count_ = 0;
   std::fill(recv_have_.begin(), recv_have_.end(), false);
+  reported_ready_ = false;
 }
 
 ShardStreamStats ShardStream::stats() const {
@@ -161,14 +205,71 @@ absl::Status ShardStream::Rejoin() {
   v1::JoinResponse response;
   CO2_RETURN_IF_ERROR(
       common::FromGrpcStatus(stub_->Join(&context, request, &response)));
-  if (response.must_seed()) {
-    // The shard restarted without its checkpoint: the job's anchor is gone
-    // there and this stream cannot rebuild it.
+  if (response.must_reseed()) return Reseed();
+  return CheckResumable(response.open_round(), response.oldest_update_round());
+}
+
+absl::Status ShardStream::Reseed() {
+  if (options_.anchor == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard ", options_.shard_index,
-        " lost the job's state (restarted without a checkpoint); restart "
-        "training, or run shards with --checkpoint_dir"));
+        " lost the job's state and this worker lent no anchor to re-seed it "
+        "(AggregatorClient::TrackAnchor)"));
   }
+  // Every worker at this round holds the same anchor bits, so this copy is
+  // the anchor the shard would have had. A received update the trainer will
+  // apply is added as ApplyUpdate adds it, so the result is bit-identical to
+  // the anchor this worker holds after applying it.
+  std::vector<float> range(options_.shard_elements);
+  uint64_t anchor_round = 0;
+  CO2_RETURN_IF_ERROR(options_.anchor->ReadAnchor(
+      options_.shard_index, [&](absl::Span<const float> anchor) {
+        absl::MutexLock lock(&mu_);
+        std::copy(anchor.begin(), anchor.end(), range.begin());
+        const uint64_t needed = NeededUpdateLocked();
+        if (needed > next_update_round_) {
+          std::vector<float> decoded(common::kChunkElements);
+          for (uint32_t c = 0; c < num_chunks_; ++c) {
+            const common::Range r =
+                common::ChunkRange(options_.shard_elements, c);
+            auto out = absl::MakeSpan(decoded).first(r.size());
+            common::Decode(options_.downlink, recv_[c], out);
+            float* a = range.data() + r.begin;
+            for (size_t j = 0; j < r.size(); ++j) a[j] += out[j];
+          }
+        } else {
+          // The shard computes this update afresh: chunks of the lost one
+          // must not be mixed into it.
+          DropUpdateLocked();
+        }
+        anchor_round = needed + options_.max_staleness;
+      }));
+  CO2_ASSIGN_OR_RETURN(
+      const uint64_t seeded,
+      SeedAnchor(stub_, options_.job, options_.worker_id, anchor_round, range,
+                 absl::Now() + options_.reconnect_timeout));
+  CO2_LOG(WARNING) << "shard " << options_.shard_index
+                   << " lost the job's state; re-seeded it with this worker's"
+                   << " anchor of round " << seeded;
+  return absl::OkStatus();
+}
+
+absl::Status ShardStream::CheckResumable(uint64_t open_round,
+                                         uint64_t oldest_update_round) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t needed = NeededUpdateLocked();
+  if (needed < oldest_update_round || needed > open_round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard ", options_.shard_index, " is at open round ", open_round,
+        " and can replay updates from round ", oldest_update_round,
+        ", but this worker needs the update of round ", needed,
+        ": it cannot follow the shard (which restarted, or lost its state, "
+        "while the workers were at different rounds); restart this worker "
+        "so that it fetches the anchor"));
+  }
+  // The shard has not computed this update (again): chunks received from a
+  // shard that lost it must not be mixed with the new one.
+  if (needed == next_update_round_ && needed == open_round) DropUpdateLocked();
   return absl::OkStatus();
 }
 
@@ -274,12 +375,20 @@ void ShardStream::HandleUpdate(v1::OuterUpdate& update) {
     Fail(valid);
     return;
   }
-  // Hold a newer update until the trainer has applied the one before it.
+  // Hold a newer update until the trainer has applied the one before it, or
+  // until a write on this call fails: the trainer may be waiting for its
+  // contribution to go out, and only the reader, by reading this call to its
+  // end, reconnects (or reports why the shard ended it). A dropped update is
+  // replayed by the shard after the reconnect.
+  const uint64_t generation = generation_;
   auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || update.round() <= next_update_round_;
+    return stop_ || update.round() <= next_update_round_ ||
+           failed_write_generation_ == generation;
   };
   mu_.Await(absl::Condition(&room));
-  if (stop_ || update.round() < next_update_round_ || recv_have_[index]) return;
+  if (stop_ || update.round() != next_update_round_ || recv_have_[index]) {
+    return;
+  }
   recv_[index].swap(*update.mutable_payload());
   recv_have_[index] = true;
   ++recv_count_;

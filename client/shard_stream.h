@@ -6,6 +6,9 @@
 // link) the reader reconnects with exponential backoff, asks the shard to
 // replay the update it still needs, and the writer resends the contribution
 // whose update has not arrived (contributions are idempotent per chunk).
+// If the shard lost the job's state (JoinResponse.must_reseed), the stream
+// re-seeds it with this shard's range of the worker's anchor, read through
+// the AnchorSource, at that anchor's round.
 //
 // Threads: Begin/Commit/Take/Release come from the one trainer thread (via
 // AggregatorClient); all other methods are safe from any thread. Every wait
@@ -20,13 +23,37 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "co2/v1/aggregator.grpc.pb.h"
+#include "absl/types/span.h"
 #include "common/codec.h"
 
 namespace co2::client {
+
+// The worker's anchor, lent to the streams so that a shard that lost its
+// state can be re-seeded from it. Implemented by AggregatorClient.
+class AnchorSource {
+ public:
+  virtual ~AnchorSource() = default;
+  // Calls `read` with shard `shard`'s range of the anchor while no update is
+  // being applied to it; FAILED_PRECONDITION if the worker lent no anchor.
+  virtual absl::Status ReadAnchor(
+      uint32_t shard,
+      absl::FunctionRef<void(absl::Span<const float>)> read) = 0;
+};
+
+// Uploads `range` (fp32, chunk by chunk) as the anchor of `anchor_round` with
+// Seed; returns the anchor round the shard acknowledged once it is durable.
+absl::StatusOr<uint64_t> SeedAnchor(v1::Aggregator::Stub* stub,
+                                    const std::string& job,
+                                    const std::string& worker_id,
+                                    uint64_t anchor_round,
+                                    absl::Span<const float> range,
+                                    absl::Time deadline);
 
 struct ShardStreamOptions {
   std::string job;
@@ -37,6 +64,12 @@ struct ShardStreamOptions {
   common::Codec downlink = common::Codec::kFp32;
   uint64_t first_update_round = 0;  // the first update this worker applies
   uint64_t first_contribution_round = 0;  // the worker's start round
+  // The job's max_staleness: applying the update of round u gives the anchor
+  // of round u + 1 + max_staleness.
+  uint32_t max_staleness = 1;
+  // The worker's anchor for re-seeding (borrowed, outlives the stream);
+  // null: a shard that lost its state fails the stream.
+  AnchorSource* anchor = nullptr;
   // Sent again before every reconnect, with resume_round set, so that a
   // restarted shard knows the worker and the round it is in.
   v1::JoinRequest join;
@@ -88,8 +121,23 @@ class ShardStream {
   void WriteLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Opens a new call (with backoff) and installs it; false when giving up.
   bool Reconnect() ABSL_LOCKS_EXCLUDED(mu_);
-  // Joins again as a worker resuming at its current round.
+  // Joins again as a worker resuming at its current round; re-seeds the
+  // shard if it lost its state, or checks that it can follow the shard.
   absl::Status Rejoin() ABSL_LOCKS_EXCLUDED(mu_);
+  // Uploads this shard's range of the worker's anchor (plus a received
+  // update the worker keeps, see NeededUpdateLocked) at its round.
+  absl::Status Reseed() ABSL_LOCKS_EXCLUDED(mu_);
+  // FAILED_PRECONDITION if the shard (open round `open_round`, replaying
+  // updates from `oldest_update_round`) cannot give this worker the updates
+  // it needs; drops received chunks of an update the shard will recompute.
+  absl::Status CheckResumable(uint64_t open_round, uint64_t oldest_update_round)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The round of the first update this worker still needs from the shard:
+  // the one it waits for, or the next one if that update arrived whole and
+  // the trainer was already told it is ready (it is never taken back).
+  uint64_t NeededUpdateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the received chunks of the update waited for.
+  void DropUpdateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleUpdate(v1::OuterUpdate& update) ABSL_LOCKS_EXCLUDED(mu_);
   void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReadyLocked(uint64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -119,6 +167,10 @@ class ShardStream {
   uint64_t next_update_round_ ABSL_GUARDED_BY(mu_);  // the one we wait for
   uint32_t recv_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<bool> recv_have_ ABSL_GUARDED_BY(mu_);
+  // The trainer was told the update of next_update_round_ is ready
+  // (UpdateReady, WaitForUpdate or BeginContribution), so it may apply it at
+  // any moment: a re-seed keeps it.
+  mutable bool reported_ready_ ABSL_GUARDED_BY(mu_) = false;
 
   ShardStreamStats stats_ ABSL_GUARDED_BY(mu_);
   std::thread reader_;

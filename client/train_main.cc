@@ -14,6 +14,8 @@
 #include "client/trainer.h"
 
 ABSL_FLAG(std::string, task, "fashion-mnist", "fashion-mnist | charlm");
+ABSL_FLAG(std::string, model, "small",
+          "small | wide (fashion-mnist only: a 5.8M-parameter MLP).");
 ABSL_FLAG(std::string, algo, "co2", "co2 | ddp | localsgd | slowmo");
 ABSL_FLAG(int, workers, 2, "Workers (nodes); each has its own leader.");
 ABSL_FLAG(int, local_ranks, 1, "Processes per worker.");
@@ -62,8 +64,15 @@ ABSL_FLAG(absl::Duration, update_timeout, absl::Minutes(5),
           "Longest wait for one outer update.");
 ABSL_FLAG(absl::Duration, group_timeout, absl::Minutes(2),
           "Rendezvous and collectives of the process groups.");
+ABSL_FLAG(std::string, group_address, "127.0.0.1",
+          "This rank's IPv4 address in the groups spanning workers (ddp, the "
+          "leaders' barrier): set it when workers run on other hosts or "
+          "network namespaces (bench/overlap).");
 ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(60),
           "Embedded shards: round deadline for a quorum close.");
+ABSL_FLAG(bool, hash_params, true,
+          "Hash the parameters after every round to check that all ranks agree "
+          "(one pass over the model per round).");
 ABSL_FLAG(std::string, report, "", "Write the JSON report here.");
 ABSL_FLAG(std::string, run_dir, "", "Scratch directory (default: a fresh one in /tmp).");
 ABSL_FLAG(bool, progress, true, "Show the one-line progress display.");
@@ -74,12 +83,20 @@ ABSL_FLAG(int, metrics_port, -1,
 ABSL_FLAG(std::string, role, "launcher", "Internal: launcher | worker.");
 ABSL_FLAG(int, worker, 0, "Internal: this process's worker.");
 ABSL_FLAG(int, local_rank, 0, "Internal: this process's local rank.");
+ABSL_FLAG(int, max_restarts, 0,
+          "Restart a worker process that dies, up to this many times per "
+          "worker; it rejoins the running job (not with ddp or --local_ranks > 1).");
+ABSL_FLAG(bool, rejoin, false,
+          "With --role=worker: this worker restarts into a running job "
+          "(docs/reliability.md): it skips the start barrier and trains from "
+          "the round the shards are in.");
 
 namespace {
 
 co2::client::TrainerOptions ReadOptions() {
   co2::client::TrainerOptions o;
   o.task = absl::GetFlag(FLAGS_task);
+  o.model = absl::GetFlag(FLAGS_model);
   o.algo = absl::GetFlag(FLAGS_algo);
   o.workers = absl::GetFlag(FLAGS_workers);
   o.local_ranks = absl::GetFlag(FLAGS_local_ranks);
@@ -118,12 +135,16 @@ co2::client::TrainerOptions ReadOptions() {
   o.connect_timeout = absl::GetFlag(FLAGS_connect_timeout);
   o.update_timeout = absl::GetFlag(FLAGS_update_timeout);
   o.group_timeout = absl::GetFlag(FLAGS_group_timeout);
+  o.group_address = absl::GetFlag(FLAGS_group_address);
+  o.hash_params = absl::GetFlag(FLAGS_hash_params);
   o.round_timeout = absl::GetFlag(FLAGS_round_timeout);
   o.report = absl::GetFlag(FLAGS_report);
   o.run_dir = absl::GetFlag(FLAGS_run_dir);
   o.progress = absl::GetFlag(FLAGS_progress);
   o.keep_run_dir = absl::GetFlag(FLAGS_keep_run_dir);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.rejoin = absl::GetFlag(FLAGS_rejoin);
+  o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   return o;
 }
 

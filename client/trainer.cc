@@ -111,6 +111,23 @@ absl::StatusOr<Batch> NextBatch(const TrainerOptions& o, TaskData& data,
                                               o.batch_size));
 }
 
+// Puts the data stream where it stands before inner step `first_step`, as
+// if steps [0, first_step) had been drawn (a worker rejoining at a later
+// round trains the batches it would have trained).
+void SkipBatches(const TrainerOptions& o, TaskData& data, int rank, int world,
+                 int64_t first_step) {
+  if (data.task == Task::kCharLm) {
+    for (int64_t step = 0; step < first_step; ++step) {
+      data.sampler->Sample(o.batch_size, &data.windows);
+    }
+    return;
+  }
+  for (int64_t epoch = 0; epoch * data.steps_per_epoch < first_step; ++epoch) {
+    DeterministicShuffle(absl::MakeSpan(data.shard),
+                         MixSeed(o.seed, 1 + epoch * world + rank));
+  }
+}
+
 struct Eval {
   double metric = 0;  // accuracy or perplexity
   double loss = 0;
@@ -197,7 +214,8 @@ absl::StatusOr<v1::JobConfig> MakeJobConfig(const TrainerOptions& o,
 std::string Hex(uint64_t h) { return absl::StrFormat("%016x", h); }
 
 GroupOptions MakeGroup(const TrainerOptions& o, int rank, int size,
-                       const std::string& prefix) {
+                       const std::string& prefix,
+                       const std::string& address = "127.0.0.1") {
   GroupOptions g;
   g.backend = Backend::kGloo;
   g.rank = rank;
@@ -205,13 +223,18 @@ GroupOptions MakeGroup(const TrainerOptions& o, int rank, int size,
   g.store_dir = absl::StrCat(o.run_dir, "/store");
   g.prefix = prefix;
   g.timeout = o.group_timeout;
+  g.address = address;
   return g;
 }
 
 }  // namespace
 
 absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
-  CO2_RETURN_IF_ERROR(ParseTask(o.task).status());
+  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(o.task));
+  CO2_ASSIGN_OR_RETURN(ModelSize size, ParseModelSize(o.model));
+  if (task == Task::kCharLm && size == ModelSize::kWide) {
+    return Bad("model", "wide is for --task=fashion-mnist only");
+  }
   CO2_RETURN_IF_ERROR(ParseAlgo(o.algo).status());
   if (o.workers < 1) return Bad("workers", absl::StrCat("must be >= 1, got ", o.workers));
   if (o.local_ranks < 1) {
@@ -239,6 +262,14 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
     return Bad("eval_every", absl::StrCat("must be >= 0, got ", o.eval_every));
   }
   if (o.threads < 1) return Bad("threads", absl::StrCat("must be >= 1, got ", o.threads));
+  if (o.max_restarts < 0) {
+    return Bad("max_restarts", absl::StrCat("must be >= 0, got ", o.max_restarts));
+  }
+  if (o.max_restarts > 0 && (o.algo == "ddp" || o.local_ranks > 1)) {
+    return Bad("max_restarts",
+               "needs an aggregator algorithm (not ddp) and --local_ranks=1: "
+               "a worker restarts alone into the running job");
+  }
   if (o.aggregators.empty() &&
       !(o.aggregator_ca + o.aggregator_cert + o.aggregator_key +
         o.aggregator_token_file)
@@ -298,6 +329,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
 
   ModelOptions mo;
   mo.seed = o.seed;
+  CO2_ASSIGN_OR_RETURN(mo.size, ParseModelSize(o.model));
   CO2_ASSIGN_OR_RETURN(std::shared_ptr<TaskModel> model, MakeModel(task, mo));
   model->train();
   CO2_ASSIGN_OR_RETURN(std::unique_ptr<FlatParams> flat,
@@ -312,8 +344,9 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
                                     absl::StrCat("node-", worker))));
   }
   if (algo == Algo::kDdp && world > 1) {
-    CO2_ASSIGN_OR_RETURN(global,
-                         CreateIntraNodeGroup(MakeGroup(o, rank, world, "global")));
+    CO2_ASSIGN_OR_RETURN(
+        global, CreateIntraNodeGroup(
+                    MakeGroup(o, rank, world, "global", o.group_address)));
   }
   CO2_ASSIGN_OR_RETURN(common::Codec uplink, common::ParseCodec(o.codec));
   std::unique_ptr<AggregatorClient> client;
@@ -343,12 +376,14 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
                        "): ", connected.status().message()));
     }
     client = std::move(*connected);
-    if (o.workers > 1) {
+    if (o.workers > 1 && !o.rejoin) {
       // Every worker joins before anyone pushes round 0, so that all of them
-      // are required for every round: the rendezvous is the barrier.
+      // are required for every round: the rendezvous is the barrier. A
+      // restarted worker joins a running job and skips it.
       CO2_ASSIGN_OR_RETURN(
           std::unique_ptr<IntraNodeGroup> leaders,
-          CreateIntraNodeGroup(MakeGroup(o, worker, o.workers, "leaders")));
+          CreateIntraNodeGroup(
+              MakeGroup(o, worker, o.workers, "leaders", o.group_address)));
       float token = 1;
       CO2_RETURN_IF_ERROR(leaders->AllReduceMean(&token, 1));
     }
@@ -371,7 +406,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
   opts.update_timeout = o.update_timeout;
   opts.push_timeout = o.update_timeout;
   opts.uplink_codec = uplink;
-  opts.hash_params = true;
+  opts.hash_params = o.hash_params;
   CO2_ASSIGN_OR_RETURN(
       std::unique_ptr<Co2Optimizer> co2,
       Co2Optimizer::Create(opts, flat.get(), inner.get(), std::move(client),
@@ -417,7 +452,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
       r.boundary_s = absl::ToDoubleSeconds(s.boundary);
       r.bytes_sent = s.bytes_sent;
       r.params_hash = Hex(s.params_hash);
-      const size_t index = report.rounds.size() + 1;
+      const size_t index = s.round + 1;
       if (leader && o.eval_every > 0 && index % o.eval_every == 0) {
         CO2_ASSIGN_OR_RETURN(Eval e, Evaluate(o, data, *model, o.eval_examples));
         r.metric = e.metric;
@@ -434,7 +469,11 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
     }
     return absl::OkStatus();
   };
-  for (int64_t step = 0; step < total_steps && status.ok(); ++step) {
+  // A worker that joined a running job starts at the step of its round.
+  const int64_t first_step =
+      std::min(total_steps, static_cast<int64_t>(co2->round()) * o.tau);
+  SkipBatches(o, data, rank, world, first_step);
+  for (int64_t step = first_step; step < total_steps && status.ok(); ++step) {
     absl::StatusOr<Batch> batch = NextBatch(o, data, rank, world, step);
     if (!batch.ok()) {
       status = batch.status();

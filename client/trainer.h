@@ -22,6 +22,7 @@ namespace co2::client {
 
 struct TrainerOptions {
   std::string task = "fashion-mnist";  // fashion-mnist | charlm
+  std::string model = "small";         // small | wide (models.h)
   std::string algo = "co2";            // co2 | ddp | localsgd | slowmo
   int workers = 2;                     // W: nodes, each with its own leader
   int local_ranks = 1;                 // L: processes per worker
@@ -70,7 +71,21 @@ struct TrainerOptions {
   absl::Duration connect_timeout = absl::Seconds(30);
   absl::Duration update_timeout = absl::Minutes(5);
   absl::Duration group_timeout = absl::Minutes(2);
+  // This rank's address in the groups that span workers (ddp's global group,
+  // the leaders' start barrier): loopback when every worker runs on this
+  // host, else the address of this worker's own interface.
+  std::string group_address = "127.0.0.1";
+  // Hash the parameters after every round so that the report can show every
+  // rank agrees; one pass over the model per round (off for benchmarks).
+  bool hash_params = true;
   absl::Duration round_timeout = absl::Seconds(60);  // embedded shards
+  // This worker restarts into a running job (after a crash): it skips the
+  // start barrier, fetches the anchor and trains from the shards' round.
+  bool rejoin = false;
+  // Launcher: a worker process that dies is restarted (with `rejoin`) up to
+  // this many times before the run fails. Needs an aggregator algorithm and
+  // one local rank per worker.
+  int max_restarts = 0;
   std::string report;                  // final JSON report path ("" = none)
   std::string run_dir;                 // scratch directory shared by ranks
   bool progress = true;                // launcher: live one-line display

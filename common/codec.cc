@@ -30,6 +30,8 @@ namespace {
 // captured pointers lose __restrict__.) Loop bodies are branch-free; bit
 // casts and unaligned payload access use memcpy.
 constexpr size_t kLanes = 16;
+// "No element" for FirstNonFiniteSum's scan.
+constexpr size_t kNone = std::numeric_limits<size_t>::max();
 
 constexpr int32_t kAbsMask = 0x7FFFFFFF;
 constexpr uint16_t kBf16ExpMask = 0x7F80;
@@ -518,6 +520,30 @@ void Decode(Codec codec, std::string_view bytes, absl::Span<float> out) {
 void AccumulateDecoded(Codec codec, std::string_view bytes, float weight,
                        absl::Span<float> acc) {
   DecodeWith(codec, bytes, Axpy{weight}, acc);
+}
+
+std::optional<size_t> FirstNonFiniteSum(Codec codec, std::string_view bytes,
+                                        float weight,
+                                        absl::Span<const float> acc) {
+  // Computes each sum as Axpy does, without storing it. DecodeWith hands out
+  // the accumulator element by reference; this op only reads it.
+  struct Check {
+    float weight;
+    const float* base;
+    size_t* first;
+    void operator()(float& dst, float x) const {
+      float sum = dst;
+      sum += weight * x;
+      if (!std::isfinite(sum) && *first == kNone) {
+        *first = static_cast<size_t>(&dst - base);
+      }
+    }
+  };
+  size_t first = kNone;
+  DecodeWith(codec, bytes, Check{weight, acc.data(), &first},
+             absl::MakeSpan(const_cast<float*>(acc.data()), acc.size()));
+  if (first == kNone) return std::nullopt;
+  return first;
 }
 
 void EncodeWithFeedback(Codec codec, absl::Span<const float> value,

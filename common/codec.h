@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string_view>
 
 #include "absl/status/status.h"
@@ -46,6 +47,13 @@ void Decode(Codec codec, std::string_view bytes, absl::Span<float> out);
 // have passed Validate for acc.size().
 void AccumulateDecoded(Codec codec, std::string_view bytes, float weight,
                        absl::Span<float> acc);
+
+// The first index i at which acc[i] + weight · decode(bytes)[i], computed as
+// AccumulateDecoded computes it, would not be finite (fp32 overflow); nullopt
+// if every sum is finite. `bytes` must have passed Validate for acc.size().
+std::optional<size_t> FirstNonFiniteSum(Codec codec, std::string_view bytes,
+                                        float weight,
+                                        absl::Span<const float> acc);
 
 // Error feedback for lossy codecs: encodes v = value + residual into `out` and
 // leaves residual = v − decode(out), so the quantisation error is carried into

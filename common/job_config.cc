@@ -1,6 +1,7 @@
 #include "common/job_config.h"
 
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -50,6 +51,18 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return Invalid("num_parameters", "must be > 0", 0);
   }
   if (c.num_shards() == 0) return Invalid("num_shards", "must be > 0", 0);
+  // Every float field, used by the chosen penalty and clip or not: the config
+  // is compared and logged whole, and a NaN is never equal to itself.
+  const std::pair<const char*, float> floats[] = {
+      {"alpha", c.alpha()},
+      {"beta", c.beta()},
+      {"penalty_lambda", c.penalty_lambda()},
+      {"clip_value", c.clip_value()}};
+  for (const auto& [name, value] : floats) {
+    if (!std::isfinite(value)) {
+      return Invalid(name, "must be finite (even when unused)", value);
+    }
+  }
   if (!std::isfinite(c.alpha()) || c.alpha() <= 0) {
     return Invalid("alpha", "must be finite and > 0", c.alpha());
   }

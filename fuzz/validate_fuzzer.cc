@@ -68,7 +68,7 @@ std::unique_ptr<server::JobShard> FreshJob(uint8_t knobs, bool seed = true) {
   (void)(*job)->Join("w1", config, common::Codec(1 + (knobs >> 1) % 3));
   if (seed) {
     std::string zeros(kParams * sizeof(float), '\0');
-    if (!(*job)->SeedChunk("w0", 0, zeros).ok()) __builtin_trap();
+    if (!(*job)->SeedChunk("w0", 0, 0, zeros).ok()) __builtin_trap();
   }
   return *std::move(job);
 }
@@ -131,7 +131,8 @@ void FuzzAnchorChunk(const std::string& bytes, uint8_t knobs) {
   if (!chunk.ParseFromString(bytes)) return;
   auto job = FreshJob(knobs, /*seed=*/false);
   const std::string& seeder = (knobs & 1) ? chunk.worker_id() : "w0";
-  (void)job->SeedChunk(seeder, chunk.chunk_index(), chunk.payload());
+  (void)job->SeedChunk(seeder, chunk.chunk_index(), chunk.anchor_round(),
+                        chunk.payload());
   (void)job->Fetch("w1");
 }
 

@@ -13,6 +13,7 @@
 #include "common/codec.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/exchange_wire.h"
 #include "server/token_auth.h"
 
 namespace co2::server {
@@ -64,7 +65,9 @@ absl::Status DoJoin(const grpc::CallbackServerContext* context,
   response->set_range_end(job->range().end);
   response->set_num_chunks(job->num_chunks());
   response->set_must_seed(joined.must_seed);
+  response->set_must_reseed(joined.must_reseed);
   response->set_open_round(joined.open_round);
+  response->set_oldest_update_round(joined.oldest_update_round);
   response->set_lease_ms(static_cast<uint32_t>(
       absl::ToInt64Milliseconds(registry->options().shard.lease)));
   return absl::OkStatus();
@@ -111,13 +114,10 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
                                    chunk_.worker_id()));
       worker_ = chunk_.worker_id();
     }
-    if (chunk_.anchor_round() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "a seed is the anchor of round 0, got anchor_round ",
-          chunk_.anchor_round()));
-    }
-    CO2_RETURN_IF_ERROR(
-        job_->SeedChunk(worker_, chunk_.chunk_index(), chunk_.payload()));
+    CO2_RETURN_IF_ERROR(job_->SeedChunk(worker_, chunk_.chunk_index(),
+                                        chunk_.anchor_round(),
+                                        chunk_.payload()));
+    anchor_round_ = chunk_.anchor_round();
     ++received_;
     return absl::OkStatus();
   }
@@ -128,7 +128,7 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
           "seed ended after ", received_, " chunks of ",
           job_ == nullptr ? 0 : job_->num_chunks()));
     }
-    response_->set_anchor_round(0);
+    response_->set_anchor_round(anchor_round_);
     return absl::OkStatus();
   }
 
@@ -139,6 +139,7 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
   JobShard* job_ = nullptr;
   std::string worker_;
   uint32_t received_ = 0;
+  uint64_t anchor_round_ = 0;  // of the chunks received (JobShard checks them)
 };
 
 // Streams a snapshot of the anchor, one chunk per write.
@@ -190,9 +191,11 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::AnchorChunk> {
 // One worker's long-lived stream to this shard: reads contributions, writes
 // every outer update of the job. Writes are queued in an Outbox that the
 // JobShard holds weakly; at most one write is in flight, and Finish waits for
-// it, so a write is never started on a finished reactor.
+// it, so a write is never started on a finished reactor. The queue holds the
+// update chunks every stream shares; each write's ByteBuffer aliases the
+// shared payload (exchange_wire.h), so a stream costs no copy of an update.
 class ExchangeReactor
-    : public grpc::ServerBidiReactor<v1::ExchangeRequest, v1::OuterUpdate> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ExchangeReactor(const grpc::CallbackServerContext* context,
                   JobRegistry* registry)
@@ -226,7 +229,7 @@ class ExchangeReactor
 
     void Send(std::shared_ptr<const UpdateChunks> update) override
         ABSL_LOCKS_EXCLUDED(mu_) {
-      const v1::OuterUpdate* start = nullptr;
+      const grpc::ByteBuffer* start = nullptr;
       {
         absl::MutexLock lock(&mu_);
         if (finishing_) return;
@@ -237,7 +240,7 @@ class ExchangeReactor
     }
 
     void WriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
-      const v1::OuterUpdate* start = nullptr;
+      const grpc::ByteBuffer* start = nullptr;
       {
         absl::MutexLock lock(&mu_);
         writing_ = false;
@@ -271,10 +274,11 @@ class ExchangeReactor
     }
 
    private:
-    const v1::OuterUpdate* NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const grpc::ByteBuffer* NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (writing_ || finishing_ || queue_.empty()) return nullptr;
       writing_ = true;
-      return queue_.front().get();
+      in_flight_ = SerializeUpdate(queue_.front());
+      return &in_flight_;
     }
     bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return finishing_ && !writing_;
@@ -284,17 +288,21 @@ class ExchangeReactor
     absl::Mutex mu_;
     std::deque<std::shared_ptr<const v1::OuterUpdate>> queue_
         ABSL_GUARDED_BY(mu_);
+    // The write in flight (queue_.front()); lives until its OnWriteDone.
+    grpc::ByteBuffer in_flight_ ABSL_GUARDED_BY(mu_);
     bool writing_ ABSL_GUARDED_BY(mu_) = false;
     bool finishing_ ABSL_GUARDED_BY(mu_) = false;
     absl::Status status_ ABSL_GUARDED_BY(mu_);
   };
 
   absl::Status Handle() {
-    if (request_.has_open()) {
+    CO2_ASSIGN_OR_RETURN(ExchangeMessage request,
+                         ParseExchangeRequest(&request_));
+    if (request.open) {
       if (job_ != nullptr) {
         return absl::InvalidArgumentError("the stream is already open");
       }
-      const v1::ExchangeOpen& open = request_.open();
+      const v1::ExchangeOpen& open = *request.open;
       CO2_ASSIGN_OR_RETURN(job_,
                            FindJob(context_, registry_, open.job(),
                                    open.worker_id()));
@@ -305,15 +313,11 @@ class ExchangeReactor
       }
       return absl::OkStatus();
     }
-    if (!request_.has_contribution()) {
-      return absl::InvalidArgumentError(
-          "an ExchangeRequest must carry open or contribution");
-    }
     if (job_ == nullptr) {
       return absl::InvalidArgumentError(
           "the first message of an Exchange stream must be open");
     }
-    CO2_RETURN_IF_ERROR(job_->Contribute(worker_, request_.contribution()));
+    CO2_RETURN_IF_ERROR(job_->Contribute(worker_, *request.contribution));
     registry_->Wake();
     return absl::OkStatus();
   }
@@ -321,7 +325,7 @@ class ExchangeReactor
   const grpc::CallbackServerContext* const context_;
   JobRegistry* const registry_;
   const std::shared_ptr<Outbox> outbox_;
-  v1::ExchangeRequest request_;
+  grpc::ByteBuffer request_;
   JobShard* job_ = nullptr;
   std::string worker_;
 };
@@ -344,7 +348,7 @@ grpc::ServerWriteReactor<v1::AnchorChunk>* AggregatorService::Fetch(
   return new FetchReactor(context, registry_, *request);
 }
 
-grpc::ServerBidiReactor<v1::ExchangeRequest, v1::OuterUpdate>*
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 AggregatorService::Exchange(grpc::CallbackServerContext* context) {
   return new ExchangeReactor(context, registry_);
 }

@@ -14,7 +14,17 @@ namespace co2::server {
 // Ids (job, worker) longer than this are rejected with INVALID_ARGUMENT.
 inline constexpr size_t kMaxIdLength = 128;
 
-class AggregatorService final : public v1::Aggregator::CallbackService {
+// The callback service, with Exchange on the raw (ByteBuffer) API so that
+// payloads cross it without protobuf copies (see exchange_wire.h).
+using AggregatorCallbackService = v1::Aggregator::WithCallbackMethod_Join<
+    v1::Aggregator::WithCallbackMethod_Seed<
+        v1::Aggregator::WithCallbackMethod_Fetch<
+            v1::Aggregator::WithRawCallbackMethod_Exchange<
+                v1::Aggregator::WithCallbackMethod_Heartbeat<
+                    v1::Aggregator::WithCallbackMethod_Leave<
+                        v1::Aggregator::Service>>>>>>;
+
+class AggregatorService final : public AggregatorCallbackService {
  public:
   explicit AggregatorService(JobRegistry* registry) : registry_(registry) {}
 
@@ -27,7 +37,7 @@ class AggregatorService final : public v1::Aggregator::CallbackService {
   grpc::ServerWriteReactor<v1::AnchorChunk>* Fetch(
       grpc::CallbackServerContext* context,
       const v1::FetchRequest* request) override;
-  grpc::ServerBidiReactor<v1::ExchangeRequest, v1::OuterUpdate>* Exchange(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const v1::HeartbeatRequest* request,

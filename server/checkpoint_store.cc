@@ -14,6 +14,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -220,9 +222,19 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(const std::string& path) 
   return loaded;
 }
 
+absl::StatusOr<std::string> CheckpointStore::SetAside(const std::string& path) {
+  const std::string aside =
+      absl::StrCat(path, ".corrupt-", absl::ToUnixMillis(absl::Now()));
+  if (::rename(path.c_str(), aside.c_str()) != 0) {
+    return ErrnoStatus(absl::StrCat("cannot rename ", path, " to"), aside,
+                       errno);
+  }
+  return aside;
+}
+
 std::vector<LoadedCheckpoint> CheckpointStore::LoadAll(
     uint32_t shard_index, uint32_t num_shards,
-    std::vector<absl::Status>* errors) const {
+    std::vector<UnusableCheckpoint>* unusable) const {
   std::vector<LoadedCheckpoint> loaded;
   DIR* dir = ::opendir(dir_.c_str());
   if (dir == nullptr) return loaded;  // no directory yet: nothing to restore
@@ -240,7 +252,7 @@ std::vector<LoadedCheckpoint> CheckpointStore::LoadAll(
     if (one.ok()) {
       loaded.push_back(*std::move(one));
     } else {
-      errors->push_back(one.status());
+      unusable->push_back(UnusableCheckpoint{path, one.status()});
     }
   }
   ::closedir(dir);

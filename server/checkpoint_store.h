@@ -32,6 +32,12 @@ struct CheckpointView {
   std::vector<const std::string*> update_chunks;  // may be empty (round 0)
 };
 
+// A checkpoint file that could not be used.
+struct UnusableCheckpoint {
+  std::string path;
+  absl::Status error;  // DATA_LOSS (or the I/O error) saying what was wrong
+};
+
 struct LoadedCheckpoint {
   v1::ShardCheckpointHeader header;
   std::vector<float> anchor;
@@ -54,10 +60,16 @@ class CheckpointStore {
 
   // Every checkpoint file of shard `shard_index` of `num_shards` in the
   // directory, loaded and verified. Files that fail verification are skipped
-  // and reported in `errors` (DATA_LOSS naming the file and what was wrong).
-  std::vector<LoadedCheckpoint> LoadAll(uint32_t shard_index,
-                                        uint32_t num_shards,
-                                        std::vector<absl::Status>* errors) const;
+  // and reported in `unusable` (DATA_LOSS naming the file and what was wrong).
+  std::vector<LoadedCheckpoint> LoadAll(
+      uint32_t shard_index, uint32_t num_shards,
+      std::vector<UnusableCheckpoint>* unusable) const;
+
+  // Renames an unusable checkpoint file to "<path>.corrupt-<unix ms>": kept
+  // for inspection, never loaded again, and out of the way of the job's next
+  // checkpoint. Returns the new path; UNAVAILABLE naming both paths and the
+  // errno text if the rename fails.
+  static absl::StatusOr<std::string> SetAside(const std::string& path);
 
   // Loads and verifies one file.
   static absl::StatusOr<LoadedCheckpoint> Load(const std::string& path);

@@ -21,16 +21,19 @@ JobRegistry::JobRegistry(const JobRegistryOptions& options,
 }
 
 void JobRegistry::RestoreJobs() {
+  std::vector<UnusableCheckpoint> unusable;
   std::vector<LoadedCheckpoint> loaded = checkpoints_->LoadAll(
-      options_.shard_index, options_.num_shards, &restore_errors_);
+      options_.shard_index, options_.num_shards, &unusable);
   absl::MutexLock lock(&mu_);
   for (LoadedCheckpoint& checkpoint : loaded) {
     const std::string job = checkpoint.header.job();
     const uint64_t round = checkpoint.header.rounds_closed();
-    auto restored = JobShard::Restore(std::move(checkpoint), ShardOptions(),
+    auto restored = JobShard::Restore(std::move(checkpoint), ShardOptions(job),
                                       clock_);
     if (!restored.ok()) {
-      restore_errors_.push_back(restored.status());
+      unusable.push_back(UnusableCheckpoint{
+          checkpoints_->PathFor(job, options_.shard_index, options_.num_shards),
+          restored.status()});
       continue;
     }
     CO2_LOG(INFO) << "shard " << options_.shard_index << ": restored job "
@@ -38,17 +41,30 @@ void JobRegistry::RestoreJobs() {
                   << checkpoints_->dir();
     jobs_.emplace(job, *std::move(restored));
   }
-  for (const absl::Status& error : restore_errors_) {
-    // The job starts afresh when a worker joins; a worker then re-seeds it.
-    CO2_LOG(ERROR) << "shard " << options_.shard_index
-                   << ": cannot restore: " << error;
+  for (const UnusableCheckpoint& bad : unusable) {
+    // The job starts without state when a worker joins it; the first worker
+    // that resumes it re-seeds it (JobShard::Join). The file is kept aside
+    // so that the job's next checkpoint does not overwrite the evidence.
+    restore_errors_.push_back(bad.error);
+    corrupt_paths_.insert(bad.path);
+    absl::StatusOr<std::string> aside = CheckpointStore::SetAside(bad.path);
+    CO2_LOG(ERROR) << "shard " << options_.shard_index << ": cannot restore "
+                   << bad.path << ": " << bad.error << "; "
+                   << (aside.ok() ? absl::StrCat("set aside as ", *aside)
+                                  : absl::StrCat("cannot set it aside: ",
+                                                 aside.status().ToString()));
   }
 }
 
-JobShardOptions JobRegistry::ShardOptions() const {
+JobShardOptions JobRegistry::ShardOptions(const std::string& job) const {
   JobShardOptions shard = options_.shard;
   shard.shard_index = options_.shard_index;
   shard.checkpoints = checkpoints_.get();
+  if (checkpoints_ != nullptr &&
+      corrupt_paths_.contains(checkpoints_->PathFor(
+          job, options_.shard_index, options_.num_shards))) {
+    shard.reseed_reason = ReseedReason::kCorrupt;
+  }
   return shard;
 }
 
@@ -95,8 +111,9 @@ absl::StatusOr<JobShard*> JobRegistry::GetOrCreate(
         "cannot create job \"", job, "\": ", jobs_.size(),
         " jobs already (limit ", options_.max_jobs, ")"));
   }
-  CO2_ASSIGN_OR_RETURN(auto created, JobShard::Create(std::string(job), config,
-                                                      ShardOptions(), clock_));
+  CO2_ASSIGN_OR_RETURN(
+      auto created,
+      JobShard::Create(std::string(job), config, ShardOptions(job), clock_));
   CO2_LOG(INFO) << "shard " << options_.shard_index << ": new job " << job << " ["
             << created->range().begin << ", " << created->range().end
             << "): " << common::DescribeJobConfig(config);

@@ -14,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "co2/v1/aggregator.pb.h"
@@ -45,8 +46,8 @@ struct JobRegistryOptions {
 class JobRegistry {
  public:
   // `clock` is borrowed. Restores the jobs checkpointed in
-  // options.checkpoint_dir (logging the files it cannot use), then starts the
-  // poller thread.
+  // options.checkpoint_dir (logging the files it cannot use and setting them
+  // aside), then starts the poller thread.
   JobRegistry(const JobRegistryOptions& options, common::Clock* clock);
   ~JobRegistry();  // stops the poller
   JobRegistry(const JobRegistry&) = delete;
@@ -67,7 +68,8 @@ class JobRegistry {
   void Wake() ABSL_LOCKS_EXCLUDED(mu_);
 
   const JobRegistryOptions& options() const { return options_; }
-  // Checkpoint files found unusable at start (DATA_LOSS each).
+  // Checkpoint files found unusable at start (DATA_LOSS each); each was
+  // renamed to <file>.corrupt-<unix ms> (CheckpointStore::SetAside).
   const std::vector<absl::Status>& restore_errors() const {
     return restore_errors_;
   }
@@ -76,12 +78,16 @@ class JobRegistry {
   void PollLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   void RestoreJobs() ABSL_LOCKS_EXCLUDED(mu_);
-  JobShardOptions ShardOptions() const;
+  JobShardOptions ShardOptions(const std::string& job) const;
 
   const JobRegistryOptions options_;
   common::Clock* const clock_;
   std::unique_ptr<CheckpointStore> checkpoints_;  // null without a directory
   std::vector<absl::Status> restore_errors_;
+  // Checkpoint files found unusable at start (and set aside): a job whose
+  // file is here is re-seeded for reason "corrupt". Written only by the
+  // constructor.
+  absl::flat_hash_set<std::string> corrupt_paths_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<JobShard>> jobs_
       ABSL_GUARDED_BY(mu_);

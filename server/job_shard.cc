@@ -92,8 +92,10 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
                                   ")"));
   }
   const uint32_t chunks = shard->num_chunks();
+  // A shard re-seeded at a later round holds no update until it closes one.
   const size_t expected_chunks = h.rounds_closed() > 0 ? chunks : 0;
-  if (checkpoint.update_chunks.size() != expected_chunks) {
+  if (!checkpoint.update_chunks.empty() &&
+      checkpoint.update_chunks.size() != expected_chunks) {
     return data_loss(absl::StrCat("has ", checkpoint.update_chunks.size(),
                                   " update chunks, expected ",
                                   expected_chunks));
@@ -114,7 +116,7 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
     shard->rounds_.RestoreCountedInPreviousRound(m.worker_id(),
                                                  m.counted_last_round());
   }
-  if (expected_chunks == 0) return shard;
+  if (checkpoint.update_chunks.empty()) return shard;
   auto update = std::make_shared<UpdateChunks>();
   for (uint32_t i = 0; i < chunks; ++i) {
     const common::Range r = common::ChunkRange(shard->range_.size(), i);
@@ -180,6 +182,12 @@ absl::StatusOr<JoinResult> JobShard::Join(const std::string& worker,
   CO2_RETURN_IF_ERROR(common::CheckSameJobConfig(config_, config));
   absl::MutexLock lock(&mu_);
   if (evicted_.contains(worker)) return NotMemberLocked(worker);
+  const bool lost_state = !anchor_ready_ && resume_round.has_value();
+  if (lost_state && reseeding_ && !seeder_.empty() && seeder_ != worker) {
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_, "\" lost its state on shard ", options_.shard_index,
+        " and is being re-seeded by worker \"", seeder_, "\"; retry"));
+  }
   auto it = members_.find(worker);
   if (it == members_.end()) {
     if (members_.size() >= options_.max_workers) {
@@ -201,12 +209,30 @@ absl::StatusOr<JoinResult> JobShard::Join(const std::string& worker,
   it->second.uplink = uplink;
   it->second.lease_expiry = clock_->Now() + options_.lease;
   JoinResult result;
-  if (!anchor_ready_ && (seeder_.empty() || seeder_ == worker)) {
+  if (lost_state) {
+    // A worker that was training holds the exact anchor; a fresh worker's
+    // A_0 would restart the job, so the resuming worker seeds instead.
+    if (!reseeding_ && !seeder_.empty()) {
+      CO2_LOG(WARNING) << "job " << job_ << ": worker " << worker
+                       << " re-seeds the lost state instead of " << seeder_
+                       << "'s A_0";
+    }
+    seeder_ = std::string(worker);
+    reseeding_ = true;
+    seeded_chunks_ = 0;
+    result.must_reseed = true;
+    CO2_LOG(WARNING) << "job " << job_ << ": shard " << options_.shard_index
+                     << " has no state for this running job (checkpoint "
+                     << ReseedReasonName(options_.reseed_reason)
+                     << "); asking worker " << worker
+                     << " to re-seed it from its anchor";
+  } else if (!anchor_ready_ && (seeder_.empty() || seeder_ == worker)) {
     seeder_ = std::string(worker);
     seeded_chunks_ = 0;
     result.must_seed = true;
   }
   result.open_round = rounds_.open_round();
+  result.oldest_update_round = OldestUpdateRoundLocked();
   return result;
 }
 
@@ -237,6 +263,7 @@ absl::StatusOr<common::Codec> JobShard::UplinkCodec(
 }
 
 absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index,
+                                 uint64_t anchor_round,
                                  const std::string& payload) {
   if (chunk_index >= num_chunks()) {
     return absl::InvalidArgumentError(
@@ -261,15 +288,53 @@ absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index
         absl::StrCat("seed chunk_index ", chunk_index, " out of order: expected ",
                      seeded_chunks_));
   }
+  if (!reseeding_ && anchor_round != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a seed is the anchor of round 0, got anchor_round ", anchor_round));
+  }
+  if (reseeding_ && chunk_index == 0) reseed_anchor_round_ = anchor_round;
+  if (reseeding_ && anchor_round != reseed_anchor_round_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "re-seed chunk ", chunk_index, " has anchor_round ", anchor_round,
+        ", chunk 0 had ", reseed_anchor_round_));
+  }
   common::Decode(common::Codec::kFp32, payload,
                  absl::MakeSpan(anchor_).subspan(chunk.begin, chunk.size()));
   if (++seeded_chunks_ == num_chunks()) {
     anchor_ready_ = true;
     checkpoint_dirty_ = true;
     round_opened_ = clock_->Now();
-    CO2_LOG(INFO) << "job " << job_ << ": anchor seeded by " << worker;
+    if (reseeding_) {
+      FinishReseedLocked();
+    } else {
+      CO2_LOG(INFO) << "job " << job_ << ": anchor seeded by " << worker;
+    }
   }
   return absl::OkStatus();
+}
+
+void JobShard::FinishReseedLocked() {
+  // The worker's anchor A_a starts round a, so the shard resumes as if it
+  // had closed round a − 1 − s: its next update (of round a − s) turns A_a
+  // into A_{a+1}, the update that worker and every worker at its round wait
+  // for next. Momentum and gap restart from zero (they were only here).
+  const uint64_t staleness = config_.max_staleness();
+  rounds_closed_ = reseed_anchor_round_ > staleness
+                       ? reseed_anchor_round_ - staleness
+                       : 0;
+  rounds_.Reopen(rounds_closed_);
+  reseeding_ = false;
+  ++stats_.reseeds;
+  CO2_LOG(WARNING) << "job " << job_ << ": shard " << options_.shard_index
+                   << " re-seeded by worker " << seeder_
+                   << " with its anchor of round " << reseed_anchor_round_
+                   << " after losing its state (checkpoint "
+                   << ReseedReasonName(options_.reseed_reason)
+                   << "); open round " << rounds_closed_
+                   << "; outer momentum restarts from zero";
+  if (options_.observer != nullptr) {
+    options_.observer->OnReseeded(job_, options_.reseed_reason);
+  }
 }
 
 absl::StatusOr<AnchorSnapshot> JobShard::Fetch(const std::string& worker) {
@@ -296,7 +361,7 @@ absl::StatusOr<AnchorSnapshot> JobShard::Fetch(const std::string& worker) {
 }
 
 absl::Status JobShard::Contribute(const std::string& worker,
-                                  const v1::Contribution& c) {
+                                  const ContributionView& c) {
   absl::Status status = ContributeUnobserved(worker, c);
   if (!status.ok() && options_.observer != nullptr) {
     options_.observer->OnRejected(job_, RejectReasonOf(status));
@@ -304,17 +369,37 @@ absl::Status JobShard::Contribute(const std::string& worker,
   return status;
 }
 
+absl::Status JobShard::Contribute(const std::string& worker,
+                                  const v1::Contribution& c) {
+  const std::string_view payload = c.payload();
+  return Contribute(worker, ContributionView{c.round(), c.chunk_index(),
+                                             c.codec(), c.weight(),
+                                             common::Pieces(&payload, 1)});
+}
+
 absl::Status JobShard::ContributeUnobserved(const std::string& worker,
-                                            const v1::Contribution& c) {
-  CO2_ASSIGN_OR_RETURN(common::Codec codec, common::CodecFromWire(c.codec()));
-  if (c.chunk_index() >= num_chunks()) {
+                                            const ContributionView& c) {
+  CO2_ASSIGN_OR_RETURN(common::Codec codec, common::CodecFromWire(c.codec));
+  if (c.chunk_index >= num_chunks()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk_index ", c.chunk_index(),
+        absl::StrCat("chunk_index ", c.chunk_index,
                      " out of range: shard has ", num_chunks(), " chunks"));
   }
-  const size_t elements = common::ChunkRange(range_.size(), c.chunk_index()).size();
+  const size_t elements =
+      common::ChunkRange(range_.size(), c.chunk_index).size();
+  // The payload is read where it arrived, except int8 in several pieces,
+  // whose scales lie apart from its values (common/payload_pieces.h).
+  common::Pieces payload = c.payload;
+  std::string gathered;
+  std::string_view whole;
+  if (codec == common::Codec::kInt8 && payload.size() > 1) {
+    gathered = common::Gather(payload);
+    whole = gathered;
+    payload = common::Pieces(&whole, 1);
+  }
+  const size_t payload_size = common::TotalSize(payload);
   // The expensive scan for NaN/Inf runs outside the lock.
-  absl::Status valid = common::Validate(codec, c.payload(), elements);
+  absl::Status valid = common::ValidatePieces(codec, payload, elements);
   absl::MutexLock lock(&mu_);
   auto it = members_.find(worker);
   if (it == members_.end()) return NotMemberLocked(worker);
@@ -325,30 +410,31 @@ absl::Status JobShard::ContributeUnobserved(const std::string& worker,
         std::string(common::CodecName(it->second.uplink)), ")"));
   }
   if (!valid.ok()) {
-    // Dropped before anything is accumulated; a worker that keeps sending
-    // garbage (a diverged model) is evicted so it cannot stall the rounds.
-    ++stats_.rejected_chunks;
-    std::string message = absl::StrCat("round ", c.round(), " chunk ",
-                                       c.chunk_index(), ": ", valid.message());
-    const uint32_t rejects = ++it->second.consecutive_rejects;
-    if (options_.max_rejected_chunks > 0 &&
-        rejects >= options_.max_rejected_chunks) {
-      EvictLocked(worker, absl::StrCat(rejects,
-                                       " invalid contribution chunks in a row "
-                                       "(last: ",
-                                       message, ")"));
-      absl::StrAppend(&message, "; worker \"", worker, "\" is evicted after ",
-                      rejects, " invalid chunks in a row");
-    }
-    return absl::Status(valid.code(), message);
+    return RejectLocked(worker, it->second,
+                        absl::Status(valid.code(),
+                                     absl::StrCat("round ", c.round, " chunk ",
+                                                  c.chunk_index, ": ",
+                                                  valid.message())));
+  }
+  if (!anchor_ready_) {
+    // Nothing is accumulated before the anchor: a re-seed moves the open
+    // round to where the workers are.
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_, "\" has no anchor on shard ", options_.shard_index,
+        " yet (being seeded by \"", seeder_, "\"); retry"));
+  }
+  it->second.lease_expiry = clock_->Now() + options_.lease;
+  absl::StatusOr<ChunkOutcome> added = rounds_.AddChunk(
+      worker, c.round, c.chunk_index, codec, payload, c.weight);
+  // RoundState refuses a bad weight, or values whose weighted sum would
+  // overflow fp32, before counting anything: garbage like a NaN.
+  if (added.status().code() == absl::StatusCode::kInvalidArgument) {
+    return RejectLocked(worker, it->second, added.status());
   }
   it->second.consecutive_rejects = 0;
-  it->second.lease_expiry = clock_->Now() + options_.lease;
-  CO2_ASSIGN_OR_RETURN(ChunkOutcome outcome,
-                       rounds_.AddChunk(worker, c.round(), c.chunk_index(),
-                                        codec, c.payload(), c.weight()));
+  CO2_ASSIGN_OR_RETURN(ChunkOutcome outcome, std::move(added));
   if (options_.observer != nullptr) {
-    options_.observer->OnContribution(job_, codec, c.payload().size(),
+    options_.observer->OnContribution(job_, codec, payload_size,
                                       outcome.folded, outcome.duplicate);
   }
   if (outcome.duplicate) ++stats_.duplicate_chunks;
@@ -417,7 +503,7 @@ int JobShard::Poll() {
     absl::MutexLock lock(&mu_);
     published.swap(unpublished_);
     for (const auto& update : published) cache_.push_back(update);
-    while (cache_.size() > 2) cache_.erase(cache_.begin());
+    TrimCacheLocked();
     sinks = LiveSinksLocked();
   }
   for (const auto& update : published) {
@@ -465,6 +551,25 @@ absl::Status JobShard::NotMemberLocked(const std::string& worker) const {
       evicted->second, "; it cannot rejoin under this id"));
 }
 
+absl::Status JobShard::RejectLocked(const std::string& worker, Member& member,
+                                   const absl::Status& invalid) {
+  // Dropped before anything is accumulated; a worker that keeps sending
+  // garbage (a diverged model) is evicted so it cannot stall the rounds.
+  ++stats_.rejected_chunks;
+  std::string message(invalid.message());
+  const uint32_t rejects = ++member.consecutive_rejects;
+  if (options_.max_rejected_chunks > 0 &&
+      rejects >= options_.max_rejected_chunks) {
+    EvictLocked(worker, absl::StrCat(rejects,
+                                     " invalid contribution chunks in a row "
+                                     "(last: ",
+                                     message, ")"));
+    absl::StrAppend(&message, "; worker \"", worker, "\" is evicted after ",
+                    rejects, " invalid chunks in a row");
+  }
+  return absl::Status(invalid.code(), message);
+}
+
 void JobShard::EvictLocked(const std::string& worker, std::string reason) {
   CO2_LOG(WARNING) << "job " << job_ << ": evicting worker " << worker << ": "
                    << reason;
@@ -474,6 +579,12 @@ void JobShard::EvictLocked(const std::string& worker, std::string reason) {
   if (evicted_.size() >= options_.max_workers) evicted_.erase(evicted_.begin());
   evicted_[worker] = std::move(reason);
   ++stats_.evicted_workers;
+}
+
+uint64_t JobShard::OldestUpdateRoundLocked() const {
+  if (!cache_.empty()) return (*cache_.front())[0]->round();
+  if (!unpublished_.empty()) return (*unpublished_.front())[0]->round();
+  return rounds_.open_round();
 }
 
 uint64_t JobShard::AnchorRoundLocked() const {
@@ -494,7 +605,21 @@ bool JobShard::CloseRoundLocked() {
   ObserveRoundClosedLocked(*closed);
   ++rounds_closed_;
   unpublished_.push_back(EncodeUpdateLocked(*closed));
+  TrimCacheLocked();
   return true;
+}
+
+void JobShard::TrimCacheLocked() {
+  // A worker that reconnects asks for the rounds after the last update it
+  // applied; with max_staleness <= 1 it has contributed at most one round
+  // past that one, so it misses at most the last two closed rounds. Older
+  // encoded updates are dropped when a round closes, not when it is
+  // published, so at most two rounds of them exist at any time.
+  constexpr size_t kReplayRounds = 2;
+  while (!cache_.empty() &&
+         cache_.size() + unpublished_.size() > kReplayRounds) {
+    cache_.erase(cache_.begin());
+  }
 }
 
 std::shared_ptr<const v1::OuterUpdate> JobShard::UpdateMessage(

@@ -29,6 +29,7 @@
 #include "common/clock.h"
 #include "common/codec.h"
 #include "common/layout.h"
+#include "common/payload_pieces.h"
 #include "server/checkpoint_store.h"
 #include "server/outer_optimizer.h"
 #include "server/round_state.h"
@@ -51,8 +52,9 @@ struct JobShardOptions {
   uint32_t shard_index = 0;
   absl::Duration lease = absl::Seconds(10);  // membership without a heartbeat
   uint32_t max_workers = 1024;               // per job; RESOURCE_EXHAUSTED
-  // A worker whose contribution chunks fail validation (NaN/Inf, bad size)
-  // this many times in a row is evicted: removed from the rounds, and its
+  // A worker whose contribution chunks fail validation (NaN/Inf, bad size or
+  // weight, values whose weighted sum would overflow fp32) this many times
+  // in a row is evicted: removed from the rounds, and its
   // later calls get FAILED_PRECONDITION saying why. 0: never evict.
   uint32_t max_rejected_chunks = 3;
   // Where closed rounds are made durable before their update is released;
@@ -63,11 +65,29 @@ struct JobShardOptions {
   // Told about contributions, rounds and rejections (metrics); nullptr:
   // none. Borrowed; must outlive the shard. See shard_observer.h.
   ShardObserver* observer = nullptr;
+  // Why this job has no state if a resuming worker finds it without an
+  // anchor (logged and counted at the re-seed); set per job by JobRegistry.
+  ReseedReason reseed_reason = ReseedReason::kMissing;
+};
+
+// One contribution chunk as the Exchange service reads it off the wire: the
+// fields of a v1::Contribution, its payload in pieces that are read in place
+// (common/payload_pieces.h). Borrowed for the duration of Contribute.
+struct ContributionView {
+  uint64_t round = 0;
+  uint32_t chunk_index = 0;
+  int codec = 0;  // a co2.v1.Codec wire value
+  double weight = 0;
+  common::Pieces payload;
 };
 
 struct JoinResult {
   bool must_seed = false;
+  // A resuming worker found the job without state: it re-seeds the anchor.
+  bool must_reseed = false;
   uint64_t open_round = 0;
+  // The oldest round whose update the shard can replay (open_round if none).
+  uint64_t oldest_update_round = 0;
 };
 
 // The anchor, copied out under the lock, chunk by chunk.
@@ -85,6 +105,7 @@ struct JobShardStats {
   uint64_t live_workers = 0;
   uint64_t rejected_chunks = 0;   // failed validation (NaN/Inf, size); dropped
   uint64_t evicted_workers = 0;   // after max_rejected_chunks in a row
+  uint64_t reseeds = 0;           // state lost; anchor re-seeded by a worker
   uint64_t checkpoints_written = 0;
   uint64_t checkpoint_failures = 0;
   absl::Duration last_checkpoint_duration;
@@ -112,9 +133,12 @@ class JobShard {
 
   // Adds (or renews) `worker` with its uplink codec. A worker that was
   // training and reconnects passes the round it contributes next as
-  // `resume_round`, and takes part from it without fetching the anchor.
-  // FAILED_PRECONDITION for a config that differs from the job's;
-  // RESOURCE_EXHAUSTED past max_workers.
+  // `resume_round`, and takes part from it without fetching the anchor. If
+  // the job has no anchor then (this shard lost its state), that worker is
+  // told to re-seed it (must_reseed), replacing a fresh seeder of A_0 that
+  // has not finished; other resuming workers get UNAVAILABLE until the
+  // re-seed completes. FAILED_PRECONDITION for a config that differs from
+  // the job's; RESOURCE_EXHAUSTED past max_workers.
   absl::StatusOr<JoinResult> Join(const std::string& worker,
                                   const v1::JobConfig& config,
                                   common::Codec uplink,
@@ -126,10 +150,16 @@ class JobShard {
   absl::StatusOr<common::Codec> UplinkCodec(const std::string& worker) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Writes chunk `chunk_index` of A_0 (fp32 bytes). Only the worker told to
-  // seed, chunks in order; the anchor is ready after the last one.
+  // Writes chunk `chunk_index` of the anchor (fp32 bytes) that starts round
+  // `anchor_round`: 0 (A_0) from a worker told must_seed; for a re-seed
+  // (must_reseed) the round of the worker's anchor, the same in every chunk.
+  // Only the worker told to seed, chunks in order; the anchor is ready after
+  // the last one. A re-seeded shard opens round anchor_round − max_staleness
+  // (0 if that is negative) with zero momentum and gap, and
+  // logs and reports the re-seed.
   absl::Status SeedChunk(const std::string& worker, uint32_t chunk_index,
-                         const std::string& payload) ABSL_LOCKS_EXCLUDED(mu_);
+                         uint64_t anchor_round, const std::string& payload)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Calls `done` (on the poller thread, or at once without checkpoints) when
   // the state as of now is in a durable checkpoint; with UNAVAILABLE if the
   // shard is destroyed first.
@@ -141,6 +171,9 @@ class JobShard {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Validates and accumulates one contribution chunk (see RoundState).
+  absl::Status Contribute(const std::string& worker, const ContributionView& c)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The same for a parsed message (its payload is one piece).
   absl::Status Contribute(const std::string& worker, const v1::Contribution& c)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -181,13 +214,25 @@ class JobShard {
       uint64_t round, uint32_t chunk_index, uint32_t contributors,
       std::string payload) const;
   uint64_t AnchorRoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t OldestUpdateRoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The last chunk of a re-seed arrived: the shard continues from it.
+  void FinishReseedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // NOT_FOUND for a worker that never joined or left; FAILED_PRECONDITION
   // saying why for one that was evicted.
   absl::Status NotMemberLocked(const std::string& worker) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EvictLocked(const std::string& worker, std::string reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts a contribution chunk that failed validation (`invalid`, its
+  // message naming the round and chunk) and evicts the worker after
+  // max_rejected_chunks in a row; returns the status for the worker.
+  // `member` is `worker`'s entry, erased when it is evicted.
+  absl::Status RejectLocked(const std::string& worker, Member& member,
+                            const absl::Status& invalid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops cached updates that no reconnecting worker can still need.
+  void TrimCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes A, m and the last update. Runs without the lock: that state only
   // changes in CloseRoundLocked, on the same (poller) thread.
   absl::Status WriteCheckpoint(const v1::ShardCheckpointHeader& header)
@@ -202,7 +247,7 @@ class JobShard {
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Contribute without telling the observer about a rejection.
   absl::Status ContributeUnobserved(const std::string& worker,
-                                    const v1::Contribution& c)
+                                    const ContributionView& c)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Observer reports (no-ops without an observer).
   void ObserveRoundClosedLocked(const ClosedRound& closed)
@@ -226,12 +271,17 @@ class JobShard {
   absl::flat_hash_map<std::string, std::string> evicted_ ABSL_GUARDED_BY(mu_);
   std::string seeder_ ABSL_GUARDED_BY(mu_);
   uint32_t seeded_chunks_ ABSL_GUARDED_BY(mu_) = 0;
+  // seeder_ re-seeds a job whose state this shard lost, with the anchor of
+  // round reseed_anchor_round_ (from its first chunk).
+  bool reseeding_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t reseed_anchor_round_ ABSL_GUARDED_BY(mu_) = 0;
   bool anchor_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<float> anchor_ ABSL_GUARDED_BY(mu_);
   std::vector<float> momentum_ ABSL_GUARDED_BY(mu_);
   std::vector<float> last_update_ ABSL_GUARDED_BY(mu_);  // decoded U: the gap
   uint64_t rounds_closed_ ABSL_GUARDED_BY(mu_) = 0;
-  // Encoded updates of the last two closed rounds, oldest first.
+  // Encoded updates of the last closed rounds, oldest first; with
+  // unpublished_, two rounds at most (TrimCacheLocked).
   std::vector<std::shared_ptr<const UpdateChunks>> cache_ ABSL_GUARDED_BY(mu_);
   // Closed rounds whose checkpoint is not durable yet: not yet sent.
   std::vector<std::shared_ptr<const UpdateChunks>> unpublished_

@@ -1,6 +1,7 @@
 #include "server/round_state.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cfloat>
 #include <cmath>
 #include <utility>
@@ -8,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/layout.h"
+#include "common/status_macros.h"
 
 namespace co2::server {
 namespace {
@@ -100,6 +102,13 @@ size_t RoundState::live_workers() const { return live_workers_; }
 absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
     std::string_view worker, uint64_t round, uint32_t chunk_index,
     common::Codec codec, std::string_view payload, double weight) {
+  return AddChunk(worker, round, chunk_index, codec,
+                  common::Pieces(&payload, 1), weight);
+}
+
+absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
+    std::string_view worker, uint64_t round, uint32_t chunk_index,
+    common::Codec codec, common::Pieces payload, double weight) {
   // Malformed requests first: they are never worth a retry.
   if (chunk_index >= num_chunks_) {
     return absl::InvalidArgumentError(absl::StrCat("chunk_index ", chunk_index,
@@ -122,9 +131,10 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
   if (!known.ok()) return known.status();
   const size_t elements = ChunkElements(chunk_index);
   const size_t expected = common::EncodedSize(codec, elements);
-  if (payload.size() != expected) {
+  if (common::TotalSize(payload) != expected) {
     return absl::InvalidArgumentError(
-        absl::StrCat("payload of chunk ", chunk_index, " is ", payload.size(),
+        absl::StrCat("payload of chunk ", chunk_index, " is ",
+                     common::TotalSize(payload),
                      " bytes, expected ", expected, " for ", elements, " ",
                      AsAbsl(common::CodecName(codec)), " elements"));
   }
@@ -154,14 +164,18 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
     outcome.duplicate = true;
     return outcome;
   }
-  w.received[rel].Set(chunk_index);
-  if (chunk_index == 0) w.weight0[rel] = weight;
-
   // A straggler's chunk of open − 1 is folded into the open round.
   outcome.folded = rel == kPrev;
   const uint64_t target = outcome.folded ? open_ : round;
-  Accumulate(Slot(target), chunk_index, codec, payload,
-             static_cast<float>(weight));
+  const absl::Status added = Accumulate(Slot(target), chunk_index, codec,
+                                        payload, static_cast<float>(weight));
+  if (!added.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker \"", AsAbsl(worker), "\" round ", round,
+                     " chunk ", chunk_index, ": ", added.message()));
+  }
+  w.received[rel].Set(chunk_index);
+  if (chunk_index == 0) w.weight0[rel] = weight;
   if (!outcome.folded) {
     has_chunk_[Slot(round)] = true;
     if (round == open_ && !deadline_.has_value()) {
@@ -171,16 +185,38 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
   return outcome;
 }
 
-void RoundState::Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
-                            std::string_view payload, float w) {
+absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
+                                    common::Codec codec,
+                                    common::Pieces payload, float w) {
   const common::Range range =
       common::ChunkRange(options_.shard_elements, chunk_index);
   const absl::Span<float> acc =
       absl::MakeSpan(acc_[slot]).subspan(range.begin, range.size());
   double& sum = weight_sum_[slot][chunk_index];
   if (sum == 0) std::fill(acc.begin(), acc.end(), 0.0f);
-  common::AccumulateDecoded(codec, payload, w, acc);
+  // Checked before anything is added: a float sum cannot be rolled back
+  // exactly, and one Inf would poison the round for every worker.
+  // The payload is read in place, part by part (common/payload_pieces.h).
+  CO2_RETURN_IF_ERROR(common::ForEachPart(
+      codec, payload, range.size(),
+      [&](std::string_view bytes, size_t first, size_t count) {
+        const std::optional<size_t> bad = common::FirstNonFiniteSum(
+            codec, bytes, w, acc.subspan(first, count));
+        if (!bad) return absl::OkStatus();
+        return absl::InvalidArgumentError(absl::StrCat(
+            "element ", first + *bad, " of the chunk (shard element ",
+            range.begin + first + *bad, ") is not finite once weight ", w,
+            " times it is added to the round's sum (fp32 overflow: the "
+            "contribution's values are too large); chunk rejected"));
+      }));
+  (void)common::ForEachPart(
+      codec, payload, range.size(),
+      [&](std::string_view bytes, size_t first, size_t count) {
+        common::AccumulateDecoded(codec, bytes, w, acc.subspan(first, count));
+        return absl::OkStatus();
+      });
   sum += w;
+  return absl::OkStatus();
 }
 
 std::optional<ClosedRound> RoundState::TryClose() {
@@ -264,6 +300,13 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
     }
   }
   return closed;
+}
+
+void RoundState::Reopen(uint64_t round) {
+  assert(!has_chunk_[0] && !has_chunk_[1]);
+  open_ = round;
+  deadline_.reset();
+  miss_counted_ = false;
 }
 
 uint64_t RoundState::open_round() const { return open_; }

@@ -33,6 +33,7 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/codec.h"
+#include "common/payload_pieces.h"
 
 namespace co2::server {
 
@@ -75,13 +76,20 @@ class RoundState {
   // Accumulates one chunk. `payload` must already have passed
   // common::Validate for the chunk's element count (see ChunkElements()).
   // NOT_FOUND for a worker that is not live; ABORTED / FAILED_PRECONDITION for
-  // rounds out of the window; INVALID_ARGUMENT for a chunk index out of range
-  // or a weight that is not finite and > 0.
+  // rounds out of the window; INVALID_ARGUMENT for a chunk index out of range,
+  // a weight that is not finite and > 0, or values so large that weight × Δ
+  // would make the round's sum overflow fp32 (then nothing is counted).
   absl::StatusOr<ChunkOutcome> AddChunk(std::string_view worker, uint64_t round,
                                         uint32_t chunk_index,
                                         common::Codec codec,
                                         std::string_view payload,
                                         double weight);
+  // The same for a payload in pieces, read in place (an int8 payload must
+  // be one piece; see common/payload_pieces.h).
+  absl::StatusOr<ChunkOutcome> AddChunk(std::string_view worker, uint64_t round,
+                                        uint32_t chunk_index,
+                                        common::Codec codec,
+                                        common::Pieces payload, double weight);
 
   // Closes the open round if it is complete or past its deadline with quorum:
   // computes the mean, advances the open round and returns it. Otherwise
@@ -89,6 +97,11 @@ class RoundState {
   // RemoveWorker, and when Deadline() passes. Closes at most one round per
   // call: call again while it returns a round (r + 1 may be complete too).
   std::optional<ClosedRound> TryClose();
+
+  // For a shard re-seeded after it lost its state: `round` becomes the open
+  // round. Only while no chunk has been accumulated (the anchor was not
+  // ready, so none was accepted).
+  void Reopen(uint64_t round);
 
   uint64_t open_round() const;
   uint32_t num_chunks() const;
@@ -139,8 +152,9 @@ class RoundState {
   // Accumulator slot of a round: rounds alternate between the two buffers.
   static int Slot(uint64_t round) { return static_cast<int>(round & 1); }
   // acc[slot][chunk c] += w · decode(payload), zeroing a stale chunk first.
-  void Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
-                  std::string_view payload, float w);
+  // INVALID_ARGUMENT, with nothing added, if a sum would overflow fp32.
+  absl::Status Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
+                          common::Pieces payload, float w);
   // Writes the mean of the open round in place and advances the open round.
   ClosedRound Close(uint32_t contributors, double total_weight,
                     bool quorum_close);

@@ -105,6 +105,12 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                             "Rounds whose deadline passed with fewer than "
                             "min_workers complete contributions.",
                             registry, shard_index)),
+      reseeds_(Family(prometheus::BuildCounter(),
+                      "co2_aggregator_reseeds_total",
+                      "Times this shard found a job without state (its "
+                      "checkpoint missing or corrupt) and a worker re-seeded "
+                      "its anchor; the outer momentum restarted from zero.",
+                      registry, shard_index)),
       checkpoint_duration_(
           Family(prometheus::BuildHistogram(),
                  "co2_aggregator_checkpoint_duration_seconds",
@@ -185,6 +191,13 @@ void ShardMetrics::OnPoll(const std::string& job, const ShardPollEvent& event) {
 void ShardMetrics::OnCheckpointWritten(const std::string& job,
                                        absl::Duration duration) {
   CheckpointDuration(job).Observe(absl::ToDoubleSeconds(duration));
+}
+
+void ShardMetrics::OnReseeded(const std::string& job, ReseedReason reason) {
+  reseeds_
+      .Add({{"co2_job", job},
+            {"reason", std::string(ReseedReasonName(reason))}})
+      .Increment();
 }
 
 prometheus::Histogram& ShardMetrics::RoundDuration(const std::string& job) {

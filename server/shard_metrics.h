@@ -17,6 +17,8 @@
 //   co2_aggregator_bytes_out_total                 update payload (codec)
 //   co2_aggregator_quorum_closes_total             closed at the deadline
 //   co2_aggregator_quorum_misses_total             deadline without quorum
+//   co2_aggregator_reseeds_total                   state lost, re-seeded
+//                                                  from a worker (reason)
 // Gauges:
 //   co2_aggregator_active_workers                  live leases
 //   co2_aggregator_open_round                      round accepting chunks
@@ -60,6 +62,7 @@ class ShardMetrics : public ShardObserver {
   void OnPoll(const std::string& job, const ShardPollEvent& event) override;
   void OnCheckpointWritten(const std::string& job,
                            absl::Duration duration) override;
+  void OnReseeded(const std::string& job, ReseedReason reason) override;
 
   // OnCheckpointWritten under a name for callers outside the observer
   // interface (a checkpoint writer that holds the ShardMetrics itself).
@@ -91,6 +94,7 @@ class ShardMetrics : public ShardObserver {
   Gauges& round_contributors_;
   Counters& quorum_closes_;
   Counters& quorum_misses_;
+  Counters& reseeds_;
   Histograms& checkpoint_duration_;
   Gauges& gap_penalty_mean_;
   Gauges& momentum_norm_;

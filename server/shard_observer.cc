@@ -15,7 +15,11 @@ RejectReason RejectReasonOf(const absl::Status& status) {
     case absl::StatusCode::kAborted:
       return RejectReason::kStale;
     case absl::StatusCode::kFailedPrecondition:
-      return RejectReason::kAhead;
+      // JobShard refuses an evicted worker's chunks saying it "was evicted";
+      // shard_metrics_test pins that wording.
+      return absl::StrContains(status.message(), "was evicted")
+                 ? RejectReason::kEvicted
+                 : RejectReason::kAhead;
     case absl::StatusCode::kNotFound:
       return RejectReason::kNotMember;
     case absl::StatusCode::kResourceExhausted:
@@ -37,12 +41,24 @@ absl::string_view RejectReasonName(RejectReason reason) {
       return "ahead";
     case RejectReason::kNotMember:
       return "not_member";
+    case RejectReason::kEvicted:
+      return "evicted";
     case RejectReason::kResourceExhausted:
       return "resource_exhausted";
     case RejectReason::kOther:
       break;
   }
   return "other";
+}
+
+absl::string_view ReseedReasonName(ReseedReason reason) {
+  switch (reason) {
+    case ReseedReason::kMissing:
+      return "missing";
+    case ReseedReason::kCorrupt:
+      return "corrupt";
+  }
+  return "missing";
 }
 
 }  // namespace co2::server

@@ -30,6 +30,7 @@ enum class RejectReason {
   kStale,              // round older than the open round − 1 (ABORTED)
   kAhead,              // round newer than the open round + 1
   kNotMember,          // the worker is not a live member (lease expired?)
+  kEvicted,            // the worker was evicted (FAILED_PRECONDITION)
   kResourceExhausted,  // a limit
   kOther,
 };
@@ -37,8 +38,17 @@ enum class RejectReason {
 // The reason for a status a JobShard returned from Contribute (not OK).
 RejectReason RejectReasonOf(const absl::Status& status);
 // "invalid_argument", "non_finite", "stale", "ahead", "not_member",
-// "resource_exhausted", "other".
+// "evicted", "resource_exhausted", "other".
 absl::string_view RejectReasonName(RejectReason reason);
+
+// Why a shard had no state for a job that a resuming worker joined, and was
+// re-seeded from that worker's anchor (the `reason` label of the metric).
+enum class ReseedReason {
+  kMissing,  // no checkpoint of the job (none written, or the file is gone)
+  kCorrupt,  // its checkpoint failed verification and was set aside
+};
+// "missing", "corrupt".
+absl::string_view ReseedReasonName(ReseedReason reason);
 
 struct RoundClosedEvent {
   uint64_t round = 0;
@@ -86,6 +96,9 @@ class ShardObserver {
   // (JobShard::Poll, after each successful write).
   virtual void OnCheckpointWritten(const std::string& /*job*/,
                                    absl::Duration /*duration*/) {}
+  // The job's state on this shard was lost and a worker re-seeded it.
+  virtual void OnReseeded(const std::string& /*job*/,
+                          ReseedReason /*reason*/) {}
 };
 
 }  // namespace co2::server

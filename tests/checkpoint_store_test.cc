@@ -54,7 +54,7 @@ TEST(CheckpointStoreTest, RoundTripsEveryField) {
   CheckpointStore store(TempDir());
   Fixture f;
   ASSERT_TRUE(store.Write(f.View()).ok());
-  std::vector<absl::Status> errors;
+  std::vector<UnusableCheckpoint> errors;
   std::vector<LoadedCheckpoint> all = store.LoadAll(1, 2, &errors);
   ASSERT_EQ(all.size(), 1u);
   EXPECT_TRUE(errors.empty());
@@ -114,10 +114,20 @@ TEST_P(CorruptionTest, IsDetectedAsDataLoss) {
   absl::StatusOr<LoadedCheckpoint> loaded = CheckpointStore::Load(path);
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kDataLoss) << loaded.status();
   EXPECT_NE(loaded.status().message().find(path), std::string::npos);
-  std::vector<absl::Status> errors;
+  std::vector<UnusableCheckpoint> errors;
   EXPECT_TRUE(store.LoadAll(1, 2, &errors).empty());
   ASSERT_EQ(errors.size(), 1u);
-  EXPECT_EQ(errors[0].code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(errors[0].error.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(errors[0].path, path);
+  // Set aside: kept with its bytes, and no longer loaded.
+  absl::StatusOr<std::string> aside = CheckpointStore::SetAside(path);
+  ASSERT_TRUE(aside.ok()) << aside.status();
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+  std::ifstream kept(*aside, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), bytes);
+  errors.clear();
+  EXPECT_TRUE(store.LoadAll(1, 2, &errors).empty());
+  EXPECT_TRUE(errors.empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, CorruptionTest, testing::Values(0, 1, 2));

@@ -398,6 +398,66 @@ TEST(Co2OptimizerTest, DdpAllReducesGradientsAcrossAllRanks) {
 }
 
 // ---------------------------------------------------------------------------
+// A worker that joins a running job (a restarted one) fetches A_s, applies
+// the update of round s − 1 at its first boundary and ends with the anchor
+// of the worker that never stopped.
+
+TEST(Co2OptimizerTest, AWorkerJoiningARunningJobEndsWithTheSameAnchor) {
+  constexpr int kTau = 2;
+  constexpr int kRounds = 8;
+  constexpr int kJoinAfter = 3;  // rounds worker 0 trains alone
+  Shards shards(1);
+  ASSERT_EQ(shards.addresses().size(), 1u);
+  std::atomic<int> rounds_done{0};
+  std::atomic<bool> joined{false};
+  std::vector<std::string> errors(2);
+  std::vector<uint64_t> final_hash(2), start_round(2);
+  RunThreads(2, [&](int i) {
+    if (i == 1) {
+      while (rounds_done.load() < kJoinAfter) std::this_thread::yield();
+    }
+    torch::Tensor w = torch::zeros({1000}).requires_grad_(true);
+    auto flat = FlatParams::Create({w});
+    if (!flat.ok()) return void(errors[i] = flat.status().ToString());
+    torch::optim::SGD inner({w}, torch::optim::SGDOptions(1.0));
+    auto client = AggregatorClient::Connect(
+        MakeClientOptions(shards, "late", absl::StrCat("w", i), Algo::kCo2,
+                          0.5f, kTau),
+        (*flat)->ParamSpan());
+    if (i == 1) joined = true;
+    if (!client.ok()) return void(errors[i] = client.status().ToString());
+    Co2OptimizerOptions options;
+    options.tau = kTau;
+    options.update_timeout = absl::Seconds(10);  // fail, do not hang
+    auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
+                                    std::move(*client), nullptr, nullptr);
+    if (!opt.ok()) return void(errors[i] = opt.status().ToString());
+    start_round[i] = (*opt)->round();
+    const torch::Tensor c = torch::full({1000}, 0.5f + i);
+    for (int step = start_round[i] * kTau; step < kTau * kRounds; ++step) {
+      (*opt)->ZeroGrad();
+      (w * c).sum().backward();
+      absl::Status s = (*opt)->Step();
+      if (!s.ok()) return void(errors[i] = s.ToString());
+      if (i == 0 && step % kTau == kTau - 1) {
+        ++rounds_done;
+        // Wait for worker 1 to join before going on alone.
+        while (rounds_done.load() >= kJoinAfter && !joined.load()) {
+          std::this_thread::yield();
+        }
+      }
+    }
+    absl::Status s = (*opt)->Finish();
+    if (!s.ok()) return void(errors[i] = s.ToString());
+    final_hash[i] = (*opt)->ParamsHash();
+  });
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+  EXPECT_GT(start_round[1], 0u) << "worker 1 did not join a running job";
+  EXPECT_EQ(final_hash[0], final_hash[1]);
+}
+
+// ---------------------------------------------------------------------------
 // Memory and validation.
 
 TEST(Co2OptimizerTest, LeaderHoldsOnlyParamsGradsAnchorStateAndClientBuffers) {

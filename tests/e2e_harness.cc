@@ -31,9 +31,11 @@ v1::JobConfig Co2Config(const E2eSpec& spec, v1::Codec downlink) {
   return config;
 }
 
-Cluster::Cluster(uint32_t num_shards, std::string checkpoint_dir)
+Cluster::Cluster(uint32_t num_shards, std::string checkpoint_dir,
+                 server::ShardObserver* observer)
     : num_shards_(num_shards),
       checkpoint_dir_(std::move(checkpoint_dir)),
+      observer_(observer),
       shards_(num_shards),
       addresses_(num_shards) {
   for (uint32_t i = 0; i < num_shards; ++i) {
@@ -48,6 +50,7 @@ absl::Status Cluster::StartShard(uint32_t i, const std::string& address) {
   options.registry.shard_index = i;
   options.registry.num_shards = num_shards_;
   options.registry.checkpoint_dir = checkpoint_dir_;
+  options.registry.shard.observer = observer_;
   auto started = server::AggregatorServer::Start(options);
   if (!started.ok()) return started.status();
   addresses_[i] = absl::StrCat("127.0.0.1:", (*started)->port());
@@ -55,10 +58,23 @@ absl::Status Cluster::StartShard(uint32_t i, const std::string& address) {
   return absl::OkStatus();
 }
 
-absl::Status Cluster::Restart(uint32_t i) {
+absl::Status Cluster::Restart(
+    uint32_t i, const std::function<void(const std::string&)>& while_stopped) {
   shards_[i]->Shutdown(absl::ZeroDuration());
   shards_[i].reset();
+  if (while_stopped) while_stopped(checkpoint_dir_);
   return StartShard(i, addresses_[i]);
+}
+
+bool Barrier::ArriveAndWait(const std::function<void()>& action,
+                            absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (++arrived_ == n_) {
+    action();
+    released_ = true;
+    return true;
+  }
+  return mu_.AwaitWithTimeout(absl::Condition(&released_), timeout);
 }
 
 std::vector<float> Cluster::Anchor(const std::string& job, uint64_t* round) {
@@ -137,6 +153,7 @@ WorkerResult RunWorker(const E2eSpec& spec,
       client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
   if (!connected.ok()) return fail(connected.status());
   client::AggregatorClient& c = **connected;
+  if (auto s = c.TrackAnchor(anchor); !s.ok()) return fail(s);
   if (c.start_round() != 0) {
     return fail(absl::InternalError("a fresh job must start at round 0"));
   }

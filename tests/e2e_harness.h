@@ -11,9 +11,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/codec.h"
 #include "server/aggregator_server.h"
+#include "server/shard_observer.h"
 
 namespace co2::testing {
 
@@ -38,12 +41,18 @@ v1::JobConfig Co2Config(const E2eSpec& spec, v1::Codec downlink);
 // S shard servers on 127.0.0.1 ports chosen by the kernel.
 class Cluster {
  public:
-  // `checkpoint_dir` empty: no checkpoints.
-  Cluster(uint32_t num_shards, std::string checkpoint_dir = "");
+  // `checkpoint_dir` empty: no checkpoints. `observer` (may be null,
+  // borrowed) is every shard's ShardObserver.
+  Cluster(uint32_t num_shards, std::string checkpoint_dir = "",
+          server::ShardObserver* observer = nullptr);
   const std::vector<std::string>& addresses() const { return addresses_; }
   // Stops shard i at once (open streams break) and starts it again on the
-  // same port from its checkpoint directory.
-  absl::Status Restart(uint32_t i);
+  // same port from its checkpoint directory; `while_stopped` (may be empty)
+  // runs in between with that directory (e.g. to remove or damage files).
+  absl::Status Restart(
+      uint32_t i,
+      const std::function<void(const std::string&)>& while_stopped = {});
+  server::JobRegistry* registry(uint32_t i) { return shards_[i]->registry(); }
   // The full anchor assembled from the shards, and its round.
   std::vector<float> Anchor(const std::string& job, uint64_t* round);
 
@@ -51,6 +60,7 @@ class Cluster {
   absl::Status StartShard(uint32_t i, const std::string& address);
   uint32_t num_shards_;
   std::string checkpoint_dir_;
+  server::ShardObserver* observer_;
   std::vector<std::unique_ptr<server::AggregatorServer>> shards_;
   std::vector<std::string> addresses_;
 };
@@ -63,6 +73,21 @@ struct WorkerResult {
   absl::Status status;
   std::vector<float> anchor;
   uint64_t reconnects = 0;
+};
+
+// Blocks the N workers' threads until all arrived; the last one to arrive
+// runs `action` first. Waits at most `timeout` (false then).
+class Barrier {
+ public:
+  explicit Barrier(int n) : n_(n) {}
+  bool ArriveAndWait(const std::function<void()>& action,
+                     absl::Duration timeout);
+
+ private:
+  absl::Mutex mu_;
+  const int n_;
+  int arrived_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // One worker following the CO2 boundary protocol for spec.rounds rounds and

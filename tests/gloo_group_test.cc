@@ -355,6 +355,34 @@ TEST(GlooGroupSingle, TwoGroupsShareStoreDirUnderDistinctPrefixes) {
   EXPECT_THAT(codes, Each(Eq(kPass))) << absl::StrJoin(codes, ",");
 }
 
+TEST(GlooGroupSingle, PairsUseTheGivenAddress) {
+  ScopedTempDir dir;
+  const std::string path = dir.path();
+  // Another loopback address works; one that is no interface of this host
+  // (TEST-NET-1) cannot be bound, so the rendezvous fails.
+  std::vector<int> codes = RunRanks(AllRanks(2), [&](int rank) {
+    GroupOptions options = MakeOptions(path, rank, 2);
+    options.prefix = "other-loopback";
+    options.address = "127.0.0.2";
+    auto group = CreateIntraNodeGroup(options);
+    CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
+    return AllReduceAndCheck(**group, 10, 1.0f);
+  });
+  EXPECT_THAT(codes, Each(Eq(kPass))) << absl::StrJoin(codes, ",");
+  codes = RunRanks(
+      AllRanks(2),
+      [&](int rank) {
+        GroupOptions options = MakeOptions(path, rank, 2, absl::Seconds(2));
+        options.prefix = "foreign";
+        options.address = "192.0.2.1";
+        auto group = CreateIntraNodeGroup(options);
+        CHILD_CHECK(!group.ok(), kUnexpectedOk, "bound a foreign address");
+        return kPass;
+      },
+      /*watchdog=*/absl::Seconds(30));
+  EXPECT_THAT(codes, Each(Eq(kPass))) << absl::StrJoin(codes, ",");
+}
+
 TEST(GlooGroupOptions, RejectsInvalidOptions) {
   ScopedTempDir dir;
   auto expect_invalid = [](GroupOptions options) {

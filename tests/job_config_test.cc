@@ -1,6 +1,8 @@
 #include "common/job_config.h"
 
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -45,13 +47,33 @@ INSTANTIATE_TEST_SUITE_P(
                    c->set_penalty_lambda(0.5f);
                  },
                  "penalty_lambda must be finite and >= 1, got 0.5"},
-        BadField{"clip", [](auto* c) { c->set_clip_value(0); }, "clip_value"},
+        BadField{"clip",
+                 [](auto* c) {
+                   c->set_clip(v1::CLIP_ADAPTIVE);
+                   c->set_clip_value(0);
+                 },
+                 "clip_value"},
         BadField{"codec", [](auto* c) { c->set_downlink_codec(v1::Codec(9)); },
                  "downlink_codec must be FP32, BF16 or INT8, got 9"},
         BadField{"staleness", [](auto* c) { c->set_max_staleness(2); },
                  "max_staleness must be 0 or 1, got 2"},
         BadField{"penalty", [](auto* c) { c->set_gap_penalty(v1::GapPenalty(0)); },
-                 "gap_penalty"}),
+                 "gap_penalty"},
+        // Non-finite values are refused in fields the config does not use.
+        BadField{"unused_lambda_nan",
+                 [](auto* c) {
+                   c->set_gap_penalty(v1::GAP_PENALTY_GAP_AWARE);
+                   c->set_penalty_lambda(std::nanf(""));
+                 },
+                 "penalty_lambda must be finite (even when unused), got nan"},
+        BadField{"unused_clip_inf",
+                 [](auto* c) {
+                   c->set_clip(v1::CLIP_NONE);
+                   c->set_clip_value(std::numeric_limits<float>::infinity());
+                 },
+                 "clip_value must be finite (even when unused), got inf"},
+        BadField{"beta_nan", [](auto* c) { c->set_beta(std::nanf("")); },
+                 "beta must be finite"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(JobConfigTest, MismatchNamesTheField) {

@@ -64,7 +64,7 @@ class JobShardTest : public testing::Test {
     for (const auto& w : workers) {
       ASSERT_TRUE(shard_->Join(w, Config(2), common::Codec::kFp32).ok());
     }
-    ASSERT_TRUE(shard_->SeedChunk(workers[0], 0, Fp32(10)).ok());
+    ASSERT_TRUE(shard_->SeedChunk(workers[0], 0, 0, Fp32(10)).ok());
   }
   common::FakeClock clock_;
   std::unique_ptr<JobShard> shard_;
@@ -170,12 +170,12 @@ TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
     for (const char* w : {"a", "b"}) {
       ASSERT_TRUE(shard->Join(w, MomentumConfig(), common::Codec::kFp32).ok());
     }
-    ASSERT_TRUE(shard->SeedChunk("a", 0, Fp32(1.5f)).ok());
+    ASSERT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1.5f)).ok());
     RunRounds(*shard, 0, 3);
   }
   EXPECT_EQ(original->stats().checkpoints_written, 3u);
 
-  std::vector<absl::Status> errors;
+  std::vector<UnusableCheckpoint> errors;
   std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
   ASSERT_EQ(loaded.size(), 1u);
   auto restored = JobShard::Restore(std::move(loaded[0]), with_store, &clock);
@@ -210,7 +210,7 @@ TEST(JobShardCheckpointTest, UpdateIsHeldUntilItsCheckpointIsDurable) {
   options.checkpoints = &store;
   auto shard = *JobShard::Create("job", Config(1), options, &clock);
   ASSERT_TRUE(shard->Join("a", Config(1), common::Codec::kFp32).ok());
-  ASSERT_TRUE(shard->SeedChunk("a", 0, Fp32(1)).ok());
+  ASSERT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1)).ok());
   auto sink = std::make_shared<RecordingSink>();
   shard->Subscribe(sink, 0);
   ASSERT_TRUE(shard->Contribute("a", Contribution(0, 1)).ok());
@@ -222,6 +222,131 @@ TEST(JobShardCheckpointTest, UpdateIsHeldUntilItsCheckpointIsDurable) {
   clock.Advance(absl::Seconds(2));
   EXPECT_EQ(shard->Poll(), 1);
   EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{0}));
+}
+
+class RecordingObserver : public ShardObserver {
+ public:
+  void OnReseeded(const std::string& job, ReseedReason reason) override {
+    reseeds.push_back(job + ":" + std::string(ReseedReasonName(reason)));
+  }
+  std::vector<std::string> reseeds;
+};
+
+TEST(JobShardReseedTest, ResumingWorkerReseedsALostShardAtItsAnchorRound) {
+  // A shard that lost its state (restarted with no checkpoint) meets the
+  // workers of a running CO2 job (max_staleness 1) holding A_6.
+  common::FakeClock clock;
+  RecordingObserver observer;
+  JobShardOptions options;
+  options.observer = &observer;
+  options.reseed_reason = ReseedReason::kCorrupt;
+  auto shard = *JobShard::Create("job", Config(2), options, &clock);
+  auto a = shard->Join("a", Config(2), common::Codec::kFp32, 5);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_TRUE(a->must_reseed);
+  EXPECT_FALSE(a->must_seed);
+  // Until a's anchor is in, other resuming workers wait and nothing counts.
+  EXPECT_EQ(
+      shard->Join("b", Config(2), common::Codec::kFp32, 5).status().code(),
+      absl::StatusCode::kUnavailable);
+  EXPECT_EQ(shard->Contribute("a", Contribution(5, 1.0f)).code(),
+            absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(shard->SeedChunk("a", 0, 6, Fp32(10)).ok());
+  EXPECT_EQ(observer.reseeds, std::vector<std::string>{"job:corrupt"});
+  EXPECT_EQ(shard->stats().reseeds, 1u);
+  uint64_t anchor_round = 0;
+  EXPECT_EQ(shard->AnchorForTesting(&anchor_round),
+            std::vector<float>(kParams, 10.0f));
+  EXPECT_EQ(anchor_round, 6u);
+
+  // b joins now: the shard opens round 5 (whose update gives A_7) and has no
+  // older update to replay.
+  auto b = shard->Join("b", Config(2), common::Codec::kFp32, 5);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(b->must_reseed);
+  EXPECT_EQ(b->open_round, 5u);
+  EXPECT_EQ(b->oldest_update_round, 5u);
+  // Rounds continue from there; momentum restarted from zero, so with
+  // α = 1, β = 0 the update is exactly −mean Δ.
+  auto sink = std::make_shared<RecordingSink>();
+  shard->Subscribe(sink, 5);
+  ASSERT_TRUE(shard->Contribute("a", Contribution(5, 1.0f)).ok());
+  ASSERT_TRUE(shard->Contribute("b", Contribution(5, 3.0f)).ok());
+  EXPECT_EQ(shard->Poll(), 1);
+  EXPECT_EQ(sink->rounds, std::vector<uint64_t>{5});
+  EXPECT_EQ(shard->AnchorForTesting(&anchor_round),
+            std::vector<float>(kParams, 8.0f));
+  EXPECT_EQ(anchor_round, 7u);
+}
+
+TEST(JobShardReseedTest, ReseedChunksMustAgreeOnTheRound) {
+  common::FakeClock clock;
+  auto shard = *JobShard::Create("job", Config(1), JobShardOptions{}, &clock);
+  // A fresh seed is A_0.
+  ASSERT_TRUE(shard->Join("fresh", Config(1), common::Codec::kFp32).ok());
+  EXPECT_EQ(shard->SeedChunk("fresh", 0, 3, Fp32(1)).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A resuming worker takes the seed over from a fresh one that has not
+  // finished: its anchor is the job's, the fresh worker's A_0 is not.
+  auto resumed = shard->Join("w", Config(1), common::Codec::kFp32, 2);
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_TRUE(resumed->must_reseed);
+  EXPECT_EQ(shard->SeedChunk("fresh", 0, 0, Fp32(1)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->stats().reseeds, 0u);
+}
+
+TEST(JobShardReseedTest, SynchronousJobReopensAtTheAnchorRound) {
+  // max_staleness 0 (localsgd): the update of round r gives A_{r+1}, so a
+  // worker holding A_4 resumes a shard that opens round 4.
+  common::FakeClock clock;
+  v1::JobConfig config = Config(1);
+  config.set_max_staleness(0);
+  auto shard = *JobShard::Create("job", config, JobShardOptions{}, &clock);
+  ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32, 4)->must_reseed);
+  ASSERT_TRUE(shard->SeedChunk("w", 0, 4, Fp32(2)).ok());
+  auto rejoined = shard->Join("w", config, common::Codec::kFp32, 4);
+  ASSERT_TRUE(rejoined.ok());
+  EXPECT_FALSE(rejoined->must_reseed);
+  EXPECT_EQ(rejoined->open_round, 4u);
+  ASSERT_TRUE(shard->Contribute("w", Contribution(4, 0.5f)).ok());
+  EXPECT_EQ(shard->Poll(), 1);
+  uint64_t anchor_round = 0;
+  EXPECT_EQ(shard->AnchorForTesting(&anchor_round),
+            std::vector<float>(kParams, 1.5f));
+  EXPECT_EQ(anchor_round, 5u);
+}
+
+TEST(JobShardReseedTest, ReseededShardRestoresBeforeItClosesARound) {
+  // The re-seeded state is checkpointed (the Seed is acknowledged once it is
+  // durable); a restart before the next round closes restores it, with no
+  // update to replay yet.
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  JobShardOptions options;
+  options.checkpoints = &store;
+  {
+    auto shard = *JobShard::Create("job", Config(1), options, &clock);
+    ASSERT_TRUE(
+        shard->Join("w", Config(1), common::Codec::kFp32, 8)->must_reseed);
+    ASSERT_TRUE(shard->SeedChunk("w", 0, 9, Fp32(4)).ok());
+    EXPECT_EQ(shard->Poll(), 0);
+    EXPECT_EQ(shard->stats().checkpoints_written, 1u);
+  }
+  std::vector<UnusableCheckpoint> errors;
+  std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
+  ASSERT_EQ(loaded.size(), 1u);
+  auto restored = JobShard::Restore(std::move(loaded[0]), options, &clock);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  uint64_t anchor_round = 0;
+  EXPECT_EQ((*restored)->AnchorForTesting(&anchor_round),
+            std::vector<float>(kParams, 4.0f));
+  EXPECT_EQ(anchor_round, 9u);
+  auto rejoined = (*restored)->Join("w", Config(1), common::Codec::kFp32, 8);
+  ASSERT_TRUE(rejoined.ok());
+  EXPECT_FALSE(rejoined->must_reseed);
+  EXPECT_EQ(rejoined->open_round, 8u);
+  EXPECT_EQ(rejoined->oldest_update_round, 8u);
 }
 
 }  // namespace

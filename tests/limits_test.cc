@@ -255,7 +255,7 @@ TEST(RejectCountingTest, AValidChunkResetsTheCount) {
   server::JobShard& job = **created;
   ASSERT_TRUE(job.Join("w", config, common::Codec::kFp32).ok());
   ASSERT_TRUE(job.Join("other", config, common::Codec::kFp32).ok());
-  ASSERT_TRUE(job.SeedChunk("w", 0, Fp32(0)).ok());
+  ASSERT_TRUE(job.SeedChunk("w", 0, 0, Fp32(0)).ok());
   EXPECT_FALSE(job.Contribute("w", Chunk(0, WithNan(0))).ok());
   EXPECT_FALSE(job.Contribute("w", Chunk(0, WithNan(1))).ok());
   EXPECT_TRUE(job.Contribute("w", Chunk(0, Fp32(1))).ok());

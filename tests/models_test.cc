@@ -46,6 +46,24 @@ TEST(ModelsTest, FashionCnnShapesAndSize) {
   EXPECT_THAT(Sizes(*logits), ElementsAre(5, 10));
 }
 
+TEST(ModelsTest, WideMlpShapesAndSize) {
+  EXPECT_EQ(*ParseModelSize("small"), ModelSize::kSmall);
+  EXPECT_EQ(*ParseModelSize("wide"), ModelSize::kWide);
+  EXPECT_EQ(ParseModelSize("huge").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ModelOptions options;
+  options.size = ModelSize::kWide;
+  auto model = MakeModel(Task::kFashionMnist, options);
+  ASSERT_TRUE(model.ok()) << model.status();
+  // fc1 784*2048 + 2048, fc2 2048*2048 + 2048, fc3 2048*10 + 10.
+  EXPECT_EQ(NumParameters(**model), 1607680 + 4196352 + 20490);
+  auto logits = Forward(**model, torch::randn({3, 1, 28, 28}));
+  ASSERT_TRUE(logits.ok()) << logits.status();
+  EXPECT_THAT(Sizes(*logits), ElementsAre(3, 10));
+  EXPECT_EQ(MakeModel(Task::kCharLm, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ModelsTest, CharLstmShapesAndSize) {
   auto model = Make(Task::kCharLm);
   ASSERT_NE(model, nullptr);

@@ -345,6 +345,36 @@ TEST_F(RoundStateTest, WeightsAtTheFp32LimitsGiveAFiniteMean) {
   for (float v : closed->mean) ASSERT_FLOAT_EQ(v, 5.0f / 12);
 }
 
+TEST_F(RoundStateTest, SumsThatWouldOverflowAreRejectedBeforeCounting) {
+  Init(1000);
+  state_->AddWorker("a", 0);
+  state_->AddWorker("b", 0);
+  // Finite values whose weighted sum is not: one alone (FLT_MAX × 2), and
+  // two that overflow together (3e38 + 3e38).
+  absl::StatusOr<ChunkOutcome> alone = Send("a", 0, 0, Constant(FLT_MAX), 2.0);
+  EXPECT_EQ(alone.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(alone.status().message(),
+              HasSubstr("worker \"a\" round 0 chunk 0"));
+  ASSERT_TRUE(Send("a", 0, 0, Constant(3e38f)).ok());
+  absl::StatusOr<ChunkOutcome> sum = Send("b", 0, 0, [](size_t i) {
+    return i == 17 ? 3e38f : 1.0f;
+  });
+  EXPECT_EQ(sum.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(sum.status().message(),
+              HasSubstr("worker \"b\" round 0 chunk 0: element 17"));
+  EXPECT_THAT(sum.status().message(), HasSubstr("is not finite"));
+  // Nothing of the refused chunk was counted: b's valid resend is new, and
+  // the mean holds only what was accepted.
+  absl::StatusOr<ChunkOutcome> resend = Send("b", 0, 0, Constant(-1e38f));
+  ASSERT_TRUE(resend.ok()) << resend.status();
+  EXPECT_FALSE(resend->duplicate);
+  std::optional<ClosedRound> closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  const float sum_ab = 3e38f + -1e38f;
+  ExpectMean(closed->mean,
+             Constant(static_cast<float>(static_cast<double>(sum_ab) / 2)));
+}
+
 TEST_F(RoundStateTest, Bf16AndFp32ContributionsMix) {
   Init(kChunkElements + 17);
   state_->AddWorker("a", 0);

@@ -94,6 +94,23 @@ TEST(RunReportTest, SummarizeMergesAndChecksConsistency) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(RunReportTest, ARestartedRankReportsTheRoundsFromItsRejoin) {
+  std::vector<RankReport> ranks = {MakeRank(0, 0, 4), MakeRank(1, 0, 4)};
+  ranks[0].rounds.erase(ranks[0].rounds.begin(), ranks[0].rounds.begin() + 2);
+  auto summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->rounds, 4);
+  EXPECT_TRUE(summary->params_identical) << summary->first_difference;
+  ranks[0].rounds[1].params_hash = "other";
+  summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok());
+  EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("round 3"));
+  ranks[0].rounds.erase(ranks[0].rounds.begin());
+  ranks[0].rounds.push_back(ranks[0].rounds[0]);  // rounds 3, 3: a gap
+  EXPECT_EQ(Summarize(ranks).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RunReportTest, MergedReportIsWellFormedJson) {
   const std::vector<RankReport> ranks = {MakeRank(0, 0, 3), MakeRank(1, 0, 3)};
   auto summary = Summarize(ranks);

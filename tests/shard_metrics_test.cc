@@ -97,7 +97,7 @@ class ShardMetricsTest : public testing::Test {
       ASSERT_TRUE(
           shard_->Join(w, Config(min_workers), common::Codec::kFp32).ok());
     }
-    ASSERT_TRUE(shard_->SeedChunk("a", 0, Fp32(10)).ok());
+    ASSERT_TRUE(shard_->SeedChunk("a", 0, 0, Fp32(10)).ok());
   }
   double Get(const std::string& name,
              const Labels& labels = {{"co2_job", "job"}}) {
@@ -194,6 +194,63 @@ TEST_F(ShardMetricsTest, RejectionsAreCountedByReason) {
             6);
 }
 
+TEST_F(ShardMetricsTest, EvictedWorkersChunksHaveTheirOwnReason) {
+  Create(2);
+  auto reason = [&](const std::string& r) {
+    return Get("co2_aggregator_rejected_chunks_total",
+               {{"co2_job", "job"}, {"reason", r}});
+  };
+  // max_rejected_chunks (3) NaN chunks in a row evict "a".
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(shard_->Contribute("a", Contribution(0, std::nanf(""))).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  EXPECT_EQ(reason("non_finite"), 3);
+  EXPECT_EQ(shard_->Contribute("a", Contribution(0, 1.0f)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(reason("evicted"), 1);
+  EXPECT_TRUE(std::isnan(reason("ahead"))) << "an eviction counted as ahead";
+}
+
+TEST_F(ShardMetricsTest, OverflowingChunksAreRejectedLikeNaN) {
+  Create(2);
+  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 3e38f)).ok());
+  // Finite, but 3e38 + 3e38 is not: refused before it reaches the sum.
+  for (int i = 0; i < 3; ++i) {
+    const absl::Status s = shard_->Contribute("b", Contribution(0, 3e38f));
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("worker \"b\" round 0 chunk 0"),
+              std::string::npos)
+        << s;
+  }
+  EXPECT_EQ(Get("co2_aggregator_rejected_chunks_total",
+                {{"co2_job", "job"}, {"reason", "non_finite"}}),
+            3);
+  EXPECT_EQ(shard_->stats().rejected_chunks, 3u);
+  EXPECT_EQ(shard_->stats().evicted_workers, 1u) << "b kept sending them";
+  // The round closes with a alone, its anchor finite.
+  EXPECT_EQ(shard_->Poll(), 1);
+  uint64_t round = 0;
+  for (float v : shard_->AnchorForTesting(&round)) {
+    ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+TEST(ShardMetricsReseedTest, ReseedsAreCountedByReason) {
+  prometheus::Registry registry;
+  ShardMetrics metrics(registry, 0);
+  common::FakeClock clock;
+  JobShardOptions options;
+  options.observer = &metrics;
+  auto shard = *JobShard::Create("job", Config(1), options, &clock);
+  ASSERT_TRUE(
+      shard->Join("a", Config(1), common::Codec::kFp32, 3)->must_reseed);
+  ASSERT_TRUE(shard->SeedChunk("a", 0, 4, Fp32(1)).ok());
+  EXPECT_EQ(Value(registry, "co2_aggregator_reseeds_total",
+                  {{"co2_job", "job"}, {"reason", "missing"}}),
+            1);
+}
+
 TEST_F(ShardMetricsTest, DuplicatesLateChunksAndQuorumCloses) {
   Create(1);
   ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());
@@ -259,6 +316,12 @@ TEST(RejectReasonTest, FollowsTheStatusCode) {
   EXPECT_EQ(RejectReasonOf(absl::InternalError("x")), RejectReason::kOther);
   EXPECT_EQ(RejectReasonName(RejectReason::kNonFinite), "non_finite");
   EXPECT_EQ(RejectReasonName(RejectReason::kNotMember), "not_member");
+  EXPECT_EQ(RejectReasonOf(absl::FailedPreconditionError(
+                "worker \"w\" was evicted from job \"j\": 3 invalid chunks")),
+            RejectReason::kEvicted);
+  EXPECT_EQ(RejectReasonName(RejectReason::kEvicted), "evicted");
+  EXPECT_EQ(ReseedReasonName(ReseedReason::kMissing), "missing");
+  EXPECT_EQ(ReseedReasonName(ReseedReason::kCorrupt), "corrupt");
 }
 
 }  // namespace

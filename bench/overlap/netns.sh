@@ -1,0 +1,77 @@
+# shellcheck shell=bash
+# Network namespaces for bench/run_overlap.sh (sourced; needs root and
+# iproute2). One namespace per worker and one for the aggregator shards, each
+# joined by a veth pair to a bridge in a "switch" namespace:
+#
+#   co2ov-w<i> eth0 (10.99.0.<i+1>) ── p<i> ┐
+#                                            br0 (co2ov-sw)
+#   co2ov-agg  eth0 (10.99.0.100)   ── pa  ┘
+#
+# Each worker link is shaped with tc tbf in both directions (egress of the
+# worker's eth0: its uplink; egress of the switch port p<i>: its downlink).
+# The aggregator's link is not shaped: the shards stand for a service
+# provisioned for all workers at once, so the bottleneck is each worker's
+# own link, as in design.md §8. No delay is added: this kernel has no netem.
+
+OV_PREFIX=co2ov
+OV_AGG_ADDR=10.99.0.100
+
+ov_worker_addr() { echo "10.99.0.$(($1 + 1))"; }
+
+# ov_up WORKERS: creates the namespaces, bridge and links (unshaped).
+ov_up() {
+  local workers=$1 i ns
+  ip netns add "$OV_PREFIX-sw"
+  ip -n "$OV_PREFIX-sw" link add br0 type bridge
+  ip -n "$OV_PREFIX-sw" link set br0 up
+  ip -n "$OV_PREFIX-sw" link set lo up
+  for ((i = 0; i < workers; i++)); do
+    ns=$OV_PREFIX-w$i
+    ip netns add "$ns"
+    ip link add p$i netns "$OV_PREFIX-sw" type veth peer name eth0 netns "$ns"
+    ip -n "$ns" addr add "$(ov_worker_addr "$i")/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    ip -n "$ns" link set lo up
+    ip -n "$OV_PREFIX-sw" link set p$i master br0 up
+  done
+  ns=$OV_PREFIX-agg
+  ip netns add "$ns"
+  ip link add pa netns "$OV_PREFIX-sw" type veth peer name eth0 netns "$ns"
+  ip -n "$ns" addr add "$OV_AGG_ADDR/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip -n "$OV_PREFIX-sw" link set pa master br0 up
+}
+
+# ov_shape WORKERS RATE (tc syntax, e.g. 1gbit): tbf on both directions of
+# every worker link. The bucket holds 4 ms at the rate (and at least 128 KiB:
+# veth hands tbf 64 KiB GSO segments), so shaping stays smooth at HZ=250.
+ov_shape() {
+  local workers=$1 rate=$2 i bits burst
+  bits=$(tc_rate_bits "$rate")
+  burst=$((bits / 8 / 250))
+  if ((burst < 131072)); then burst=131072; fi
+  for ((i = 0; i < workers; i++)); do
+    ip netns exec "$OV_PREFIX-w$i" tc qdisc replace dev eth0 root tbf \
+      rate "$rate" burst "$burst" latency 50ms
+    ip netns exec "$OV_PREFIX-sw" tc qdisc replace dev p$i root tbf \
+      rate "$rate" burst "$burst" latency 50ms
+  done
+}
+
+tc_rate_bits() {
+  case $1 in
+    *gbit) echo $((${1%gbit} * 1000000000)) ;;
+    *mbit) echo $((${1%mbit} * 1000000)) ;;
+    *) echo "unsupported rate $1 (use Nmbit or Ngbit)" >&2; return 1 ;;
+  esac
+}
+
+# ov_down: deletes every namespace this file creates (veths go with them).
+ov_down() {
+  local ns
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$OV_PREFIX-"); do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
+    ip netns delete "$ns" || true
+  done
+}

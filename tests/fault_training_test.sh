@@ -1,0 +1,277 @@
+#!/usr/bin/env bash
+# Fault injection into real multi-process training (issue 8, design.md §5):
+# co2-train (launcher + 2 worker processes, Fashion-MNIST) against 2 real
+# co2-aggregator shard processes with checkpoints. One scenario per call:
+#
+#   shard_kill      kill -9 a shard at two random rounds; restart it on the
+#                   same port from its --checkpoint_dir
+#   worker_restart  kill -9 worker 1; the launcher (--max_restarts=1) restarts
+#                   it and it rejoins the running job
+#   worker_stop     SIGSTOP worker 1 for five round deadlines, then SIGCONT;
+#                   rounds close without it meanwhile, and it is too far
+#                   behind to follow: it fails, the launcher
+#                   (--max_restarts=1) restarts it and it rejoins
+#   link_cut        the workers run in a network namespace joined to the
+#                   shards by a veth pair; the link goes down for longer than
+#                   the keepalive (streams break) and comes back (needs
+#                   root); a worker left behind is restarted as above
+#
+# After each: training completes; every worker's final model hash equals the
+# hash of the anchor in the shards' checkpoints (co2-checkpoint); every
+# worker's rounds are contiguous up to the last and the shards closed exactly
+# that many; the final test accuracy is within TOLERANCE of an undisturbed
+# run of the same job. Every wait is bounded (timeout). Exit 0: pass; 77:
+# skipped (no root for link_cut); else failure, with the logs kept.
+#
+# Usage: fault_training_test.sh BUILD_DIR SCENARIO [SEED]
+set -euo pipefail
+
+BUILD=$(cd "$1" && pwd)
+SCENARIO=$2
+SEED=${3:-$(( $(date +%s) % 100000 ))}
+RANDOM=$SEED
+TRAIN=$BUILD/client/co2-train
+AGGREGATOR=$BUILD/server/co2-aggregator
+CHECKPOINT=$BUILD/server/co2-checkpoint
+STEPS=240            # tau 8: 30 rounds, a few seconds undisturbed
+TAU=8
+ROUNDS=$(( (STEPS + TAU - 1) / TAU ))
+ROUND_TIMEOUT=2s     # JobConfig round deadline (quorum close)
+LEASE=20s            # longer than every pause below
+TOLERANCE=0.05       # test accuracy, absolute
+RUN_LIMIT=240        # seconds for one training run
+
+WORK=$(mktemp -d /tmp/co2-fault-training.XXXXXX)
+NETNS=co2fault$$
+VETH=co2f$$
+SUBNET=10.231.$(($$ % 250))  # per run: concurrent runs must not collide
+declare -a SHARD_PID SHARD_PORT
+HOST=127.0.0.1
+IN_NS=()
+
+log() { echo "[fault_training $SCENARIO] $*"; }
+
+cleanup() {
+  local status=$?
+  for pid in "${SHARD_PID[@]:-}"; do
+    if [[ -n $pid ]]; then
+      kill "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
+  if [[ -n ${TRAIN_PID:-} ]]; then
+    pkill -9 -P "$TRAIN_PID" 2>/dev/null || true  # the launcher under timeout
+    kill -9 "$TRAIN_PID" 2>/dev/null || true
+  fi
+  ip netns del "$NETNS" 2>/dev/null || true
+  ip link del "${VETH}a" 2>/dev/null || true
+  if [[ $status -eq 0 || $status -eq 77 ]]; then
+    rm -rf "$WORK"
+  else
+    log "FAILED (seed $SEED); logs kept in $WORK"
+  fi
+}
+trap cleanup EXIT
+
+fail() { log "FAIL: $*"; exit 1; }
+
+# start_shard INDEX PORT: PORT 0 picks a free one (remembered for restarts).
+start_shard() {
+  local i=$1 port=$2
+  mkdir -p "$WORK/ckpt$i"
+  "$AGGREGATOR" --insecure --host=0.0.0.0 --port="$port" --shard_index="$i" \
+    --num_shards=2 --checkpoint_dir="$WORK/ckpt$i" --metrics_port=-1 \
+    --lease="$LEASE" >>"$WORK/shard$i.log" 2>&1 &
+  SHARD_PID[$i]=$!
+  local deadline=$((SECONDS + 20))
+  until grep -q "listening on port" "$WORK/shard$i.log" 2>/dev/null &&
+        [[ $(grep -c "listening on port" "$WORK/shard$i.log") -gt ${3:-0} ]]; do
+    kill -0 "${SHARD_PID[$i]}" 2>/dev/null || fail "shard $i exited: $(tail -3 "$WORK/shard$i.log")"
+    (( SECONDS < deadline )) || fail "shard $i did not start in 20 s"
+    sleep 0.1
+  done
+  SHARD_PORT[$i]=$(grep -o 'listening on port [0-9]\+' "$WORK/shard$i.log" |
+                   tail -1 | awk '{print $4}')
+}
+
+restart_shard() {
+  local i=$1 starts
+  starts=$(grep -c "listening on port" "$WORK/shard$i.log")
+  start_shard "$i" "${SHARD_PORT[$i]}" "$starts"
+}
+
+# The round worker 0 last finished (0 before the first).
+current_round() {
+  local p=$WORK/run-$1/progress.txt
+  [[ -s $p ]] && tail -1 "$p" | awk '{print $1}' || echo 0
+}
+
+# wait_round JOB R: until worker 0 finished round R (or training ended).
+wait_round() {
+  local deadline=$((SECONDS + RUN_LIMIT))
+  while (( $(current_round "$1") < $2 )); do
+    kill -0 "$TRAIN_PID" 2>/dev/null || return 0
+    (( SECONDS < deadline )) || fail "round $2 not reached in ${RUN_LIMIT} s"
+    sleep 0.05
+  done
+}
+
+# The pid of worker W's process of job JOB (its command line names this
+# test's run directory).
+worker_pid() {
+  pgrep -f -- "--role=worker --worker=$1 --local_rank=0 --run_dir=$WORK/run-$2 " || true
+}
+
+# start_training JOB [extra flags]: in the background; TRAIN_PID.
+start_training() {
+  local job=$1
+  shift
+  "${IN_NS[@]}" timeout -s KILL "$RUN_LIMIT" "$TRAIN" --task=fashion-mnist \
+    --workers=2 --tau=$TAU --steps=$STEPS --threads=1 --seed=7 \
+    --aggregators="$HOST:${SHARD_PORT[0]},$HOST:${SHARD_PORT[1]}" \
+    --round_timeout=$ROUND_TIMEOUT --job="$job" --run_dir="$WORK/run-$job" \
+    --keep_run_dir --progress=false --eval_every=0 --final_eval_examples=2000 \
+    --report="$WORK/$job.json" "$@" >"$WORK/train-$job.out" 2>&1 &
+  TRAIN_PID=$!
+}
+
+finish_training() {
+  local job=$1 status=0
+  wait "$TRAIN_PID" || status=$?
+  TRAIN_PID=
+  cat "$WORK/train-$job.out"
+  [[ $status -eq 0 ]] || fail "co2-train ($job) exited with $status"
+}
+
+# check JOB: the model on every worker is the shards' anchor, rounds are
+# contiguous; prints the final test accuracy.
+check() {
+  local job=$1 shards
+  shards=$("$CHECKPOINT" "$WORK/ckpt0/$job.shard-0-of-2.ckpt" \
+                         "$WORK/ckpt1/$job.shard-1-of-2.ckpt") ||
+    fail "co2-checkpoint: $shards"
+  python3 - "$WORK/run-$job" "$ROUNDS" "$shards" <<'EOF'
+import glob, json, re, sys
+run, rounds, shards = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+last = dict(re.findall(r"(\w+)=(\S+)", shards.splitlines()[-1]))
+if int(last["rounds_closed"]) != rounds:
+    sys.exit(f"shards closed {last['rounds_closed']} rounds, expected {rounds}")
+for path in sorted(glob.glob(run + "/rank-*.json")):
+    r = json.load(open(path))
+    got = [x["round"] for x in r["rounds"]]
+    want = list(range(rounds - len(got), rounds))
+    if not got or got != want:
+        sys.exit(f"{path}: rounds {got} are not contiguous up to {rounds - 1}")
+    if r["final_hash"] != last["anchor_fnv1a"]:
+        sys.exit(f"{path}: final model {r['final_hash']} differs from the "
+                 f"shards' anchor {last['anchor_fnv1a']}")
+    print(f"{path.split('/')[-1]}: rounds {got[0]}..{got[-1]}, "
+          f"model = shards' anchor {last['anchor_fnv1a']}", file=sys.stderr)
+r0 = json.load(open(run + "/rank-0-0.json"))
+print(r0["final_metrics"]["test_accuracy"])
+EOF
+}
+
+setup_netns() {
+  if ! ip netns add "$NETNS" 2>/dev/null; then
+    log "SKIP: 'ip netns add' failed (needs root / CAP_SYS_ADMIN)"
+    exit 77
+  fi
+  ip link add "${VETH}a" type veth peer name "${VETH}b"
+  ip link set "${VETH}b" netns "$NETNS"
+  ip addr add "$SUBNET.1/30" dev "${VETH}a"
+  ip link set "${VETH}a" up
+  ip netns exec "$NETNS" ip addr add "$SUBNET.2/30" dev "${VETH}b"
+  ip netns exec "$NETNS" ip link set "${VETH}b" up
+  ip netns exec "$NETNS" ip link set lo up
+  HOST=$SUBNET.1
+  IN_NS=(ip netns exec "$NETNS")
+}
+
+[[ -x $TRAIN && -x $AGGREGATOR && -x $CHECKPOINT ]] ||
+  fail "build co2-train, co2-aggregator and co2-checkpoint in $BUILD first"
+log "seed $SEED, work dir $WORK"
+[[ $SCENARIO == link_cut ]] && setup_netns
+start_shard 0 0
+start_shard 1 0
+
+# The undisturbed run, same job settings (another job name).
+start_training base
+finish_training base
+BASE=$(check base)
+log "undisturbed: test accuracy $BASE"
+
+START=$SECONDS
+case $SCENARIO in
+  shard_kill)
+    start_training fault
+    first=$((3 + RANDOM % 8))
+    second=$((first + 6 + RANDOM % 8))
+    for round in $first $second; do
+      wait_round fault "$round"
+      shard=$((RANDOM % 2))
+      log "kill -9 shard $shard after round $(current_round fault)"
+      kill -9 "${SHARD_PID[$shard]}"
+      wait "${SHARD_PID[$shard]}" 2>/dev/null || true
+      sleep 1
+      restart_shard "$shard"
+      log "shard $shard restarted from its checkpoint on port ${SHARD_PORT[$shard]}"
+    done
+    finish_training fault
+    grep -q "restored job fault" "$WORK/shard0.log" "$WORK/shard1.log" ||
+      fail "no shard log says it restored the job"
+    grep -q "reconnecting" "$WORK"/run-fault/rank-*.log ||
+      fail "no worker log says it reconnected"
+    ;;
+  worker_restart)
+    start_training fault --max_restarts=1
+    wait_round fault $((4 + RANDOM % 10))
+    victim=$(worker_pid 1 fault)
+    [[ -n $victim ]] || fail "worker 1 not found"
+    log "kill -9 worker 1 (pid $victim) after round $(current_round fault)"
+    kill -9 "$victim"
+    finish_training fault
+    grep -q "restarting it" "$WORK/train-fault.out" || fail "the launcher did not restart worker 1"
+    ;;
+  worker_stop)
+    # Stopped for several deadlines, worker 1 falls behind what the shards
+    # can replay: it fails with FAILED_PRECONDITION when it resumes and the
+    # launcher restarts it, so that it fetches the anchor and rejoins.
+    start_training fault --max_restarts=1
+    wait_round fault $((4 + RANDOM % 10))
+    victim=$(worker_pid 1 fault)
+    [[ -n $victim ]] || fail "worker 1 not found"
+    before=$(current_round fault)
+    log "SIGSTOP worker 1 (pid $victim) after round $before for 10 s (deadline $ROUND_TIMEOUT)"
+    kill -STOP "$victim"
+    sleep 10
+    during=$(current_round fault)
+    kill -CONT "$victim"
+    log "SIGCONT; worker 0 went from round $before to $during meanwhile"
+    (( during > before )) || fail "worker 0 stalled while worker 1 was stopped"
+    finish_training fault
+    ;;
+  link_cut)
+    # A worker that misses more rounds than the shards can replay is
+    # restarted by the launcher and rejoins.
+    start_training fault --max_restarts=2
+    wait_round fault $((4 + RANDOM % 10))
+    log "link down after round $(current_round fault) for 25 s (keepalive 10 + 10 s)"
+    ip link set "${VETH}a" down
+    sleep 25
+    ip link set "${VETH}a" up
+    log "link up"
+    finish_training fault
+    grep -q "reconnecting" "$WORK"/run-fault/rank-*.log ||
+      fail "no worker log says its stream broke and reconnected"
+    ;;
+  *)
+    fail "unknown scenario '$SCENARIO' (shard_kill | worker_restart | worker_stop | link_cut)"
+    ;;
+esac
+log "disturbed run took $((SECONDS - START)) s"
+FAULT=$(check fault)
+log "test accuracy: undisturbed $BASE, with $SCENARIO $FAULT"
+python3 -c "import sys; sys.exit(abs($FAULT - $BASE) > $TOLERANCE)" ||
+  fail "accuracy $FAULT is more than $TOLERANCE from the undisturbed $BASE"
+log "PASS"

@@ -65,19 +65,29 @@ TEST(MetricsServerTest, AnAddressWithoutPortIsInvalid) {
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A raw exchange: sends `request`, returns all the server wrote back.
-std::string RawExchange(int port, const std::string& request) {
+// A blocking TCP connection to 127.0.0.1:`port`; -1 if connect fails.
+int ConnectLoopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// A raw exchange: sends `request`, returns all the server wrote back.
+std::string RawExchange(int port, const std::string& request) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return "";
   timeval timeout{10, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   std::string reply;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(request.size())) {
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
+      static_cast<ssize_t>(request.size())) {
     char buffer[4096];
     ssize_t n;
     while ((n = recv(fd, buffer, sizeof(buffer), 0)) > 0)
@@ -111,13 +121,8 @@ TEST(MetricsServerTest, AStalledClientIsDroppedAfterTheTimeout) {
   auto server = MetricsServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   // Connects and sends half a request, then nothing.
-  const int stalled = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(stalled, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
-            0);
+  const int stalled = ConnectLoopback((*server)->port());
+  ASSERT_GE(stalled, 0);
   ASSERT_GT(send(stalled, "GET /metr", 9, MSG_NOSIGNAL), 0);
   // The next scrape is served once the stalled one times out.
   auto body =
@@ -132,13 +137,8 @@ TEST(MetricsServerTest, StopsPromptlyWithAClientConnected) {
   options.io_timeout = absl::Seconds(60);
   auto server = MetricsServer::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
-  const int stalled = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>((*server)->port()));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(stalled, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
-            0);
+  const int stalled = ConnectLoopback((*server)->port());
+  ASSERT_GE(stalled, 0);
   absl::SleepFor(absl::Milliseconds(100));  // the server is in the request
   const absl::Time start = absl::Now();
   server->reset();

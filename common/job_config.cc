@@ -63,7 +63,8 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
       return Invalid(name, "must be finite (even when unused)", value);
     }
   }
-  if (!std::isfinite(c.alpha()) || c.alpha() <= 0) {
+  // Non-finite values were refused above.
+  if (c.alpha() <= 0) {
     return Invalid("alpha", "must be finite and > 0", c.alpha());
   }
   if (!(c.beta() >= 0 && c.beta() < 1)) {
@@ -78,7 +79,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     case v1::GAP_PENALTY_GAP_AWARE:
       break;
     case v1::GAP_PENALTY_CONSTANT:
-      if (!(c.penalty_lambda() >= 1) || !std::isfinite(c.penalty_lambda())) {
+      if (c.penalty_lambda() < 1) {
         return Invalid("penalty_lambda", "must be finite and >= 1",
                        c.penalty_lambda());
       }
@@ -92,7 +93,7 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
       break;
     case v1::CLIP_VALUE:
     case v1::CLIP_ADAPTIVE:
-      if (!std::isfinite(c.clip_value()) || c.clip_value() <= 0) {
+      if (c.clip_value() <= 0) {
         return Invalid("clip_value", "must be finite and > 0", c.clip_value());
       }
       break;

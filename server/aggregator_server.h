@@ -28,6 +28,13 @@ struct AggregatorServerOptions {
   JobRegistryOptions registry;        // shard index, shard count, limits
   // Largest message accepted (a 1 MiB chunk plus headers fits easily).
   int max_message_bytes = 8 << 20;
+  // HTTP/2 receive window of each stream (and BDP probing off, which would
+  // grow it): what a worker may have sent that no read asked for yet. gRPC
+  // opens it by one message while a read waits, so a stream holds about this
+  // plus one chunk, and moves about as much per round trip. With BDP's
+  // windows each worker could park a whole round of chunks in the shard:
+  // memory growing with the number of workers.
+  int stream_window_bytes = 256 << 10;
   // TLS, or mTLS with tls.require_client_cert. Left empty it is plaintext:
   // for in-process use and tests on loopback only; co2-aggregator refuses
   // plaintext unless --insecure.

@@ -142,16 +142,19 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
   uint64_t anchor_round_ = 0;  // of the chunks received (JobShard checks them)
 };
 
-// Streams a snapshot of the anchor, one chunk per write.
+// Streams a snapshot of the anchor, one chunk per write. The snapshot's
+// messages are shared with the other fetches of the same anchor and written
+// as they are; gRPC serialises one chunk per write in flight.
 class FetchReactor : public grpc::ServerWriteReactor<v1::AnchorChunk> {
  public:
   FetchReactor(const grpc::CallbackServerContext* context,
                JobRegistry* registry, const v1::FetchRequest& request) {
     absl::StatusOr<JobShard*> job =
         FindJob(context, registry, request.job(), request.worker_id());
-    absl::StatusOr<AnchorSnapshot> snapshot =
+    absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> snapshot =
         job.ok() ? (*job)->Fetch(request.worker_id())
-                 : absl::StatusOr<AnchorSnapshot>(job.status());
+                 : absl::StatusOr<std::shared_ptr<const AnchorSnapshot>>(
+                       job.status());
     if (!snapshot.ok()) {
       Finish(common::ToGrpcStatus(snapshot.status()));
       return;
@@ -172,20 +175,15 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::AnchorChunk> {
 
  private:
   void WriteNext() {
-    if (next_ == snapshot_.chunks.size()) {
+    if (next_ == snapshot_->chunks.size()) {
       Finish(grpc::Status::OK);
       return;
     }
-    message_.set_anchor_round(snapshot_.anchor_round);
-    message_.set_chunk_index(static_cast<uint32_t>(next_));
-    message_.set_payload(std::move(snapshot_.chunks[next_]));
-    ++next_;
-    StartWrite(&message_);
+    StartWrite(&snapshot_->chunks[next_++]);
   }
 
-  AnchorSnapshot snapshot_;
+  std::shared_ptr<const AnchorSnapshot> snapshot_;
   size_t next_ = 0;
-  v1::AnchorChunk message_;
 };
 
 // One worker's long-lived stream to this shard: reads contributions, writes

@@ -1,5 +1,7 @@
 #include "server/job_shard.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -41,6 +43,51 @@ OuterConfig ToOuterConfig(const v1::JobConfig& c) {
   }
   o.clip_value = c.clip_value();
   return o;
+}
+
+// The floats of an fp32 payload, in place: a payload string's buffer is
+// operator new's (or the string's own, for a few bytes), aligned for float.
+absl::Span<float> Fp32Floats(std::string& bytes) {
+  return absl::MakeSpan(reinterpret_cast<float*>(bytes.data()),
+                        bytes.size() / sizeof(float));
+}
+absl::Span<const float> Fp32Floats(const std::string& bytes) {
+  return absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
+                             bytes.size() / sizeof(float));
+}
+
+// `n` zero floats that cost no memory: untouched private anonymous pages all
+// read as the kernel's zero page. The checkpoint format has a momentum that a
+// job with β = 0 does not keep; this is what it writes.
+class ZeroFloats {
+ public:
+  explicit ZeroFloats(size_t n) : bytes_(n * sizeof(float)) {
+    if (bytes_ == 0) return;
+    void* pages = mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+    if (pages != MAP_FAILED) data_ = static_cast<const float*>(pages);
+  }
+  ZeroFloats(const ZeroFloats&) = delete;
+  ZeroFloats& operator=(const ZeroFloats&) = delete;
+  ~ZeroFloats() {
+    if (data_ != nullptr) munmap(const_cast<float*>(data_), bytes_);
+  }
+
+  bool ok() const { return bytes_ == 0 || data_ != nullptr; }
+  absl::Span<const float> span() const {
+    return absl::MakeConstSpan(data_, bytes_ / sizeof(float));
+  }
+
+ private:
+  const size_t bytes_;
+  const float* data_ = nullptr;
+};
+
+void AddStats(const OuterStepStats& chunk, size_t elements,
+              OuterStepStats* total, double* penalty_sum) {
+  *penalty_sum += chunk.mean_penalty * static_cast<double>(elements);
+  total->momentum_norm_sq += chunk.momentum_norm_sq;
+  total->clipped += chunk.clipped;
 }
 
 absl::Status NotMember(const std::string& worker) {
@@ -103,7 +150,7 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
   const common::Codec codec = common::Codec(h.config().downlink_codec());
   absl::MutexLock lock(&shard->mu_);
   shard->anchor_ = std::move(checkpoint.anchor);
-  shard->momentum_ = std::move(checkpoint.momentum);
+  if (shard->outer_.beta != 0) shard->momentum_ = std::move(checkpoint.momentum);
   shard->anchor_ready_ = true;
   shard->rounds_closed_ = h.rounds_closed();
   shard->restored_quorum_misses_ = h.quorum_misses();
@@ -123,8 +170,10 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
     std::string& bytes = checkpoint.update_chunks[i];
     absl::Status valid = common::Validate(codec, bytes, r.size());
     if (!valid.ok()) return data_loss(std::string(valid.message()));
-    common::Decode(codec, bytes,
-                   absl::MakeSpan(shard->last_update_).subspan(r.begin, r.size()));
+    if (!shard->last_update_.empty()) {
+      common::Decode(codec, bytes, absl::MakeSpan(shard->last_update_)
+                                       .subspan(r.begin, r.size()));
+    }
     update->push_back(shard->UpdateMessage(h.rounds_closed() - 1, i,
                                            h.update_contributors(),
                                            std::move(bytes)));
@@ -147,8 +196,11 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
                            first_round},
               clock),
       anchor_(range.size()),
-      momentum_(range.size()),
-      last_update_(range.size()) {}
+      momentum_(outer_.beta != 0 ? range.size() : 0),
+      last_update_(common::Codec(config.downlink_codec()) ==
+                           common::Codec::kFp32
+                       ? 0
+                       : range.size()) {}
 
 JobShard::~JobShard() {
   std::vector<std::function<void(absl::Status)>> waiters;
@@ -337,7 +389,8 @@ void JobShard::FinishReseedLocked() {
   }
 }
 
-absl::StatusOr<AnchorSnapshot> JobShard::Fetch(const std::string& worker) {
+absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> JobShard::Fetch(
+    const std::string& worker) {
   absl::MutexLock lock(&mu_);
   if (members_.find(worker) == members_.end()) return NotMemberLocked(worker);
   if (!anchor_ready_) {
@@ -345,18 +398,32 @@ absl::StatusOr<AnchorSnapshot> JobShard::Fetch(const std::string& worker) {
         "job \"", job_, "\" has no anchor yet (being seeded by \"", seeder_,
         "\"); retry"));
   }
-  AnchorSnapshot snapshot;
-  snapshot.anchor_round = AnchorRoundLocked();
-  snapshot.chunks.reserve(num_chunks());
+  // Workers fetch together (a job's start, a shard's restart): one copy of
+  // the anchor serves them all, however many there are.
+  std::shared_ptr<const AnchorSnapshot> snapshot = snapshot_.lock();
+  if (snapshot == nullptr) {
+    snapshot = SnapshotLocked();
+    snapshot_ = snapshot;
+  }
+  rounds_.AddWorker(worker, snapshot->anchor_round);
+  return snapshot;
+}
+
+std::shared_ptr<const AnchorSnapshot> JobShard::SnapshotLocked() const {
+  auto snapshot = std::make_shared<AnchorSnapshot>();
+  snapshot->anchor_round = AnchorRoundLocked();
+  snapshot->chunks.resize(num_chunks());
   for (uint32_t i = 0; i < num_chunks(); ++i) {
     const common::Range chunk = common::ChunkRange(range_.size(), i);
-    std::string bytes(chunk.size() * sizeof(float), '\0');
+    v1::AnchorChunk& message = snapshot->chunks[i];
+    message.set_anchor_round(snapshot->anchor_round);
+    message.set_chunk_index(i);
+    std::string* bytes = message.mutable_payload();
+    bytes->resize(chunk.size() * sizeof(float));
     common::Encode(common::Codec::kFp32,
                    absl::MakeConstSpan(anchor_).subspan(chunk.begin, chunk.size()),
-                   absl::MakeSpan(bytes.data(), bytes.size()));
-    snapshot.chunks.push_back(std::move(bytes));
+                   absl::MakeSpan(bytes->data(), bytes->size()));
   }
-  rounds_.AddWorker(worker, snapshot.anchor_round);
   return snapshot;
 }
 
@@ -503,7 +570,7 @@ int JobShard::Poll() {
     absl::MutexLock lock(&mu_);
     published.swap(unpublished_);
     for (const auto& update : published) cache_.push_back(update);
-    TrimCacheLocked();
+    TrimCacheLocked(ReplayRounds());
     sinks = LiveSinksLocked();
   }
   for (const auto& update : published) {
@@ -596,28 +663,28 @@ bool JobShard::CloseRoundLocked() {
   if (!anchor_ready_) return false;
   std::optional<ClosedRound> closed = rounds_.TryClose();
   if (!closed) return false;
-  // The gap g of this step is the previous decoded update; OuterStep writes
-  // the new update over it (element-wise, allowed by its contract).
-  stats_.last_step = OuterStep(outer_, closed->mean, last_update_,
-                               absl::MakeSpan(momentum_),
-                               absl::MakeSpan(last_update_));
+  // The oldest update kept goes before the new one exists, so at most
+  // ReplayRounds() rounds of encoded updates exist at any time (the last
+  // update, the gap of this step, stays).
+  TrimCacheLocked(ReplayRounds() - 1);
+  std::shared_ptr<const UpdateChunks> update = StepLocked(*closed);
   if (closed->quorum_close) ++stats_.quorum_closes;
   ObserveRoundClosedLocked(*closed);
   ++rounds_closed_;
-  unpublished_.push_back(EncodeUpdateLocked(*closed));
-  TrimCacheLocked();
+  unpublished_.push_back(std::move(update));
+  snapshot_.reset();
   return true;
 }
 
-void JobShard::TrimCacheLocked() {
+size_t JobShard::ReplayRounds() const {
   // A worker that reconnects asks for the rounds after the last update it
-  // applied; with max_staleness <= 1 it has contributed at most one round
-  // past that one, so it misses at most the last two closed rounds. Older
-  // encoded updates are dropped when a round closes, not when it is
-  // published, so at most two rounds of them exist at any time.
-  constexpr size_t kReplayRounds = 2;
-  while (!cache_.empty() &&
-         cache_.size() + unpublished_.size() > kReplayRounds) {
+  // applied; it has contributed at most max_staleness rounds past that one,
+  // so it misses at most the last max_staleness + 1 closed rounds.
+  return config_.max_staleness() + 1;
+}
+
+void JobShard::TrimCacheLocked(size_t keep) {
+  while (!cache_.empty() && cache_.size() + unpublished_.size() > keep) {
     cache_.erase(cache_.begin());
   }
 }
@@ -636,24 +703,63 @@ std::shared_ptr<const v1::OuterUpdate> JobShard::UpdateMessage(
   return msg;
 }
 
-std::shared_ptr<const UpdateChunks> JobShard::EncodeUpdateLocked(
+// Chunk by chunk: the step's reductions are per block and chunks are whole
+// blocks, so this is the step on the whole range, with no range-sized
+// temporaries. With the fp32 downlink the step writes U_{r+2} straight into
+// the payload and reads the gap from the last update's payload, whose floats
+// are the decoded update; other codecs encode U and decode it back into
+// last_update_ (the next gap). Either way the anchor adds exactly the bits
+// the workers decode, so anchors stay bit-identical on both sides.
+std::shared_ptr<const UpdateChunks> JobShard::StepLocked(
     const ClosedRound& closed) {
   const common::Codec codec = common::Codec(config_.downlink_codec());
+  const bool fp32 = codec == common::Codec::kFp32;
+  const UpdateChunks* last = fp32 ? LastUpdateLocked() : nullptr;
+  const size_t chunk_elements = std::min(range_.size(), common::kChunkElements);
+  // Zeros: the gap before the first update (fp32), and m where β = 0.
+  std::vector<float> no_gap(fp32 && last == nullptr ? chunk_elements : 0);
+  std::vector<float> fresh_momentum(momentum_.empty() ? chunk_elements : 0);
+  std::vector<float> encoded_from(fp32 ? 0 : chunk_elements);
   auto chunks = std::make_shared<UpdateChunks>();
   chunks->reserve(num_chunks());
+  OuterStepStats step;
+  double penalty_sum = 0;
   for (uint32_t i = 0; i < num_chunks(); ++i) {
     const common::Range r = common::ChunkRange(range_.size(), i);
-    auto update = absl::MakeSpan(last_update_).subspan(r.begin, r.size());
+    const absl::Span<const float> mean =
+        absl::MakeConstSpan(closed.mean).subspan(r.begin, r.size());
+    const absl::Span<const float> gap =
+        !fp32 ? absl::MakeConstSpan(last_update_).subspan(r.begin, r.size())
+        : last != nullptr ? Fp32Floats((*last)[i]->payload())
+                          : absl::MakeConstSpan(no_gap).first(r.size());
+    absl::Span<float> momentum;
+    if (momentum_.empty()) {
+      std::fill(fresh_momentum.begin(), fresh_momentum.end(), 0.0f);
+      momentum = absl::MakeSpan(fresh_momentum).first(r.size());
+    } else {
+      momentum = absl::MakeSpan(momentum_).subspan(r.begin, r.size());
+    }
     std::string payload(common::EncodedSize(codec, r.size()), '\0');
-    common::Encode(codec, update, absl::MakeSpan(payload.data(), payload.size()));
-    // Keep exactly the bits the workers will decode, so anchors stay
-    // bit-identical on both sides.
-    common::Decode(codec, payload, update);
+    absl::Span<float> update =
+        fp32 ? Fp32Floats(payload)
+             : absl::MakeSpan(encoded_from).first(r.size());
+    AddStats(OuterStep(outer_, mean, gap, momentum, update), r.size(), &step,
+             &penalty_sum);
+    if (!fp32) {
+      common::Encode(codec, update,
+                     absl::MakeSpan(payload.data(), payload.size()));
+      update = absl::MakeSpan(last_update_).subspan(r.begin, r.size());
+      common::Decode(codec, payload, update);
+    }
     auto anchor = absl::MakeSpan(anchor_).subspan(r.begin, r.size());
     for (size_t j = 0; j < r.size(); ++j) anchor[j] += update[j];
     chunks->push_back(
         UpdateMessage(closed.round, i, closed.contributors, std::move(payload)));
   }
+  step.mean_penalty =
+      range_.size() == 0 ? 1.0
+                         : penalty_sum / static_cast<double>(range_.size());
+  stats_.last_step = step;
   return chunks;
 }
 
@@ -689,7 +795,12 @@ absl::Status JobShard::WriteCheckpoint(const v1::ShardCheckpointHeader& header) 
   CheckpointView view;
   view.header = &header;
   view.anchor = anchor_;
-  view.momentum = momentum_;
+  const ZeroFloats zeros(momentum_.empty() ? anchor_.size() : 0);
+  if (!zeros.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot map ", anchor_.size(), " zero floats for the momentum"));
+  }
+  view.momentum = momentum_.empty() ? zeros.span() : momentum_;
   if (const UpdateChunks* update = LastUpdateLocked(); update != nullptr) {
     for (const auto& chunk : *update) {
       view.update_chunks.push_back(&chunk->payload());

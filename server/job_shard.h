@@ -1,9 +1,14 @@
 // JobShard: everything one aggregator shard holds for one job. It owns the
-// shard's slice of the anchor A, the outer momentum m, the last decoded outer
-// update (the staleness gap g of the next step), the RoundState with its
-// accumulators, the membership with leases, and the encoded updates of the
-// last two rounds (for workers that reconnect). Memory: 3 + 2 (accumulators)
-// fp32 copies of the range, plus the cached encoded updates.
+// shard's slice of the anchor A, the outer momentum m (only with β != 0), the
+// RoundState with its accumulators, the membership with leases, and the
+// encoded updates of the last closed rounds (for workers that reconnect). The
+// last update, decoded, is the staleness gap g of the next step: with the
+// fp32 downlink g is read from the cached update's payload itself; other
+// codecs keep it decoded apart. Memory, in fp32 copies of the range: A, the
+// cached updates (max_staleness + 1 rounds, fp32), an accumulator per round
+// that has chunks (one; two while workers are a round apart), plus m with
+// β != 0 and g with a non-fp32 downlink; and, while workers fetch it, one
+// snapshot of A that every fetch shares.
 //
 // It is the logic behind the gRPC service (which validates and translates):
 // no gRPC types, only the co2.v1 messages it publishes. Thread-safe: every
@@ -90,10 +95,12 @@ struct JoinResult {
   uint64_t oldest_update_round = 0;
 };
 
-// The anchor, copied out under the lock, chunk by chunk.
+// The anchor, copied out under the lock as the Fetch messages that carry it
+// (anchor_round, chunk_index and fp32 payload set); immutable and shared by
+// every fetch of the same anchor.
 struct AnchorSnapshot {
   uint64_t anchor_round = 0;
-  std::vector<std::string> chunks;  // fp32 bytes, chunk by chunk
+  std::vector<v1::AnchorChunk> chunks;
 };
 
 struct JobShardStats {
@@ -166,8 +173,10 @@ class JobShard {
   void NotifyWhenDurable(std::function<void(absl::Status)> done)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The whole current anchor; marks `worker` as entering the round it names.
-  // UNAVAILABLE while no anchor is seeded.
-  absl::StatusOr<AnchorSnapshot> Fetch(const std::string& worker)
+  // Fetches of the same anchor share one snapshot. UNAVAILABLE while no
+  // anchor is seeded.
+  absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> Fetch(
+      const std::string& worker)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Validates and accumulates one contribution chunk (see RoundState).
@@ -231,14 +240,21 @@ class JobShard {
                             const absl::Status& invalid)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops cached updates that no reconnecting worker can still need.
-  void TrimCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How many closed rounds' updates a reconnecting worker may still need.
+  size_t ReplayRounds() const;
+  // Drops the oldest cached updates until `keep` rounds of updates (cached
+  // or unpublished) are left.
+  void TrimCacheLocked(size_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes A, m and the last update. Runs without the lock: that state only
   // changes in CloseRoundLocked, on the same (poller) thread.
   absl::Status WriteCheckpoint(const v1::ShardCheckpointHeader& header)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  std::shared_ptr<const UpdateChunks> EncodeUpdateLocked(
-      const ClosedRound& closed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The outer step of `closed`: U_{r+2}, encoded chunk by chunk, and its
+  // decoded bits added to the anchor.
+  std::shared_ptr<const UpdateChunks> StepLocked(const ClosedRound& closed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<const AnchorSnapshot> SnapshotLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ShardCheckpointHeader CheckpointHeaderLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The encoded update of the last closed round (published or not); null
@@ -277,11 +293,17 @@ class JobShard {
   uint64_t reseed_anchor_round_ ABSL_GUARDED_BY(mu_) = 0;
   bool anchor_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<float> anchor_ ABSL_GUARDED_BY(mu_);
+  // m; empty with β = 0, where each step starts it from zero.
   std::vector<float> momentum_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> last_update_ ABSL_GUARDED_BY(mu_);  // decoded U: the gap
+  // The last update decoded (the gap); empty with the fp32 downlink, whose
+  // cached payload is those very floats.
+  std::vector<float> last_update_ ABSL_GUARDED_BY(mu_);
+  // The snapshot the fetches in progress share; dropped when the anchor moves
+  // (once seeded, only a round's close moves it).
+  std::weak_ptr<const AnchorSnapshot> snapshot_ ABSL_GUARDED_BY(mu_);
   uint64_t rounds_closed_ ABSL_GUARDED_BY(mu_) = 0;
   // Encoded updates of the last closed rounds, oldest first; with
-  // unpublished_, two rounds at most (TrimCacheLocked).
+  // unpublished_, ReplayRounds() at most (TrimCacheLocked).
   std::vector<std::shared_ptr<const UpdateChunks>> cache_ ABSL_GUARDED_BY(mu_);
   // Closed rounds whose checkpoint is not durable yet: not yet sent.
   std::vector<std::shared_ptr<const UpdateChunks>> unpublished_

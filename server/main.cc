@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <malloc.h>
 #include <pthread.h>
 
 #include "absl/flags/flag.h"
@@ -49,9 +50,15 @@ ABSL_FLAG(bool, shard_index_from_hostname, false,
           "Kubernetes StatefulSet) instead of --shard_index.");
 ABSL_FLAG(uint64_t, max_parameters, uint64_t{1} << 32,
           "Largest JobConfig.num_parameters (P) a job may declare; the shard "
-          "holds about 5 x 4 bytes per element of its range.");
+          "holds 4 to 6 x 4 bytes per element of its range "
+          "(docs/algorithm.md).");
 ABSL_FLAG(int, max_message_bytes, 8 << 20,
           "Largest gRPC message accepted (a 1 MiB chunk plus headers fits).");
+ABSL_FLAG(int, stream_window_bytes, 256 << 10,
+          "HTTP/2 receive window of each worker stream: what a worker may "
+          "send ahead of the shard's reads (held in the shard's memory). "
+          "A stream moves at most about this plus one 1 MiB chunk per round "
+          "trip: raise it on links with a long round trip.");
 ABSL_FLAG(int, max_rejected_chunks, 3,
           "A worker whose contributions fail validation (NaN/Inf, bad size) "
           "this many times in a row is evicted from its job.");
@@ -130,6 +137,13 @@ int main(int argc, char** argv) {
       "  --tls_cert=F --tls_key=F [--tls_client_ca=F] [--job_tokens_file=F]\n"
       "  or --insecure (plaintext, trusted networks only)");
   absl::ParseCommandLine(argc, argv);
+  // Buffers of 256 KiB and more (accumulators, update chunks, gRPC messages)
+  // get their own mappings and go back to the kernel when freed. By default
+  // glibc raises this threshold at the first such free and then keeps the
+  // freed buffers in per-thread arenas, which the reactor threads (that
+  // allocate) and the poller (that frees) fragment: up to twice the range of
+  // resident memory that holds nothing (docs/performance.md, Server memory).
+  mallopt(M_MMAP_THRESHOLD, 256 << 10);
   const absl::StatusOr<int> resolved_shard = co2::server::ResolveShardIndex(
       absl::GetFlag(FLAGS_shard_index),
       absl::GetFlag(FLAGS_shard_index_from_hostname));
@@ -155,6 +169,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
   options.registry.max_parameters = absl::GetFlag(FLAGS_max_parameters);
   options.registry.shard.max_rejected_chunks =
       absl::GetFlag(FLAGS_max_rejected_chunks);

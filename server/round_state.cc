@@ -22,12 +22,11 @@ absl::string_view AsAbsl(std::string_view s) {
 }  // namespace
 
 // How the state is kept:
-//  - Two accumulators alternate by round parity, so rounds open and open + 1
-//    never share one. Closing round r divides its buffer in place (the mean)
-//    and hands the same buffer to round r + 2 without touching it: each chunk
-//    is zeroed only when round r + 2 first accumulates into it, so the mean
-//    stays valid until the caller's next AddChunk and nothing is allocated
-//    after construction.
+//  - Two accumulator slots alternate by round parity, so rounds open and
+//    open + 1 never share one. A slot's buffer exists only from its round's
+//    first chunk until that round closes: Close divides it in place (the mean)
+//    and moves it into the ClosedRound, so between rounds (and for r + 1 until
+//    a worker gets ahead) the shard holds no accumulator it does not use.
 //  - Accumulation uses the weight rounded to fp32, and the weight sums add
 //    that same fp32 value (in double), so Σ w·Δ / Σ w is exact for equal
 //    weights and integer deltas.
@@ -66,10 +65,7 @@ RoundState::RoundState(const RoundOptions& options, common::Clock* clock)
       num_chunks_(
           static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
       open_(options.first_round) {
-  for (int s = 0; s < 2; ++s) {
-    acc_[s].assign(options_.shard_elements, 0.0f);
-    weight_sum_[s].assign(num_chunks_, 0.0);
-  }
+  for (int s = 0; s < 2; ++s) weight_sum_[s].assign(num_chunks_, 0.0);
 }
 
 void RoundState::AddWorker(std::string_view worker, uint64_t first_round) {
@@ -191,9 +187,8 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
   const common::Range range =
       common::ChunkRange(options_.shard_elements, chunk_index);
   const absl::Span<float> acc =
-      absl::MakeSpan(acc_[slot]).subspan(range.begin, range.size());
+      absl::MakeSpan(AccumulatorOf(slot)).subspan(range.begin, range.size());
   double& sum = weight_sum_[slot][chunk_index];
-  if (sum == 0) std::fill(acc.begin(), acc.end(), 0.0f);
   // Checked before anything is added: a float sum cannot be rolled back
   // exactly, and one Inf would poison the round for every worker.
   // The payload is read in place, part by part (common/payload_pieces.h).
@@ -217,6 +212,12 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
       });
   sum += w;
   return absl::OkStatus();
+}
+
+std::vector<float>& RoundState::AccumulatorOf(int slot) {
+  std::vector<float>& acc = acc_[slot];
+  if (acc.empty()) acc.assign(options_.shard_elements, 0.0f);
+  return acc;
 }
 
 std::optional<ClosedRound> RoundState::TryClose() {
@@ -251,7 +252,7 @@ std::optional<ClosedRound> RoundState::TryClose() {
 ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
                               bool quorum_close) {
   const int slot = Slot(open_);
-  std::vector<float>& acc = acc_[slot];
+  std::vector<float>& acc = AccumulatorOf(slot);
   std::vector<double>& sums = weight_sum_[slot];
   for (uint32_t c = 0; c < num_chunks_; ++c) {
     const common::Range range = common::ChunkRange(options_.shard_elements, c);
@@ -268,7 +269,7 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
     } else {
       std::fill(begin, end, 0.0f);
     }
-    sums[c] = 0;  // the chunk is stale from here on (see acc_)
+    sums[c] = 0;
   }
 
   ClosedRound closed;
@@ -276,7 +277,8 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
   closed.contributors = contributors;
   closed.total_weight = total_weight;
   closed.quorum_close = quorum_close;
-  closed.mean = absl::MakeConstSpan(acc);
+  closed.mean = std::move(acc);
+  acc.clear();  // a moved-from vector is valid but unspecified
 
   has_chunk_[slot] = false;
   ++open_;

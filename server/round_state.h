@@ -1,8 +1,10 @@
 // The round state machine of one (job, shard): membership of the round,
 // streaming accumulation of contributions, and when a round may close.
-// Pure logic with an injectable clock and no I/O; it owns the two round
-// accumulators (the open round r and r + 1) and the per-chunk weight sums, so
-// its memory is O(shard), whatever the number of workers.
+// Pure logic with an injectable clock and no I/O; it owns an accumulator for
+// each of the open round r and r + 1 that has a chunk (allocated at its first
+// chunk, handed to the caller when the round closes) and the per-chunk weight
+// sums, so its memory is at most two fp32 copies of the shard, whatever the
+// number of workers.
 //
 // Rules (design.md §3, §5, §9):
 //  - Accepted rounds are r − 1, r and r + 1 (r = open round). A chunk of r − 1
@@ -54,8 +56,9 @@ struct ClosedRound {
   uint32_t contributors = 0;  // workers with a complete contribution
   double total_weight = 0;    // Σ weights of those complete contributions
   bool quorum_close = false;  // closed at the deadline, not by completeness
-  // D_r, the weighted mean; valid until the next non-const call.
-  absl::Span<const float> mean;
+  // D_r, the weighted mean: the round's accumulator, divided in place and
+  // handed over, so it is freed as soon as the caller is done with it.
+  std::vector<float> mean;
 };
 
 class RoundState {
@@ -149,13 +152,16 @@ class RoundState {
     std::array<double, 3> weight0 = {0, 0, 0};
   };
 
-  // Accumulator slot of a round: rounds alternate between the two buffers.
+  // Accumulator slot of a round: rounds alternate between the two slots.
   static int Slot(uint64_t round) { return static_cast<int>(round & 1); }
-  // acc[slot][chunk c] += w · decode(payload), zeroing a stale chunk first.
+  // The accumulator of `slot`, allocated (zeroed) if the slot has none.
+  std::vector<float>& AccumulatorOf(int slot);
+  // acc[slot][chunk c] += w · decode(payload).
   // INVALID_ARGUMENT, with nothing added, if a sum would overflow fp32.
   absl::Status Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
                           common::Pieces payload, float w);
-  // Writes the mean of the open round in place and advances the open round.
+  // Writes the mean of the open round in place, hands it over and advances
+  // the open round.
   ClosedRound Close(uint32_t contributors, double total_weight,
                     bool quorum_close);
 
@@ -164,9 +170,8 @@ class RoundState {
   const uint32_t num_chunks_;
 
   uint64_t open_ = 0;
-  // Σ w·Δ per element, for rounds with Slot(round) == i. A chunk's contents
-  // are meaningful only while its weight sum is > 0; otherwise they are stale
-  // (e.g. the last mean) and are zeroed at the chunk's first accumulation.
+  // Σ w·Δ per element, for rounds with Slot(round) == i; empty until the
+  // round's first chunk, and again once Close handed it over.
   std::array<std::vector<float>, 2> acc_;
   std::array<std::vector<double>, 2> weight_sum_;   // Σ w per chunk
   std::array<bool, 2> has_chunk_ = {false, false};  // a chunk of that round

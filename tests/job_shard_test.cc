@@ -1,16 +1,20 @@
 #include "server/job_shard.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/codec.h"
 #include "common/job_config.h"
+#include "common/layout.h"
 #include "gtest/gtest.h"
 #include "server/checkpoint_store.h"
+#include "server/outer_optimizer.h"
 
 namespace co2::server {
 namespace {
@@ -111,7 +115,7 @@ TEST_F(JobShardTest, LateJoinerStartsAtTheFetchedAnchorRound) {
   ASSERT_TRUE(shard_->Join("c", Config(2), common::Codec::kFp32).ok());
   auto snapshot = shard_->Fetch("c");
   ASSERT_TRUE(snapshot.ok()) << snapshot.status();
-  EXPECT_EQ(snapshot->anchor_round, 3u);
+  EXPECT_EQ((*snapshot)->anchor_round, 3u);
   // Round 2 closes without c, which enters at round 3.
   ASSERT_TRUE(shard_->Contribute("a", Contribution(2, 1.0f)).ok());
   ASSERT_TRUE(shard_->Contribute("b", Contribution(2, 1.0f)).ok());
@@ -199,6 +203,129 @@ TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
   EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{3, 4}));
+}
+
+// The shard runs the outer step chunk by chunk, keeps m only with β != 0 and,
+// with the fp32 downlink, reads the gap from the cached update: its anchor
+// must still be bit for bit the one of the step on the whole range, across a
+// restart from its checkpoint. Parameters: β and the downlink codec.
+class JobShardStepTest
+    : public testing::TestWithParam<std::tuple<float, v1::Codec>> {};
+
+v1::JobConfig StepConfig(size_t n, float beta, v1::Codec downlink) {
+  v1::JobConfig c = common::DefaultJobConfig(n, 1);
+  c.set_alpha(0.7f);
+  c.set_beta(beta);
+  c.set_gap_penalty(v1::GAP_PENALTY_GAP_AWARE);
+  c.set_clip(v1::CLIP_ADAPTIVE);
+  c.set_clip_value(2.0f);
+  c.set_downlink_codec(downlink);
+  return c;
+}
+
+std::string Fp32Chunk(const std::vector<float>& values, common::Range r) {
+  std::string bytes(r.size() * sizeof(float), '\0');
+  common::Encode(common::Codec::kFp32,
+                 absl::MakeConstSpan(values).subspan(r.begin, r.size()),
+                 absl::MakeSpan(bytes.data(), bytes.size()));
+  return bytes;
+}
+
+TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
+  const auto [beta, downlink] = GetParam();
+  const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks, 1 short
+  const uint32_t chunks = static_cast<uint32_t>(common::NumChunks(n));
+  const v1::JobConfig config = StepConfig(n, beta, downlink);
+  const common::Codec codec = common::Codec(downlink);
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  JobShardOptions options;
+  options.checkpoints = &store;
+  auto shard = *JobShard::Create("job", config, options, &clock);
+  ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32).ok());
+  std::vector<float> anchor(n);
+  for (size_t i = 0; i < n; ++i) anchor[i] = 0.01f * static_cast<float>(i % 100);
+  for (uint32_t c = 0; c < chunks; ++c) {
+    ASSERT_TRUE(
+        shard->SeedChunk("w", c, 0, Fp32Chunk(anchor, common::ChunkRange(n, c)))
+            .ok());
+  }
+
+  OuterConfig outer;
+  outer.alpha = 0.7f;
+  outer.beta = beta;
+  outer.penalty = GapPenalty::kGapAware;
+  outer.clip = ClipMode::kAdaptive;
+  outer.clip_value = 2.0f;
+  std::vector<float> gap(n, 0.0f), momentum(n, 0.0f), update(n);
+  std::vector<float> delta(n);
+  for (uint64_t r = 0; r < 4; ++r) {
+    if (r == 2) {  // a restart: the state comes back from the checkpoint
+      std::vector<UnusableCheckpoint> errors;
+      std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
+      ASSERT_EQ(loaded.size(), 1u);
+      auto restored = JobShard::Restore(std::move(loaded[0]), options, &clock);
+      ASSERT_TRUE(restored.ok()) << restored.status();
+      shard = *std::move(restored);
+      ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32, r).ok());
+    }
+    for (size_t i = 0; i < n; ++i) {
+      delta[i] = std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r)) *
+                 static_cast<float>(1 + i % 5);
+    }
+    for (uint32_t c = 0; c < chunks; ++c) {
+      v1::Contribution contribution;
+      contribution.set_round(r);
+      contribution.set_chunk_index(c);
+      contribution.set_codec(v1::CODEC_FP32);
+      contribution.set_weight(1.0);
+      contribution.set_payload(Fp32Chunk(delta, common::ChunkRange(n, c)));
+      ASSERT_TRUE(shard->Contribute("w", contribution).ok());
+    }
+    ASSERT_EQ(shard->Poll(), 1) << "round " << r;
+    // The reference: the step on the whole range, then what workers decode.
+    OuterStep(outer, delta, gap, absl::MakeSpan(momentum),
+              absl::MakeSpan(update));
+    for (uint32_t c = 0; c < chunks; ++c) {
+      const common::Range range = common::ChunkRange(n, c);
+      std::string bytes(common::EncodedSize(codec, range.size()), '\0');
+      common::Encode(codec,
+                     absl::MakeConstSpan(update).subspan(range.begin, range.size()),
+                     absl::MakeSpan(bytes.data(), bytes.size()));
+      common::Decode(codec, bytes,
+                     absl::MakeSpan(gap).subspan(range.begin, range.size()));
+    }
+    for (size_t i = 0; i < n; ++i) anchor[i] += gap[i];
+  }
+  uint64_t anchor_round = 0;
+  const std::vector<float> got = shard->AnchorForTesting(&anchor_round);
+  ASSERT_EQ(got.size(), n);
+  EXPECT_EQ(std::memcmp(got.data(), anchor.data(), n * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BetaAndDownlink, JobShardStepTest,
+    testing::Values(std::make_tuple(0.0f, v1::CODEC_FP32),
+                    std::make_tuple(0.9f, v1::CODEC_FP32),
+                    std::make_tuple(0.0f, v1::CODEC_BF16),
+                    std::make_tuple(0.9f, v1::CODEC_INT8)));
+
+TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {
+  JoinAndSeed({"a", "b"});
+  auto first = shard_->Fetch("a");
+  auto second = shard_->Fetch("b");
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_EQ(first->get(), second->get());
+  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());
+  ASSERT_TRUE(shard_->Contribute("b", Contribution(0, 3.0f)).ok());
+  ASSERT_EQ(shard_->Poll(), 1);
+  // The anchor moved: a new fetch gets it, the old snapshot is unchanged.
+  auto third = shard_->Fetch("a");
+  ASSERT_TRUE(third.ok());
+  EXPECT_NE(third->get(), first->get());
+  EXPECT_EQ((*first)->chunks[0].payload(), Fp32(10));
+  EXPECT_EQ((*third)->chunks[0].payload(), Fp32(10.0f - 2.0f));
+  EXPECT_EQ((*third)->chunks[0].anchor_round(), (*third)->anchor_round);
 }
 
 TEST(JobShardCheckpointTest, UpdateIsHeldUntilItsCheckpointIsDurable) {

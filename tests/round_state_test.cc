@@ -228,6 +228,26 @@ TEST_F(RoundStateTest, DuplicatesAreNotCounted) {
   ExpectMean(closed->mean, Constant(4));
 }
 
+// Close hands the accumulator over: the mean is the caller's, untouched by
+// later rounds, and the round after next (same slot) starts from zero.
+TEST_F(RoundStateTest, ClosedRoundOwnsItsMean) {
+  Init(2 * kChunkElements + 10);
+  state_->AddWorker("a", 0);
+  SendAll("a", 0, Constant(3));
+  std::optional<ClosedRound> first = state_->TryClose();
+  ASSERT_TRUE(first.has_value());
+  SendAll("a", 1, Constant(5));
+  std::optional<ClosedRound> second = state_->TryClose();
+  ASSERT_TRUE(second.has_value());
+  SendAll("a", 2, Constant(7));
+  ExpectMean(first->mean, Constant(3));
+  ExpectMean(second->mean, Constant(5));
+  std::optional<ClosedRound> third = state_->TryClose();
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->round, 2u);
+  ExpectMean(third->mean, Constant(7));
+}
+
 TEST_F(RoundStateTest, ResendOfFoldedChunkIsDuplicate) {
   Init(2 * kChunkElements);
   state_->AddWorker("a", 0);

@@ -1,8 +1,10 @@
 // Wire codecs for flat fp32 vectors: fp32 (raw), bf16 (round-to-nearest-even)
 // and int8 (per 1,024-element block: an fp32 scale absmax/127, then int8
-// values; layout [all scales][all values]). Decoding is deterministic, so a
-// sender that decodes what it encoded holds the receiver's exact bits.
-// Pure functions on caller-owned buffers; any thread.
+// values round(x · (1/scale)), or round(x / scale) clamped for a subnormal
+// or capped scale; layout [all scales][all values]). Decoding is
+// deterministic, so a sender that decodes what it encoded holds the
+// receiver's exact bits, and every common::KernelIsa variant of the kernels
+// computes the same bits. Pure functions on caller-owned buffers; any thread.
 #ifndef CO2_COMMON_CODEC_H_
 #define CO2_COMMON_CODEC_H_
 

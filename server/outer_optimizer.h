@@ -3,7 +3,8 @@
 // momentum, outer-momentum clipping and the outer update U. Reductions (mean
 // |g|, rms(m)) are taken per block of common::kBlockElements counted from the
 // start of the spans; shard ranges are block-aligned, so the result does not
-// depend on the number of shards. Stateless; any thread.
+// depend on the number of shards. Every common::KernelIsa variant gives the
+// same bits. Stateless; any thread.
 #ifndef CO2_SERVER_OUTER_OPTIMIZER_H_
 #define CO2_SERVER_OUTER_OPTIMIZER_H_
 
@@ -41,7 +42,8 @@ struct OuterStepStats {
 };
 
 // One outer step. All spans have the same length.
-//   Λ_j  = 1 | λ | max(1, |gap_j| / (mean_block |gap| + kGapEpsilon))
+//   Λ_j  = 1 | λ | max(1, |gap_j| · r), with r = 1 / (mean_block |gap| +
+//          kGapEpsilon) rounded to float once per block
 //   m    ← β·m + mean_delta / Λ, then clipped:
 //          kValue: clamp(m, −φ, φ); kAdaptive: clamp(m, −k·rms_block(m), +...)
 //   update = −α·m (heavy ball) or −α·(β·m + mean_delta/Λ) (Nesterov, with the

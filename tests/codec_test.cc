@@ -5,12 +5,16 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <ostream>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/kernel_isa.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -99,8 +103,14 @@ std::string ReferenceInt8(const std::vector<float>& in) {
     const size_t end = std::min(n, begin + kInt8BlockElements);
     const float scale = AbsMax(in, begin, end) / 127.0f;
     std::memcpy(&out[b * 4], &scale, 4);
+    // Values are multiplied by 1 / scale, computed once per block, unless
+    // that reciprocal could overflow (a subnormal scale) or the scale is
+    // capped.
+    const bool reciprocal =
+        scale >= std::numeric_limits<float>::min() && scale < kFltMax / 128.0f;
     for (size_t i = begin; i < end; ++i) {
-      long q = scale == 0.0f ? 0 : std::lrintf(in[i] / scale);
+      const float y = reciprocal ? in[i] * (1.0f / scale) : in[i] / scale;
+      long q = scale == 0.0f ? 0 : std::lrintf(y);
       q = std::min(127L, std::max(-127L, q));
       out[blocks * 4 + i] = static_cast<char>(static_cast<int8_t>(q));
     }
@@ -316,6 +326,22 @@ TEST(CodecTest, Int8QuantisesHandPickedValues) {
   }
 }
 
+TEST(CodecTest, Int8MultipliesByTheReciprocalOfTheScale) {
+  // absmax 1 gives scale fl(1/127), whose reciprocal is exactly 127. For this
+  // x, x · 127 rounds to 5 but x / scale to 6: the codec divides once per
+  // block and multiplies, in every kernel variant.
+  std::vector<float> in(64, FromBits(0x3d3162c5));
+  in[0] = 1.0f;
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    SCOPED_TRACE(KernelIsaName(isa));
+    ScopedKernelIsaForTesting pin(isa);
+    const std::string bytes = EncodeToString(Codec::kInt8, in);
+    for (size_t i = 1; i < in.size(); ++i) {
+      ASSERT_EQ(static_cast<int8_t>(bytes[4 + i]), 5) << "element " << i;
+    }
+  }
+}
+
 TEST(CodecTest, Int8SubnormalScaleStillClamps) {
   // absmax / 127 = 1.496 · 2^-149 rounds down to 2^-149, so 190 · 2^-149
   // divides to 190 and must clamp to 127.
@@ -509,6 +535,128 @@ TEST(CodecTest, Fp32FeedbackLeavesZeroResidual) {
                      absl::MakeSpan(out.data(), out.size()));
   ExpectBitsEqual({1.25f, -2.0f, 3.0f}, DecodeToVector(Codec::kFp32, out, 3));
   ExpectBitsEqual({0.0f, 0.0f, 0.0f}, residual);
+}
+
+// Inputs for the kernel variants' corner cases.
+enum class KernelInput {
+  kRandom,        // many binades
+  kSubnormal,     // random sign and mantissa, zero exponent (±0 included)
+  kNearMax,       // within 2^21 ulps of ±FLT_MAX: bf16 saturates
+  kBf16Ties,      // low 16 bits exactly 0x8000
+  kInt8Ties,      // (k + ½) · scale, exact, with a power-of-two scale
+  kInt8NearTies,  // a few ulps from (k + ½) · fl(3/127), where x · (1/scale)
+                  // and x / scale round to different integers
+  kNonFinite,     // NaN and ±Inf among random values
+};
+
+std::vector<float> MakeKernelInput(KernelInput kind, size_t n) {
+  std::vector<float> v = RandomVector(n, 11 + static_cast<uint32_t>(n));
+  std::mt19937 rng(static_cast<uint32_t>(n));
+  const auto bits = [&rng] { return static_cast<uint32_t>(rng()); };
+  for (size_t i = 0; i < n; ++i) {
+    switch (kind) {
+      case KernelInput::kRandom:
+        break;
+      case KernelInput::kSubnormal:
+        v[i] = FromBits(bits() & 0x807FFFFFu);
+        break;
+      case KernelInput::kNearMax:
+        v[i] = FromBits((bits() & 0x80000000u) |
+                        (0x7F7FFFFFu - bits() % 0x200000u));
+        break;
+      case KernelInput::kBf16Ties:
+        v[i] = FromBits((bits() & 0xBFFF0000u) | 0x8000u);
+        break;
+      case KernelInput::kInt8Ties:
+        // Each 1,024-block starts with its absmax 127 · 2^-5.
+        v[i] = i % kInt8BlockElements == 0
+                   ? 127.0f / 32.0f
+                   : (static_cast<float>(bits() % 254) - 126.5f) / 32.0f;
+        break;
+      case KernelInput::kInt8NearTies: {
+        // Each 1,024-block starts with its absmax 3.
+        const float tie =
+            (static_cast<float>(bits() % 127) + 0.5f) * (3.0f / 127.0f);
+        v[i] = i % kInt8BlockElements == 0
+                   ? 3.0f
+                   : FromBits(Bits(tie) + bits() % 9 - 4);
+        break;
+      }
+      case KernelInput::kNonFinite:
+        if (i % 37 == 5 || i + 1 == n) {
+          const float specials[] = {kNaN, kInf, -kInf};
+          v[i] = specials[i % 3];
+        }
+        break;
+    }
+  }
+  return v;
+}
+
+std::string BytesOf(const std::vector<float>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()),
+                     v.size() * sizeof(float));
+}
+
+// Every codec entry point on `in`, with the kernels of `isa`: each output's
+// bytes, by name.
+std::vector<std::pair<std::string, std::string>> RunEveryKernel(
+    KernelIsa isa, const std::vector<float>& in) {
+  ScopedKernelIsaForTesting pin(isa);
+  const size_t n = in.size();
+  std::vector<std::pair<std::string, std::string>> out;
+  for (Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8}) {
+    const std::string name(CodecName(codec));
+    const std::string payload = EncodeToString(codec, in);
+    out.emplace_back(name + " Encode", payload);
+    out.emplace_back(name + " Validate",
+                     Validate(codec, payload, n).ToString());
+    out.emplace_back(name + " Decode",
+                     BytesOf(DecodeToVector(codec, payload, n)));
+    std::vector<float> acc = RandomVector(n, 5);
+    const std::optional<size_t> overflow =
+        FirstNonFiniteSum(codec, payload, 3e38f, acc);
+    out.emplace_back(name + " FirstNonFiniteSum",
+                     overflow ? std::to_string(*overflow) : "none");
+    AccumulateDecoded(codec, payload, 0.75f, absl::MakeSpan(acc));
+    out.emplace_back(name + " AccumulateDecoded", BytesOf(acc));
+    std::vector<float> residual = RandomVector(n, 6);
+    for (float& r : residual) r *= 1e-3f;
+    std::string feedback(EncodedSize(codec, n), '\0');
+    EncodeWithFeedback(codec, in, absl::MakeSpan(residual),
+                       absl::MakeSpan(feedback.data(), feedback.size()));
+    out.emplace_back(name + " EncodeWithFeedback", feedback);
+    out.emplace_back(name + " EncodeWithFeedback residual", BytesOf(residual));
+  }
+  return out;
+}
+
+TEST(CodecTest, EveryKernelIsaGivesThePortableBits) {
+  // Workers and shards on machines with and without AVX2 must agree bit for
+  // bit, so every variant of the kernels must give the portable bits.
+  const std::vector<KernelIsa> isas = SupportedKernelIsas();
+  if (isas.size() < 2) GTEST_SKIP() << "only the portable kernels run here";
+  for (size_t n : {0, 1, 7, 8, 15, 16, 17, 31, 32, 33, 63, 1023, 1024, 1025,
+                   4095, 4097, 9001}) {
+    for (KernelInput kind :
+         {KernelInput::kRandom, KernelInput::kSubnormal, KernelInput::kNearMax,
+          KernelInput::kBf16Ties, KernelInput::kInt8Ties,
+          KernelInput::kInt8NearTies, KernelInput::kNonFinite}) {
+      SCOPED_TRACE(
+          absl::StrCat("n ", n, ", input kind ", static_cast<int>(kind)));
+      const std::vector<float> in = MakeKernelInput(kind, n);
+      const auto want = RunEveryKernel(KernelIsa::kPortable, in);
+      for (KernelIsa isa : isas) {
+        const auto got = RunEveryKernel(isa, in);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t k = 0; k < want.size(); ++k) {
+          EXPECT_TRUE(got[k].second == want[k].second)
+              << KernelIsaName(isa) << " differs from portable in "
+              << want[k].first;
+        }
+      }
+    }
+  }
 }
 
 TEST(CodecTest, ParseCodecAcceptsNamesAndNamesTheBadValue) {

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <random>
 #include <string>
@@ -12,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/kernel_isa.h"
 #include "common/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -223,6 +227,85 @@ TEST_P(OuterOptimizerSweepTest, IsDeterministic) {
   EXPECT_EQ(a.stats.mean_penalty, b.stats.mean_penalty);
 }
 
+// Bits of a float vector, for exact comparisons that treat NaN as a value.
+std::vector<uint32_t> Bits(const std::vector<float>& v) {
+  std::vector<uint32_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
+  return bits;
+}
+
+uint64_t Bits(double d) {
+  uint64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  return bits;
+}
+
+// `v` with every 53rd element (from `offset`) replaced by the next of
+// `specials`.
+void Sprinkle(std::vector<float>& v, size_t offset,
+              std::initializer_list<float> specials) {
+  size_t k = 0;
+  for (size_t j = offset; j < v.size(); j += 53, ++k) {
+    v[j] = specials.begin()[k % specials.size()];
+  }
+}
+
+TEST_P(OuterOptimizerSweepTest, EveryKernelIsaGivesThePortableBits) {
+  // Workers and shards on machines with and without AVX2 must hold the same
+  // anchors, so every variant of the kernels must give the portable bits,
+  // corner cases included.
+  const std::vector<common::KernelIsa> isas = common::SupportedKernelIsas();
+  if (isas.size() < 2) GTEST_SKIP() << "only the portable kernels run here";
+  const OuterConfig config = Config();
+  const size_t n = Size();
+  constexpr float kMax = std::numeric_limits<float>::max();
+  constexpr float kMin = std::numeric_limits<float>::min();
+  constexpr float kInf = std::numeric_limits<float>::infinity();
+  const float nan = std::nanf("");
+  for (int kind = 0; kind < 4; ++kind) {
+    std::mt19937 rng(17 + kind);
+    std::vector<float> delta = RandomVector(n, 1.0f, rng);
+    std::vector<float> gap = RandomVector(n, 0.5f, rng);
+    std::vector<float> m0 = RandomVector(n, 0.5f, rng);
+    if (kind == 1) {  // subnormal and tiny values
+      for (float* v : {&delta[0], &gap[0], &m0[0]}) {
+        for (size_t j = 0; j < n; ++j) v[j] *= kMin * 0x1p-10f;
+      }
+    } else if (kind == 2) {  // near FLT_MAX: products and sums overflow
+      Sprinkle(delta, 3, {kMax, -kMax, 0.9f * kMax});
+      Sprinkle(gap, 5, {kMax, -0.5f * kMax});
+      Sprinkle(m0, 7, {kMax, -kMax});
+    } else if (kind == 3) {  // NaN and ±Inf
+      Sprinkle(delta, 11, {nan, kInf});
+      Sprinkle(gap, 13, {-kInf, nan});
+      Sprinkle(m0, 2, {nan, -kInf, kInf});
+    }
+    SCOPED_TRACE(absl::StrCat("input kind ", kind));
+    StepResult want;
+    {
+      common::ScopedKernelIsaForTesting pin(common::KernelIsa::kPortable);
+      want = Step(config, delta, gap, m0);
+    }
+    for (common::KernelIsa isa : isas) {
+      SCOPED_TRACE(common::KernelIsaName(isa));
+      common::ScopedKernelIsaForTesting pin(isa);
+      const StepResult got = Step(config, delta, gap, m0);
+      EXPECT_EQ(Bits(got.momentum), Bits(want.momentum));
+      EXPECT_EQ(Bits(got.update), Bits(want.update));
+      EXPECT_EQ(Bits(got.stats.mean_penalty), Bits(want.stats.mean_penalty));
+      EXPECT_EQ(Bits(got.stats.momentum_norm_sq),
+                Bits(want.stats.momentum_norm_sq));
+      EXPECT_EQ(got.stats.clipped, want.stats.clipped);
+      // And with the update written over the gap, as a shard does.
+      std::vector<float> m = m0, buffer = gap;
+      OuterStep(config, delta, buffer, absl::MakeSpan(m),
+                absl::MakeSpan(buffer));
+      EXPECT_EQ(Bits(m), Bits(want.momentum));
+      EXPECT_EQ(Bits(buffer), Bits(want.update));
+    }
+  }
+}
+
 std::string VariantName(const ::testing::TestParamInfo<Variant>& info) {
   const char* penalty[] = {"NoPenalty", "Constant", "GapAware"};
   const char* clip[] = {"NoClip", "ValueClip", "AdaptiveClip"};
@@ -241,7 +324,8 @@ INSTANTIATE_TEST_SUITE_P(
         ::testing::Values(ClipMode::kNone, ClipMode::kValue,
                           ClipMode::kAdaptive),
         ::testing::Values(MomentumKind::kHeavyBall, MomentumKind::kNesterov),
-        ::testing::Values(size_t{1}, size_t{1000}, kBlock, 2 * kBlock + 17)),
+        ::testing::Values(size_t{1}, size_t{13}, size_t{1000}, kBlock,
+                          2 * kBlock + 17)),
     VariantName);
 
 // ---------------------------------------------------------------------------

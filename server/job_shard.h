@@ -10,6 +10,12 @@
 // β != 0 and g with a non-fp32 downlink; and, while workers fetch it, one
 // snapshot of A that every fetch shares.
 //
+// The parts, each a unit under the shard's one mutex: ShardMembers (leases,
+// evictions), SeedState (who seeds A), RoundState, ChunkedOuterStep (the
+// step and the update messages), UpdateCache (updates kept for replay),
+// SharedAnchorSnapshot, UpdateSinks and ShardReporter (the observer's round
+// and poll reports); shard_checkpoint.h writes and restores the state.
+//
 // It is the logic behind the gRPC service (which validates and translates):
 // no gRPC types, only the co2.v1 messages it publishes. Thread-safe: every
 // public method may be called from any thread (one mutex). Sinks are called
@@ -26,7 +32,6 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -35,23 +40,21 @@
 #include "common/codec.h"
 #include "common/layout.h"
 #include "common/payload_pieces.h"
+#include "server/anchor_snapshot.h"
 #include "server/checkpoint_store.h"
+#include "server/chunked_outer_step.h"
+#include "server/contribution_payload.h"
 #include "server/outer_optimizer.h"
 #include "server/round_state.h"
+#include "server/seed_state.h"
+#include "server/shard_members.h"
 #include "server/shard_observer.h"
+#include "server/shard_reporter.h"
+#include "server/update_cache.h"
+#include "server/update_chunks.h"
+#include "server/update_sinks.h"
 
 namespace co2::server {
-
-// The chunks of one round's outer update, shared by every stream sending them.
-using UpdateChunks = std::vector<std::shared_ptr<const v1::OuterUpdate>>;
-
-// Receives the updates of every round that closes. Implemented by the Exchange
-// streams; held weakly, so a stream that ends simply stops receiving.
-class UpdateSink {
- public:
-  virtual ~UpdateSink() = default;
-  virtual void Send(std::shared_ptr<const UpdateChunks> update) = 0;
-};
 
 struct JobShardOptions {
   uint32_t shard_index = 0;
@@ -75,17 +78,6 @@ struct JobShardOptions {
   ReseedReason reseed_reason = ReseedReason::kMissing;
 };
 
-// One contribution chunk as the Exchange service reads it off the wire: the
-// fields of a v1::Contribution, its payload in pieces that are read in place
-// (common/payload_pieces.h). Borrowed for the duration of Contribute.
-struct ContributionView {
-  uint64_t round = 0;
-  uint32_t chunk_index = 0;
-  int codec = 0;  // a co2.v1.Codec wire value
-  double weight = 0;
-  common::Pieces payload;
-};
-
 struct JoinResult {
   bool must_seed = false;
   // A resuming worker found the job without state: it re-seeds the anchor.
@@ -93,14 +85,6 @@ struct JoinResult {
   uint64_t open_round = 0;
   // The oldest round whose update the shard can replay (open_round if none).
   uint64_t oldest_update_round = 0;
-};
-
-// The anchor, copied out under the lock as the Fetch messages that carry it
-// (anchor_round, chunk_index and fp32 payload set); immutable and shared by
-// every fetch of the same anchor.
-struct AnchorSnapshot {
-  uint64_t anchor_round = 0;
-  std::vector<v1::AnchorChunk> chunks;
 };
 
 struct JobShardStats {
@@ -205,12 +189,6 @@ class JobShard {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Member {
-    common::Codec uplink = common::Codec::kFp32;
-    absl::Time lease_expiry;
-    uint32_t consecutive_rejects = 0;  // invalid chunks since the last valid
-  };
-
   static absl::StatusOr<std::unique_ptr<JobShard>> Build(
       std::string job, const v1::JobConfig& config,
       const JobShardOptions& options, common::Clock* clock,
@@ -218,79 +196,44 @@ class JobShard {
   JobShard(std::string job, const v1::JobConfig& config,
            const JobShardOptions& options, common::Range range,
            common::Clock* clock, uint64_t first_round);
-  // The message carrying chunk `chunk_index` of the update of `round`.
-  std::shared_ptr<const v1::OuterUpdate> UpdateMessage(
-      uint64_t round, uint32_t chunk_index, uint32_t contributors,
-      std::string payload) const;
   uint64_t AnchorRoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t OldestUpdateRoundLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The last chunk of a re-seed arrived: the shard continues from it.
   void FinishReseedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // NOT_FOUND for a worker that never joined or left; FAILED_PRECONDITION
-  // saying why for one that was evicted.
-  absl::Status NotMemberLocked(const std::string& worker) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EvictLocked(const std::string& worker, std::string reason)
+  // `worker` is gone (left, evicted, lease expired): rounds close without
+  // it, and it no longer seeds.
+  void ForgetWorkerLocked(const std::string& worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts a contribution chunk that failed validation (`invalid`, its
   // message naming the round and chunk) and evicts the worker after
   // max_rejected_chunks in a row; returns the status for the worker.
   // `member` is `worker`'s entry, erased when it is evicted.
-  absl::Status RejectLocked(const std::string& worker, Member& member,
+  absl::Status RejectLocked(const std::string& worker, ShardMember& member,
                             const absl::Status& invalid)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // How many closed rounds' updates a reconnecting worker may still need.
-  size_t ReplayRounds() const;
-  // Drops the oldest cached updates until `keep` rounds of updates (cached
-  // or unpublished) are left.
-  void TrimCacheLocked(size_t keep) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes A, m and the last update. Runs without the lock: that state only
   // changes in CloseRoundLocked, on the same (poller) thread.
   absl::Status WriteCheckpoint(const v1::ShardCheckpointHeader& header)
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
-  // The outer step of `closed`: U_{r+2}, encoded chunk by chunk, and its
-  // decoded bits added to the anchor.
-  std::shared_ptr<const UpdateChunks> StepLocked(const ClosedRound& closed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::shared_ptr<const AnchorSnapshot> SnapshotLocked() const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::ShardCheckpointHeader CheckpointHeaderLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The encoded update of the last closed round (published or not); null
-  // before the first round closed.
-  const UpdateChunks* LastUpdateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Contribute without telling the observer about a rejection.
   absl::Status ContributeUnobserved(const std::string& worker,
                                     const ContributionView& c)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Observer reports (no-ops without an observer).
-  void ObserveRoundClosedLocked(const ClosedRound& closed)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ObservePollLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<std::shared_ptr<UpdateSink>> LiveSinksLocked()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string job_;
   const v1::JobConfig config_;
   const JobShardOptions options_;
   const common::Range range_;
-  const OuterConfig outer_;
+  const ChunkedOuterStep step_;
   common::Clock* const clock_;
 
   mutable absl::Mutex mu_;
   RoundState rounds_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);
-  // Evicted workers → why; they cannot rejoin under the same id. At most
-  // max_workers entries (the oldest are forgotten).
-  absl::flat_hash_map<std::string, std::string> evicted_ ABSL_GUARDED_BY(mu_);
-  std::string seeder_ ABSL_GUARDED_BY(mu_);
-  uint32_t seeded_chunks_ ABSL_GUARDED_BY(mu_) = 0;
-  // seeder_ re-seeds a job whose state this shard lost, with the anchor of
-  // round reseed_anchor_round_ (from its first chunk).
-  bool reseeding_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t reseed_anchor_round_ ABSL_GUARDED_BY(mu_) = 0;
+  ShardMembers members_ ABSL_GUARDED_BY(mu_);
+  SeedState seed_ ABSL_GUARDED_BY(mu_);
   bool anchor_ready_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<float> anchor_ ABSL_GUARDED_BY(mu_);
   // m; empty with β = 0, where each step starts it from zero.
@@ -300,26 +243,21 @@ class JobShard {
   std::vector<float> last_update_ ABSL_GUARDED_BY(mu_);
   // The snapshot the fetches in progress share; dropped when the anchor moves
   // (once seeded, only a round's close moves it).
-  std::weak_ptr<const AnchorSnapshot> snapshot_ ABSL_GUARDED_BY(mu_);
+  SharedAnchorSnapshot snapshot_ ABSL_GUARDED_BY(mu_);
   uint64_t rounds_closed_ ABSL_GUARDED_BY(mu_) = 0;
-  // Encoded updates of the last closed rounds, oldest first; with
-  // unpublished_, ReplayRounds() at most (TrimCacheLocked).
-  std::vector<std::shared_ptr<const UpdateChunks>> cache_ ABSL_GUARDED_BY(mu_);
-  // Closed rounds whose checkpoint is not durable yet: not yet sent.
-  std::vector<std::shared_ptr<const UpdateChunks>> unpublished_
-      ABSL_GUARDED_BY(mu_);
+  // Encoded updates of the last closed rounds: those whose checkpoint is not
+  // durable yet (not yet sent), and those kept for reconnecting workers.
+  UpdateCache updates_ ABSL_GUARDED_BY(mu_);
   absl::Time checkpoint_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Membership or the seeded anchor changed since the last checkpoint.
   bool checkpoint_dirty_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::function<void(absl::Status)>> durable_waiters_
       ABSL_GUARDED_BY(mu_);
-  std::vector<std::weak_ptr<UpdateSink>> sinks_ ABSL_GUARDED_BY(mu_);
+  UpdateSinks sinks_ ABSL_GUARDED_BY(mu_);
   JobShardStats stats_ ABSL_GUARDED_BY(mu_);
   uint64_t restored_quorum_misses_ ABSL_GUARDED_BY(mu_) = 0;
-  // For the observer: when the open round opened (last close, seed or
-  // creation), and the quorum misses already reported.
-  absl::Time round_opened_ ABSL_GUARDED_BY(mu_) = clock_->Now();
-  uint64_t observed_quorum_misses_ ABSL_GUARDED_BY(mu_) = 0;
+  // Rounds and polls, told to the observer.
+  ShardReporter report_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace co2::server

@@ -15,60 +15,25 @@
 #include "gtest/gtest.h"
 #include "server/checkpoint_store.h"
 #include "server/outer_optimizer.h"
+#include "tests/job_shard_fixture.h"
 
 namespace co2::server {
 namespace {
 
-constexpr size_t kParams = 1000;
-
-class RecordingSink : public UpdateSink {
- public:
-  void Send(std::shared_ptr<const UpdateChunks> update) override {
-    rounds.push_back((*update)[0]->round());
-  }
-  std::vector<uint64_t> rounds;
-};
-
-v1::JobConfig Config(uint32_t min_workers = 1) {
-  v1::JobConfig c = common::DefaultJobConfig(kParams, 1);
-  c.set_alpha(1.0f);
-  c.set_beta(0.0f);
-  c.set_gap_penalty(v1::GAP_PENALTY_NONE);
-  c.set_clip(v1::CLIP_NONE);
-  c.set_min_workers(min_workers);
-  c.set_round_timeout_ms(1000);
-  return c;
-}
-
-std::string Fp32(float value) {
-  std::vector<float> v(kParams, value);
-  std::string bytes(kParams * sizeof(float), '\0');
-  common::Encode(common::Codec::kFp32, v, absl::MakeSpan(bytes.data(), bytes.size()));
-  return bytes;
-}
-
-v1::Contribution Contribution(uint64_t round, float value, double weight = 1) {
-  v1::Contribution c;
-  c.set_round(round);
-  c.set_chunk_index(0);
-  c.set_codec(v1::CODEC_FP32);
-  c.set_weight(weight);
-  c.set_payload(Fp32(value));
-  return c;
-}
+using shard_test::Config;
+using shard_test::Contribution;
+using shard_test::Fp32;
+using shard_test::kParams;
+using shard_test::RecordingSink;
 
 class JobShardTest : public testing::Test {
  protected:
-  void SetUp() override {
-    auto created = JobShard::Create("job", Config(2), JobShardOptions{}, &clock_);
-    ASSERT_TRUE(created.ok()) << created.status();
-    shard_ = *std::move(created);
-  }
+  // Job "job" with quorum 2, `workers` joined, A_0 = 10 seeded by the first.
   void JoinAndSeed(const std::vector<std::string>& workers) {
-    for (const auto& w : workers) {
-      ASSERT_TRUE(shard_->Join(w, Config(2), common::Codec::kFp32).ok());
-    }
-    ASSERT_TRUE(shard_->SeedChunk(workers[0], 0, 0, Fp32(10)).ok());
+    auto seeded =
+        shard_test::SeededShard(Config(2), JobShardOptions{}, &clock_, workers);
+    ASSERT_TRUE(seeded.ok()) << seeded.status();
+    shard_ = *std::move(seeded);
   }
   common::FakeClock clock_;
   std::unique_ptr<JobShard> shard_;

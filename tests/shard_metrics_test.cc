@@ -15,11 +15,17 @@
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "server/job_shard.h"
+#include "tests/job_shard_fixture.h"
 
 namespace co2::server {
 namespace {
 
-constexpr size_t kParams = 1000;
+using shard_test::Config;
+using shard_test::Contribution;
+using shard_test::Fp32;
+using shard_test::kParams;
+using shard_test::RecordingSink;
+
 constexpr size_t kBytes = kParams * sizeof(float);
 using Labels = std::map<std::string, std::string>;
 
@@ -50,54 +56,16 @@ double Value(const prometheus::Registry& registry, const std::string& name,
              : m->gauge.value;
 }
 
-class RecordingSink : public UpdateSink {
- public:
-  void Send(std::shared_ptr<const UpdateChunks>) override {}
-};
-
-v1::JobConfig Config(uint32_t min_workers) {
-  v1::JobConfig c = common::DefaultJobConfig(kParams, 1);
-  c.set_alpha(1.0f);
-  c.set_beta(0.0f);
-  c.set_gap_penalty(v1::GAP_PENALTY_NONE);
-  c.set_clip(v1::CLIP_NONE);
-  c.set_min_workers(min_workers);
-  c.set_round_timeout_ms(1000);
-  return c;
-}
-
-std::string Fp32(float value) {
-  std::vector<float> v(kParams, value);
-  std::string bytes(kBytes, '\0');
-  common::Encode(common::Codec::kFp32, v,
-                 absl::MakeSpan(bytes.data(), bytes.size()));
-  return bytes;
-}
-
-v1::Contribution Contribution(uint64_t round, float value) {
-  v1::Contribution c;
-  c.set_round(round);
-  c.set_chunk_index(0);
-  c.set_codec(v1::CODEC_FP32);
-  c.set_weight(1);
-  c.set_payload(Fp32(value));
-  return c;
-}
-
 class ShardMetricsTest : public testing::Test {
  protected:
+  // Job "job" reporting to metrics_, "a" and "b" joined, A_0 = 10.
   void Create(uint32_t min_workers) {
     JobShardOptions options;
     options.observer = &metrics_;
-    auto created =
-        JobShard::Create("job", Config(min_workers), options, &clock_);
-    ASSERT_TRUE(created.ok()) << created.status();
-    shard_ = *std::move(created);
-    for (const char* w : {"a", "b"}) {
-      ASSERT_TRUE(
-          shard_->Join(w, Config(min_workers), common::Codec::kFp32).ok());
-    }
-    ASSERT_TRUE(shard_->SeedChunk("a", 0, 0, Fp32(10)).ok());
+    auto seeded = shard_test::SeededShard(Config(min_workers), options,
+                                          &clock_, {"a", "b"});
+    ASSERT_TRUE(seeded.ok()) << seeded.status();
+    shard_ = *std::move(seeded);
   }
   double Get(const std::string& name,
              const Labels& labels = {{"co2_job", "job"}}) {

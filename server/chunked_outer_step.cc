@@ -1,0 +1,145 @@
+#include "server/chunked_outer_step.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "common/layout.h"
+
+namespace co2::server {
+namespace {
+
+// The floats of an fp32 payload, in place: a payload string's buffer is
+// operator new's (or the string's own, for a few bytes), aligned for float.
+absl::Span<float> Fp32Floats(std::string& bytes) {
+  return absl::MakeSpan(reinterpret_cast<float*>(bytes.data()),
+                        bytes.size() / sizeof(float));
+}
+absl::Span<const float> Fp32Floats(const std::string& bytes) {
+  return absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
+                             bytes.size() / sizeof(float));
+}
+
+void AddStats(const OuterStepStats& chunk, size_t elements,
+              OuterStepStats* total, double* penalty_sum) {
+  *penalty_sum += chunk.mean_penalty * static_cast<double>(elements);
+  total->momentum_norm_sq += chunk.momentum_norm_sq;
+  total->clipped += chunk.clipped;
+}
+
+}  // namespace
+
+OuterConfig OuterConfigOf(const v1::JobConfig& c) {
+  OuterConfig o;
+  o.alpha = c.alpha();
+  o.beta = c.beta();
+  o.momentum = c.momentum() == v1::MOMENTUM_NESTEROV ? MomentumKind::kNesterov
+                                                     : MomentumKind::kHeavyBall;
+  switch (c.gap_penalty()) {
+    case v1::GAP_PENALTY_CONSTANT:
+      o.penalty = GapPenalty::kConstant;
+      break;
+    case v1::GAP_PENALTY_GAP_AWARE:
+      o.penalty = GapPenalty::kGapAware;
+      break;
+    default:
+      o.penalty = GapPenalty::kNone;
+  }
+  o.penalty_lambda = c.penalty_lambda();
+  switch (c.clip()) {
+    case v1::CLIP_VALUE:
+      o.clip = ClipMode::kValue;
+      break;
+    case v1::CLIP_ADAPTIVE:
+      o.clip = ClipMode::kAdaptive;
+      break;
+    default:
+      o.clip = ClipMode::kNone;
+  }
+  o.clip_value = c.clip_value();
+  return o;
+}
+
+ChunkedOuterStep::ChunkedOuterStep(const v1::JobConfig& config,
+                                   size_t elements)
+    : outer_(OuterConfigOf(config)),
+      downlink_(v1::Codec(config.downlink_codec())),
+      codec_(common::Codec(config.downlink_codec())),
+      max_staleness_(config.max_staleness()),
+      elements_(elements),
+      num_chunks_(static_cast<uint32_t>(common::NumChunks(elements))) {}
+
+std::shared_ptr<const v1::OuterUpdate> ChunkedOuterStep::Message(
+    uint64_t round, uint32_t chunk_index, uint32_t contributors,
+    std::string payload) const {
+  auto msg = std::make_shared<v1::OuterUpdate>();
+  msg->set_round(round);
+  msg->set_anchor_round(round + 1 + max_staleness_);
+  msg->set_chunk_index(chunk_index);
+  msg->set_num_chunks(num_chunks_);
+  msg->set_codec(downlink_);
+  msg->set_contributors(contributors);
+  msg->set_payload(std::move(payload));
+  return msg;
+}
+
+// With the fp32 downlink the step writes U_{r+2} straight into the payload
+// and reads the gap from the last update's payload, whose floats are the
+// decoded update; other codecs encode U and decode it back into
+// decoded_update (the next gap).
+std::shared_ptr<const UpdateChunks> ChunkedOuterStep::Run(
+    const ClosedRound& closed, const UpdateChunks* last,
+    const OuterStepBuffers& buffers, OuterStepStats* stats) const {
+  const bool fp32 = codec_ == common::Codec::kFp32;
+  if (!fp32) last = nullptr;
+  const size_t chunk_elements = std::min(elements_, common::kChunkElements);
+  // Zeros: the gap before the first update (fp32), and m where β = 0.
+  std::vector<float> no_gap(fp32 && last == nullptr ? chunk_elements : 0);
+  std::vector<float> fresh_momentum(buffers.momentum.empty() ? chunk_elements
+                                                             : 0);
+  std::vector<float> encoded_from(fp32 ? 0 : chunk_elements);
+  auto chunks = std::make_shared<UpdateChunks>();
+  chunks->reserve(num_chunks_);
+  OuterStepStats step;
+  double penalty_sum = 0;
+  for (uint32_t i = 0; i < num_chunks_; ++i) {
+    const common::Range r = common::ChunkRange(elements_, i);
+    const absl::Span<const float> mean =
+        absl::MakeConstSpan(closed.mean).subspan(r.begin, r.size());
+    const absl::Span<const float> gap =
+        !fp32 ? absl::Span<const float>(buffers.decoded_update)
+                    .subspan(r.begin, r.size())
+        : last != nullptr ? Fp32Floats((*last)[i]->payload())
+                          : absl::MakeConstSpan(no_gap).first(r.size());
+    absl::Span<float> momentum;
+    if (buffers.momentum.empty()) {
+      std::fill(fresh_momentum.begin(), fresh_momentum.end(), 0.0f);
+      momentum = absl::MakeSpan(fresh_momentum).first(r.size());
+    } else {
+      momentum = buffers.momentum.subspan(r.begin, r.size());
+    }
+    std::string payload(common::EncodedSize(codec_, r.size()), '\0');
+    absl::Span<float> update =
+        fp32 ? Fp32Floats(payload)
+             : absl::MakeSpan(encoded_from).first(r.size());
+    AddStats(OuterStep(outer_, mean, gap, momentum, update), r.size(), &step,
+             &penalty_sum);
+    if (!fp32) {
+      common::Encode(codec_, update,
+                     absl::MakeSpan(payload.data(), payload.size()));
+      update = buffers.decoded_update.subspan(r.begin, r.size());
+      common::Decode(codec_, payload, update);
+    }
+    auto anchor = buffers.anchor.subspan(r.begin, r.size());
+    for (size_t j = 0; j < r.size(); ++j) anchor[j] += update[j];
+    chunks->push_back(
+        Message(closed.round, i, closed.contributors, std::move(payload)));
+  }
+  step.mean_penalty =
+      elements_ == 0 ? 1.0
+                     : penalty_sum / static_cast<double>(elements_);
+  *stats = step;
+  return chunks;
+}
+
+}  // namespace co2::server

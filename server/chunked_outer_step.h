@@ -1,0 +1,79 @@
+// ChunkedOuterStep: the outer step (server/outer_optimizer.h) of one shard's
+// range, run chunk by chunk, and the update it publishes: U encoded in the
+// job's downlink codec as the OuterUpdate messages that carry it. The step's
+// reductions are per block and chunks are whole blocks, so this is the step
+// on the whole range, with no range-sized temporaries. The anchor adds
+// exactly the bits the workers decode, so anchors stay bit-identical on both
+// sides.
+//
+// It holds only the job's constants; the state it steps (A, m, the gap) is
+// the caller's, borrowed for each call. Const after construction: any
+// thread, as long as concurrent calls do not share their buffers.
+#ifndef CO2_SERVER_CHUNKED_OUTER_STEP_H_
+#define CO2_SERVER_CHUNKED_OUTER_STEP_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/types/span.h"
+#include "co2/v1/aggregator.pb.h"
+#include "common/codec.h"
+#include "server/outer_optimizer.h"
+#include "server/round_state.h"
+#include "server/update_chunks.h"
+
+namespace co2::server {
+
+// The outer step's settings in a job's config.
+OuterConfig OuterConfigOf(const v1::JobConfig& config);
+
+// The state one step changes, borrowed: spans over the whole range.
+struct OuterStepBuffers {
+  absl::Span<float> anchor;  // A: the decoded update is added to it
+  // m; empty with β = 0, where each step starts it from zero.
+  absl::Span<float> momentum;
+  // The last update decoded (the gap), overwritten with the new one; empty
+  // with the fp32 downlink, whose gap is the last update's payload itself.
+  absl::Span<float> decoded_update;
+};
+
+class ChunkedOuterStep {
+ public:
+  // `config` must have passed common::ValidateJobConfig; `elements` is the
+  // size of the shard's range.
+  ChunkedOuterStep(const v1::JobConfig& config, size_t elements);
+
+  const OuterConfig& outer() const { return outer_; }
+  size_t elements() const { return elements_; }
+  uint32_t num_chunks() const { return num_chunks_; }
+
+  // The message carrying chunk `chunk_index` of the update of `round`.
+  std::shared_ptr<const v1::OuterUpdate> Message(uint64_t round,
+                                                 uint32_t chunk_index,
+                                                 uint32_t contributors,
+                                                 std::string payload) const;
+
+  // The step of `closed`: U_{r+2}, encoded chunk by chunk, and its decoded
+  // bits added to the anchor. `last` is the encoded update of the last
+  // closed round (null before the first, or when none is kept); with the
+  // fp32 downlink its payload is the gap (zeros without it), other codecs
+  // read the gap from buffers.decoded_update. `stats` receives the step's.
+  std::shared_ptr<const UpdateChunks> Run(const ClosedRound& closed,
+                                          const UpdateChunks* last,
+                                          const OuterStepBuffers& buffers,
+                                          OuterStepStats* stats) const;
+
+ private:
+  const OuterConfig outer_;
+  const v1::Codec downlink_;
+  const common::Codec codec_;
+  const uint64_t max_staleness_;
+  const size_t elements_;
+  const uint32_t num_chunks_;
+};
+
+}  // namespace co2::server
+
+#endif  // CO2_SERVER_CHUNKED_OUTER_STEP_H_

@@ -1,0 +1,115 @@
+#include "server/shard_checkpoint.h"
+
+#include <sys/mman.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/codec.h"
+
+namespace co2::server {
+namespace {
+
+// `n` zero floats that cost no memory: untouched private anonymous pages all
+// read as the kernel's zero page. The checkpoint format has a momentum that a
+// job with β = 0 does not keep; this is what it writes.
+class ZeroFloats {
+ public:
+  explicit ZeroFloats(size_t n) : bytes_(n * sizeof(float)) {
+    if (bytes_ == 0) return;
+    void* pages = mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+    if (pages != MAP_FAILED) data_ = static_cast<const float*>(pages);
+  }
+  ZeroFloats(const ZeroFloats&) = delete;
+  ZeroFloats& operator=(const ZeroFloats&) = delete;
+  ~ZeroFloats() {
+    if (data_ != nullptr) munmap(const_cast<float*>(data_), bytes_);
+  }
+
+  bool ok() const { return bytes_ == 0 || data_ != nullptr; }
+  absl::Span<const float> span() const {
+    return absl::MakeConstSpan(data_, bytes_ / sizeof(float));
+  }
+
+ private:
+  const size_t bytes_;
+  const float* data_ = nullptr;
+};
+
+}  // namespace
+
+absl::Status WriteShardCheckpoint(const CheckpointStore& store,
+                                  const v1::ShardCheckpointHeader& header,
+                                  absl::Span<const float> anchor,
+                                  absl::Span<const float> momentum,
+                                  const UpdateChunks* last_update) {
+  CheckpointView view;
+  view.header = &header;
+  view.anchor = anchor;
+  const ZeroFloats zeros(momentum.empty() ? anchor.size() : 0);
+  if (!zeros.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot map ", anchor.size(), " zero floats for the momentum"));
+  }
+  view.momentum = momentum.empty() ? zeros.span() : momentum;
+  if (last_update != nullptr) {
+    for (const auto& chunk : *last_update) {
+      view.update_chunks.push_back(&chunk->payload());
+    }
+  }
+  return store.Write(view);
+}
+
+absl::Status CheckpointDataLoss(const std::string& job,
+                                const std::string& what) {
+  return absl::DataLossError(
+      absl::StrCat("checkpoint of job \"", job, "\": ", what));
+}
+
+absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
+                                 common::Range range, uint32_t shard_index,
+                                 uint32_t num_chunks) {
+  const v1::ShardCheckpointHeader& h = checkpoint.header;
+  if (range.begin != h.range_begin() || range.end != h.range_end() ||
+      checkpoint.anchor.size() != range.size() ||
+      checkpoint.momentum.size() != range.size()) {
+    return CheckpointDataLoss(
+        h.job(), absl::StrCat("covers [", h.range_begin(), ", ",
+                              h.range_end(), ") but shard ", shard_index,
+                              " owns [", range.begin, ", ", range.end, ")"));
+  }
+  // A shard re-seeded at a later round holds no update until it closes one.
+  const size_t expected_chunks = h.rounds_closed() > 0 ? num_chunks : 0;
+  if (!checkpoint.update_chunks.empty() &&
+      checkpoint.update_chunks.size() != expected_chunks) {
+    return CheckpointDataLoss(
+        h.job(), absl::StrCat("has ", checkpoint.update_chunks.size(),
+                              " update chunks, expected ", expected_chunks));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
+    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step,
+    absl::Span<float> decoded) {
+  const v1::ShardCheckpointHeader& h = checkpoint.header;
+  const common::Codec codec = common::Codec(h.config().downlink_codec());
+  auto update = std::make_shared<UpdateChunks>();
+  for (uint32_t i = 0; i < step.num_chunks(); ++i) {
+    const common::Range r = common::ChunkRange(step.elements(), i);
+    std::string& bytes = checkpoint.update_chunks[i];
+    absl::Status valid = common::Validate(codec, bytes, r.size());
+    if (!valid.ok()) {
+      return CheckpointDataLoss(h.job(), std::string(valid.message()));
+    }
+    if (!decoded.empty()) {
+      common::Decode(codec, bytes, decoded.subspan(r.begin, r.size()));
+    }
+    update->push_back(step.Message(h.rounds_closed() - 1, i,
+                                   h.update_contributors(), std::move(bytes)));
+  }
+  return update;
+}
+
+}  // namespace co2::server

@@ -1,0 +1,58 @@
+// The state of one JobShard in and out of a checkpoint file
+// (server/checkpoint_store.h): the numerical state written from spans into
+// the live shard, and a loaded checkpoint checked against the shard it is
+// restored into, its last update rebuilt as the messages workers replay.
+// Membership and the round are the header's, built by the shard itself.
+//
+// Stateless functions; any thread. The buffers they borrow must not change
+// during the call.
+#ifndef CO2_SERVER_SHARD_CHECKPOINT_H_
+#define CO2_SERVER_SHARD_CHECKPOINT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "co2/v1/checkpoint.pb.h"
+#include "common/layout.h"
+#include "server/checkpoint_store.h"
+#include "server/chunked_outer_step.h"
+#include "server/update_chunks.h"
+
+namespace co2::server {
+
+// Writes `header` with A, m and the last update (none before the first
+// round closed). An empty `momentum` (β = 0 keeps none) is written as zeros
+// that cost no memory. RESOURCE_EXHAUSTED if those cannot be mapped; else
+// what CheckpointStore::Write returns.
+absl::Status WriteShardCheckpoint(const CheckpointStore& store,
+                                  const v1::ShardCheckpointHeader& header,
+                                  absl::Span<const float> anchor,
+                                  absl::Span<const float> momentum,
+                                  const UpdateChunks* last_update);
+
+// DATA_LOSS "checkpoint of job "<job>": <what>".
+absl::Status CheckpointDataLoss(const std::string& job,
+                                const std::string& what);
+
+// DATA_LOSS when `checkpoint` does not fit shard `shard_index`, which owns
+// `range` in `num_chunks` chunks: another range, vectors of another size,
+// or update chunks of another count.
+absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
+                                 common::Range range, uint32_t shard_index,
+                                 uint32_t num_chunks);
+
+// The update of the checkpoint's last closed round (it must have one and
+// fit, see CheckCheckpointFits), its chunks moved out of `checkpoint` into
+// the messages `step` makes, and decoded into `decoded` unless that is
+// empty. DATA_LOSS for a chunk that is not a valid encoding.
+absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
+    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step,
+    absl::Span<float> decoded);
+
+}  // namespace co2::server
+
+#endif  // CO2_SERVER_SHARD_CHECKPOINT_H_

@@ -1,0 +1,66 @@
+// UpdateCache: the encoded updates of one (job, shard)'s last closed rounds,
+// oldest first, in two stages: unpublished (the round closed but its
+// checkpoint is not durable yet, so nobody was sent it) and published (sent,
+// and kept for workers that reconnect and ask for the rounds they missed).
+// A reconnecting worker has contributed at most max_staleness rounds past
+// the last update it applied, so it misses at most the last replay_rounds =
+// max_staleness + 1 closed rounds: the cache keeps that many rounds of
+// updates, published and unpublished together, dropping the oldest
+// published one first. An unpublished update is never dropped.
+//
+// Not thread-safe: the owner serialises calls (server::JobShard holds a
+// mutex). The updates themselves are immutable and shared.
+#ifndef CO2_SERVER_UPDATE_CACHE_H_
+#define CO2_SERVER_UPDATE_CACHE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "server/update_chunks.h"
+
+namespace co2::server {
+
+class UpdateCache {
+ public:
+  // `replay_rounds` (max_staleness + 1) is at least 1.
+  explicit UpdateCache(size_t replay_rounds) : replay_rounds_(replay_rounds) {}
+  UpdateCache(const UpdateCache&) = delete;
+  UpdateCache& operator=(const UpdateCache&) = delete;
+
+  // Before a round's update is built: drops the oldest published updates
+  // until the new one fits in replay_rounds, so no more than that many exist
+  // at any time.
+  void MakeRoomForNext() { Trim(replay_rounds_ - 1); }
+  // The update of the round that just closed, held until Publish.
+  void AddUnpublished(std::shared_ptr<const UpdateChunks> update);
+  // The update of a restored shard's last closed round: already published.
+  void AddPublished(std::shared_ptr<const UpdateChunks> update);
+  // Their checkpoint is durable: the unpublished updates become published
+  // (the oldest beyond replay_rounds dropped). Returns them, oldest first.
+  std::vector<std::shared_ptr<const UpdateChunks>> Publish();
+
+  bool has_unpublished() const { return !unpublished_.empty(); }
+  // The update of the last closed round, published or not; null if none.
+  const UpdateChunks* Last() const;
+  // The round of the oldest update held; nullopt if none.
+  std::optional<uint64_t> OldestRound() const;
+  // The published updates of rounds >= from_round, oldest first.
+  std::vector<std::shared_ptr<const UpdateChunks>> PublishedSince(
+      uint64_t from_round) const;
+
+ private:
+  // Drops the oldest published updates until `keep` rounds of updates
+  // (published or not) are left.
+  void Trim(size_t keep);
+
+  const size_t replay_rounds_;
+  std::vector<std::shared_ptr<const UpdateChunks>> published_;
+  std::vector<std::shared_ptr<const UpdateChunks>> unpublished_;
+};
+
+}  // namespace co2::server
+
+#endif  // CO2_SERVER_UPDATE_CACHE_H_

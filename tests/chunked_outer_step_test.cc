@@ -1,0 +1,157 @@
+#include "server/chunked_outer_step.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/codec.h"
+#include "common/job_config.h"
+#include "common/layout.h"
+#include "gtest/gtest.h"
+
+namespace co2::server {
+namespace {
+
+TEST(OuterConfigOfTest, TranslatesEveryField) {
+  v1::JobConfig c = common::DefaultJobConfig(10, 1);
+  c.set_alpha(0.7f);
+  c.set_beta(0.5f);
+  c.set_momentum(v1::MOMENTUM_NESTEROV);
+  c.set_gap_penalty(v1::GAP_PENALTY_CONSTANT);
+  c.set_penalty_lambda(2.5f);
+  c.set_clip(v1::CLIP_VALUE);
+  c.set_clip_value(4.0f);
+  OuterConfig o = OuterConfigOf(c);
+  EXPECT_EQ(o.alpha, 0.7f);
+  EXPECT_EQ(o.beta, 0.5f);
+  EXPECT_EQ(o.momentum, MomentumKind::kNesterov);
+  EXPECT_EQ(o.penalty, GapPenalty::kConstant);
+  EXPECT_EQ(o.penalty_lambda, 2.5f);
+  EXPECT_EQ(o.clip, ClipMode::kValue);
+  EXPECT_EQ(o.clip_value, 4.0f);
+  c.set_momentum(v1::MOMENTUM_HEAVY_BALL);
+  c.set_gap_penalty(v1::GAP_PENALTY_GAP_AWARE);
+  c.set_clip(v1::CLIP_ADAPTIVE);
+  o = OuterConfigOf(c);
+  EXPECT_EQ(o.momentum, MomentumKind::kHeavyBall);
+  EXPECT_EQ(o.penalty, GapPenalty::kGapAware);
+  EXPECT_EQ(o.clip, ClipMode::kAdaptive);
+  c.set_gap_penalty(v1::GAP_PENALTY_NONE);
+  c.set_clip(v1::CLIP_NONE);
+  o = OuterConfigOf(c);
+  EXPECT_EQ(o.penalty, GapPenalty::kNone);
+  EXPECT_EQ(o.clip, ClipMode::kNone);
+}
+
+// Gap-aware penalty and adaptive clipping on, staleness 2.
+v1::JobConfig StepConfig(size_t n, float beta, v1::Codec downlink,
+                         v1::Momentum momentum = v1::MOMENTUM_HEAVY_BALL) {
+  v1::JobConfig c = common::DefaultJobConfig(n, 1);
+  c.set_alpha(0.7f);
+  c.set_beta(beta);
+  c.set_momentum(momentum);
+  c.set_max_staleness(2);
+  c.set_gap_penalty(v1::GAP_PENALTY_GAP_AWARE);
+  c.set_clip(v1::CLIP_ADAPTIVE);
+  c.set_clip_value(2.0f);
+  c.set_downlink_codec(downlink);
+  return c;
+}
+
+TEST(ChunkedOuterStepTest, MessagesNameTheRoundTheyMakeAndTheChunk) {
+  const size_t n = common::kChunkElements + 10;
+  ChunkedOuterStep step(StepConfig(n, 0, v1::CODEC_BF16), n);
+  EXPECT_EQ(step.num_chunks(), 2u);
+  EXPECT_EQ(step.elements(), n);
+  auto m = step.Message(7, 1, 3, "bytes");
+  EXPECT_EQ(m->round(), 7u);
+  EXPECT_EQ(m->anchor_round(), 7u + 1 + 2);  // U_r makes A_{r+1+s}
+  EXPECT_EQ(m->chunk_index(), 1u);
+  EXPECT_EQ(m->num_chunks(), 2u);
+  EXPECT_EQ(m->codec(), v1::CODEC_BF16);
+  EXPECT_EQ(m->contributors(), 3u);
+  EXPECT_EQ(m->payload(), "bytes");
+}
+
+// Chunk by chunk, with m kept only for β != 0 and the fp32 gap read from
+// the last update's payload, the step must be bit for bit the step on the
+// whole range followed by what the workers decode. Parameters: β, codec,
+// momentum.
+class ChunkedOuterStepRunTest
+    : public testing::TestWithParam<
+          std::tuple<float, v1::Codec, v1::Momentum>> {};
+
+TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
+  const auto [beta, downlink, kind] = GetParam();
+  const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks, 1 short
+  const v1::JobConfig config = StepConfig(n, beta, downlink, kind);
+  const common::Codec codec = common::Codec(downlink);
+  const ChunkedOuterStep step(config, n);
+  const bool fp32 = codec == common::Codec::kFp32;
+  std::vector<float> anchor(n, 1.0f), momentum(beta != 0 ? n : 0);
+  std::vector<float> decoded(fp32 ? 0 : n);
+  // The reference state.
+  std::vector<float> ref_anchor(n, 1.0f), ref_m(n, 0.0f), gap(n, 0.0f),
+      update(n);
+  std::shared_ptr<const UpdateChunks> last;
+  for (uint64_t r = 0; r < 3; ++r) {
+    ClosedRound closed;
+    closed.round = r;
+    closed.contributors = 2;
+    closed.mean.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      closed.mean[i] = std::sin(0.001f * static_cast<float>(i) +
+                                static_cast<float>(r)) *
+                       static_cast<float>(1 + i % 5);
+    }
+    OuterStepStats stats;
+    last = step.Run(closed, last.get(),
+                    OuterStepBuffers{absl::MakeSpan(anchor),
+                                     absl::MakeSpan(momentum),
+                                     absl::MakeSpan(decoded)},
+                    &stats);
+    OuterStepStats ref_stats = OuterStep(OuterConfigOf(config), closed.mean,
+                                         gap, absl::MakeSpan(ref_m),
+                                         absl::MakeSpan(update));
+    EXPECT_EQ(stats.clipped, ref_stats.clipped);
+    EXPECT_NEAR(stats.momentum_norm_sq, ref_stats.momentum_norm_sq,
+                1e-9 * ref_stats.momentum_norm_sq);
+    EXPECT_NEAR(stats.mean_penalty, ref_stats.mean_penalty, 1e-9);
+    ASSERT_EQ(last->size(), 3u);
+    for (uint32_t c = 0; c < 3; ++c) {
+      const common::Range range = common::ChunkRange(n, c);
+      std::string bytes(common::EncodedSize(codec, range.size()), '\0');
+      common::Encode(codec,
+                     absl::MakeConstSpan(update).subspan(range.begin,
+                                                         range.size()),
+                     absl::MakeSpan(bytes.data(), bytes.size()));
+      EXPECT_EQ((*last)[c]->payload(), bytes) << "round " << r << " chunk " << c;
+      EXPECT_EQ((*last)[c]->round(), r);
+      EXPECT_EQ((*last)[c]->chunk_index(), c);
+      common::Decode(codec, bytes,
+                     absl::MakeSpan(gap).subspan(range.begin, range.size()));
+    }
+    for (size_t i = 0; i < n; ++i) ref_anchor[i] += gap[i];
+    ASSERT_EQ(std::memcmp(anchor.data(), ref_anchor.data(), n * sizeof(float)),
+              0)
+        << "round " << r;
+    if (!fp32) {
+      ASSERT_EQ(std::memcmp(decoded.data(), gap.data(), n * sizeof(float)), 0);
+    }
+    if (beta == 0) std::fill(ref_m.begin(), ref_m.end(), 0.0f);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    BetaDownlinkAndMomentum, ChunkedOuterStepRunTest,
+    testing::Combine(testing::Values(0.0f, 0.9f),
+                     testing::Values(v1::CODEC_FP32, v1::CODEC_BF16,
+                                     v1::CODEC_INT8),
+                     testing::Values(v1::MOMENTUM_HEAVY_BALL,
+                                     v1::MOMENTUM_NESTEROV)));
+
+}  // namespace
+}  // namespace co2::server

@@ -1,0 +1,70 @@
+#include "server/seed_state.h"
+
+#include "gtest/gtest.h"
+
+namespace co2::server {
+namespace {
+
+// Whether an accepted chunk was the last; fails the test on an error.
+bool Last(const absl::StatusOr<bool>& accepted) {
+  EXPECT_TRUE(accepted.ok()) << accepted.status();
+  return accepted.value_or(false);
+}
+
+TEST(SeedStateTest, TheFirstWorkerSeedsAZeroInOrder) {
+  SeedState seed;
+  EXPECT_TRUE(seed.OfferSeed("a"));
+  EXPECT_FALSE(seed.OfferSeed("b"));
+  EXPECT_EQ(seed.seeder(), "a");
+  EXPECT_EQ(seed.Accept("b", 0, 0, 3).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(seed.Accept("a", 0, 4, 3).status().message(),
+            "a seed is the anchor of round 0, got anchor_round 4");
+  EXPECT_EQ(seed.Accept("a", 1, 0, 3).status().message(),
+            "seed chunk_index 1 out of order: expected 0");
+  EXPECT_FALSE(Last(seed.Accept("a", 0, 0, 3)));
+  EXPECT_FALSE(Last(seed.Accept("a", 1, 0, 3)));
+  EXPECT_EQ(seed.Accept("a", 1, 0, 3).status().code(),
+            absl::StatusCode::kInvalidArgument)
+      << "a chunk counts once";
+  EXPECT_TRUE(Last(seed.Accept("a", 2, 0, 3)));
+}
+
+TEST(SeedStateTest, ASeederThatRejoinsOrLeavesStartsOver) {
+  SeedState seed;
+  ASSERT_TRUE(seed.OfferSeed("a"));
+  ASSERT_FALSE(Last(seed.Accept("a", 0, 0, 2)));
+  EXPECT_TRUE(seed.OfferSeed("a"));
+  EXPECT_EQ(seed.Accept("a", 1, 0, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  seed.Forget("b");
+  EXPECT_EQ(seed.seeder(), "a");
+  seed.Forget("a");
+  EXPECT_EQ(seed.seeder(), "");
+  EXPECT_TRUE(seed.OfferSeed("b"));
+}
+
+TEST(SeedStateTest, AResumingWorkerReseedsAtOneRound) {
+  SeedState seed;
+  ASSERT_TRUE(seed.OfferSeed("fresh"));
+  EXPECT_FALSE(seed.ReseedingByOther("w")) << "a fresh seed is replaced";
+  seed.StartReseed("w");
+  EXPECT_TRUE(seed.reseeding());
+  EXPECT_EQ(seed.seeder(), "w");
+  EXPECT_TRUE(seed.ReseedingByOther("v"));
+  EXPECT_FALSE(seed.ReseedingByOther("w"));
+  EXPECT_FALSE(seed.OfferSeed("fresh"));
+  EXPECT_EQ(seed.Accept("fresh", 0, 0, 2).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(Last(seed.Accept("w", 0, 6, 2)));
+  EXPECT_EQ(seed.reseed_anchor_round(), 6u);
+  EXPECT_EQ(seed.Accept("w", 1, 7, 2).status().message(),
+            "re-seed chunk 1 has anchor_round 7, chunk 0 had 6");
+  EXPECT_TRUE(Last(seed.Accept("w", 1, 6, 2)));
+  seed.FinishReseed();
+  EXPECT_FALSE(seed.reseeding());
+  EXPECT_FALSE(seed.ReseedingByOther("v"));
+}
+
+}  // namespace
+}  // namespace co2::server

@@ -1,0 +1,109 @@
+#include "server/update_cache.h"
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace co2::server {
+namespace {
+
+// The update of `round`, one chunk.
+std::shared_ptr<const UpdateChunks> Update(uint64_t round) {
+  auto message = std::make_shared<v1::OuterUpdate>();
+  message->set_round(round);
+  return std::make_shared<const UpdateChunks>(UpdateChunks{message});
+}
+
+std::vector<uint64_t> Rounds(
+    const std::vector<std::shared_ptr<const UpdateChunks>>& updates) {
+  std::vector<uint64_t> rounds;
+  for (const auto& u : updates) rounds.push_back((*u)[0]->round());
+  return rounds;
+}
+
+// One round as JobShard runs it: room, the new update, its publication.
+void CloseAndPublish(UpdateCache& cache, uint64_t round) {
+  cache.MakeRoomForNext();
+  cache.AddUnpublished(Update(round));
+  EXPECT_EQ(Rounds(cache.Publish()), std::vector<uint64_t>{round});
+}
+
+TEST(UpdateCacheTest, EmptyHoldsNothing) {
+  UpdateCache cache(2);
+  EXPECT_EQ(cache.Last(), nullptr);
+  EXPECT_EQ(cache.OldestRound(), std::nullopt);
+  EXPECT_FALSE(cache.has_unpublished());
+  EXPECT_TRUE(cache.PublishedSince(0).empty());
+  EXPECT_TRUE(cache.Publish().empty());
+}
+
+TEST(UpdateCacheTest, KeepsTheLastReplayRoundsInOrderDroppingTheOldest) {
+  UpdateCache cache(3);  // max_staleness 2
+  for (uint64_t r = 0; r < 6; ++r) {
+    CloseAndPublish(cache, r);
+    const uint64_t oldest = r < 2 ? 0 : r - 2;
+    EXPECT_EQ(cache.OldestRound(), oldest) << "after round " << r;
+    EXPECT_EQ(Rounds(cache.PublishedSince(0)).size(), r - oldest + 1);
+  }
+  EXPECT_EQ(Rounds(cache.PublishedSince(0)), (std::vector<uint64_t>{3, 4, 5}));
+  EXPECT_EQ(Rounds(cache.PublishedSince(4)), (std::vector<uint64_t>{4, 5}));
+  EXPECT_TRUE(cache.PublishedSince(6).empty());
+  EXPECT_EQ((*cache.Last())[0]->round(), 5u);
+}
+
+TEST(UpdateCacheTest, MakesRoomBeforeTheNextUpdateExists) {
+  UpdateCache cache(2);
+  CloseAndPublish(cache, 0);
+  CloseAndPublish(cache, 1);
+  cache.MakeRoomForNext();
+  // Round 0 goes before round 2's update is built; round 1 (its gap) stays.
+  EXPECT_EQ(Rounds(cache.PublishedSince(0)), std::vector<uint64_t>{1});
+  EXPECT_EQ((*cache.Last())[0]->round(), 1u);
+}
+
+TEST(UpdateCacheTest, UnpublishedUpdatesAreKeptButNotReplayed) {
+  UpdateCache cache(2);
+  CloseAndPublish(cache, 0);
+  CloseAndPublish(cache, 1);
+  // Two rounds close while their checkpoints fail: nothing is published.
+  for (uint64_t r = 2; r < 4; ++r) {
+    cache.MakeRoomForNext();
+    cache.AddUnpublished(Update(r));
+  }
+  EXPECT_TRUE(cache.has_unpublished());
+  EXPECT_TRUE(cache.PublishedSince(0).empty()) << "room made from published";
+  EXPECT_EQ(cache.OldestRound(), 2u);
+  EXPECT_EQ((*cache.Last())[0]->round(), 3u) << "the last, published or not";
+  cache.MakeRoomForNext();
+  EXPECT_EQ(cache.OldestRound(), 2u) << "an unpublished update was dropped";
+  EXPECT_EQ(Rounds(cache.Publish()), (std::vector<uint64_t>{2, 3}));
+  EXPECT_FALSE(cache.has_unpublished());
+  EXPECT_EQ(Rounds(cache.PublishedSince(0)), (std::vector<uint64_t>{2, 3}));
+}
+
+TEST(UpdateCacheTest, ARestoredUpdateIsReplayedAndIsTheLast) {
+  UpdateCache cache(2);
+  cache.AddPublished(Update(7));
+  EXPECT_FALSE(cache.has_unpublished());
+  EXPECT_EQ(Rounds(cache.PublishedSince(7)), std::vector<uint64_t>{7});
+  EXPECT_EQ((*cache.Last())[0]->round(), 7u);
+  CloseAndPublish(cache, 8);
+  CloseAndPublish(cache, 9);
+  EXPECT_EQ(Rounds(cache.PublishedSince(0)), (std::vector<uint64_t>{8, 9}));
+}
+
+TEST(UpdateCacheTest, OneReplayRoundKeepsOnlyTheUnpublished) {
+  UpdateCache cache(1);  // max_staleness 0
+  CloseAndPublish(cache, 0);
+  EXPECT_EQ(Rounds(cache.PublishedSince(0)), std::vector<uint64_t>{0});
+  cache.MakeRoomForNext();
+  EXPECT_EQ(cache.Last(), nullptr);
+  cache.AddUnpublished(Update(1));
+  EXPECT_EQ(Rounds(cache.Publish()), std::vector<uint64_t>{1});
+  EXPECT_EQ(Rounds(cache.PublishedSince(0)), std::vector<uint64_t>{1});
+}
+
+}  // namespace
+}  // namespace co2::server

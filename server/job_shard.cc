@@ -455,11 +455,13 @@ bool JobShard::CloseRoundLocked() {
   std::optional<ClosedRound> closed = rounds_.TryClose();
   if (!closed) return false;
   // The oldest update kept goes before the new one exists, so at most
-  // max_staleness + 1 rounds of encoded updates exist at any time (the last
-  // update, the gap of this step, stays).
+  // max_staleness + 1 rounds of encoded updates exist at any time. The last
+  // update is the gap of this step: with max_staleness = 0 the cache drops
+  // it here, so it is held until the step has run.
+  const std::shared_ptr<const UpdateChunks> gap = updates_.Last();
   updates_.MakeRoomForNext();
   std::shared_ptr<const UpdateChunks> update = step_.Run(
-      *closed, updates_.Last(),
+      *closed, gap.get(),
       OuterStepBuffers{absl::MakeSpan(anchor_), absl::MakeSpan(momentum_),
                        absl::MakeSpan(last_update_)},
       &stats_.last_step);
@@ -480,7 +482,7 @@ v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
   header.set_range_end(range_.end);
   header.set_rounds_closed(rounds_closed_);
   header.set_quorum_misses(restored_quorum_misses_ + rounds_.quorum_misses());
-  if (const UpdateChunks* update = updates_.Last();
+  if (const std::shared_ptr<const UpdateChunks> update = updates_.Last();
       update != nullptr && !update->empty()) {
     header.set_update_contributors(update->front()->contributors());
   }
@@ -495,7 +497,7 @@ v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
 
 absl::Status JobShard::WriteCheckpoint(const v1::ShardCheckpointHeader& header) {
   return WriteShardCheckpoint(*options_.checkpoints, header, anchor_,
-                              momentum_, updates_.Last());
+                              momentum_, updates_.Last().get());
 }
 
 void JobShard::ExpireLeasesLocked() {

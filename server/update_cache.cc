@@ -25,9 +25,9 @@ std::vector<std::shared_ptr<const UpdateChunks>> UpdateCache::Publish() {
   return released;
 }
 
-const UpdateChunks* UpdateCache::Last() const {
-  if (!unpublished_.empty()) return unpublished_.back().get();
-  if (!published_.empty()) return published_.back().get();
+std::shared_ptr<const UpdateChunks> UpdateCache::Last() const {
+  if (!unpublished_.empty()) return unpublished_.back();
+  if (!published_.empty()) return published_.back();
   return nullptr;
 }
 

@@ -44,7 +44,8 @@ class UpdateCache {
 
   bool has_unpublished() const { return !unpublished_.empty(); }
   // The update of the last closed round, published or not; null if none.
-  const UpdateChunks* Last() const;
+  // Shared, so that it outlives MakeRoomForNext while it is the next gap.
+  std::shared_ptr<const UpdateChunks> Last() const;
   // The round of the oldest update held; nullopt if none.
   std::optional<uint64_t> OldestRound() const;
   // The published updates of rounds >= from_round, oldest first.

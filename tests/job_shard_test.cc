@@ -175,10 +175,12 @@ TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
 // must still be bit for bit the one of the step on the whole range, across a
 // restart from its checkpoint. Parameters: β and the downlink codec.
 class JobShardStepTest
-    : public testing::TestWithParam<std::tuple<float, v1::Codec>> {};
+    : public testing::TestWithParam<std::tuple<float, v1::Codec, uint32_t>> {};
 
-v1::JobConfig StepConfig(size_t n, float beta, v1::Codec downlink) {
+v1::JobConfig StepConfig(size_t n, float beta, v1::Codec downlink,
+                         uint32_t max_staleness) {
   v1::JobConfig c = common::DefaultJobConfig(n, 1);
+  c.set_max_staleness(max_staleness);
   c.set_alpha(0.7f);
   c.set_beta(beta);
   c.set_gap_penalty(v1::GAP_PENALTY_GAP_AWARE);
@@ -197,10 +199,10 @@ std::string Fp32Chunk(const std::vector<float>& values, common::Range r) {
 }
 
 TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
-  const auto [beta, downlink] = GetParam();
+  const auto [beta, downlink, max_staleness] = GetParam();
   const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks, 1 short
   const uint32_t chunks = static_cast<uint32_t>(common::NumChunks(n));
-  const v1::JobConfig config = StepConfig(n, beta, downlink);
+  const v1::JobConfig config = StepConfig(n, beta, downlink, max_staleness);
   const common::Codec codec = common::Codec(downlink);
   common::FakeClock clock;
   CheckpointStore store(TempDir());
@@ -269,11 +271,14 @@ TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    BetaAndDownlink, JobShardStepTest,
-    testing::Values(std::make_tuple(0.0f, v1::CODEC_FP32),
-                    std::make_tuple(0.9f, v1::CODEC_FP32),
-                    std::make_tuple(0.0f, v1::CODEC_BF16),
-                    std::make_tuple(0.9f, v1::CODEC_INT8)));
+    BetaDownlinkAndStaleness, JobShardStepTest,
+    testing::Values(std::make_tuple(0.0f, v1::CODEC_FP32, 1u),
+                    std::make_tuple(0.9f, v1::CODEC_FP32, 1u),
+                    std::make_tuple(0.0f, v1::CODEC_BF16, 1u),
+                    std::make_tuple(0.9f, v1::CODEC_INT8, 1u),
+                    // The cache keeps one update: the gap must survive it.
+                    std::make_tuple(0.9f, v1::CODEC_FP32, 0u),
+                    std::make_tuple(0.9f, v1::CODEC_BF16, 0u)));
 
 TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {
   JoinAndSeed({"a", "b"});

@@ -301,11 +301,13 @@ bool ShardStream::Reconnect() {
         // Installed before the first write so that shutdown can cancel it.
         call->stream = stub_->Exchange(&call->context);
         call_ = call;
+        call_open_ = false;
       }
       if (call->stream->Write(open)) {
         absl::MutexLock lock(&mu_);
         if (generation_ > 0) ++stats_.reconnects;
         ++generation_;
+        call_open_ = true;
         // The shard may have lost what we sent: resend unless answered.
         if (has_contribution_ && !ReadyLocked(send_round_)) next_send_ = 0;
         return true;
@@ -404,8 +406,8 @@ void ShardStream::WriteLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || (call_ && error_.ok() && has_contribution_ &&
-                         next_send_ < num_chunks_ &&
+        return stop_ || (call_ && call_open_ && error_.ok() &&
+                         has_contribution_ && next_send_ < num_chunks_ &&
                          failed_write_generation_ != generation_);
       };
       mu_.Await(absl::Condition(&work));

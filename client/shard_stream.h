@@ -148,6 +148,9 @@ class ShardStream {
 
   mutable absl::Mutex mu_;
   std::shared_ptr<Call> call_ ABSL_GUARDED_BY(mu_);
+  // call_'s open message has been written: only then may the writer use it
+  // (a sync stream takes one Write at a time, and open must come first).
+  bool call_open_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumps on every new call
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // terminal; OK while healthy

@@ -135,7 +135,8 @@ WorkerResult RunWorker(const E2eSpec& spec,
                        const std::vector<std::string>& addresses,
                        const std::string& job, const v1::JobConfig& config,
                        common::Codec uplink, int worker,
-                       const std::function<void(uint64_t)>& after_round) {
+                       const std::function<void(uint64_t)>& after_round,
+                       Barrier* joined) {
   WorkerResult result;
   auto fail = [&](absl::Status s) {
     result.status = std::move(s);
@@ -151,7 +152,14 @@ WorkerResult RunWorker(const E2eSpec& spec,
   options.uplink_codec = uplink;
   auto connected =
       client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  // Arrives even when Connect failed, so the others do not wait for it.
+  const bool all_joined =
+      joined == nullptr || joined->ArriveAndWait([] {}, absl::Seconds(60));
   if (!connected.ok()) return fail(connected.status());
+  if (!all_joined) {
+    return fail(absl::DeadlineExceededError(
+        "the other workers did not connect within 60 s"));
+  }
   client::AggregatorClient& c = **connected;
   if (auto s = c.TrackAnchor(anchor); !s.ok()) return fail(s);
   if (c.start_round() != 0) {
@@ -200,12 +208,14 @@ std::vector<WorkerResult> RunWorkers(
     const std::function<common::Codec(int)>& uplink,
     const std::function<void(int, uint64_t)>& after_round) {
   std::vector<WorkerResult> results(spec.workers);
+  Barrier joined(spec.workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < spec.workers; ++w) {
     threads.emplace_back([&, w] {
       std::function<void(uint64_t)> hook;
       if (after_round) hook = [&, w](uint64_t r) { after_round(w, r); };
-      results[w] = RunWorker(spec, addresses, job, config, uplink(w), w, hook);
+      results[w] = RunWorker(spec, addresses, job, config, uplink(w), w, hook,
+                             &joined);
     });
   }
   for (auto& t : threads) t.join();

@@ -92,12 +92,15 @@ class Barrier {
 
 // One worker following the CO2 boundary protocol for spec.rounds rounds and
 // draining the last update; `after_round` (may be empty) runs after each of
-// its boundaries.
+// its boundaries. With `joined`, the worker waits there after connecting
+// until every worker has connected, so that all of them take part in round 0
+// (a worker whose thread starts late would otherwise join a running job).
 WorkerResult RunWorker(const E2eSpec& spec,
                        const std::vector<std::string>& addresses,
                        const std::string& job, const v1::JobConfig& config,
                        common::Codec uplink, int worker,
-                       const std::function<void(uint64_t)>& after_round = {});
+                       const std::function<void(uint64_t)>& after_round = {},
+                       Barrier* joined = nullptr);
 
 // Runs spec.workers workers in threads; uplink codec per worker.
 std::vector<WorkerResult> RunWorkers(

@@ -12,6 +12,7 @@
 #include <immintrin.h>
 #endif
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/kernel_isa.h"
@@ -39,14 +40,6 @@ constexpr float kMaxInt8Scale = std::numeric_limits<float>::max() / 128.0f;
 constexpr float kRoundMagic = 12582912.0f;
 constexpr int32_t kRoundMagicBits = 0x4B400000;
 
-template <typename To, typename From>
-inline To BitCast(From from) {
-  static_assert(sizeof(To) == sizeof(From));
-  To to;
-  std::memcpy(&to, &from, sizeof to);
-  return to;
-}
-
 template <typename T>
 inline T Load(const char* p) {
   T v;
@@ -64,14 +57,14 @@ inline absl::string_view ToAbsl(std::string_view s) {
 // become ±Inf, which Validate rejects; it saturates to ±max bf16 instead, so
 // every finite input encodes to a valid payload.
 inline uint16_t FloatToBf16(float f) {
-  const uint32_t bits = BitCast<uint32_t>(f);
+  const uint32_t bits = absl::bit_cast<uint32_t>(f);
   uint32_t r = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
   r -= static_cast<uint32_t>((r & 0x7FFFu) == kBf16ExpMask);
   return static_cast<uint16_t>(r);
 }
 
 inline float Bf16ToFloat(uint16_t h) {
-  return BitCast<float>(static_cast<uint32_t>(h) << 16);
+  return absl::bit_cast<float>(static_cast<uint32_t>(h) << 16);
 }
 
 // lrintf(y) as an int8 for |y| < 127.5, clamped to [-127, 127] when kClamp
@@ -79,7 +72,7 @@ inline float Bf16ToFloat(uint16_t h) {
 // cheaper, but then GCC 12 stops vectorising the loop.)
 template <bool kClamp>
 inline int8_t QuantizeInt8(float y) {
-  int32_t q = BitCast<int32_t>(y + kRoundMagic) - kRoundMagicBits;
+  int32_t q = absl::bit_cast<int32_t>(y + kRoundMagic) - kRoundMagicBits;
   if (kClamp) {
     q = q < -127 ? -127 : q;
     q = q > 127 ? 127 : q;
@@ -101,9 +94,11 @@ size_t Int8ValuesOffset(size_t elements) {
 }
 
 // The element codecs: Word is uint32_t for fp32, uint16_t for bf16.
-inline uint32_t ToWord(float f, uint32_t) { return BitCast<uint32_t>(f); }
+inline uint32_t ToWord(float f, uint32_t) {
+  return absl::bit_cast<uint32_t>(f);
+}
 inline uint16_t ToWord(float f, uint16_t) { return FloatToBf16(f); }
-inline float FromWord(uint32_t w) { return BitCast<float>(w); }
+inline float FromWord(uint32_t w) { return absl::bit_cast<float>(w); }
 inline float FromWord(uint16_t w) { return Bf16ToFloat(w); }
 
 // The decode loops apply op(out[i], decode(i)), where Op stores (Decode) or
@@ -123,7 +118,7 @@ struct Subtract {
 
 std::string FormatFloat(float f) {
   if (std::isnan(f)) {
-    return absl::StrFormat("nan (bits 0x%08x)", BitCast<uint32_t>(f));
+    return absl::StrFormat("nan (bits 0x%08x)", absl::bit_cast<uint32_t>(f));
   }
   if (std::isinf(f)) return f > 0 ? "+inf" : "-inf";
   return absl::StrCat(f);

@@ -12,6 +12,7 @@
 #endif
 
 #include "absl/base/attributes.h"
+#include "absl/base/casts.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
@@ -76,14 +77,6 @@ uint32_t* GroupMaxScratch() {
   thread_local std::unique_ptr<uint32_t[]> scratch(
       new uint32_t[common::kBlockElements / kLanes + 1]);
   return scratch.get();
-}
-
-template <typename To, typename From>
-inline To BitCast(From from) {
-  static_assert(sizeof(To) == sizeof(From));
-  To to;
-  std::memcpy(&to, &from, sizeof to);
-  return to;
 }
 
 struct Totals {

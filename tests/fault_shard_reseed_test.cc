@@ -124,11 +124,15 @@ TEST_P(FaultShardReseedTest, TrainingContinuesFromAWorkersAnchor) {
         << "a worker's anchor differs from the shards'";
   }
   // The outer momentum restarted from zero, so the trajectory is not the
-  // undisturbed one: shard 1 really lost its state.
-  const std::vector<float> reference = ReferenceAnchor(spec, config);
-  EXPECT_NE(std::memcmp(shards.data(), reference.data(),
-                        shards.size() * sizeof(float)),
-            0);
+  // undisturbed one: shard 1 really lost its state. After round 0 the lost
+  // state may be none at all: the re-seed can reopen round 0, whose
+  // momentum and gap were zero anyway, and then the trajectories are equal.
+  if (crash_after > 0) {
+    const std::vector<float> reference = ReferenceAnchor(spec, config);
+    EXPECT_NE(std::memcmp(shards.data(), reference.data(),
+                          shards.size() * sizeof(float)),
+              0);
+  }
 
   const std::string reason = loss == Loss::kMissing ? "missing" : "corrupt";
   EXPECT_EQ(observer.reseeds(),

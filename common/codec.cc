@@ -125,29 +125,9 @@ std::string FormatFloat(float f) {
 }
 
 // The kernels, once per KernelIsa (see codec_kernels.inc).
-namespace portable {
-#define CO2_KERNEL_ISA 0
-#include "common/codec_kernels.inc"
-#undef CO2_KERNEL_ISA
-}  // namespace portable
-
-#if defined(__x86_64__)
-namespace sse2 {
-#define CO2_KERNEL_ISA 1
-#include "common/codec_kernels.inc"
-#undef CO2_KERNEL_ISA
-}  // namespace sse2
-
-// Everything defined up to CO2_END_AVX2 may use AVX2 (not FMA); the helpers
-// above are inlined into it.
-CO2_BEGIN_AVX2
-namespace avx2 {
-#define CO2_KERNEL_ISA 2
-#include "common/codec_kernels.inc"
-#undef CO2_KERNEL_ISA
-}  // namespace avx2
-CO2_END_AVX2
-#endif
+#define CO2_KERNELS_FILE "common/codec_kernels.inc"
+#include "common/per_isa_kernels.inc"
+#undef CO2_KERNELS_FILE
 
 // fn(Kernels{}) with the Kernels of this thread's ActiveKernelIsa().
 template <typename Fn>

@@ -86,29 +86,9 @@ struct Totals {
 };
 
 // The passes, once per KernelIsa (see outer_step_kernels.inc).
-namespace portable {
-#define CO2_KERNEL_ISA 0
-#include "server/outer_step_kernels.inc"
-#undef CO2_KERNEL_ISA
-}  // namespace portable
-
-#if defined(__x86_64__)
-namespace sse2 {
-#define CO2_KERNEL_ISA 1
-#include "server/outer_step_kernels.inc"
-#undef CO2_KERNEL_ISA
-}  // namespace sse2
-
-// Everything defined up to CO2_END_AVX2 may use AVX2 (not FMA); the helpers
-// above are inlined into it.
-CO2_BEGIN_AVX2
-namespace avx2 {
-#define CO2_KERNEL_ISA 2
-#include "server/outer_step_kernels.inc"
-#undef CO2_KERNEL_ISA
-}  // namespace avx2
-CO2_END_AVX2
-#endif
+#define CO2_KERNELS_FILE "server/outer_step_kernels.inc"
+#include "common/per_isa_kernels.inc"
+#undef CO2_KERNELS_FILE
 
 Totals Step(const OuterConfig& config, absl::Span<const float> mean_delta,
             absl::Span<const float> gap, absl::Span<float> momentum,

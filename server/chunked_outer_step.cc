@@ -83,21 +83,29 @@ std::shared_ptr<const v1::OuterUpdate> ChunkedOuterStep::Message(
   return msg;
 }
 
-// With the fp32 downlink the step writes U_{r+2} straight into the payload
-// and reads the gap from the last update's payload, whose floats are the
-// decoded update; other codecs encode U and decode it back into
-// decoded_update (the next gap).
+// The gap is the last update as the workers decoded it: with the fp32
+// downlink the last update's payload itself, else that payload decoded chunk
+// by chunk into a scratch buffer (only the gap-aware penalty reads it). With
+// the fp32 downlink the step writes U_{r+2} straight into the payload; other
+// codecs write it to a scratch buffer, encode it and decode it back, so that
+// the anchor adds the bits the workers add.
 std::shared_ptr<const UpdateChunks> ChunkedOuterStep::Run(
     const ClosedRound& closed, const UpdateChunks* last,
     const OuterStepBuffers& buffers, OuterStepStats* stats) const {
   const bool fp32 = codec_ == common::Codec::kFp32;
-  if (!fp32) last = nullptr;
+  const bool reads_gap = outer_.penalty == GapPenalty::kGapAware;
+  const UpdateChunks* gap_from = reads_gap ? last : nullptr;
   const size_t chunk_elements = std::min(elements_, common::kChunkElements);
-  // Zeros: the gap before the first update (fp32), and m where β = 0.
-  std::vector<float> no_gap(fp32 && last == nullptr ? chunk_elements : 0);
+  // Zeros: the gap before the first update (or one no step reads), and m
+  // where β = 0.
+  std::vector<float> no_gap(gap_from == nullptr ? chunk_elements : 0);
   std::vector<float> fresh_momentum(buffers.momentum.empty() ? chunk_elements
                                                              : 0);
+  // Other codecs: the last update decoded, and U before and after encoding.
+  std::vector<float> decoded_gap(!fp32 && gap_from != nullptr ? chunk_elements
+                                                              : 0);
   std::vector<float> encoded_from(fp32 ? 0 : chunk_elements);
+  std::vector<float> decoded(fp32 ? 0 : chunk_elements);
   auto chunks = std::make_shared<UpdateChunks>();
   chunks->reserve(num_chunks_);
   OuterStepStats step;
@@ -106,11 +114,16 @@ std::shared_ptr<const UpdateChunks> ChunkedOuterStep::Run(
     const common::Range r = common::ChunkRange(elements_, i);
     const absl::Span<const float> mean =
         absl::MakeConstSpan(closed.mean).subspan(r.begin, r.size());
-    const absl::Span<const float> gap =
-        !fp32 ? absl::Span<const float>(buffers.decoded_update)
-                    .subspan(r.begin, r.size())
-        : last != nullptr ? Fp32Floats((*last)[i]->payload())
-                          : absl::MakeConstSpan(no_gap).first(r.size());
+    absl::Span<const float> gap;
+    if (gap_from == nullptr) {
+      gap = absl::MakeConstSpan(no_gap).first(r.size());
+    } else if (fp32) {
+      gap = Fp32Floats((*gap_from)[i]->payload());
+    } else {
+      const absl::Span<float> out = absl::MakeSpan(decoded_gap).first(r.size());
+      common::Decode(codec_, (*gap_from)[i]->payload(), out);
+      gap = out;
+    }
     absl::Span<float> momentum;
     if (buffers.momentum.empty()) {
       std::fill(fresh_momentum.begin(), fresh_momentum.end(), 0.0f);
@@ -127,7 +140,7 @@ std::shared_ptr<const UpdateChunks> ChunkedOuterStep::Run(
     if (!fp32) {
       common::Encode(codec_, update,
                      absl::MakeSpan(payload.data(), payload.size()));
-      update = buffers.decoded_update.subspan(r.begin, r.size());
+      update = absl::MakeSpan(decoded).first(r.size());
       common::Decode(codec_, payload, update);
     }
     auto anchor = buffers.anchor.subspan(r.begin, r.size());

@@ -34,9 +34,6 @@ struct OuterStepBuffers {
   absl::Span<float> anchor;  // A: the decoded update is added to it
   // m; empty with β = 0, where each step starts it from zero.
   absl::Span<float> momentum;
-  // The last update decoded (the gap), overwritten with the new one; empty
-  // with the fp32 downlink, whose gap is the last update's payload itself.
-  absl::Span<float> decoded_update;
 };
 
 class ChunkedOuterStep {
@@ -57,9 +54,8 @@ class ChunkedOuterStep {
 
   // The step of `closed`: U_{r+2}, encoded chunk by chunk, and its decoded
   // bits added to the anchor. `last` is the encoded update of the last
-  // closed round (null before the first, or when none is kept); with the
-  // fp32 downlink its payload is the gap (zeros without it), other codecs
-  // read the gap from buffers.decoded_update. `stats` receives the step's.
+  // closed round (null before the first, or when none is kept): decoded, it
+  // is the gap (zeros without it). `stats` receives the step's.
   std::shared_ptr<const UpdateChunks> Run(const ClosedRound& closed,
                                           const UpdateChunks* last,
                                           const OuterStepBuffers& buffers,

@@ -65,8 +65,7 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
   if (checkpoint.update_chunks.empty()) return shard;
   CO2_ASSIGN_OR_RETURN(
       std::shared_ptr<const UpdateChunks> update,
-      RestoreLastUpdate(checkpoint, shard->step_,
-                        absl::MakeSpan(shard->last_update_)));
+      RestoreLastUpdate(checkpoint, shard->step_));
   shard->updates_.AddPublished(std::move(update));
   return shard;
 }
@@ -88,10 +87,6 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
                options.max_rejected_chunks),
       anchor_(range.size()),
       momentum_(step_.outer().beta != 0 ? range.size() : 0),
-      last_update_(common::Codec(config.downlink_codec()) ==
-                           common::Codec::kFp32
-                       ? 0
-                       : range.size()),
       updates_(config.max_staleness() + 1),
       report_(job_, options.observer, clock) {}
 
@@ -462,8 +457,7 @@ bool JobShard::CloseRoundLocked() {
   updates_.MakeRoomForNext();
   std::shared_ptr<const UpdateChunks> update = step_.Run(
       *closed, gap.get(),
-      OuterStepBuffers{absl::MakeSpan(anchor_), absl::MakeSpan(momentum_),
-                       absl::MakeSpan(last_update_)},
+      OuterStepBuffers{absl::MakeSpan(anchor_), absl::MakeSpan(momentum_)},
       &stats_.last_step);
   if (closed->quorum_close) ++stats_.quorum_closes;
   report_.RoundClosed(*closed, stats_.last_step, range_.size());

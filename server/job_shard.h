@@ -2,13 +2,13 @@
 // shard's slice of the anchor A, the outer momentum m (only with β != 0), the
 // RoundState with its accumulators, the membership with leases, and the
 // encoded updates of the last closed rounds (for workers that reconnect). The
-// last update, decoded, is the staleness gap g of the next step: with the
-// fp32 downlink g is read from the cached update's payload itself; other
-// codecs keep it decoded apart. Memory, in fp32 copies of the range: A, the
-// cached updates (max_staleness + 1 rounds, fp32), an accumulator per round
-// that has chunks (one; two while workers are a round apart), plus m with
-// β != 0 and g with a non-fp32 downlink; and, while workers fetch it, one
-// snapshot of A that every fetch shares.
+// last update, decoded, is the staleness gap g of the next step, read from
+// the cached update chunk by chunk (ChunkedOuterStep). Memory, in fp32
+// copies of the range: A, the cached updates (max_staleness + 1 rounds, in
+// the downlink codec: 1 each for fp32, 1/2 for bf16, about 1/4 for int8), an
+// accumulator per round that has chunks (one; two while workers are a round
+// apart), plus m with β != 0; and, while workers fetch it, one snapshot of A
+// that every fetch shares.
 //
 // The parts, each a unit under the shard's one mutex: ShardMembers (leases,
 // evictions), SeedState (who seeds A), RoundState, ChunkedOuterStep (the
@@ -238,9 +238,6 @@ class JobShard {
   std::vector<float> anchor_ ABSL_GUARDED_BY(mu_);
   // m; empty with β = 0, where each step starts it from zero.
   std::vector<float> momentum_ ABSL_GUARDED_BY(mu_);
-  // The last update decoded (the gap); empty with the fp32 downlink, whose
-  // cached payload is those very floats.
-  std::vector<float> last_update_ ABSL_GUARDED_BY(mu_);
   // The snapshot the fetches in progress share; dropped when the anchor moves
   // (once seeded, only a round's close moves it).
   SharedAnchorSnapshot snapshot_ ABSL_GUARDED_BY(mu_);

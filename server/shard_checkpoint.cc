@@ -91,8 +91,7 @@ absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
 }
 
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
-    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step,
-    absl::Span<float> decoded) {
+    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step) {
   const v1::ShardCheckpointHeader& h = checkpoint.header;
   const common::Codec codec = common::Codec(h.config().downlink_codec());
   auto update = std::make_shared<UpdateChunks>();
@@ -102,9 +101,6 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
     absl::Status valid = common::Validate(codec, bytes, r.size());
     if (!valid.ok()) {
       return CheckpointDataLoss(h.job(), std::string(valid.message()));
-    }
-    if (!decoded.empty()) {
-      common::Decode(codec, bytes, decoded.subspan(r.begin, r.size()));
     }
     update->push_back(step.Message(h.rounds_closed() - 1, i,
                                    h.update_contributors(), std::move(bytes)));

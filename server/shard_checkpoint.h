@@ -47,11 +47,10 @@ absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
 
 // The update of the checkpoint's last closed round (it must have one and
 // fit, see CheckCheckpointFits), its chunks moved out of `checkpoint` into
-// the messages `step` makes, and decoded into `decoded` unless that is
-// empty. DATA_LOSS for a chunk that is not a valid encoding.
+// the messages `step` makes. DATA_LOSS for a chunk that is not a valid
+// encoding.
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
-    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step,
-    absl::Span<float> decoded);
+    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step);
 
 }  // namespace co2::server
 

@@ -32,6 +32,7 @@
 #include "bench/bench_util.h"
 #include "client/aggregator_client.h"
 #include "client/intra_node_group.h"
+#include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
 
@@ -41,6 +42,9 @@ ABSL_FLAG(std::vector<std::string>, workers,
           std::vector<std::string>({"2", "4", "8"}),
           "Numbers of workers N to run, one after the other.");
 ABSL_FLAG(int, shards, 2, "Shards S.");
+ABSL_FLAG(std::string, downlink, "fp32",
+          "The job's downlink codec: fp32 | bf16 | int8 (deltas go up as "
+          "fp32).");
 ABSL_FLAG(uint64_t, params, uint64_t{8} << 20, "Parameters P (fp32).");
 ABSL_FLAG(int, rounds, 4,
           "Rounds (all-reduces) per repetition; the first is a warm-up.");
@@ -118,6 +122,8 @@ int RunClient() {
   options.worker_id = absl::StrCat("worker-", absl::GetFlag(FLAGS_rank));
   options.job_config = common::DefaultJobConfig(0, 0);
   options.job_config.set_round_timeout_ms(600000);
+  options.job_config.set_downlink_codec(
+      v1::Codec(*common::ParseCodec(absl::GetFlag(FLAGS_downlink))));
   std::vector<float> anchor(p, 0.0f);
   const std::vector<float> delta = MakeDelta(p, absl::GetFlag(FLAGS_rank));
   auto connected =
@@ -276,6 +282,7 @@ bool RunAggregator(int n, int rep, const std::string& scratch,
          absl::StrCat("--addresses=", absl::StrJoin(addresses, ",")),
          absl::StrCat("--params=", p),
          absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
+         absl::StrCat("--downlink=", absl::GetFlag(FLAGS_downlink)),
          absl::StrCat("--job=agg-", n, "-", rep), absl::StrCat("--rank=", c)},
         absl::StrCat(scratch, "/client-", c, ".log"));
     if (!child) return false;
@@ -313,7 +320,9 @@ bool RunAggregator(int n, int rep, const std::string& scratch,
                     static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds)) +
                 1)
         << ", \"payload_bytes_sent_per_worker\": "
-        << 4 * elements * static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds))
+        << common::EncodedSize(
+               *common::ParseCodec(absl::GetFlag(FLAGS_downlink)), elements) *
+               static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds))
         << ", \"copies\": " << ReadFile(shard.copies_path);
     }
     o << "}";
@@ -409,19 +418,30 @@ int RunDriver() {
     std::fprintf(stderr, "--rounds must be >= 2 (the first is a warm-up)\n");
     return 2;
   }
+  const std::string downlink_name = absl::GetFlag(FLAGS_downlink);
+  const absl::StatusOr<common::Codec> downlink =
+      common::ParseCodec(downlink_name);
+  if (!downlink.ok()) {
+    std::fprintf(stderr, "--downlink: %s\n",
+                 std::string(downlink.status().message()).c_str());
+    return 2;
+  }
   std::ostringstream o;
   o << "{\n\"machine\": " << MachineJson()
     << ",\n\"config\": {\"params\": " << p << ", \"shards\": " << s
     << ", \"rounds\": " << rounds << ", \"timed_rounds\": " << rounds - 1
     << ", \"repetitions\": " << absl::GetFlag(FLAGS_repetitions)
-    << ", \"codec\": \"fp32\", \"staleness\": 1"
+    << ", \"uplink_codec\": \"fp32\", \"downlink_codec\": \""
+    << downlink_name << "\", \"staleness\": 1"
     << ", \"copy_counter\": " << !absl::GetFlag(FLAGS_copy_counter).empty()
     << "},\n\"runs\": [";
   bool first = true;
   for (const std::string& w : absl::GetFlag(FLAGS_workers)) {
     const int n = std::atoi(w.c_str());
     // Payload through the shards per round: N deltas in, N updates out.
-    const double round_bytes = 2.0 * n * 4.0 * static_cast<double>(p);
+    const double round_bytes =
+        n * (4.0 * static_cast<double>(p) +
+             static_cast<double>(common::EncodedSize(*downlink, p)));
     std::vector<double> goodput, vs_iperf3, vs_gloo, agg_round, gloo_round,
         iperf3_bps;
     std::vector<std::string> shard_reports;

@@ -4,7 +4,9 @@
 # deltas, next to iperf3 (same bytes, same N·S streams) and a Gloo
 # all-reduce of the same P floats across N processes, in the same run; then
 # a short run with the copy counter preloaded into the shard, which shows
-# where payload bytes are copied. Writes bench/results/aggregator.json.
+# where payload bytes are copied, and the shards' memory with bf16 and int8
+# downlinks (the cached updates shrink with the codec). Writes
+# bench/results/aggregator.json.
 #   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2 min at load 10, 5 at load 25)
 #   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=4 REPS=3 OUT=... \
 #     bench/run_aggregator.sh build-bench
@@ -29,11 +31,31 @@ iperf3=${IPERF3:-$(command -v iperf3 || true)}
   --copy_counter="$build/bench/libco2_copy_counter.so" \
   --scratch="$scratch/copies" --out="$scratch/copies.json"
 
-python3 - "$scratch/main.json" "$scratch/copies.json" "$out" "$aggregator" <<'PY'
+# Memory with compressed downlinks: one repetition, no references.
+for downlink in bf16 int8; do
+  "$bench" --aggregator="$aggregator" --iperf3= --gloo=false \
+    --workers="${WORKERS:-2,4,8}" --params="${PARAMS:-8388608}" \
+    --shards="${SHARDS:-2}" --rounds="${ROUNDS:-4}" --repetitions=1 \
+    --downlink="$downlink" --scratch="$scratch/$downlink" \
+    --out="$scratch/$downlink.json"
+done
+
+python3 - "$scratch/main.json" "$scratch/copies.json" "$out" "$aggregator" \
+  "$scratch/bf16.json" "$scratch/int8.json" <<'PY'
 import json, subprocess, sys
 
 main, copies, out, aggregator = sys.argv[1:5]
 report = json.load(open(main))
+report["memory_by_downlink"] = {}
+for path in sys.argv[5:]:
+    by_codec = json.load(open(path))
+    report["memory_by_downlink"][by_codec["config"]["downlink_codec"]] = [
+        {"workers": run["workers"],
+         "peak_over_range": [s["peak_over_range"] for rep in run["shards"] for s in rep],
+         "peak_minus_idle_over_range": [s["peak_minus_idle_over_range"]
+                                        for rep in run["shards"] for s in rep],
+         "round_s_median": run["aggregator"]["round_s_median"]}
+        for run in by_codec["runs"]]
 shard = json.load(open(copies))["runs"][0]["shards"][0][0]
 counted = shard["copies"]
 
@@ -101,6 +123,10 @@ for run in report["runs"]:
           f"{fmt(r['goodput_over_iperf3'], 8)} "
           f"{fmt(r['gloo_round_over_aggregator_round'], 8)} "
           f"{max(peaks):>10.1f} {max(excess):>8.1f}")
+for codec, runs in report["memory_by_downlink"].items():
+    print(f"{codec} downlink, peak/range (−idle): " + ", ".join(
+        f"N={r['workers']} {max(r['peak_over_range']):.1f} "
+        f"({max(r['peak_minus_idle_over_range']):.1f})" for r in runs))
 cp = report["copy_profile"]
 print(f"uplink copies per payload byte: kernel {cp['uplink_kernel_copies_per_payload_byte']}, "
       f"user space before the accumulator {cp['uplink_user_space_copies_per_payload_byte']} "

@@ -11,8 +11,8 @@ Runs are cached in --work (one report per run id), so an interrupted study
 resumes where it stopped. Standard library only (Debian's python3); gnuplot
 draws the plots.
 
-  bench/convergence/run.py                 # the full study (about 60 min, 2 cores)
-  bench/convergence/run.py --quick         # smoke test (about 5 min)
+  bench/convergence/run.py                 # the full study (about 45 min, 2 cores)
+  bench/convergence/run.py --quick         # smoke test (about 1 min)
   bench/convergence/run.py --only 'fashion-mnist/tau12/'  # a subset
 """
 import argparse

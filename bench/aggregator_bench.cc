@@ -120,10 +120,12 @@ int RunClient() {
   options.addresses = absl::StrSplit(absl::GetFlag(FLAGS_addresses), ',');
   options.job = absl::GetFlag(FLAGS_job);
   options.worker_id = absl::StrCat("worker-", absl::GetFlag(FLAGS_rank));
+  const absl::StatusOr<common::Codec> downlink =
+      common::ParseCodec(absl::GetFlag(FLAGS_downlink));
+  if (!downlink.ok()) return Fail("--downlink", downlink.status());
   options.job_config = common::DefaultJobConfig(0, 0);
   options.job_config.set_round_timeout_ms(600000);
-  options.job_config.set_downlink_codec(
-      v1::Codec(*common::ParseCodec(absl::GetFlag(FLAGS_downlink))));
+  options.job_config.set_downlink_codec(v1::Codec(*downlink));
   std::vector<float> anchor(p, 0.0f);
   const std::vector<float> delta = MakeDelta(p, absl::GetFlag(FLAGS_rank));
   auto connected =
@@ -258,9 +260,10 @@ struct Repetition {
   std::string shards_json;  // memory (and copies) per shard
 };
 
-// The aggregator part of one repetition; false on failure.
-bool RunAggregator(int n, int rep, const std::string& scratch,
-                   Repetition* out) {
+// The aggregator part of one repetition, with the job's downlink codec;
+// false on failure.
+bool RunAggregator(int n, int rep, common::Codec downlink,
+                   const std::string& scratch, Repetition* out) {
   const int s = absl::GetFlag(FLAGS_shards);
   const uint64_t p = absl::GetFlag(FLAGS_params);
   std::vector<ShardProcess> shards;
@@ -282,7 +285,7 @@ bool RunAggregator(int n, int rep, const std::string& scratch,
          absl::StrCat("--addresses=", absl::StrJoin(addresses, ",")),
          absl::StrCat("--params=", p),
          absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
-         absl::StrCat("--downlink=", absl::GetFlag(FLAGS_downlink)),
+         "--downlink=" + std::string(common::CodecName(downlink)),
          absl::StrCat("--job=agg-", n, "-", rep), absl::StrCat("--rank=", c)},
         absl::StrCat(scratch, "/client-", c, ".log"));
     if (!child) return false;
@@ -320,8 +323,7 @@ bool RunAggregator(int n, int rep, const std::string& scratch,
                     static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds)) +
                 1)
         << ", \"payload_bytes_sent_per_worker\": "
-        << common::EncodedSize(
-               *common::ParseCodec(absl::GetFlag(FLAGS_downlink)), elements) *
+        << common::EncodedSize(downlink, elements) *
                static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds))
         << ", \"copies\": " << ReadFile(shard.copies_path);
     }
@@ -447,7 +449,7 @@ int RunDriver() {
     std::vector<std::string> shard_reports;
     for (int rep = 0; rep < absl::GetFlag(FLAGS_repetitions); ++rep) {
       Repetition r;
-      if (!RunAggregator(n, rep, scratch, &r)) return 1;
+      if (!RunAggregator(n, rep, *downlink, scratch, &r)) return 1;
       const double round_s = Median(r.aggregator_rounds);
       agg_round.push_back(round_s);
       goodput.push_back(round_bytes / round_s);

@@ -46,14 +46,18 @@ import json, subprocess, sys
 
 main, copies, out, aggregator = sys.argv[1:5]
 report = json.load(open(main))
+
+def per_shard(run, key):
+    """`key` of every shard of every repetition of `run`."""
+    return [s[key] for rep in run["shards"] for s in rep]
+
 report["memory_by_downlink"] = {}
 for path in sys.argv[5:]:
     by_codec = json.load(open(path))
     report["memory_by_downlink"][by_codec["config"]["downlink_codec"]] = [
         {"workers": run["workers"],
-         "peak_over_range": [s["peak_over_range"] for rep in run["shards"] for s in rep],
-         "peak_minus_idle_over_range": [s["peak_minus_idle_over_range"]
-                                        for rep in run["shards"] for s in rep],
+         "peak_over_range": per_shard(run, "peak_over_range"),
+         "peak_minus_idle_over_range": per_shard(run, "peak_minus_idle_over_range"),
          "round_s_median": run["aggregator"]["round_s_median"]}
         for run in by_codec["runs"]]
 shard = json.load(open(copies))["runs"][0]["shards"][0][0]
@@ -114,8 +118,8 @@ open(out, "a").write("\n")
 print(f"{'N':>3} {'round s':>8} {'goodput GB/s':>12} {'/iperf3':>8} "
       f"{'gloo/agg':>8} {'peak/range':>10} {'(−idle)':>8}")
 for run in report["runs"]:
-    peaks = [s["peak_over_range"] for rep in run["shards"] for s in rep]
-    excess = [s["peak_minus_idle_over_range"] for rep in run["shards"] for s in rep]
+    peaks = per_shard(run, "peak_over_range")
+    excess = per_shard(run, "peak_minus_idle_over_range")
     r = run["ratios"]
     fmt = lambda x, w: f"{x:>{w}.2f}" if x is not None else f"{'-':>{w}}"
     print(f"{run['workers']:>3} {run['aggregator']['round_s_median']:>8.3f} "

@@ -1,5 +1,6 @@
 #include "server/outer_optimizer.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -27,9 +28,10 @@
 // the update, ΣΛ and Σm² in one pass (clipping there when the bound is a
 // fixed value); then, with the bound k·rms(m) known, only the groups whose
 // largest |m| exceeds it are clipped and their update rewritten. The loops
-// work on groups of kLanes elements in GCC vector types with one double
-// accumulator per lane, so the reductions have a fixed summation order and
-// results are bit-for-bit deterministic. The passes live in
+// work on groups of kLanes elements in GCC vector types with one accumulator
+// per lane (float over a short run of groups, then double), so the
+// reductions have a fixed summation order and results are bit-for-bit
+// deterministic. The passes live in
 // outer_step_kernels.inc, built once per common::KernelIsa.
 //
 // `gap` may be the very buffer that receives `update` (a shard that keeps one

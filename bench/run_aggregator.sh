@@ -4,11 +4,13 @@
 # deltas, next to iperf3 (same bytes, same N·S streams) and a Gloo
 # all-reduce of the same P floats across N processes, in the same run; then
 # a short run with the copy counter preloaded into the shard, which shows
-# where payload bytes are copied, and the shards' memory with bf16 and int8
+# where payload bytes are copied, the shards' memory at a larger range
+# (LARGE_PARAMS; needs about 10 GiB of RAM at N = 8) and with bf16 and int8
 # downlinks (the cached updates shrink with the codec). Writes
 # bench/results/aggregator.json.
-#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2 min at load 10, 5 at load 25)
-#   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=4 REPS=3 OUT=... \
+#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2 min idle)
+#   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=4 REPS=3 \
+#   LARGE_WORKERS=2,8 LARGE_PARAMS=67108864 OUT=... \
 #     bench/run_aggregator.sh build-bench
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,8 +42,16 @@ for downlink in bf16 int8; do
     --out="$scratch/$downlink.json"
 done
 
+# Memory at a range where the process's fixed RSS and the stream buffers are
+# small next to the state: 128 MiB per shard by default (about 1 GiB per
+# worker process and 10 GiB in all at N = 8).
+"$bench" --aggregator="$aggregator" --iperf3= --gloo=false \
+  --workers="${LARGE_WORKERS:-2,8}" --params="${LARGE_PARAMS:-67108864}" \
+  --shards="${SHARDS:-2}" --rounds=2 --repetitions=1 \
+  --scratch="$scratch/large" --out="$scratch/large.json"
+
 python3 - "$scratch/main.json" "$scratch/copies.json" "$out" "$aggregator" \
-  "$scratch/bf16.json" "$scratch/int8.json" <<'PY'
+  "$scratch/large.json" "$scratch/bf16.json" "$scratch/int8.json" <<'PY'
 import json, subprocess, sys
 
 main, copies, out, aggregator = sys.argv[1:5]
@@ -51,15 +61,23 @@ def per_shard(run, key):
     """`key` of every shard of every repetition of `run`."""
     return [s[key] for rep in run["shards"] for s in rep]
 
+def memory_runs(path):
+    """The memory figures of a run without references."""
+    return [{"workers": run["workers"],
+             "peak_over_range": per_shard(run, "peak_over_range"),
+             "peak_minus_idle_over_range": per_shard(run, "peak_minus_idle_over_range"),
+             "round_s_median": run["aggregator"]["round_s_median"]}
+            for run in json.load(open(path))["runs"]]
+
+large = json.load(open(sys.argv[5]))
+report["memory_large_range"] = {
+    "params": large["config"]["params"],
+    "fp32_range_bytes": large["runs"][0]["shards"][0][0]["fp32_range_bytes"],
+    "runs": memory_runs(sys.argv[5])}
 report["memory_by_downlink"] = {}
-for path in sys.argv[5:]:
-    by_codec = json.load(open(path))
-    report["memory_by_downlink"][by_codec["config"]["downlink_codec"]] = [
-        {"workers": run["workers"],
-         "peak_over_range": per_shard(run, "peak_over_range"),
-         "peak_minus_idle_over_range": per_shard(run, "peak_minus_idle_over_range"),
-         "round_s_median": run["aggregator"]["round_s_median"]}
-        for run in by_codec["runs"]]
+for path in sys.argv[6:]:
+    codec = json.load(open(path))["config"]["downlink_codec"]
+    report["memory_by_downlink"][codec] = memory_runs(path)
 shard = json.load(open(copies))["runs"][0]["shards"][0][0]
 counted = shard["copies"]
 
@@ -127,6 +145,10 @@ for run in report["runs"]:
           f"{fmt(r['goodput_over_iperf3'], 8)} "
           f"{fmt(r['gloo_round_over_aggregator_round'], 8)} "
           f"{max(peaks):>10.1f} {max(excess):>8.1f}")
+large = report["memory_large_range"]
+print(f"fp32 at {large['fp32_range_bytes'] >> 20} MiB per shard, peak/range (−idle): " + ", ".join(
+    f"N={r['workers']} {max(r['peak_over_range']):.2f} "
+    f"({max(r['peak_minus_idle_over_range']):.2f})" for r in large["runs"]))
 for codec, runs in report["memory_by_downlink"].items():
     print(f"{codec} downlink, peak/range (−idle): " + ", ".join(
         f"N={r['workers']} {max(r['peak_over_range']):.1f} "

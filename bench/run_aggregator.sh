@@ -101,7 +101,7 @@ def role(site, symbol):
         return "downlink: protobuf serialises the anchor chunks of a Fetch into gRPC slices"
     if "EncodeUpdateLocked" in symbol:
         return "downlink: Encode(fp32) of U into the payload shared by every stream, once per round"
-    if "Fetch" in symbol:
+    if "Fetch" in symbol or "AnchorSnapshot" in symbol:
         return "anchor snapshot for a worker's Fetch"
     return "other"
 

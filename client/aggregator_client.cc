@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "client/shard_calls.h"
 #include "client/shard_stream.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
@@ -16,35 +17,10 @@
 #include "common/status_macros.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
-#include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
 
 namespace co2::client {
 namespace {
-
-std::shared_ptr<grpc::Channel> MakeChannel(
-    const std::string& address,
-    const std::shared_ptr<grpc::ChannelCredentials>& credentials,
-    const ClientOptions& options) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(8 << 20);
-  args.SetMaxSendMessageSize(8 << 20);
-  // gRPC's own reconnect backoff grows to 120 s: after a shard restart the
-  // channel would stay in TRANSIENT_FAILURE (failing every call at once) long
-  // after the shard is back. Cap it at ours.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(options.initial_backoff)));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(options.initial_backoff)));
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-              static_cast<int>(absl::ToInt64Milliseconds(options.max_backoff)));
-  // A dead shard or link breaks the stream within ~20 s instead of never.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  return grpc::CreateCustomChannel(address, credentials, args);
-}
 
 void SetDeadline(grpc::ClientContext* context, absl::Time deadline) {
   context->set_deadline(absl::ToChronoTime(deadline));
@@ -105,7 +81,9 @@ class AggregatorClient::Impl : public AnchorSource {
     for (uint32_t i = 0; i < shards_.size(); ++i) {
       Shard& shard = shards_[i];
       shard.address = options_.addresses[i];
-      shard.channel = MakeChannel(shard.address, credentials, options_);
+      shard.channel = MakeShardChannel(shard.address, credentials,
+                                       options_.initial_backoff,
+                                       options_.max_backoff);
       shard.stub = v1::Aggregator::NewStub(shard.channel);
     }
     // A lease runs from the Join: the rest of Connect can outlast it (a shard
@@ -351,41 +329,11 @@ class AggregatorClient::Impl : public AnchorSource {
   absl::Status Fetch(Shard& shard, absl::Span<float> anchor,
                      absl::Time deadline) {
     return RetryUnavailable(deadline, [&](absl::Time call_deadline) {
-      grpc::ClientContext context;
-      SetDeadline(&context, call_deadline);
-      v1::FetchRequest request;
-      request.set_job(options_.job);
-      request.set_worker_id(options_.worker_id);
-      auto reader = shard.stub->Fetch(&context, request);
-      v1::AnchorChunk chunk;
-      size_t received = 0;
-      absl::Status status;
-      while (reader->Read(&chunk)) {
-        const size_t chunks = common::NumChunks(shard.range.size());
-        if (chunk.chunk_index() >= chunks) {
-          status = absl::InternalError(absl::StrCat(
-              "fetch chunk ", chunk.chunk_index(), " out of ", chunks));
-          context.TryCancel();
-          continue;
-        }
-        const common::Range r =
-            common::ChunkRange(shard.range.size(), chunk.chunk_index());
-        if (status.ok()) {
-          status = common::Validate(common::Codec::kFp32, chunk.payload(),
-                                    r.size());
-        }
-        if (!status.ok()) {
-          context.TryCancel();
-          continue;
-        }
-        common::Decode(common::Codec::kFp32, chunk.payload(),
-                       anchor.subspan(shard.range.begin + r.begin, r.size()));
-        shard.anchor_round = chunk.anchor_round();
-        ++received;
-      }
-      absl::Status finish = common::FromGrpcStatus(reader->Finish());
-      if (!status.ok()) return status;
-      return finish;
+      absl::StatusOr<uint64_t> round = FetchAnchor(
+          shard.stub.get(), options_.job, options_.worker_id,
+          anchor.subspan(shard.range.begin, shard.range.size()), call_deadline);
+      if (round.ok()) shard.anchor_round = *round;
+      return round.status();
     });
   }
 
@@ -449,18 +397,14 @@ class AggregatorClient::Impl : public AnchorSource {
       const absl::Duration call_timeout = std::min(options_.rpc_timeout, interval);
       interval = absl::Seconds(1);
       for (uint32_t i = 0; i < joined; ++i) {
-        grpc::ClientContext context;
-        SetDeadline(&context, absl::Now() + call_timeout);
-        v1::HeartbeatRequest request;
-        request.set_job(options_.job);
-        request.set_worker_id(options_.worker_id);
-        v1::HeartbeatResponse response;
-        grpc::Status status = shards_[i].stub->Heartbeat(&context, request, &response);
-        if (status.ok()) {
-          interval = std::min(interval, absl::Milliseconds(response.lease_ms()) / 3);
+        const absl::StatusOr<absl::Duration> lease =
+            RenewLease(shards_[i].stub.get(), options_.job, options_.worker_id,
+                       absl::Now() + call_timeout);
+        if (lease.ok()) {
+          interval = std::min(interval, *lease / 3);
         } else {
-          CO2_LOG(WARNING) << "heartbeat to shard " << i << " failed: "
-                           << status.error_message();
+          CO2_LOG(WARNING) << "heartbeat to shard " << i
+                           << " failed: " << lease.status().message();
         }
       }
       absl::MutexLock lock(&mu_);

@@ -112,6 +112,24 @@ RankRound RoundFromStruct(const Struct& s) {
   return r;
 }
 
+// Rank r's entry for round n; null if r has none (it rejoined later). The
+// rounds of a rank are contiguous up to the last (Summarize checks).
+const RankRound* RoundOf(const RankReport& r, uint64_t n) {
+  if (r.rounds.empty() || n < r.rounds.front().round ||
+      n > r.rounds.back().round) {
+    return nullptr;
+  }
+  return &r.rounds[n - r.rounds.front().round];
+}
+
+const RankReport& Longest(const std::vector<RankReport>& ranks) {
+  const RankReport* longest = &ranks[0];
+  for (const RankReport& r : ranks) {
+    if (r.rounds.size() > longest->rounds.size()) longest = &r;
+  }
+  return *longest;
+}
+
 }  // namespace
 
 absl::Status WriteFileAtomically(const std::string& path,
@@ -194,19 +212,19 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
   MergedSummary out;
   if (ranks.empty()) return absl::InvalidArgumentError("no rank reports");
   // A restarted worker reports the rounds from the one it rejoined at, so
-  // rounds are matched by number; every rank must end at the same round.
-  const RankReport* longest = &ranks[0];
-  for (const RankReport& r : ranks) {
-    if (r.rounds.size() > longest->rounds.size()) longest = &r;
-  }
+  // rounds are matched by number; every rank must end at the same round. A
+  // worker restarted after the job's last round reports none (its final
+  // model, the anchor it fetched, is still compared).
+  const RankReport* longest = &Longest(ranks);
   const size_t rounds = longest->rounds.size();
   out.rounds = static_cast<int>(rounds);
   out.params_identical = true;
   int leaders = 0;
+  int ranks_with_rounds = 0;
   double train_s = 0;
   for (const RankReport& r : ranks) {
     const uint64_t last = rounds > 0 ? longest->rounds.back().round : 0;
-    bool contiguous = r.rounds.empty() == (rounds == 0);
+    bool contiguous = true;
     for (size_t i = 0; i < r.rounds.size() && contiguous; ++i) {
       contiguous = r.rounds[i].round == last - (r.rounds.size() - 1 - i);
     }
@@ -224,7 +242,10 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
       out.exposed_comm_s += r.exposed_comm_s;
       train_s += r.train_s;
     }
-    if (rounds > 0) out.final_loss += r.rounds.back().loss / ranks.size();
+    if (!r.rounds.empty()) {
+      out.final_loss += r.rounds.back().loss;
+      ++ranks_with_rounds;
+    }
     const size_t skipped = rounds - r.rounds.size();
     for (size_t i = 0; i < r.rounds.size() && out.params_identical; ++i) {
       if (r.rounds[i].params_hash != longest->rounds[skipped + i].params_hash) {
@@ -241,6 +262,7 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
                                           " rank ", r.local_rank, " differs");
     }
   }
+  if (ranks_with_rounds > 0) out.final_loss /= ranks_with_rounds;
   if (leaders > 0) {
     out.exposed_comm_s /= leaders;
     train_s /= leaders;
@@ -270,21 +292,28 @@ std::string MergedReportJson(const RunInfo& info,
   if (!summary.first_difference.empty()) {
     Put(s, "first_difference", Str(summary.first_difference));
   }
-  // The curve: per round, the loss averaged over ranks; timings and metric
-  // from the leader of worker 0; bytes summed over ranks.
+  // The curve: per round, the loss averaged over the ranks that ran it;
+  // timings and metric from the leader of worker 0 (from the rank with the
+  // most rounds where that leader rejoined later); bytes summed over ranks.
   const RankReport* lead = &ranks[0];
   for (const RankReport& r : ranks) {
     if (r.worker == 0 && r.local_rank == 0) lead = &r;
   }
   ListValue curve;
-  for (int i = 0; i < summary.rounds; ++i) {
-    RankRound merged = lead->rounds[i];
+  for (const RankRound& longest : Longest(ranks).rounds) {
+    const RankRound* from_lead = RoundOf(*lead, longest.round);
+    RankRound merged = from_lead != nullptr ? *from_lead : longest;
     merged.loss = 0;
     merged.bytes_sent = 0;
+    int ran = 0;
     for (const RankReport& r : ranks) {
-      merged.loss += r.rounds[i].loss / ranks.size();
-      merged.bytes_sent += r.rounds[i].bytes_sent;
+      if (const RankRound* round = RoundOf(r, longest.round)) {
+        merged.loss += round->loss;
+        merged.bytes_sent += round->bytes_sent;
+        ++ran;
+      }
     }
+    merged.loss /= ran;
     *curve.add_values() = Obj(RoundToStruct(merged));
   }
   Put(s, "curve", List(std::move(curve)));

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/shard_calls.h"
 #include "common/grpc_status.h"
 #include "common/layout.h"
 #include "common/logging.h"
@@ -50,42 +51,14 @@ std::vector<std::string> ChunkBuffers(common::Codec codec, size_t elements) {
 
 }  // namespace
 
-absl::StatusOr<uint64_t> SeedAnchor(v1::Aggregator::Stub* stub,
-                                    const std::string& job,
-                                    const std::string& worker_id,
-                                    uint64_t anchor_round,
-                                    absl::Span<const float> range,
-                                    absl::Time deadline) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  v1::SeedResponse response;
-  auto writer = stub->Seed(&context, &response);
-  v1::AnchorChunk chunk;
-  chunk.set_job(job);
-  chunk.set_worker_id(worker_id);
-  chunk.set_anchor_round(anchor_round);
-  for (size_t c = 0; c < common::NumChunks(range.size()); ++c) {
-    const common::Range r = common::ChunkRange(range.size(), c);
-    chunk.set_chunk_index(static_cast<uint32_t>(c));
-    std::string* payload = chunk.mutable_payload();
-    payload->resize(r.size() * sizeof(float));
-    common::Encode(common::Codec::kFp32, range.subspan(r.begin, r.size()),
-                   absl::MakeSpan(payload->data(), payload->size()));
-    if (!writer->Write(chunk)) break;  // Finish says why
-  }
-  writer->WritesDone();
-  CO2_RETURN_IF_ERROR(common::FromGrpcStatus(writer->Finish()));
-  return response.anchor_round();
-}
-
 ShardStream::ShardStream(const ShardStreamOptions& options,
                          v1::Aggregator::Stub* stub)
     : options_(options),
       stub_(stub),
       num_chunks_(static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
       send_(ChunkBuffers(options.uplink, options.shard_elements)),
-      recv_(num_chunks_),
       resume_round_(options.first_contribution_round),
+      recv_(num_chunks_),
       next_update_round_(options.first_update_round),
       recv_have_(num_chunks_, false) {
   reader_ = std::thread([this] { ReadLoop(); });

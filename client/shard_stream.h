@@ -46,15 +46,6 @@ class AnchorSource {
       absl::FunctionRef<void(absl::Span<const float>)> read) = 0;
 };
 
-// Uploads `range` (fp32, chunk by chunk) as the anchor of `anchor_round` with
-// Seed; returns the anchor round the shard acknowledged once it is durable.
-absl::StatusOr<uint64_t> SeedAnchor(v1::Aggregator::Stub* stub,
-                                    const std::string& job,
-                                    const std::string& worker_id,
-                                    uint64_t anchor_round,
-                                    absl::Span<const float> range,
-                                    absl::Time deadline);
-
 struct ShardStreamOptions {
   std::string job;
   std::string worker_id;

@@ -14,7 +14,8 @@
 // evictions), SeedState (who seeds A), RoundState, ChunkedOuterStep (the
 // step and the update messages), UpdateCache (updates kept for replay),
 // SharedAnchorSnapshot, UpdateSinks and ShardReporter (the observer's round
-// and poll reports); shard_checkpoint.h writes and restores the state.
+// and poll reports); shard_checkpoint.h writes and restores the state
+// (called from job_shard_checkpoint.cc).
 //
 // It is the logic behind the gRPC service (which validates and translates):
 // no gRPC types, only the co2.v1 messages it publishes. Thread-safe: every

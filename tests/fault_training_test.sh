@@ -18,8 +18,8 @@
 #
 # After each: training completes; every worker's final model hash equals the
 # hash of the anchor in the shards' checkpoints (co2-checkpoint); every
-# worker's rounds are contiguous up to the last and the shards closed exactly
-# that many; the final test accuracy is within TOLERANCE of an undisturbed
+# worker's rounds are contiguous up to the last (none for a worker restarted
+# after the last round) and the shards closed exactly that many; the final test accuracy is within TOLERANCE of an undisturbed
 # run of the same job. Every wait is bounded (timeout). Exit 0: pass; 77:
 # skipped (no root for link_cut); else failure, with the logs kept.
 #
@@ -159,13 +159,15 @@ if int(last["rounds_closed"]) != rounds:
 for path in sorted(glob.glob(run + "/rank-*.json")):
     r = json.load(open(path))
     got = [x["round"] for x in r["rounds"]]
+    # None: a worker restarted after the last round (it fetched the anchor).
     want = list(range(rounds - len(got), rounds))
-    if not got or got != want:
+    if got != want:
         sys.exit(f"{path}: rounds {got} are not contiguous up to {rounds - 1}")
     if r["final_hash"] != last["anchor_fnv1a"]:
         sys.exit(f"{path}: final model {r['final_hash']} differs from the "
                  f"shards' anchor {last['anchor_fnv1a']}")
-    print(f"{path.split('/')[-1]}: rounds {got[0]}..{got[-1]}, "
+    span = f"{got[0]}..{got[-1]}" if got else "none (rejoined after the last)"
+    print(f"{path.split('/')[-1]}: rounds {span}, "
           f"model = shards' anchor {last['anchor_fnv1a']}", file=sys.stderr)
 r0 = json.load(open(run + "/rank-0-0.json"))
 print(r0["final_metrics"]["test_accuracy"])

@@ -111,6 +111,55 @@ TEST(RunReportTest, ARestartedRankReportsTheRoundsFromItsRejoin) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(RunReportTest, ARankRestartedAfterTheLastRoundReportsNone) {
+  // Worker 0 restarted after worker 1 had run every round: it fetched the
+  // final anchor and trained no round. The merge takes the curve and the
+  // final loss from the ranks that ran each round, and still compares the
+  // final models.
+  std::vector<RankReport> ranks = {MakeRank(0, 0, 0), MakeRank(1, 0, 4)};
+  ranks[0].rounds.clear();
+  auto summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->rounds, 4);
+  EXPECT_TRUE(summary->params_identical) << summary->first_difference;
+  EXPECT_DOUBLE_EQ(summary->final_loss, 2.0 - 0.3 + 1.0);
+  const std::string json = MergedReportJson(RunInfo{}, ranks, *summary);
+  google::protobuf::Struct doc;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &doc).ok())
+      << json;
+  const auto& curve = doc.fields().at("curve").list_value();
+  ASSERT_EQ(curve.values_size(), 4);
+  EXPECT_DOUBLE_EQ(
+      curve.values(3).struct_value().fields().at("loss").number_value(),
+      2.0 - 0.3 + 1.0);
+
+  ranks[0].final_hash = "other";
+  summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok());
+  EXPECT_FALSE(summary->params_identical);
+  EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("final model"));
+}
+
+TEST(RunReportTest, CurveMatchesRoundsByNumber) {
+  // Worker 0 (the lead) rejoined at round 2: its rounds 2, 3 line up with
+  // worker 1's, and rounds 0, 1 come from worker 1 alone.
+  std::vector<RankReport> ranks = {MakeRank(0, 0, 4), MakeRank(1, 0, 4)};
+  ranks[0].rounds.erase(ranks[0].rounds.begin(), ranks[0].rounds.begin() + 2);
+  auto summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  const std::string json = MergedReportJson(RunInfo{}, ranks, *summary);
+  google::protobuf::Struct doc;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &doc).ok());
+  const auto& curve = doc.fields().at("curve").list_value();
+  ASSERT_EQ(curve.values_size(), 4);
+  const auto loss = [&](int i) {
+    return curve.values(i).struct_value().fields().at("loss").number_value();
+  };
+  EXPECT_DOUBLE_EQ(loss(0), 2.0 + 1.0);
+  EXPECT_DOUBLE_EQ(loss(3), 2.0 - 0.3 + 0.5);
+  EXPECT_EQ(curve.values(2).struct_value().fields().at("round").number_value(), 2);
+}
+
 TEST(RunReportTest, MergedReportIsWellFormedJson) {
   const std::vector<RankReport> ranks = {MakeRank(0, 0, 3), MakeRank(1, 0, 3)};
   auto summary = Summarize(ranks);

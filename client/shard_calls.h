@@ -1,0 +1,58 @@
+// How a worker reaches one aggregator shard outside its Exchange stream: the
+// channel, and one Seed, Fetch or Heartbeat call. Each function makes one
+// attempt with the deadline it is given; retrying is the caller's
+// (AggregatorClient retries UNAVAILABLE with backoff, ShardStream reconnects).
+// Thread-safe: no state of their own.
+#ifndef CO2_CLIENT_SHARD_CALLS_H_
+#define CO2_CLIENT_SHARD_CALLS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "co2/v1/aggregator.grpc.pb.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace co2::client {
+
+// A channel to `address` whose reconnect backoff stays within
+// [initial_backoff, max_backoff] (gRPC's own grows to 120 s, so after a shard
+// restart the channel would keep failing calls long after the shard is
+// back), and whose keepalive breaks the calls on a dead shard or link within
+// about 20 s.
+std::shared_ptr<grpc::Channel> MakeShardChannel(
+    const std::string& address,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    absl::Duration initial_backoff, absl::Duration max_backoff);
+
+// Uploads `range` (fp32, chunk by chunk) as the anchor of `anchor_round` with
+// Seed; returns the anchor round the shard acknowledged once it is durable.
+absl::StatusOr<uint64_t> SeedAnchor(v1::Aggregator::Stub* stub,
+                                    const std::string& job,
+                                    const std::string& worker_id,
+                                    uint64_t anchor_round,
+                                    absl::Span<const float> range,
+                                    absl::Time deadline);
+
+// Downloads the shard's anchor into `range` (the shard's whole range) with
+// Fetch; returns its round. Every chunk is validated (size, NaN/Inf) before
+// it is written; a stream that ends before every chunk arrived is DATA_LOSS.
+absl::StatusOr<uint64_t> FetchAnchor(v1::Aggregator::Stub* stub,
+                                     const std::string& job,
+                                     const std::string& worker_id,
+                                     absl::Span<float> range,
+                                     absl::Time deadline);
+
+// Renews this worker's lease on the shard; returns the lease the shard grants.
+absl::StatusOr<absl::Duration> RenewLease(v1::Aggregator::Stub* stub,
+                                          const std::string& job,
+                                          const std::string& worker_id,
+                                          absl::Time deadline);
+
+}  // namespace co2::client
+
+#endif  // CO2_CLIENT_SHARD_CALLS_H_

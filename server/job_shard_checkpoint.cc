@@ -1,0 +1,80 @@
+// JobShard's checkpoint side: restoring a shard from its checkpoint, and
+// what a checkpoint of the live state holds. The rest of the class is in
+// job_shard.cc.
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
+#include "common/status_macros.h"
+#include "server/job_shard.h"
+#include "server/shard_checkpoint.h"
+
+namespace co2::server {
+
+absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
+    LoadedCheckpoint checkpoint, const JobShardOptions& options,
+    common::Clock* clock) {
+  const v1::ShardCheckpointHeader& h = checkpoint.header;
+  CO2_ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard,
+                       Build(h.job(), h.config(), options, clock,
+                             h.rounds_closed()));
+  CO2_RETURN_IF_ERROR(CheckCheckpointFits(checkpoint, shard->range_,
+                                          options.shard_index,
+                                          shard->num_chunks()));
+  absl::MutexLock lock(&shard->mu_);
+  shard->anchor_ = std::move(checkpoint.anchor);
+  if (shard->step_.outer().beta != 0) {
+    shard->momentum_ = std::move(checkpoint.momentum);
+  }
+  shard->anchor_ready_ = true;
+  shard->rounds_closed_ = h.rounds_closed();
+  shard->restored_quorum_misses_ = h.quorum_misses();
+  const absl::Time lease_expiry = clock->Now() + options.lease;
+  for (const v1::CheckpointMember& m : h.members()) {
+    absl::StatusOr<common::Codec> uplink = common::CodecFromWire(m.uplink_codec());
+    if (!uplink.ok()) {
+      return CheckpointDataLoss(h.job(),
+                                std::string(uplink.status().message()));
+    }
+    shard->members_.Restore(m.worker_id(), *uplink, lease_expiry);
+    shard->rounds_.AddWorker(m.worker_id(), h.rounds_closed());
+    shard->rounds_.RestoreCountedInPreviousRound(m.worker_id(),
+                                                 m.counted_last_round());
+  }
+  if (checkpoint.update_chunks.empty()) return shard;
+  CO2_ASSIGN_OR_RETURN(
+      std::shared_ptr<const UpdateChunks> update,
+      RestoreLastUpdate(checkpoint, shard->step_));
+  shard->updates_.AddPublished(std::move(update));
+  return shard;
+}
+
+v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
+  v1::ShardCheckpointHeader header;
+  header.set_job(job_);
+  header.set_shard_index(options_.shard_index);
+  *header.mutable_config() = config_;
+  header.set_range_begin(range_.begin);
+  header.set_range_end(range_.end);
+  header.set_rounds_closed(rounds_closed_);
+  header.set_quorum_misses(restored_quorum_misses_ + rounds_.quorum_misses());
+  if (const std::shared_ptr<const UpdateChunks> update = updates_.Last();
+      update != nullptr && !update->empty()) {
+    header.set_update_contributors(update->front()->contributors());
+  }
+  for (const auto& [worker, member] : members_.live()) {
+    v1::CheckpointMember* m = header.add_members();
+    m->set_worker_id(worker);
+    m->set_uplink_codec(v1::Codec(member.uplink));
+    m->set_counted_last_round(rounds_.CountedInPreviousRound(worker));
+  }
+  return header;
+}
+
+absl::Status JobShard::WriteCheckpoint(const v1::ShardCheckpointHeader& header) {
+  return WriteShardCheckpoint(*options_.checkpoints, header, anchor_,
+                              momentum_, updates_.Last().get());
+}
+
+}  // namespace co2::server

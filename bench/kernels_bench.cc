@@ -77,6 +77,19 @@ void BM_Accumulate(benchmark::State& state, Codec codec) {
   SetBytes(state, payload.size() + 2 * n * sizeof(float));
 }
 
+// The shard's check before it accumulates a chunk: would acc + w · decode(p)
+// overflow anywhere? Reads what the accumulate reads, writes nothing.
+void BM_OverflowCheck(benchmark::State& state, Codec codec) {
+  const size_t n = Elements(state);
+  const std::string payload = EncodedRandom(codec, n, 1);
+  const std::vector<float> acc = RandomFloats(n, 5);
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(
+        co2::common::FirstNonFiniteSum(codec, payload, 0.5f, acc));
+  }
+  SetBytes(state, payload.size() + n * sizeof(float));
+}
+
 void BM_Decode(benchmark::State& state, Codec codec) {
   const size_t n = Elements(state);
   const std::string payload = EncodedRandom(codec, n, 2);
@@ -159,6 +172,9 @@ BENCHMARK(BM_Memcpy)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Accumulate, fp32, Codec::kFp32)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Accumulate, bf16, Codec::kBf16)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Accumulate, int8, Codec::kInt8)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_OverflowCheck, fp32, Codec::kFp32)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_OverflowCheck, bf16, Codec::kBf16)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_OverflowCheck, int8, Codec::kInt8)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Decode, bf16, Codec::kBf16)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Decode, int8, Codec::kInt8)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Encode, bf16, Codec::kBf16)->Apply(Sizes);

@@ -115,6 +115,21 @@ struct Axpy {
 struct Subtract {
   void operator()(float& dst, float x) const { dst -= x; }
 };
+// The overflow check's fast pass: ORs into `flags` a term whose top bit is
+// set when dst + weight · x, computed as Axpy computes it, is Inf or NaN
+// (the exponent test of FindNonFinite), and stores nothing else: the loops
+// vectorise it, where a test that records the first index per element does
+// not (a tenth of memcpy's rate). `flags` is a uint32_t, so it cannot alias
+// the floats.
+struct SumFlags {
+  float weight;
+  uint32_t& flags;
+  void operator()(float& dst, float x) const {
+    float sum = dst;
+    sum += weight * x;
+    flags |= (absl::bit_cast<uint32_t>(sum) & 0x7F800000u) + 0x00800000u;
+  }
+};
 
 std::string FormatFloat(float f) {
   if (std::isnan(f)) {
@@ -293,8 +308,13 @@ void AccumulateDecoded(Codec codec, std::string_view bytes, float weight,
 std::optional<size_t> FirstNonFiniteSum(Codec codec, std::string_view bytes,
                                         float weight,
                                         absl::Span<const float> acc) {
-  // Computes each sum as Axpy does, without storing it. DecodeWith hands out
-  // the accumulator element by reference; this op only reads it.
+  // DecodeWith hands out the accumulator element by reference; these ops
+  // only read it. A vectorised pass says whether any sum overflows, and
+  // only then does an element-by-element pass find the first.
+  const absl::Span<float> readable(const_cast<float*>(acc.data()), acc.size());
+  uint32_t flags = 0;
+  DecodeWith(codec, bytes, SumFlags{weight, flags}, readable);
+  if ((flags & 0x80000000u) == 0) return std::nullopt;
   struct Check {
     float weight;
     const float* base;
@@ -308,8 +328,7 @@ std::optional<size_t> FirstNonFiniteSum(Codec codec, std::string_view bytes,
     }
   };
   size_t first = kNone;
-  DecodeWith(codec, bytes, Check{weight, acc.data(), &first},
-             absl::MakeSpan(const_cast<float*>(acc.data()), acc.size()));
+  DecodeWith(codec, bytes, Check{weight, acc.data(), &first}, readable);
   if (first == kNone) return std::nullopt;
   return first;
 }

@@ -631,6 +631,40 @@ std::vector<std::pair<std::string, std::string>> RunEveryKernel(
   return out;
 }
 
+TEST(CodecTest, FirstNonFiniteSumFindsTheFirstOverflow) {
+  // A fast pass says whether any sum overflows; only then is the first one
+  // looked for. Overflows at the edges of vectors, blocks and the tail, for
+  // every codec and every kernel variant.
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    ScopedKernelIsaForTesting pin(isa);
+    for (Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8}) {
+      for (size_t n : {size_t{9}, size_t{1000}, size_t{4097}}) {
+        SCOPED_TRACE(absl::StrCat(std::string(KernelIsaName(isa)), " ",
+                                  std::string(CodecName(codec)),
+                                  " n=", n));
+        std::vector<float> x(n, 1.0f);
+        std::vector<float> acc(n, 1.0f);
+        const std::string finite = EncodeToString(codec, x);
+        EXPECT_EQ(FirstNonFiniteSum(codec, finite, 1.5f, acc), std::nullopt);
+        for (size_t at : {size_t{0}, size_t{7}, size_t{8}, n / 2, n - 1}) {
+          std::vector<float> big = x;
+          big[at] = 3e38f;
+          if (at + 3 < n) big[at + 3] = -3e38f;  // a later one too
+          std::vector<float> near = acc;
+          near[at] = 3e38f;
+          if (at + 3 < n) near[at + 3] = -3e38f;
+          const std::string payload = EncodeToString(codec, big);
+          EXPECT_EQ(FirstNonFiniteSum(codec, payload, 1.5f, near), at);
+          // The same payload onto a zero accumulator stays finite.
+          EXPECT_EQ(FirstNonFiniteSum(codec, payload, 0.5f,
+                                      std::vector<float>(n, 0.0f)),
+                    std::nullopt);
+        }
+      }
+    }
+  }
+}
+
 TEST(CodecTest, EveryKernelIsaGivesThePortableBits) {
   // Workers and shards on machines with and without AVX2 must agree bit for
   // bit, so every variant of the kernels must give the portable bits.

@@ -107,7 +107,7 @@ for name, reps in runs.items():
         entry["note"] = notes[kernel]
     results.append(entry)
 
-family = ["Memcpy", "Accumulate", "Decode", "Encode", "EncodeWithFeedback",
+family = ["Memcpy", "Accumulate", "OverflowCheck", "Decode", "Encode", "EncodeWithFeedback",
           "Validate", "OuterStep"]
 codecs = ["", "fp32", "bf16", "int8"]
 def order(r):

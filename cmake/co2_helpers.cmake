@@ -7,7 +7,11 @@ function(co2_library name)
     $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}>
     $<INSTALL_INTERFACE:include>)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
-  target_compile_options(${name} PRIVATE -Wall -Wextra)
+  # No fused multiply-adds: GCC fuses a·b + c by default where the target
+  # has FMA (AArch64 always; x86-64 with -march=native), and in some kernel
+  # variants and not others, while workers and shards on different machines
+  # must compute the same bits (common/kernel_isa.h).
+  target_compile_options(${name} PRIVATE -Wall -Wextra -ffp-contract=off)
 endfunction()
 
 # co2_test(NAME DEPS target ... [LABELS long ...] [TIMEOUT s]): tests/NAME.cc

@@ -246,9 +246,10 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
       out.final_loss += r.rounds.back().loss;
       ++ranks_with_rounds;
     }
-    const size_t skipped = rounds - r.rounds.size();
     for (size_t i = 0; i < r.rounds.size() && out.params_identical; ++i) {
-      if (r.rounds[i].params_hash != longest->rounds[skipped + i].params_hash) {
+      // Contiguous up to the same last round: `longest` has this one.
+      if (r.rounds[i].params_hash !=
+          RoundOf(*longest, r.rounds[i].round)->params_hash) {
         out.params_identical = false;
         out.first_difference = absl::StrCat(
             "round ", r.rounds[i].round, ": worker ", r.worker, " rank ",

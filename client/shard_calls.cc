@@ -84,8 +84,10 @@ absl::StatusOr<uint64_t> FetchAnchor(v1::Aggregator::Stub* stub,
       status = absl::InternalError(absl::StrCat(
           "fetch chunk ", chunk.chunk_index(), " out of ", chunks));
     } else {
-      const common::Range r = common::ChunkRange(range.size(), chunk.chunk_index());
-      status = common::Validate(common::Codec::kFp32, chunk.payload(), r.size());
+      const common::Range r =
+          common::ChunkRange(range.size(), chunk.chunk_index());
+      status =
+          common::Validate(common::Codec::kFp32, chunk.payload(), r.size());
       if (status.ok()) {
         common::Decode(common::Codec::kFp32, chunk.payload(),
                        range.subspan(r.begin, r.size()));

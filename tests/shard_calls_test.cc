@@ -60,7 +60,8 @@ class ScriptedShard final : public v1::Aggregator::Service {
                     v1::SeedResponse* response) override {
     v1::AnchorChunk chunk;
     while (reader->Read(&chunk)) {
-      const common::Range r = common::ChunkRange(kElements, chunk.chunk_index());
+      const common::Range r =
+          common::ChunkRange(kElements, chunk.chunk_index());
       common::Decode(common::Codec::kFp32, chunk.payload(),
                      absl::MakeSpan(seeded).subspan(r.begin, r.size()));
       response->set_anchor_round(chunk.anchor_round());

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -55,8 +56,9 @@ ABSL_FLAG(std::string, out, "", "Write the JSON report here (else stdout).");
 ABSL_FLAG(std::string, scratch, "",
           "Directory for logs and rendezvous files (default: a fresh one).");
 ABSL_FLAG(std::string, copy_counter, "",
-          "libco2_copy_counter.so: preloaded into the shards, which then "
-          "report the bytes they memcpy (by caller) and receive.");
+          "libco2_copy_counter.so: preloaded into the shards and worker 0, "
+          "which then report the bytes they memcpy (by caller) and move "
+          "through sockets.");
 // Internal: the client and gloo roles.
 ABSL_FLAG(std::string, addresses, "", "Internal: shard addresses.");
 ABSL_FLAG(std::string, job, "bench", "Internal: job / group name.");
@@ -257,7 +259,8 @@ struct Repetition {
   double iperf3_sent_bytes = 0;
   double iperf3_seconds = 0;
   std::vector<double> gloo_rounds;
-  std::string shards_json;  // memory (and copies) per shard
+  std::string shards_json;         // memory (and copies) per shard
+  std::string client_copies_json;  // worker 0's, under the copy counter
 };
 
 // The aggregator part of one repetition, with the job's downlink codec;
@@ -279,7 +282,14 @@ bool RunAggregator(int n, int rep, common::Codec downlink,
     shards.push_back(std::move(*shard));
   }
   std::vector<Child> clients;
+  const std::string client_copies =
+      absl::StrCat(scratch, "/copies-client-0.json");
   for (int c = 0; c < n; ++c) {
+    std::map<std::string, std::string> env;
+    if (c == 0 && !absl::GetFlag(FLAGS_copy_counter).empty()) {
+      env["LD_PRELOAD"] = absl::GetFlag(FLAGS_copy_counter);
+      env["CO2_COPY_COUNTER_OUT"] = client_copies;
+    }
     std::optional<Child> child = Child::Spawn(
         {"/proc/self/exe", "--role=client",
          absl::StrCat("--addresses=", absl::StrJoin(addresses, ",")),
@@ -287,7 +297,8 @@ bool RunAggregator(int n, int rep, common::Codec downlink,
          absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
          "--downlink=" + std::string(common::CodecName(downlink)),
          absl::StrCat("--job=agg-", n, "-", rep), absl::StrCat("--rank=", c)},
-        absl::StrCat(scratch, "/client-", c, ".log"));
+        absl::StrCat(scratch, "/client-", c, ".log"), /*stdout_to_null=*/false,
+        env);
     if (!child) return false;
     clients.push_back(std::move(*child));
   }
@@ -298,6 +309,16 @@ bool RunAggregator(int n, int rep, common::Codec downlink,
     return false;
   }
   out->aggregator_rounds = TimedRounds(last);
+  if (!absl::GetFlag(FLAGS_copy_counter).empty()) {
+    // Payload worker 0 sent (fp32 deltas) and received (updates) in its
+    // rounds; its seed of the anchor, if it was the one to seed, comes on top.
+    const uint64_t rounds = static_cast<uint64_t>(absl::GetFlag(FLAGS_rounds));
+    out->client_copies_json =
+        absl::StrCat("{\"payload_bytes_sent\": ", 4 * p * rounds,
+                     ", \"payload_bytes_received\": ",
+                     common::EncodedSize(downlink, p) * rounds,
+                     ", \"copies\": ", ReadFile(client_copies), "}");
+  }
   std::ostringstream o;
   o << "[";
   for (int i = 0; i < s; ++i) {
@@ -433,8 +454,8 @@ int RunDriver() {
     << ",\n\"config\": {\"params\": " << p << ", \"shards\": " << s
     << ", \"rounds\": " << rounds << ", \"timed_rounds\": " << rounds - 1
     << ", \"repetitions\": " << absl::GetFlag(FLAGS_repetitions)
-    << ", \"uplink_codec\": \"fp32\", \"downlink_codec\": \""
-    << downlink_name << "\", \"staleness\": 1"
+    << ", \"uplink_codec\": \"fp32\", \"downlink_codec\": \"" << downlink_name
+    << "\", \"staleness\": 1"
     << ", \"copy_counter\": " << !absl::GetFlag(FLAGS_copy_counter).empty()
     << "},\n\"runs\": [";
   bool first = true;
@@ -446,7 +467,7 @@ int RunDriver() {
              static_cast<double>(common::EncodedSize(*downlink, p)));
     std::vector<double> goodput, vs_iperf3, vs_gloo, agg_round, gloo_round,
         iperf3_bps;
-    std::vector<std::string> shard_reports;
+    std::vector<std::string> shard_reports, client_copies;
     for (int rep = 0; rep < absl::GetFlag(FLAGS_repetitions); ++rep) {
       Repetition r;
       if (!RunAggregator(n, rep, *downlink, scratch, &r)) return 1;
@@ -454,6 +475,9 @@ int RunDriver() {
       agg_round.push_back(round_s);
       goodput.push_back(round_bytes / round_s);
       shard_reports.push_back(r.shards_json);
+      if (!r.client_copies_json.empty()) {
+        client_copies.push_back(r.client_copies_json);
+      }
       if (!absl::GetFlag(FLAGS_iperf3).empty()) {
         const uint64_t bytes = static_cast<uint64_t>(round_bytes) *
                                static_cast<uint64_t>(rounds - 1);
@@ -499,7 +523,12 @@ int RunDriver() {
       << ", \"gloo_round_over_aggregator_round\": " << Num(Median(vs_gloo))
       << ", \"gloo_round_over_aggregator_round_each\": " << NumbersJson(vs_gloo)
       << "},\n   \"shards\": [" << absl::StrJoin(shard_reports, ",\n     ")
-      << "]}";
+      << "]";
+    if (!client_copies.empty()) {
+      o << ",\n   \"client_copies\": ["
+        << absl::StrJoin(client_copies, ",\n     ") << "]";
+    }
+    o << "}";
     first = false;
   }
   o << "\n]\n}\n";

@@ -51,10 +51,10 @@ done
   --scratch="$scratch/large" --out="$scratch/large.json"
 
 python3 - "$scratch/main.json" "$scratch/copies.json" "$out" "$aggregator" \
-  "$scratch/large.json" "$scratch/bf16.json" "$scratch/int8.json" <<'PY'
+  "$bench" "$scratch/large.json" "$scratch/bf16.json" "$scratch/int8.json" <<'PY'
 import json, subprocess, sys
 
-main, copies, out, aggregator = sys.argv[1:5]
+main, copies, out, aggregator, bench = sys.argv[1:6]
 report = json.load(open(main))
 
 def per_shard(run, key):
@@ -69,23 +69,26 @@ def memory_runs(path):
              "round_s_median": run["aggregator"]["round_s_median"]}
             for run in json.load(open(path))["runs"]]
 
-large = json.load(open(sys.argv[5]))
+large = json.load(open(sys.argv[6]))
 report["memory_large_range"] = {
     "params": large["config"]["params"],
     "fp32_range_bytes": large["runs"][0]["shards"][0][0]["fp32_range_bytes"],
-    "runs": memory_runs(sys.argv[5])}
+    "runs": memory_runs(sys.argv[6])}
 report["memory_by_downlink"] = {}
-for path in sys.argv[6:]:
+for path in sys.argv[7:]:
     codec = json.load(open(path))["config"]["downlink_codec"]
     report["memory_by_downlink"][codec] = memory_runs(path)
 shard = json.load(open(copies))["runs"][0]["shards"][0][0]
 counted = shard["copies"]
 
-def symbolise(site):
-    if site["symbol"] or not site["object"].endswith("co2-aggregator"):
+def symbolise(site, binary):
+    """The site's function: its symbol, or the outermost function that
+    addr2line finds at its offset in `binary` (the process's executable)."""
+    if site["symbol"] or site["object"].split("/")[-1] not in (
+            "co2-aggregator", "exe", "aggregator_bench"):
         return site["symbol"]
     try:
-        lines = subprocess.run(["addr2line", "-f", "-C", "-i", "-e", aggregator,
+        lines = subprocess.run(["addr2line", "-f", "-C", "-i", "-e", binary,
                                 site["offset"]], capture_output=True,
                                text=True).stdout.splitlines()
         return lines[-2] if len(lines) >= 2 else ""
@@ -107,7 +110,7 @@ def role(site, symbol):
 
 sites = []
 for site in sorted(counted["sites"], key=lambda s: -s["bytes"]):
-    symbol = symbolise(site)
+    symbol = symbolise(site, aggregator)
     sites.append({"role": role(site, symbol), "object": site["object"].split("/")[-1],
                   "symbol": symbol, "bytes": site["bytes"], "calls": site["calls"]})
 received = shard["payload_bytes_received"]
@@ -130,6 +133,41 @@ report["copy_profile"] = {
         round(uplink_memcpy / (received - seed), 4),
     "uplink_kernel_copies_per_payload_byte": round(counted["socket_bytes_received"] / received, 4),
     "sites": sites,
+}
+
+# Worker 0 of the same run: what a worker copies per payload byte it sends
+# (contributions) and receives (updates).
+def client_role(symbol):
+    if "SeedAnchor" in symbol:
+        return "seed: the anchor's fp32 encode and protobuf serialisation (once per job, one worker)"
+    if "Push" in symbol:
+        return "uplink: Encode(fp32) of the delta into the send buffer (the codec pass)"
+    if "EpsCopyOutputStream" in symbol:
+        return "uplink: protobuf serialises a message into gRPC slices"
+    if "_M_append" in symbol or "Gather" in symbol:
+        return "downlink: an update payload assembled from gRPC slices"
+    return "other"
+
+worker = json.load(open(copies))["runs"][0]["client_copies"][0]
+wsites = []
+for site in sorted(worker["copies"]["sites"], key=lambda s: -s["bytes"]):
+    symbol = symbolise(site, bench)
+    wsites.append({"role": client_role(symbol), "object": site["object"].split("/")[-1],
+                   "symbol": symbol, "bytes": site["bytes"], "calls": site["calls"]})
+def per_byte(prefix, total):
+    return round(sum(s["bytes"] for s in wsites if s["role"].startswith(prefix)) / total, 4)
+report["client_copy_profile"] = {
+    "what": "worker 0 of the copy_profile run: memcpy/memmove bytes by caller "
+            "and bytes through socket system calls",
+    "payload_bytes_sent": worker["payload_bytes_sent"],
+    "payload_bytes_received": worker["payload_bytes_received"],
+    "socket_bytes_sent": worker["copies"]["socket_bytes_sent"],
+    "socket_bytes_received": worker["copies"]["socket_bytes_received"],
+    "memcpy_bytes_total": worker["copies"]["memcpy_bytes"],
+    "memcpy_bytes_in_small_calls": worker["copies"]["memcpy_bytes_in_small_calls"],
+    "uplink_user_space_copies_per_payload_byte": per_byte("uplink", worker["payload_bytes_sent"]),
+    "downlink_user_space_copies_per_payload_byte": per_byte("downlink", worker["payload_bytes_received"]),
+    "sites": wsites,
 }
 json.dump(report, open(out, "w"), indent=1)
 open(out, "a").write("\n")
@@ -157,5 +195,9 @@ cp = report["copy_profile"]
 print(f"uplink copies per payload byte: kernel {cp['uplink_kernel_copies_per_payload_byte']}, "
       f"user space before the accumulator {cp['uplink_user_space_copies_per_payload_byte']} "
       f"(contributions; then one decode-accumulate pass)")
+wp = report["client_copy_profile"]
+print(f"worker copies per payload byte: uplink {wp['uplink_user_space_copies_per_payload_byte']} "
+      f"(the fp32 encode), downlink {wp['downlink_user_space_copies_per_payload_byte']} "
+      f"(updates are applied from gRPC's slices)")
 print(f"wrote {out}")
 PY

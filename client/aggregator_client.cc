@@ -14,6 +14,7 @@
 #include "common/job_config.h"
 #include "common/layout.h"
 #include "common/logging.h"
+#include "common/payload_pieces.h"
 #include "common/status_macros.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -29,9 +30,9 @@ void SetDeadline(grpc::ClientContext* context, absl::Time deadline) {
 absl::Status WithShard(uint32_t shard, const std::string& address,
                        absl::Status status) {
   if (status.ok()) return status;
-  return absl::Status(status.code(),
-                      absl::StrCat("shard ", shard, " (", address, "): ",
-                                   status.message()));
+  return absl::Status(
+      status.code(),
+      absl::StrCat("shard ", shard, " (", address, "): ", status.message()));
 }
 
 }  // namespace
@@ -73,17 +74,16 @@ class AggregatorClient::Impl : public AnchorSource {
       return absl::InvalidArgumentError("worker_id is empty");
     }
     CO2_RETURN_IF_ERROR(common::ValidateJobConfig(config));
-    CO2_ASSIGN_OR_RETURN(
-        std::shared_ptr<grpc::ChannelCredentials> credentials,
-        common::MakeChannelCredentials(options_.tls, options_.token,
-                                       options_.job));
+    CO2_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                         common::MakeChannelCredentials(
+                             options_.tls, options_.token, options_.job));
     shards_.resize(options_.addresses.size());
     for (uint32_t i = 0; i < shards_.size(); ++i) {
       Shard& shard = shards_[i];
       shard.address = options_.addresses[i];
-      shard.channel = MakeShardChannel(shard.address, credentials,
-                                       options_.initial_backoff,
-                                       options_.max_backoff);
+      shard.channel =
+          MakeShardChannel(shard.address, credentials, options_.initial_backoff,
+                           options_.max_backoff);
       shard.stub = v1::Aggregator::NewStub(shard.channel);
     }
     // A lease runs from the Join: the rest of Connect can outlast it (a shard
@@ -125,7 +125,8 @@ class AggregatorClient::Impl : public AnchorSource {
       so.reconnect_timeout = options_.reconnect_timeout;
       so.initial_backoff = options_.initial_backoff;
       so.max_backoff = options_.max_backoff;
-      shards_[i].stream = std::make_unique<ShardStream>(so, shards_[i].stub.get());
+      shards_[i].stream = std::make_unique<ShardStream>(so, shards_[i].channel,
+                                                        shards_[i].stub.get());
     }
     if (options_.uplink_codec != common::Codec::kFp32) {
       residual_.assign(anchor.size(), 0.0f);
@@ -149,20 +150,19 @@ class AggregatorClient::Impl : public AnchorSource {
     }
     const absl::Time start = absl::Now();
     for (Shard& shard : shards_) {
-      CO2_ASSIGN_OR_RETURN(std::vector<std::string> * chunks,
+      CO2_ASSIGN_OR_RETURN(const std::vector<absl::Span<char>> chunks,
                            shard.stream->BeginContribution(deadline));
-      for (size_t c = 0; c < chunks->size(); ++c) {
+      for (size_t c = 0; c < chunks.size(); ++c) {
         const common::Range r = common::ChunkRange(shard.range.size(), c);
         auto in = delta.subspan(shard.range.begin + r.begin, r.size());
-        auto out = absl::MakeSpan((*chunks)[c].data(), (*chunks)[c].size());
+        const absl::Span<char> out = chunks[c];
         if (residual_.empty()) {
           common::Encode(options_.uplink_codec, in, out);
         } else {
-          common::EncodeWithFeedback(
-              options_.uplink_codec, in,
-              absl::MakeSpan(residual_).subspan(shard.range.begin + r.begin,
-                                                r.size()),
-              out);
+          common::EncodeWithFeedback(options_.uplink_codec, in,
+                                     absl::MakeSpan(residual_).subspan(
+                                         shard.range.begin + r.begin, r.size()),
+                                     out);
         }
       }
       shard.stream->CommitContribution(round, weight);
@@ -205,16 +205,18 @@ class AggregatorClient::Impl : public AnchorSource {
       absl::FunctionRef<void(absl::Span<const float>)> read) override {
     absl::MutexLock lock(&anchor_mu_);
     if (tracked_anchor_.data() == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard ", shard, " lost the job's state and this worker lent no "
-          "anchor to re-seed it (AggregatorClient::TrackAnchor)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard ", shard,
+                       " lost the job's state and this worker lent no "
+                       "anchor to re-seed it (AggregatorClient::TrackAnchor)"));
     }
     const common::Range& range = shards_[shard].range;
     read(tracked_anchor_.subspan(range.begin, range.size()));
     return absl::OkStatus();
   }
 
-  absl::StatusOr<uint64_t> ApplyUpdate(uint64_t round, absl::Span<float> anchor) {
+  absl::StatusOr<uint64_t> ApplyUpdate(uint64_t round,
+                                       absl::Span<float> anchor) {
     // Held while the anchor changes, so a stream re-seeding a shard reads
     // either the anchor before this update or the one after it.
     absl::MutexLock anchor_lock(&anchor_mu_);
@@ -233,11 +235,11 @@ class AggregatorClient::Impl : public AnchorSource {
     // a += 1·decode(u) in one pass, no temporary: 1·x is exactly x, so this
     // is the shard's decode-then-add and both hold the same bits.
     for (Shard& shard : shards_) {
-      const std::vector<std::string>& chunks = shard.stream->UpdateChunks();
+      const std::vector<ReceivedUpdate>& chunks = shard.stream->UpdateChunks();
       for (size_t c = 0; c < chunks.size(); ++c) {
         const common::Range r = common::ChunkRange(shard.range.size(), c);
-        common::AccumulateDecoded(
-            codec, chunks[c], 1.0f,
+        common::AccumulatePieces(
+            codec, chunks[c].payload, 1.0f,
             anchor.subspan(shard.range.begin + r.begin, r.size()));
       }
       shard.stream->ReleaseUpdate(round);
@@ -293,21 +295,21 @@ class AggregatorClient::Impl : public AnchorSource {
   absl::Status Join(uint32_t index, Shard& shard, absl::Time deadline) {
     const v1::JoinRequest request = JoinRequest();
     v1::JoinResponse response;
-    CO2_RETURN_IF_ERROR(RetryUnavailable(deadline, [&](absl::Time call_deadline) {
-      grpc::ClientContext context;
-      SetDeadline(&context, call_deadline);
-      return common::FromGrpcStatus(
-          shard.stub->Join(&context, request, &response));
-    }));
-    CO2_ASSIGN_OR_RETURN(
-        shard.range,
-        common::ShardRangeFor(anchor_size(), shards_size(), index));
+    CO2_RETURN_IF_ERROR(
+        RetryUnavailable(deadline, [&](absl::Time call_deadline) {
+          grpc::ClientContext context;
+          SetDeadline(&context, call_deadline);
+          return common::FromGrpcStatus(
+              shard.stub->Join(&context, request, &response));
+        }));
+    CO2_ASSIGN_OR_RETURN(shard.range, common::ShardRangeFor(
+                                          anchor_size(), shards_size(), index));
     if (response.range_begin() != shard.range.begin ||
         response.range_end() != shard.range.end) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "shard serves [", response.range_begin(), ", ", response.range_end(),
-          ") but this worker expects [", shard.range.begin, ", ",
-          shard.range.end, ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard serves [", response.range_begin(), ", ",
+                       response.range_end(), ") but this worker expects [",
+                       shard.range.begin, ", ", shard.range.end, ")"));
     }
     shard.must_seed = response.must_seed();
     return absl::OkStatus();
@@ -394,7 +396,8 @@ class AggregatorClient::Impl : public AnchorSource {
         absl::MutexLock lock(&mu_);
         joined = joined_shards_;
       }
-      const absl::Duration call_timeout = std::min(options_.rpc_timeout, interval);
+      const absl::Duration call_timeout =
+          std::min(options_.rpc_timeout, interval);
       interval = absl::Seconds(1);
       for (uint32_t i = 0; i < joined; ++i) {
         const absl::StatusOr<absl::Duration> lease =
@@ -435,7 +438,8 @@ absl::StatusOr<std::unique_ptr<AggregatorClient>> AggregatorClient::Connect(
     ClientOptions options, absl::Span<float> anchor) {
   auto impl = std::make_unique<Impl>(std::move(options));
   CO2_RETURN_IF_ERROR(impl->Connect(anchor));
-  return std::unique_ptr<AggregatorClient>(new AggregatorClient(std::move(impl)));
+  return std::unique_ptr<AggregatorClient>(
+      new AggregatorClient(std::move(impl)));
 }
 
 AggregatorClient::AggregatorClient(std::unique_ptr<Impl> impl)

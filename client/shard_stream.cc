@@ -1,6 +1,7 @@
 #include "client/shard_stream.h"
 
 #include <algorithm>
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "common/grpc_status.h"
 #include "common/layout.h"
 #include "common/logging.h"
+#include "common/payload_pieces.h"
 #include "common/status_macros.h"
 #include "grpcpp/client_context.h"
 
@@ -15,8 +17,7 @@ namespace co2::client {
 
 struct ShardStream::Call {
   grpc::ClientContext context;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::ExchangeRequest, v1::OuterUpdate>>
-      stream;
+  std::unique_ptr<ExchangeStream> stream;
 };
 
 namespace {
@@ -40,22 +41,36 @@ bool IsTerminal(absl::StatusCode code) {
   }
 }
 
-std::vector<std::string> ChunkBuffers(common::Codec codec, size_t elements) {
-  std::vector<std::string> chunks(common::NumChunks(elements));
+std::vector<std::shared_ptr<std::string>> ChunkBuffers(common::Codec codec,
+                                                       size_t elements) {
+  std::vector<std::shared_ptr<std::string>> chunks(common::NumChunks(elements));
   for (size_t i = 0; i < chunks.size(); ++i) {
-    chunks[i].resize(
-        common::EncodedSize(codec, common::ChunkRange(elements, i).size()));
+    chunks[i] = std::make_shared<std::string>(
+        common::EncodedSize(codec, common::ChunkRange(elements, i).size()),
+        '\0');
   }
   return chunks;
+}
+
+// Whether the trainer may write into `chunk`: gRPC holds no reference to it
+// any more. The acquire fence pairs with the release of gRPC's last
+// reference, so its reads of the bytes happen before the trainer's writes.
+bool Unshared(const std::shared_ptr<std::string>& chunk) {
+  if (chunk.use_count() != 1) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return true;
 }
 
 }  // namespace
 
 ShardStream::ShardStream(const ShardStreamOptions& options,
+                         std::shared_ptr<grpc::Channel> channel,
                          v1::Aggregator::Stub* stub)
     : options_(options),
+      exchange_(std::move(channel)),
       stub_(stub),
-      num_chunks_(static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
+      num_chunks_(
+          static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
       send_(ChunkBuffers(options.uplink, options.shard_elements)),
       resume_round_(options.first_contribution_round),
       recv_(num_chunks_),
@@ -75,7 +90,7 @@ ShardStream::~ShardStream() {
   writer_.join();
 }
 
-absl::StatusOr<std::vector<std::string>*> ShardStream::BeginContribution(
+absl::StatusOr<std::vector<absl::Span<char>>> ShardStream::BeginContribution(
     absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -83,17 +98,25 @@ absl::StatusOr<std::vector<std::string>*> ShardStream::BeginContribution(
            (next_send_ == num_chunks_ && !writing_ && ReadyLocked(send_round_));
   };
   if (!mu_.AwaitWithDeadline(absl::Condition(&free), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "shard ", options_.shard_index, ": contribution of round ", send_round_,
-        " still in flight at the deadline (", next_send_, " of ", num_chunks_,
-        " chunks written)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("shard ", options_.shard_index, ": contribution of round ",
+                     send_round_, " still in flight at the deadline (",
+                     next_send_, " of ", num_chunks_, " chunks written)"));
   }
   if (!error_.ok()) return error_;
   if (has_contribution_ && send_round_ == next_update_round_) {
     reported_ready_ = true;
   }
   has_contribution_ = false;
-  return &send_;
+  std::vector<absl::Span<char>> chunks;
+  chunks.reserve(send_.size());
+  for (std::shared_ptr<std::string>& chunk : send_) {
+    if (!Unshared(chunk)) {
+      chunk = std::make_shared<std::string>(chunk->size(), '\0');
+    }
+    chunks.push_back(absl::MakeSpan(chunk->data(), chunk->size()));
+  }
+  return chunks;
 }
 
 void ShardStream::CommitContribution(uint64_t round, double weight) {
@@ -133,7 +156,7 @@ absl::Status ShardStream::WaitForUpdate(uint64_t round, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-const std::vector<std::string>& ShardStream::UpdateChunks() const {
+const std::vector<ReceivedUpdate>& ShardStream::UpdateChunks() const {
   return recv_;
 }
 
@@ -152,6 +175,7 @@ uint64_t ShardStream::NeededUpdateLocked() const {
 void ShardStream::DropUpdateLocked() {
   recv_count_ = 0;
   std::fill(recv_have_.begin(), recv_have_.end(), false);
+  for (ReceivedUpdate& chunk : recv_) chunk = ReceivedUpdate();
   reported_ready_ = false;
 }
 
@@ -162,8 +186,8 @@ ShardStreamStats ShardStream::stats() const {
 
 void ShardStream::Fail(absl::Status status) {
   if (!error_.ok()) return;
-  CO2_LOG(ERROR) << "shard " << options_.shard_index << " stream failed: "
-                 << status;
+  CO2_LOG(ERROR) << "shard " << options_.shard_index
+                 << " stream failed: " << status;
   error_ = std::move(status);
 }
 
@@ -201,14 +225,12 @@ absl::Status ShardStream::Reseed() {
         std::copy(anchor.begin(), anchor.end(), range.begin());
         const uint64_t needed = NeededUpdateLocked();
         if (needed > next_update_round_) {
-          std::vector<float> decoded(common::kChunkElements);
           for (uint32_t c = 0; c < num_chunks_; ++c) {
             const common::Range r =
                 common::ChunkRange(options_.shard_elements, c);
-            auto out = absl::MakeSpan(decoded).first(r.size());
-            common::Decode(options_.downlink, recv_[c], out);
-            float* a = range.data() + r.begin;
-            for (size_t j = 0; j < r.size(); ++j) a[j] += out[j];
+            common::AccumulatePieces(
+                options_.downlink, recv_[c].payload, 1.0f,
+                absl::MakeSpan(range).subspan(r.begin, r.size()));
           }
         } else {
           // The shard computes this update afresh: chunks of the lost one
@@ -264,19 +286,19 @@ bool ShardStream::Reconnect() {
     absl::Status status = joined;
     if (joined.ok()) {
       auto call = std::make_shared<Call>();
-      v1::ExchangeRequest open;
-      open.mutable_open()->set_job(options_.job);
-      open.mutable_open()->set_worker_id(options_.worker_id);
+      v1::ExchangeOpen open;
+      open.set_job(options_.job);
+      open.set_worker_id(options_.worker_id);
       {
         absl::MutexLock lock(&mu_);
         if (stop_) return false;
-        open.mutable_open()->set_replay_from_round(next_update_round_);
+        open.set_replay_from_round(next_update_round_);
         // Installed before the first write so that shutdown can cancel it.
-        call->stream = stub_->Exchange(&call->context);
+        call->stream = exchange_.Open(&call->context);
         call_ = call;
         call_open_ = false;
       }
-      if (call->stream->Write(open)) {
+      if (call->stream->Write(SerializeOpen(open))) {
         absl::MutexLock lock(&mu_);
         if (generation_ > 0) ++stats_.reconnects;
         ++generation_;
@@ -293,13 +315,14 @@ bool ShardStream::Reconnect() {
       return false;
     }
     if (absl::Now() + backoff > give_up) {
-      Fail(absl::UnavailableError(absl::StrCat(
-          "shard ", options_.shard_index, " unreachable for ",
-          absl::FormatDuration(options_.reconnect_timeout), ": ",
-          status.ToString())));
+      Fail(absl::UnavailableError(
+          absl::StrCat("shard ", options_.shard_index, " unreachable for ",
+                       absl::FormatDuration(options_.reconnect_timeout), ": ",
+                       status.ToString())));
       return false;
     }
-    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+    auto stopping = [this]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
     mu_.AwaitWithTimeout(absl::Condition(&stopping), backoff);
     backoff = std::min(2 * backoff, options_.max_backoff);
   }
@@ -312,12 +335,23 @@ void ShardStream::ReadLoop() {
       absl::MutexLock lock(&mu_);
       call = call_;
     }
-    v1::OuterUpdate update;
-    while (call->stream->Read(&update)) HandleUpdate(update);
+    grpc::ByteBuffer message;
+    while (call->stream->Read(&message)) {
+      absl::StatusOr<ReceivedUpdate> update = ParseOuterUpdate(&message);
+      if (!update.ok()) {
+        absl::MutexLock lock(&mu_);
+        Fail(absl::InternalError(absl::StrCat("shard ", options_.shard_index,
+                                              " sent ",
+                                              update.status().message())));
+        continue;
+      }
+      HandleUpdate(*std::move(update));
+    }
     call->context.TryCancel();  // unblocks a writer stuck on this call
     {
       absl::MutexLock lock(&mu_);
-      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; };
+      auto idle = [this]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !writing_; };
       mu_.Await(absl::Condition(&idle));
     }
     const absl::Status status = common::FromGrpcStatus(call->stream->Finish());
@@ -327,22 +361,22 @@ void ShardStream::ReadLoop() {
       Fail(status);
       return;
     }
-    CO2_LOG(WARNING) << "shard " << options_.shard_index
-                     << " stream broken (" << status << "); reconnecting";
+    CO2_LOG(WARNING) << "shard " << options_.shard_index << " stream broken ("
+                     << status << "); reconnecting";
   }
 }
 
-void ShardStream::HandleUpdate(v1::OuterUpdate& update) {
-  const uint32_t index = update.chunk_index();
+void ShardStream::HandleUpdate(ReceivedUpdate update) {
+  const uint32_t index = update.chunk_index;
   absl::Status valid;
-  if (index >= num_chunks_ || update.codec() != int(options_.downlink)) {
-    valid = absl::InternalError(absl::StrCat(
-        "shard ", options_.shard_index, " sent update chunk ", index,
-        " with codec ", update.codec(), "; expected < ", num_chunks_,
-        " chunks of codec ", int(options_.downlink)));
+  if (index >= num_chunks_ || update.codec != int(options_.downlink)) {
+    valid = absl::InternalError(
+        absl::StrCat("shard ", options_.shard_index, " sent update chunk ",
+                     index, " with codec ", update.codec, "; expected < ",
+                     num_chunks_, " chunks of codec ", int(options_.downlink)));
   } else {
-    valid = common::Validate(
-        options_.downlink, update.payload(),
+    valid = common::ValidatePieces(
+        options_.downlink, update.payload,
         common::ChunkRange(options_.shard_elements, index).size());
   }
   absl::MutexLock lock(&mu_);
@@ -357,17 +391,17 @@ void ShardStream::HandleUpdate(v1::OuterUpdate& update) {
   // replayed by the shard after the reconnect.
   const uint64_t generation = generation_;
   auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || update.round() <= next_update_round_ ||
+    return stop_ || update.round <= next_update_round_ ||
            failed_write_generation_ == generation;
   };
   mu_.Await(absl::Condition(&room));
-  if (stop_ || update.round() != next_update_round_ || recv_have_[index]) {
+  if (stop_ || update.round != next_update_round_ || recv_have_[index]) {
     return;
   }
-  recv_[index].swap(*update.mutable_payload());
+  stats_.bytes_received += common::TotalSize(update.payload);
+  recv_[index] = std::move(update);
   recv_have_[index] = true;
   ++recv_count_;
-  stats_.bytes_received += recv_[index].size();
 }
 
 void ShardStream::WriteLoop() {
@@ -375,7 +409,8 @@ void ShardStream::WriteLoop() {
     std::shared_ptr<Call> call;
     uint32_t index = 0;
     uint64_t generation = 0;
-    v1::ExchangeRequest request;
+    ContributionHeader header;
+    std::shared_ptr<const std::string> payload;
     {
       absl::MutexLock lock(&mu_);
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -389,24 +424,23 @@ void ShardStream::WriteLoop() {
       generation = generation_;
       index = next_send_;
       writing_ = true;
-      v1::Contribution* c = request.mutable_contribution();
-      c->set_round(send_round_);
-      c->set_chunk_index(index);
-      c->set_codec(v1::Codec(options_.uplink));
-      c->set_weight(send_weight_);
+      header.round = send_round_;
+      header.chunk_index = index;
+      header.codec = v1::Codec(options_.uplink);
+      header.weight = send_weight_;
+      payload = send_[index];
     }
-    // The writer owns send_[index] while writing: lend it to the message.
-    std::string* payload = request.mutable_contribution()->mutable_payload();
-    payload->swap(send_[index]);
-    const bool ok = call->stream->Write(request);
-    payload->swap(send_[index]);
+    const size_t bytes = payload->size();
+    const bool ok =
+        call->stream->Write(SerializeContribution(header, std::move(payload)));
     absl::MutexLock lock(&mu_);
     writing_ = false;
     if (!ok) {
-      failed_write_generation_ = generation;  // wait for the reader to reconnect
+      failed_write_generation_ =
+          generation;  // wait for the reader to reconnect
     } else if (generation == generation_ && next_send_ == index) {
       next_send_ = index + 1;
-      stats_.bytes_sent += send_[index].size();
+      stats_.bytes_sent += bytes;
     }
   }
 }

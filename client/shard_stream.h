@@ -28,9 +28,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "co2/v1/aggregator.grpc.pb.h"
 #include "absl/types/span.h"
+#include "client/worker_wire.h"
+#include "co2/v1/aggregator.grpc.pb.h"
 #include "common/codec.h"
+#include "grpcpp/channel.h"
 
 namespace co2::client {
 
@@ -78,17 +80,20 @@ struct ShardStreamStats {
 
 class ShardStream {
  public:
-  // `stub` is borrowed and must outlive the stream. Starts the threads.
-  ShardStream(const ShardStreamOptions& options, v1::Aggregator::Stub* stub);
+  // `stub` (for Join and re-seeding) is borrowed and must outlive the
+  // stream; it and `channel` lead to the same shard. Starts the threads.
+  ShardStream(const ShardStreamOptions& options,
+              std::shared_ptr<grpc::Channel> channel,
+              v1::Aggregator::Stub* stub);
   ~ShardStream();  // cancels the stream and joins the threads
   ShardStream(const ShardStream&) = delete;
   ShardStream& operator=(const ShardStream&) = delete;
 
   // Waits until the previous contribution is fully written and its update
   // has arrived (or was applied), then hands out the send chunks to encode
-  // into (sized for the uplink codec). Errors: the stream's terminal error,
-  // or DEADLINE_EXCEEDED.
-  absl::StatusOr<std::vector<std::string>*> BeginContribution(
+  // into (sized for the uplink codec), valid until CommitContribution.
+  // Errors: the stream's terminal error, or DEADLINE_EXCEEDED.
+  absl::StatusOr<std::vector<absl::Span<char>>> BeginContribution(
       absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // Queues the chunks filled since BeginContribution as round `round`.
   void CommitContribution(uint64_t round, double weight)
@@ -97,9 +102,9 @@ class ShardStream {
   bool UpdateReady(uint64_t round) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WaitForUpdate(uint64_t round, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The received chunks of update `round` (which must be ready); valid until
-  // ReleaseUpdate.
-  const std::vector<std::string>& UpdateChunks() const;
+  // The received chunks of update `round` (which must be ready), payloads
+  // validated for their chunk's size; valid until ReleaseUpdate.
+  const std::vector<ReceivedUpdate>& UpdateChunks() const;
   // Frees the receive buffer: the next update may arrive.
   void ReleaseUpdate(uint64_t round) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -129,11 +134,12 @@ class ShardStream {
   uint64_t NeededUpdateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the received chunks of the update waited for.
   void DropUpdateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleUpdate(v1::OuterUpdate& update) ABSL_LOCKS_EXCLUDED(mu_);
+  void HandleUpdate(ReceivedUpdate update) ABSL_LOCKS_EXCLUDED(mu_);
   void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReadyLocked(uint64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ShardStreamOptions options_;
+  const ExchangeMethod exchange_;
   v1::Aggregator::Stub* const stub_;
   const uint32_t num_chunks_;
 
@@ -146,8 +152,11 @@ class ShardStream {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // terminal; OK while healthy
 
-  // Send side. The writer owns send_[next_send_..] while sending.
-  std::vector<std::string> send_;
+  // Send side. The writer owns send_[next_send_..] while sending; gRPC may
+  // hold references to a chunk after it was written (until it is sent), so
+  // BeginContribution replaces a chunk still referenced instead of writing
+  // into it.
+  std::vector<std::shared_ptr<std::string>> send_;
   bool has_contribution_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t send_round_ ABSL_GUARDED_BY(mu_) = 0;
   double send_weight_ ABSL_GUARDED_BY(mu_) = 0;
@@ -156,8 +165,8 @@ class ShardStream {
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t failed_write_generation_ ABSL_GUARDED_BY(mu_) = 0;
 
-  // Receive side: one update at a time.
-  std::vector<std::string> recv_;
+  // Receive side: one update at a time, in gRPC's receive buffers.
+  std::vector<ReceivedUpdate> recv_;
   uint64_t next_update_round_ ABSL_GUARDED_BY(mu_);  // the one we wait for
   uint32_t recv_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<bool> recv_have_ ABSL_GUARDED_BY(mu_);

@@ -57,6 +57,16 @@ absl::Status ForEachPart(
   return absl::OkStatus();
 }
 
+void AccumulatePieces(Codec codec, Pieces pieces, float weight,
+                      absl::Span<float> acc) {
+  (void)ForEachPart(codec, pieces, acc.size(),
+                    [&](std::string_view bytes, size_t first, size_t count) {
+                      AccumulateDecoded(codec, bytes, weight,
+                                        acc.subspan(first, count));
+                      return absl::OkStatus();
+                    });
+}
+
 absl::Status ValidatePieces(Codec codec, Pieces pieces, size_t elements) {
   if (pieces.size() == 1) return Validate(codec, pieces[0], elements);
   const size_t size = TotalSize(pieces);

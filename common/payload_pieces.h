@@ -41,6 +41,12 @@ absl::Status ForEachPart(
                                    size_t count)>
         part);
 
+// acc += weight · decode(payload), part by part: the same bits as
+// AccumulateDecoded of the payload in one piece, which it requires for int8.
+// The payload must have passed ValidatePieces for acc.size().
+void AccumulatePieces(Codec codec, Pieces pieces, float weight,
+                      absl::Span<float> acc);
+
 // common::Validate of the whole payload, part by part: its size, then every
 // part; a failing part's message names the elements it covers. An int8
 // payload must be one piece.

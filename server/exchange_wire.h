@@ -10,8 +10,10 @@
 //   ByteBuffer; a contribution's payload stays in gRPC's slices and is handed
 //   on as pieces, so the only pass that writes it is the accumulation.
 //
-// The bytes are the co2.v1 protobuf encoding (clients use the generated
-// stubs). Pure functions; any thread.
+// The bytes are the co2.v1 protobuf encoding, written and read with
+// common/wire_frames.h; workers do the same on their side
+// (client/worker_wire.h), and any gRPC client with the generated stubs works
+// too. Pure functions; any thread.
 #ifndef CO2_SERVER_EXCHANGE_WIRE_H_
 #define CO2_SERVER_EXCHANGE_WIRE_H_
 

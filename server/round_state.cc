@@ -204,12 +204,7 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
             " times it is added to the round's sum (fp32 overflow: the "
             "contribution's values are too large); chunk rejected"));
       }));
-  (void)common::ForEachPart(
-      codec, payload, range.size(),
-      [&](std::string_view bytes, size_t first, size_t count) {
-        common::AccumulateDecoded(codec, bytes, w, acc.subspan(first, count));
-        return absl::OkStatus();
-      });
+  common::AccumulatePieces(codec, payload, w, acc);
   sum += w;
   return absl::OkStatus();
 }

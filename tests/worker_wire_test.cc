@@ -1,0 +1,153 @@
+#include "client/worker_wire.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/payload_pieces.h"
+#include "google/protobuf/descriptor.h"
+#include "gtest/gtest.h"
+
+namespace co2::client {
+namespace {
+
+std::string Bytes(const grpc::ByteBuffer& buffer,
+                  std::vector<grpc::Slice>* slices) {
+  EXPECT_TRUE(buffer.Dump(slices).ok());
+  std::string all;
+  for (const grpc::Slice& s : *slices) {
+    all.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  return all;
+}
+
+// `bytes` as a ByteBuffer of slices cut at `cuts`.
+grpc::ByteBuffer InSlices(const std::string& bytes,
+                          const std::vector<size_t>& cuts) {
+  std::vector<grpc::Slice> slices;
+  size_t from = 0;
+  for (size_t cut : cuts) {
+    slices.emplace_back(bytes.data() + from, cut - from);
+    from = cut;
+  }
+  slices.emplace_back(bytes.data() + from, bytes.size() - from);
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+TEST(WorkerWireTest, MethodNameIsTheServicesBidiStream) {
+  const google::protobuf::MethodDescriptor* method =
+      google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(
+          "co2.v1.Aggregator.Exchange");
+  ASSERT_NE(method, nullptr);
+  EXPECT_TRUE(method->client_streaming());
+  EXPECT_TRUE(method->server_streaming());
+  EXPECT_EQ(std::string(ExchangeMethod::kName),
+            "/" + method->service()->full_name() + "/" + method->name());
+  EXPECT_EQ(method->input_type(), v1::ExchangeRequest::descriptor());
+  EXPECT_EQ(method->output_type(), v1::OuterUpdate::descriptor());
+}
+
+class ContributionSizeTest : public ::testing::TestWithParam<size_t> {};
+
+TEST_P(ContributionSizeTest, IsTheMessagesEncodingAndSharesThePayload) {
+  auto payload = std::make_shared<std::string>(GetParam(), '\0');
+  for (size_t i = 0; i < payload->size(); ++i) (*payload)[i] = char(i * 13);
+  ContributionHeader header;
+  header.round = 77;
+  header.chunk_index = 5;
+  header.codec = v1::CODEC_BF16;
+  header.weight = 384.25;
+  v1::ExchangeRequest want;
+  v1::Contribution* c = want.mutable_contribution();
+  c->set_round(77);
+  c->set_chunk_index(5);
+  c->set_codec(v1::CODEC_BF16);
+  c->set_weight(384.25);
+  c->set_payload(*payload);
+  const char* data = payload->data();
+  std::vector<grpc::Slice> slices;
+  EXPECT_EQ(Bytes(SerializeContribution(header, std::move(payload)), &slices),
+            want.SerializeAsString());
+  if (GetParam() > 0) {
+    ASSERT_EQ(slices.size(), 2u);
+    EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()), data);
+  }
+}
+
+// Payload sizes where the payload's and the contribution's length varints
+// change width.
+INSTANTIATE_TEST_SUITE_P(Sizes, ContributionSizeTest,
+                         ::testing::Values(0, 1, 100, 127, 128, 16360, 16400,
+                                           1 << 20));
+
+TEST(WorkerWireTest, OpenIsTheMessagesEncoding) {
+  v1::ExchangeOpen open;
+  open.set_job("job");
+  open.set_worker_id("w7");
+  open.set_replay_from_round(12);
+  v1::ExchangeRequest want;
+  *want.mutable_open() = open;
+  std::vector<grpc::Slice> slices;
+  EXPECT_EQ(Bytes(SerializeOpen(open), &slices), want.SerializeAsString());
+}
+
+TEST(WorkerWireTest, UpdatePayloadStaysInTheReceivedSlices) {
+  v1::OuterUpdate update;
+  update.set_round(41);
+  update.set_anchor_round(43);
+  update.set_chunk_index(2);
+  update.set_num_chunks(3);
+  update.set_codec(v1::CODEC_FP32);
+  update.set_contributors(4);
+  std::string payload(90001, '\0');
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = char(i * 3);
+  update.set_payload(payload);
+  const std::string bytes = update.SerializeAsString();
+  grpc::ByteBuffer buffer = InSlices(bytes, {1, 2, 9, 17, 4000, 65536});
+  absl::StatusOr<ReceivedUpdate> parsed = ParseOuterUpdate(&buffer);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(buffer.Length(), 0u);
+  // Moved, as the stream moves it into its receive buffer.
+  const ReceivedUpdate got = *std::move(parsed);
+  EXPECT_EQ(got.round, 41u);
+  EXPECT_EQ(got.chunk_index, 2u);
+  EXPECT_EQ(got.codec, v1::CODEC_FP32);
+  EXPECT_GT(got.payload.size(), 1u);
+  EXPECT_EQ(got.gathered, nullptr);
+  EXPECT_EQ(common::Gather(got.payload), payload);
+}
+
+TEST(WorkerWireTest, Int8PayloadInSeveralSlicesIsGathered) {
+  v1::OuterUpdate update;
+  update.set_round(1);
+  update.set_codec(v1::CODEC_INT8);
+  update.set_payload(std::string(5000, 'i'));
+  const std::string bytes = update.SerializeAsString();
+  grpc::ByteBuffer buffer = InSlices(bytes, {10, 2000});
+  absl::StatusOr<ReceivedUpdate> parsed = ParseOuterUpdate(&buffer);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const ReceivedUpdate got = *std::move(parsed);
+  ASSERT_EQ(got.payload.size(), 1u);
+  EXPECT_EQ(got.payload[0], std::string(5000, 'i'));
+  ASSERT_NE(got.gathered, nullptr);
+  EXPECT_EQ(got.payload[0].data(), got.gathered->data());
+}
+
+TEST(WorkerWireTest, RejectsMalformedUpdates) {
+  v1::OuterUpdate update;
+  update.set_round(9);
+  update.set_payload(std::string(300, 'u'));
+  const std::string bytes = update.SerializeAsString();
+  grpc::ByteBuffer truncated = InSlices(bytes.substr(0, bytes.size() - 1), {4});
+  absl::StatusOr<ReceivedUpdate> parsed = ParseOuterUpdate(&truncated);
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(parsed.status().message().find("malformed OuterUpdate"),
+            std::string::npos)
+      << parsed.status();
+  grpc::ByteBuffer garbage = InSlices(std::string("\x07\x01", 2), {});
+  EXPECT_EQ(ParseOuterUpdate(&garbage).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace co2::client

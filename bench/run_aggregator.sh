@@ -3,10 +3,10 @@
 # S co2-aggregator shards on loopback take N workers' rounds of P fp32
 # deltas, next to iperf3 (same bytes, same N·S streams) and a Gloo
 # all-reduce of the same P floats across N processes, in the same run; then
-# a short run with the copy counter preloaded into the shard, which shows
-# where payload bytes are copied, the shards' memory at a larger range
-# (LARGE_PARAMS; needs about 10 GiB of RAM at N = 8) and with bf16 and int8
-# downlinks (the cached updates shrink with the codec). Writes
+# a short run with the copy counter preloaded into a shard and a worker,
+# which shows where payload bytes are copied; the shards' memory at a larger
+# range (LARGE_PARAMS; needs about 10 GiB of RAM at N = 8) and with bf16 and
+# int8 downlinks (the cached updates shrink with the codec). Writes
 # bench/results/aggregator.json.
 #   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2 min idle)
 #   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=4 REPS=3 \
@@ -144,8 +144,10 @@ def client_role(symbol):
         return "uplink: Encode(fp32) of the delta into the send buffer (the codec pass)"
     if "EpsCopyOutputStream" in symbol:
         return "uplink: protobuf serialises a message into gRPC slices"
-    if "_M_append" in symbol or "Gather" in symbol:
-        return "downlink: an update payload assembled from gRPC slices"
+    if "_M_append" in symbol:
+        return "join: protobuf parses the anchor chunks a Fetch returns (once per worker that did not seed)"
+    if "Gather" in symbol:
+        return "downlink: an int8 update payload in several slices gathered into one buffer"
     return "other"
 
 worker = json.load(open(copies))["runs"][0]["client_copies"][0]

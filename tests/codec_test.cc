@@ -665,6 +665,48 @@ TEST(CodecTest, FirstNonFiniteSumFindsTheFirstOverflow) {
   }
 }
 
+TEST(CodecTest, FirstNonFiniteSumAgreesWithTheSumsNearFloatMax) {
+  // The int8 check skips a block whose bounds prove every sum finite (all
+  // |acc| and |weight · scale| · 127 below FLT_MAX / 4) and tests the others
+  // sum by sum: at magnitudes on both sides of that bound, the answer must
+  // be the first index where acc + weight · decode(x), computed in float,
+  // is not finite.
+  constexpr float kMax = std::numeric_limits<float>::max();
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  const size_t n = 1000;
+  for (KernelIsa isa : SupportedKernelIsas()) {
+    ScopedKernelIsaForTesting pin(isa);
+    for (Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8}) {
+      for (float acc_scale : {1e30f, 0.2f * kMax, 0.26f * kMax, 0.6f * kMax}) {
+        for (float x_scale : {1e30f, 0.1f * kMax, 0.3f * kMax, kMax}) {
+          for (float weight : {0.5f, 1.0f, 3.0f}) {
+            SCOPED_TRACE(absl::StrCat(std::string(KernelIsaName(isa)), " ",
+                                      std::string(CodecName(codec)), " acc ",
+                                      acc_scale, " x ", x_scale, " w ",
+                                      weight));
+            std::vector<float> acc(n), x(n);
+            for (size_t i = 0; i < n; ++i) {
+              acc[i] = acc_scale * unit(rng);
+              x[i] = x_scale * unit(rng);
+            }
+            const std::string payload = EncodeToString(codec, x);
+            std::vector<float> decoded(n);
+            Decode(codec, payload, absl::MakeSpan(decoded));
+            std::optional<size_t> want;
+            for (size_t i = 0; i < n && !want; ++i) {
+              float sum = acc[i];
+              sum += weight * decoded[i];
+              if (!std::isfinite(sum)) want = i;
+            }
+            EXPECT_EQ(FirstNonFiniteSum(codec, payload, weight, acc), want);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CodecTest, EveryKernelIsaGivesThePortableBits) {
   // Workers and shards on machines with and without AVX2 must agree bit for
   // bit, so every variant of the kernels must give the portable bits.

@@ -6,32 +6,13 @@
 
 #include "common/payload_pieces.h"
 #include "gtest/gtest.h"
+#include "tests/byte_pieces.h"
 
 namespace co2::server {
 namespace {
 
-std::string Bytes(const grpc::ByteBuffer& buffer,
-                  std::vector<grpc::Slice>* slices) {
-  EXPECT_TRUE(buffer.Dump(slices).ok());
-  std::string all;
-  for (const grpc::Slice& s : *slices) {
-    all.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return all;
-}
-
-// `bytes` as a ByteBuffer of slices cut at `cuts`.
-grpc::ByteBuffer InSlices(const std::string& bytes,
-                          const std::vector<size_t>& cuts) {
-  std::vector<grpc::Slice> slices;
-  size_t from = 0;
-  for (size_t cut : cuts) {
-    slices.emplace_back(bytes.data() + from, cut - from);
-    from = cut;
-  }
-  slices.emplace_back(bytes.data() + from, bytes.size() - from);
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
+using testing::BufferBytes;
+using testing::InSlices;
 
 TEST(ExchangeWireTest, SerializedUpdateIsTheMessageAndSharesItsPayload) {
   auto update = std::make_shared<v1::OuterUpdate>();
@@ -44,7 +25,7 @@ TEST(ExchangeWireTest, SerializedUpdateIsTheMessageAndSharesItsPayload) {
   update->set_payload(std::string(300000, 'u'));
   const grpc::ByteBuffer buffer = SerializeUpdate(update);
   std::vector<grpc::Slice> slices;
-  EXPECT_EQ(Bytes(buffer, &slices), update->SerializeAsString());
+  EXPECT_EQ(BufferBytes(buffer, &slices), update->SerializeAsString());
   ASSERT_EQ(slices.size(), 2u);
   EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()),
             update->payload().data());
@@ -60,7 +41,7 @@ TEST(ExchangeWireTest, UpdateWithoutPayloadIsOneSlice) {
   auto update = std::make_shared<v1::OuterUpdate>();
   update->set_round(1);
   std::vector<grpc::Slice> slices;
-  EXPECT_EQ(Bytes(SerializeUpdate(update), &slices),
+  EXPECT_EQ(BufferBytes(SerializeUpdate(update), &slices),
             update->SerializeAsString());
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/byte_pieces.h"
 
 namespace co2::common {
 namespace {
@@ -15,18 +16,7 @@ std::string Encoded(Codec codec, const std::vector<float>& values) {
   return bytes;
 }
 
-// `bytes` cut at each of `cuts` (byte offsets, ascending).
-std::vector<std::string_view> Cut(std::string_view bytes,
-                                  const std::vector<size_t>& cuts) {
-  std::vector<std::string_view> pieces;
-  size_t from = 0;
-  for (size_t cut : cuts) {
-    pieces.push_back(bytes.substr(from, cut - from));
-    from = cut;
-  }
-  pieces.push_back(bytes.substr(from));
-  return pieces;
-}
+using testing::Cut;
 
 class PayloadPiecesTest : public ::testing::TestWithParam<Codec> {};
 

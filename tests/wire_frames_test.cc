@@ -8,32 +8,13 @@
 
 #include "co2/v1/aggregator.pb.h"
 #include "gtest/gtest.h"
+#include "tests/byte_pieces.h"
 
 namespace co2::common {
 namespace {
 
-std::string Bytes(const grpc::ByteBuffer& buffer,
-                  std::vector<grpc::Slice>* slices) {
-  EXPECT_TRUE(buffer.Dump(slices).ok());
-  std::string all;
-  for (const grpc::Slice& s : *slices) {
-    all.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return all;
-}
-
-// `bytes` cut at each of `cuts` (ascending offsets).
-std::vector<std::string_view> Cut(std::string_view bytes,
-                                  const std::vector<size_t>& cuts) {
-  std::vector<std::string_view> pieces;
-  size_t from = 0;
-  for (size_t cut : cuts) {
-    pieces.push_back(bytes.substr(from, cut - from));
-    from = cut;
-  }
-  pieces.push_back(bytes.substr(from));
-  return pieces;
-}
+using testing::BufferBytes;
+using testing::Cut;
 
 TEST(WireFramesTest, LengthDelimitedHeaderIsProtobufs) {
   // Lengths on both sides of each varint byte boundary (protobuf leaves an
@@ -64,7 +45,7 @@ TEST(WireFramesTest, FrameAliasesThePayloadAndHoldsItsOwner) {
     grpc::ByteBuffer buffer = FrameWithPayload(
         fields.SerializeAsString(), v1::OuterUpdate::kPayloadFieldNumber, bytes,
         std::move(payload));
-    EXPECT_EQ(Bytes(buffer, &slices), whole.SerializeAsString());
+    EXPECT_EQ(BufferBytes(buffer, &slices), whole.SerializeAsString());
     ASSERT_EQ(slices.size(), 2u);
     EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()), bytes.data());
   }
@@ -79,11 +60,11 @@ TEST(WireFramesTest, EmptyPayloadIsLeftOut) {
   v1::OuterUpdate fields;
   fields.set_round(5);
   std::vector<grpc::Slice> slices;
-  EXPECT_EQ(
-      Bytes(FrameWithPayload(fields.SerializeAsString(),
-                             v1::OuterUpdate::kPayloadFieldNumber, "", payload),
-            &slices),
-      fields.SerializeAsString());
+  EXPECT_EQ(BufferBytes(FrameWithPayload(fields.SerializeAsString(),
+                                         v1::OuterUpdate::kPayloadFieldNumber,
+                                         "", payload),
+                        &slices),
+            fields.SerializeAsString());
   EXPECT_EQ(slices.size(), 1u);
 }
 

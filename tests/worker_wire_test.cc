@@ -7,32 +7,13 @@
 #include "common/payload_pieces.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
+#include "tests/byte_pieces.h"
 
 namespace co2::client {
 namespace {
 
-std::string Bytes(const grpc::ByteBuffer& buffer,
-                  std::vector<grpc::Slice>* slices) {
-  EXPECT_TRUE(buffer.Dump(slices).ok());
-  std::string all;
-  for (const grpc::Slice& s : *slices) {
-    all.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  }
-  return all;
-}
-
-// `bytes` as a ByteBuffer of slices cut at `cuts`.
-grpc::ByteBuffer InSlices(const std::string& bytes,
-                          const std::vector<size_t>& cuts) {
-  std::vector<grpc::Slice> slices;
-  size_t from = 0;
-  for (size_t cut : cuts) {
-    slices.emplace_back(bytes.data() + from, cut - from);
-    from = cut;
-  }
-  slices.emplace_back(bytes.data() + from, bytes.size() - from);
-  return grpc::ByteBuffer(slices.data(), slices.size());
-}
+using testing::BufferBytes;
+using testing::InSlices;
 
 TEST(WorkerWireTest, MethodNameIsTheServicesBidiStream) {
   const google::protobuf::MethodDescriptor* method =
@@ -66,8 +47,9 @@ TEST_P(ContributionSizeTest, IsTheMessagesEncodingAndSharesThePayload) {
   c->set_payload(*payload);
   const char* data = payload->data();
   std::vector<grpc::Slice> slices;
-  EXPECT_EQ(Bytes(SerializeContribution(header, std::move(payload)), &slices),
-            want.SerializeAsString());
+  EXPECT_EQ(
+      BufferBytes(SerializeContribution(header, std::move(payload)), &slices),
+      want.SerializeAsString());
   if (GetParam() > 0) {
     ASSERT_EQ(slices.size(), 2u);
     EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()), data);
@@ -88,7 +70,8 @@ TEST(WorkerWireTest, OpenIsTheMessagesEncoding) {
   v1::ExchangeRequest want;
   *want.mutable_open() = open;
   std::vector<grpc::Slice> slices;
-  EXPECT_EQ(Bytes(SerializeOpen(open), &slices), want.SerializeAsString());
+  EXPECT_EQ(BufferBytes(SerializeOpen(open), &slices),
+            want.SerializeAsString());
 }
 
 TEST(WorkerWireTest, UpdatePayloadStaysInTheReceivedSlices) {

@@ -1,7 +1,6 @@
 #include "client/shard_stream.h"
 
 #include <algorithm>
-#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -41,26 +40,6 @@ bool IsTerminal(absl::StatusCode code) {
   }
 }
 
-std::vector<std::shared_ptr<std::string>> ChunkBuffers(common::Codec codec,
-                                                       size_t elements) {
-  std::vector<std::shared_ptr<std::string>> chunks(common::NumChunks(elements));
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    chunks[i] = std::make_shared<std::string>(
-        common::EncodedSize(codec, common::ChunkRange(elements, i).size()),
-        '\0');
-  }
-  return chunks;
-}
-
-// Whether the trainer may write into `chunk`: gRPC holds no reference to it
-// any more. The acquire fence pairs with the release of gRPC's last
-// reference, so its reads of the bytes happen before the trainer's writes.
-bool Unshared(const std::shared_ptr<std::string>& chunk) {
-  if (chunk.use_count() != 1) return false;
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return true;
-}
-
 }  // namespace
 
 ShardStream::ShardStream(const ShardStreamOptions& options,
@@ -71,7 +50,7 @@ ShardStream::ShardStream(const ShardStreamOptions& options,
       stub_(stub),
       num_chunks_(
           static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
-      send_(ChunkBuffers(options.uplink, options.shard_elements)),
+      send_(options.uplink, options.shard_elements),
       resume_round_(options.first_contribution_round),
       recv_(num_chunks_),
       next_update_round_(options.first_update_round),
@@ -108,15 +87,7 @@ absl::StatusOr<std::vector<absl::Span<char>>> ShardStream::BeginContribution(
     reported_ready_ = true;
   }
   has_contribution_ = false;
-  std::vector<absl::Span<char>> chunks;
-  chunks.reserve(send_.size());
-  for (std::shared_ptr<std::string>& chunk : send_) {
-    if (!Unshared(chunk)) {
-      chunk = std::make_shared<std::string>(chunk->size(), '\0');
-    }
-    chunks.push_back(absl::MakeSpan(chunk->data(), chunk->size()));
-  }
-  return chunks;
+  return send_.Writable();
 }
 
 void ShardStream::CommitContribution(uint64_t round, double weight) {
@@ -428,7 +399,7 @@ void ShardStream::WriteLoop() {
       header.chunk_index = index;
       header.codec = v1::Codec(options_.uplink);
       header.weight = send_weight_;
-      payload = send_[index];
+      payload = send_.Lend(index);
     }
     const size_t bytes = payload->size();
     const bool ok =

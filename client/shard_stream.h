@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "client/send_buffers.h"
 #include "client/worker_wire.h"
 #include "co2/v1/aggregator.grpc.pb.h"
 #include "common/codec.h"
@@ -152,11 +153,10 @@ class ShardStream {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);  // terminal; OK while healthy
 
-  // Send side. The writer owns send_[next_send_..] while sending; gRPC may
-  // hold references to a chunk after it was written (until it is sent), so
-  // BeginContribution replaces a chunk still referenced instead of writing
-  // into it.
-  std::vector<std::shared_ptr<std::string>> send_;
+  // Send side. The writer lends send_'s chunks [next_send_..] while
+  // sending; BeginContribution hands them to the trainer only when no
+  // contribution is in flight.
+  SendBuffers send_;
   bool has_contribution_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t send_round_ ABSL_GUARDED_BY(mu_) = 0;
   double send_weight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -23,6 +23,8 @@ ExchangeMethod::ExchangeMethod(std::shared_ptr<grpc::Channel> channel)
     : channel_(std::move(channel)),
       method_(kName, grpc::internal::RpcMethod::BIDI_STREAMING, channel_) {}
 
+// gRPC 1.51 has no public synchronous generic stub (GenericStub is async or
+// callback only); this is the call the generated stub's Exchange makes.
 std::unique_ptr<ExchangeStream> ExchangeMethod::Open(
     grpc::ClientContext* context) const {
   return std::unique_ptr<ExchangeStream>(

@@ -139,11 +139,13 @@ report["copy_profile"] = {
 # (contributions) and receives (updates).
 def client_role(symbol):
     if "SeedAnchor" in symbol:
-        return "seed: the anchor's fp32 encode and protobuf serialisation (once per job, one worker)"
+        return "seed: the anchor's fp32 encode (once per job, one worker)"
     if "Push" in symbol:
         return "uplink: Encode(fp32) of the delta into the send buffer (the codec pass)"
     if "EpsCopyOutputStream" in symbol:
-        return "uplink: protobuf serialises a message into gRPC slices"
+        # Contributions bypass protobuf (client/worker_wire.h); the Seed
+        # stream's anchor chunks do not.
+        return "seed: protobuf serialises the anchor chunks of the Seed stream (once per job, one worker)"
     if "_M_append" in symbol:
         return "join: protobuf parses the anchor chunks a Fetch returns (once per worker that did not seed)"
     if "Gather" in symbol:

@@ -36,6 +36,11 @@ assert cp["socket_bytes_received"] >= cp["payload_bytes_received"]
 # Contributions are read where gRPC received them: no copy before the
 # accumulator (docs/performance.md, "Payload copies").
 assert cp["uplink_user_space_copies_per_payload_byte"] < 0.01, cp
+# A worker copies a payload byte once going up (the encode) and not at all
+# coming down ("Worker copies").
+wp = a["client_copy_profile"]
+assert wp["uplink_user_space_copies_per_payload_byte"] <= 1.01, wp
+assert wp["downlink_user_space_copies_per_payload_byte"] < 0.01, wp
 b = json.load(open(os.path.join(d, "bytes.json")))
 assert len(b["results"]) == 3
 for r in b["results"]:

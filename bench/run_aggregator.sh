@@ -136,7 +136,10 @@ report["copy_profile"] = {
 }
 
 # Worker 0 of the same run: what a worker copies per payload byte it sends
-# (contributions) and receives (updates).
+# (contributions) and receives (updates). Sites are labelled by caller only:
+# protobuf's copies are put down to joining (seed, fetch) because
+# contributions and updates bypass protobuf; bench/smoke_test.sh checks the
+# total by size, which a protobuf copy of the payloads would break.
 def client_role(symbol):
     if "SeedAnchor" in symbol:
         return "seed: the anchor's fp32 encode (once per job, one worker)"

@@ -41,6 +41,13 @@ assert cp["uplink_user_space_copies_per_payload_byte"] < 0.01, cp
 wp = a["client_copy_profile"]
 assert wp["uplink_user_space_copies_per_payload_byte"] <= 1.01, wp
 assert wp["downlink_user_space_copies_per_payload_byte"] < 0.01, wp
+# By size, whatever the labels say: the encode of every delta plus joining
+# (a seed's encode and serialisation, or a fetch's parse: at most two copies
+# of the anchor). A protobuf copy of the contributions or the updates would
+# add the payload once more.
+large = wp["memcpy_bytes_total"] - wp["memcpy_bytes_in_small_calls"]
+anchor = 4 * cp["params"]
+assert large <= wp["payload_bytes_sent"] + 2 * anchor + 65536, wp
 b = json.load(open(os.path.join(d, "bytes.json")))
 assert len(b["results"]) == 3
 for r in b["results"]:

@@ -99,7 +99,7 @@ absl::StatusOr<ReceivedUpdate> ParseOuterUpdate(grpc::ByteBuffer* buffer) {
     }
     if (!ok) return Malformed(absl::StrCat("field ", field));
   }
-  if (update.codec == v1::CODEC_INT8 && update.payload.size() > 1) {
+  if (common::NeedsGather(common::Codec(update.codec), update.payload)) {
     update.gathered =
         std::make_unique<std::string>(common::Gather(update.payload));
     update.payload = {*update.gathered};

@@ -13,6 +13,10 @@ size_t TotalSize(Pieces pieces) {
   return total;
 }
 
+bool NeedsGather(Codec codec, Pieces pieces) {
+  return codec == Codec::kInt8 && pieces.size() > 1;
+}
+
 std::string Gather(Pieces pieces) {
   std::string all;
   all.reserve(TotalSize(pieces));
@@ -26,8 +30,8 @@ absl::Status ForEachPart(
                                    size_t count)>
         part) {
   assert(TotalSize(pieces) == EncodedSize(codec, elements));
+  assert(!NeedsGather(codec, pieces));
   if (pieces.size() == 1) return part(pieces[0], 0, elements);
-  assert(codec != Codec::kInt8);
   const size_t width = EncodedSize(codec, 1);
   char split[sizeof(float)];  // an element that straddles two pieces
   size_t have = 0;            // bytes of it in `split`

@@ -28,7 +28,11 @@ using Pieces = absl::Span<const std::string_view>;
 
 size_t TotalSize(Pieces pieces);
 
-// The pieces, concatenated (for int8 in more than one piece).
+// Whether the payload must be gathered into one piece (Gather) before the
+// functions below can read it: an int8 payload in more than one piece.
+bool NeedsGather(Codec codec, Pieces pieces);
+
+// The pieces, concatenated.
 std::string Gather(Pieces pieces);
 
 // Calls `part(bytes, first, count)` for consecutive parts covering elements

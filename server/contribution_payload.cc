@@ -12,13 +12,13 @@ absl::Status ContributionPayload::Read(const ContributionView& c,
   const size_t num_chunks = common::NumChunks(shard_elements);
   if (c.chunk_index >= num_chunks) {
     return absl::InvalidArgumentError(
-        absl::StrCat("chunk_index ", c.chunk_index,
-                     " out of range: shard has ", num_chunks, " chunks"));
+        absl::StrCat("chunk_index ", c.chunk_index, " out of range: shard has ",
+                     num_chunks, " chunks"));
   }
   const size_t elements =
       common::ChunkRange(shard_elements, c.chunk_index).size();
   pieces_ = c.payload;
-  if (codec_ == common::Codec::kInt8 && pieces_.size() > 1) {
+  if (common::NeedsGather(codec_, pieces_)) {
     gathered_ = common::Gather(pieces_);
     whole_ = gathered_;
     pieces_ = common::Pieces(&whole_, 1);

@@ -70,6 +70,16 @@ TEST(PayloadPiecesTest, ValidateRejectsAWrongTotalSize) {
   EXPECT_NE(s.message().find("got 40"), std::string::npos) << s.message();
 }
 
+TEST(PayloadPiecesTest, OnlyInt8InSeveralPiecesNeedsGathering) {
+  const std::string bytes = "abcdefgh";
+  const std::vector<std::string_view> one = Cut(bytes, {});
+  const std::vector<std::string_view> two = Cut(bytes, {4});
+  EXPECT_TRUE(NeedsGather(Codec::kInt8, two));
+  EXPECT_FALSE(NeedsGather(Codec::kInt8, one));
+  EXPECT_FALSE(NeedsGather(Codec::kFp32, two));
+  EXPECT_FALSE(NeedsGather(Codec::kBf16, two));
+}
+
 TEST(PayloadPiecesTest, GatherConcatenates) {
   const std::string bytes = "scales+values";
   EXPECT_EQ(Gather(Cut(bytes, {2, 6, 6})), bytes);

@@ -53,6 +53,9 @@ ABSL_FLAG(int, repetitions, 3, "Repetitions of each N; medians are reported.");
 ABSL_FLAG(std::string, iperf3, "iperf3", "iperf3 binary; empty: skip it.");
 ABSL_FLAG(bool, gloo, true, "Run the Gloo all-reduce reference.");
 ABSL_FLAG(std::string, out, "", "Write the JSON report here (else stdout).");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Shards write a checkpoint of every round here, as deployed "
+          "(deploy/k8s); empty: none.");
 ABSL_FLAG(std::string, scratch, "",
           "Directory for logs and rendezvous files (default: a fresh one).");
 ABSL_FLAG(std::string, copy_counter, "",
@@ -231,12 +234,20 @@ std::optional<ShardProcess> StartShard(int index, int shards,
     env["LD_PRELOAD"] = absl::GetFlag(FLAGS_copy_counter);
     env["CO2_COPY_COUNTER_OUT"] = shard.copies_path;
   }
-  std::optional<Child> child = Child::Spawn(
-      {absl::GetFlag(FLAGS_aggregator), "--insecure", "--host=127.0.0.1",
-       "--port=0", absl::StrCat("--shard_index=", index),
-       absl::StrCat("--num_shards=", shards), "--metrics_port=-1",
-       "--lease=300s", "--round_timeout=600s"},
-      shard.log, /*stdout_to_null=*/true, env);
+  std::vector<std::string> argv = {absl::GetFlag(FLAGS_aggregator),
+                                   "--insecure",
+                                   "--host=127.0.0.1",
+                                   "--port=0",
+                                   absl::StrCat("--shard_index=", index),
+                                   absl::StrCat("--num_shards=", shards),
+                                   "--metrics_port=-1",
+                                   "--lease=300s",
+                                   "--round_timeout=600s"};
+  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
+    argv.push_back("--checkpoint_dir=" + absl::GetFlag(FLAGS_checkpoint_dir));
+  }
+  std::optional<Child> child =
+      Child::Spawn(argv, shard.log, /*stdout_to_null=*/true, env);
   if (!child) return std::nullopt;
   shard.child = std::move(child);
   const double deadline = MonotonicSeconds() + 60;
@@ -457,6 +468,7 @@ int RunDriver() {
     << ", \"uplink_codec\": \"fp32\", \"downlink_codec\": \"" << downlink_name
     << "\", \"staleness\": 1"
     << ", \"copy_counter\": " << !absl::GetFlag(FLAGS_copy_counter).empty()
+    << ", \"checkpoints\": " << !absl::GetFlag(FLAGS_checkpoint_dir).empty()
     << "},\n\"runs\": [";
   bool first = true;
   for (const std::string& w : absl::GetFlag(FLAGS_workers)) {

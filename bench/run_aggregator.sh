@@ -6,8 +6,9 @@
 # a short run with the copy counter preloaded into a shard and a worker,
 # which shows where payload bytes are copied; the shards' memory at a larger
 # range (LARGE_PARAMS; needs about 10 GiB of RAM at N = 8) and with bf16 and
-# int8 downlinks (the cached updates shrink with the codec). Writes
-# bench/results/aggregator.json.
+# int8 downlinks (the cached updates shrink with the codec), and at the
+# larger range again with checkpoints on disk (CHECKPOINT_DIR, default under
+# the scratch directory in /tmp). Writes bench/results/aggregator.json.
 #   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2 min idle)
 #   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=4 REPS=3 \
 #   LARGE_WORKERS=2,8 LARGE_PARAMS=67108864 OUT=... \
@@ -50,8 +51,19 @@ done
   --shards="${SHARDS:-2}" --rounds=2 --repetitions=1 \
   --scratch="$scratch/large" --out="$scratch/large.json"
 
+# The same range with a checkpoint of every round on disk, as deployed
+# (deploy/k8s): a shard keeps an update it has sent in its checkpoint, not in
+# memory. Three rounds, so that two steps read their gap back from disk.
+"$bench" --aggregator="$aggregator" --iperf3= --gloo=false \
+  --workers="${LARGE_WORKERS:-2,8}" --params="${LARGE_PARAMS:-67108864}" \
+  --shards="${SHARDS:-2}" --rounds=3 --repetitions=1 \
+  --checkpoint_dir="${CHECKPOINT_DIR:-$scratch/checkpoints}" \
+  --scratch="$scratch/large-checkpoints" \
+  --out="$scratch/large-checkpoints.json"
+
 python3 - "$scratch/main.json" "$scratch/copies.json" "$out" "$aggregator" \
-  "$bench" "$scratch/large.json" "$scratch/bf16.json" "$scratch/int8.json" <<'PY'
+  "$bench" "$scratch/large.json" "$scratch/large-checkpoints.json" \
+  "$scratch/bf16.json" "$scratch/int8.json" <<'PY'
 import json, subprocess, sys
 
 main, copies, out, aggregator, bench = sys.argv[1:6]
@@ -69,13 +81,16 @@ def memory_runs(path):
              "round_s_median": run["aggregator"]["round_s_median"]}
             for run in json.load(open(path))["runs"]]
 
-large = json.load(open(sys.argv[6]))
-report["memory_large_range"] = {
-    "params": large["config"]["params"],
-    "fp32_range_bytes": large["runs"][0]["shards"][0][0]["fp32_range_bytes"],
-    "runs": memory_runs(sys.argv[6])}
+def large_range(path):
+    large = json.load(open(path))
+    return {"params": large["config"]["params"],
+            "fp32_range_bytes": large["runs"][0]["shards"][0][0]["fp32_range_bytes"],
+            "runs": memory_runs(path)}
+
+report["memory_large_range"] = large_range(sys.argv[6])
+report["memory_large_range_checkpoints"] = large_range(sys.argv[7])
 report["memory_by_downlink"] = {}
-for path in sys.argv[7:]:
+for path in sys.argv[8:]:
     codec = json.load(open(path))["config"]["downlink_codec"]
     report["memory_by_downlink"][codec] = memory_runs(path)
 shard = json.load(open(copies))["runs"][0]["shards"][0][0]

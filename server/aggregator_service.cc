@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -192,6 +193,8 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::AnchorChunk> {
 // it, so a write is never started on a finished reactor. The queue holds the
 // update chunks every stream shares; each write's ByteBuffer aliases the
 // shared payload (exchange_wire.h), so a stream costs no copy of an update.
+// An update replayed from its checkpoint is read one chunk at a time, as its
+// turn comes: a reconnecting worker costs one chunk of memory, not a round.
 class ExchangeReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -227,69 +230,125 @@ class ExchangeReactor
 
     void Send(std::shared_ptr<const UpdateChunks> update) override
         ABSL_LOCKS_EXCLUDED(mu_) {
-      const grpc::ByteBuffer* start = nullptr;
+      Step step;
       {
         absl::MutexLock lock(&mu_);
         if (finishing_) return;
-        for (const auto& chunk : *update) queue_.push_back(chunk);
-        start = NextLocked();
+        for (const auto& chunk : *update) queue_.push_back({chunk, {}, 0});
+        step = NextLocked();
       }
-      if (start != nullptr) reactor_->StartWrite(start);
+      Take(step);
+    }
+
+    // An update of a round the worker missed.
+    void Replay(const KeptUpdate& update) ABSL_LOCKS_EXCLUDED(mu_) {
+      Step step;
+      {
+        absl::MutexLock lock(&mu_);
+        if (finishing_) return;
+        for (uint32_t i = 0; i < update.num_chunks(); ++i) {
+          if (update.chunks() != nullptr) {
+            queue_.push_back({(*update.chunks())[i], {}, 0});
+          } else {
+            queue_.push_back({nullptr, update, i});
+          }
+        }
+        step = NextLocked();
+      }
+      Take(step);
     }
 
     void WriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
-      const grpc::ByteBuffer* start = nullptr;
+      Step step;
       {
         absl::MutexLock lock(&mu_);
         writing_ = false;
         queue_.pop_front();
-        if (!ok) {
-          finishing_ = true;
-          status_ = absl::CancelledError("worker stream broken");
-        }
-        start = NextLocked();
-        if (start == nullptr && !ShouldFinishLocked()) return;
+        if (!ok) Stop(absl::CancelledError("worker stream broken"));
+        step = NextLocked();
       }
-      if (start != nullptr) {
-        reactor_->StartWrite(start);
-      } else {
-        reactor_->Finish(common::ToGrpcStatus(status_));
-      }
+      Take(step);
     }
 
     // Finishes once the write in flight (if any) is done.
     void RequestFinish(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+      Step step;
       {
         absl::MutexLock lock(&mu_);
         if (finishing_) return;
-        finishing_ = true;
-        status_ = std::move(status);
-        // The message in flight must live until its OnWriteDone.
-        queue_.erase(queue_.begin() + (writing_ ? 1 : 0), queue_.end());
-        if (writing_) return;
+        Stop(std::move(status));
+        step = NextLocked();
       }
-      reactor_->Finish(common::ToGrpcStatus(status_));
+      Take(step);
     }
 
    private:
-    const grpc::ByteBuffer* NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (writing_ || finishing_ || queue_.empty()) return nullptr;
-      writing_ = true;
-      in_flight_ = SerializeUpdate(queue_.front());
-      return &in_flight_;
+    // One chunk to write: its message, or where to read it from (`kept`, an
+    // update replayed from its checkpoint) when its turn comes.
+    struct QueuedChunk {
+      std::shared_ptr<const v1::OuterUpdate> message;
+      std::optional<KeptUpdate> kept;
+      uint32_t chunk = 0;
+    };
+    // What to do once the lock is released: start a write, finish, or
+    // nothing (a write is in flight, or the queue is empty).
+    struct Step {
+      const grpc::ByteBuffer* write = nullptr;
+      bool finish = false;
+      absl::Status status;
+    };
+
+    // No more writes: the stream finishes with `status` once the write in
+    // flight (which must live until its OnWriteDone) is done.
+    void Stop(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      finishing_ = true;
+      status_ = std::move(status);
+      queue_.erase(queue_.begin() + (writing_ ? 1 : 0), queue_.end());
     }
-    bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return finishing_ && !writing_;
+
+    // Decided under the lock, so that exactly one caller finishes. A
+    // replayed chunk that cannot be read back ends the stream with the
+    // error; the worker reconnects.
+    Step NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      if (writing_) return {};
+      if (!finishing_ && !queue_.empty() && queue_.front().message == nullptr) {
+        QueuedChunk& next = queue_.front();
+        absl::StatusOr<std::shared_ptr<const v1::OuterUpdate>> read =
+            next.kept->Chunk(next.chunk);
+        if (read.ok()) {
+          next.message = *std::move(read);
+          next.kept.reset();
+        } else {
+          Stop(read.status());
+        }
+      }
+      if (finishing_) {
+        if (finished_) return {};
+        finished_ = true;
+        return {nullptr, true, status_};
+      }
+      if (queue_.empty()) return {};
+      writing_ = true;
+      in_flight_ = SerializeUpdate(queue_.front().message);
+      return {&in_flight_, false, {}};
+    }
+
+    void Take(const Step& step) {
+      if (step.write != nullptr) {
+        reactor_->StartWrite(step.write);
+      } else if (step.finish) {
+        reactor_->Finish(common::ToGrpcStatus(step.status));
+      }
     }
 
     ExchangeReactor* const reactor_;  // outlives every write it starts
     absl::Mutex mu_;
-    std::deque<std::shared_ptr<const v1::OuterUpdate>> queue_
-        ABSL_GUARDED_BY(mu_);
+    std::deque<QueuedChunk> queue_ ABSL_GUARDED_BY(mu_);
     // The write in flight (queue_.front()); lives until its OnWriteDone.
     grpc::ByteBuffer in_flight_ ABSL_GUARDED_BY(mu_);
     bool writing_ ABSL_GUARDED_BY(mu_) = false;
     bool finishing_ ABSL_GUARDED_BY(mu_) = false;
+    bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
     absl::Status status_ ABSL_GUARDED_BY(mu_);
   };
 
@@ -306,9 +365,9 @@ class ExchangeReactor
                                    open.worker_id()));
       worker_ = open.worker_id();
       CO2_RETURN_IF_ERROR(job_->UplinkCodec(worker_).status());
-      for (auto& update : job_->Subscribe(outbox_, open.replay_from_round())) {
-        outbox_->Send(std::move(update));
-      }
+      const std::vector<KeptUpdate> replay =
+          job_->Subscribe(outbox_, open.replay_from_round());
+      for (const KeptUpdate& update : replay) outbox_->Replay(update);
       return absl::OkStatus();
     }
     if (job_ == nullptr) {

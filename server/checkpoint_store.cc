@@ -62,12 +62,16 @@ class FileWriter {
   uLong crc_ = crc32_z(0L, Z_NULL, 0);
 };
 
-absl::Status WriteFile(const std::string& path, const CheckpointView& view,
-                       const std::string& header) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+// Writes and syncs the file; returns its descriptor, still open for
+// reading, or closes it on failure.
+absl::StatusOr<int> WriteFile(const std::string& path,
+                              const CheckpointView& view,
+                              const std::string& header) {
+  const int fd =
+      ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus("cannot create", path, errno);
   FileWriter out(fd, path);
-  absl::Status status = [&]() -> absl::Status {
+  const absl::Status status = [&]() -> absl::Status {
     const uint32_t header_size = static_cast<uint32_t>(header.size());
     CO2_RETURN_IF_ERROR(out.Append(kMagic, sizeof(kMagic)));
     CO2_RETURN_IF_ERROR(out.Append(&header_size, sizeof(header_size)));
@@ -76,18 +80,24 @@ absl::Status WriteFile(const std::string& path, const CheckpointView& view,
         out.Append(view.anchor.data(), view.anchor.size() * sizeof(float)));
     CO2_RETURN_IF_ERROR(
         out.Append(view.momentum.data(), view.momentum.size() * sizeof(float)));
-    for (const std::string* chunk : view.update_chunks) {
-      CO2_RETURN_IF_ERROR(out.Append(chunk->data(), chunk->size()));
+    if (view.update != nullptr) {
+      std::string scratch;
+      for (uint32_t i = 0; i < view.update->num_chunks(); ++i) {
+        CO2_ASSIGN_OR_RETURN(std::string_view chunk,
+                             view.update->Payload(i, &scratch));
+        CO2_RETURN_IF_ERROR(out.Append(chunk.data(), chunk.size()));
+      }
     }
     const uint32_t crc = out.crc();
     CO2_RETURN_IF_ERROR(out.Append(&crc, sizeof(crc)));
     if (::fsync(fd) != 0) return ErrnoStatus("cannot fsync", path, errno);
     return absl::OkStatus();
   }();
-  if (::close(fd) != 0 && status.ok()) {
-    status = ErrnoStatus("cannot close", path, errno);
+  if (!status.ok()) {
+    ::close(fd);
+    return status;
   }
-  return status;
+  return fd;
 }
 
 absl::Status SyncDirectory(const std::string& dir) {
@@ -146,28 +156,46 @@ std::string CheckpointStore::PathFor(const std::string& job,
                       num_shards, ".ckpt");
 }
 
-absl::Status CheckpointStore::Write(const CheckpointView& view) const {
+absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
+    const CheckpointView& view) const {
   if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoStatus("cannot create directory", dir_, errno);
   }
   v1::ShardCheckpointHeader header = *view.header;
   header.set_format_version(kFormatVersion);
   header.clear_update_chunk_bytes();
-  for (const std::string* chunk : view.update_chunks) {
-    header.add_update_chunk_bytes(static_cast<uint32_t>(chunk->size()));
+  std::vector<uint32_t> chunk_bytes;
+  if (view.update != nullptr) {
+    for (uint32_t i = 0; i < view.update->num_chunks(); ++i) {
+      chunk_bytes.push_back(
+          static_cast<uint32_t>(view.update->PayloadBytes(i)));
+      header.add_update_chunk_bytes(chunk_bytes.back());
+    }
   }
   const std::string path = PathFor(header.job(), header.shard_index(),
                                    header.config().num_shards());
   const std::string temp = path + ".tmp";
-  absl::Status status = WriteFile(temp, view, header.SerializeAsString());
+  const std::string header_bytes = header.SerializeAsString();
+  absl::StatusOr<int> fd = WriteFile(temp, view, header_bytes);
+  absl::Status status = fd.status();
   if (status.ok() && ::rename(temp.c_str(), path.c_str()) != 0) {
     status = ErrnoStatus("cannot rename to", path, errno);
   }
+  if (status.ok()) status = SyncDirectory(dir_);
   if (!status.ok()) {
+    if (fd.ok()) ::close(*fd);
     ::unlink(temp.c_str());
     return status;
   }
-  return SyncDirectory(dir_);
+  if (view.update == nullptr) {
+    ::close(*fd);
+    return nullptr;
+  }
+  const uint64_t update_offset =
+      sizeof(kMagic) + sizeof(uint32_t) + header_bytes.size() +
+      (view.anchor.size() + view.momentum.size()) * sizeof(float);
+  return std::make_shared<const StoredUpdate>(*fd, path, update_offset,
+                                              chunk_bytes);
 }
 
 absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(const std::string& path) {

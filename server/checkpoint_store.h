@@ -7,12 +7,17 @@
 // File: "CO2CKPT1" | u32 header length | ShardCheckpointHeader | anchor fp32 |
 // momentum fp32 | encoded last update chunks | u32 CRC-32 of all before it.
 //
+// Write hands back the update it wrote as a StoredUpdate: read through the
+// file's descriptor, it outlives the file being replaced by the next
+// checkpoint (server/kept_update.h keeps sent updates there, not in memory).
+//
 // Thread-safe (no shared mutable state); Write is called from the aggregator
 // poller thread, never from gRPC reactions.
 #ifndef CO2_SERVER_CHECKPOINT_STORE_H_
 #define CO2_SERVER_CHECKPOINT_STORE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -20,6 +25,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "co2/v1/checkpoint.pb.h"
+#include "server/kept_update.h"
+#include "server/stored_update.h"
 
 namespace co2::server {
 
@@ -29,7 +36,8 @@ struct CheckpointView {
   const v1::ShardCheckpointHeader* header = nullptr;  // update sizes filled in by Write
   absl::Span<const float> anchor;
   absl::Span<const float> momentum;
-  std::vector<const std::string*> update_chunks;  // may be empty (round 0)
+  // The last update, read chunk by chunk; null before the first round closed.
+  const KeptUpdate* update = nullptr;
 };
 
 // A checkpoint file that could not be used.
@@ -52,11 +60,14 @@ class CheckpointStore {
 
   const std::string& dir() const { return dir_; }
 
-  // Atomically replaces the checkpoint of (header.job, header.shard_index).
-  // RESOURCE_EXHAUSTED when the disk is full, UNAVAILABLE/INTERNAL for other
-  // I/O errors; the message names the file and the errno text. A failed
-  // write leaves the previous checkpoint intact.
-  absl::Status Write(const CheckpointView& view) const;
+  // Atomically replaces the checkpoint of (header.job, header.shard_index)
+  // and returns the update it wrote, readable from the file (null if the
+  // view has none). RESOURCE_EXHAUSTED when the disk is full,
+  // UNAVAILABLE/INTERNAL for other I/O errors; the message names the file and
+  // the errno text; a stored update that cannot be read back fails the write
+  // with its error. A failed write leaves the previous checkpoint intact.
+  absl::StatusOr<std::shared_ptr<const StoredUpdate>> Write(
+      const CheckpointView& view) const;
 
   // Every checkpoint file of shard `shard_index` of `num_shards` in the
   // directory, loaded and verified. Files that fail verification are skipped

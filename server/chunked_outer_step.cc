@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/layout.h"
 
 namespace co2::server {
@@ -15,7 +16,7 @@ absl::Span<float> Fp32Floats(std::string& bytes) {
   return absl::MakeSpan(reinterpret_cast<float*>(bytes.data()),
                         bytes.size() / sizeof(float));
 }
-absl::Span<const float> Fp32Floats(const std::string& bytes) {
+absl::Span<const float> Fp32Floats(std::string_view bytes) {
   return absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
                              bytes.size() / sizeof(float));
 }
@@ -84,45 +85,57 @@ std::shared_ptr<const v1::OuterUpdate> ChunkedOuterStep::Message(
 }
 
 // The gap is the last update as the workers decoded it: with the fp32
-// downlink the last update's payload itself, else that payload decoded chunk
+// downlink the last update's payload itself (in memory, or read back from
+// its checkpoint into a chunk-sized buffer), else that payload decoded chunk
 // by chunk into a scratch buffer (only the gap-aware penalty reads it). With
 // the fp32 downlink the step writes U_{r+2} straight into the payload; other
 // codecs write it to a scratch buffer, encode it and decode it back, so that
 // the anchor adds the bits the workers add.
-std::shared_ptr<const UpdateChunks> ChunkedOuterStep::Run(
-    const ClosedRound& closed, const UpdateChunks* last,
-    const OuterStepBuffers& buffers, OuterStepStats* stats) const {
+StepResult ChunkedOuterStep::Run(ClosedRound& closed, const KeptUpdate* last,
+                                 const OuterStepBuffers& buffers) const {
   const bool fp32 = codec_ == common::Codec::kFp32;
   const bool reads_gap = outer_.penalty == GapPenalty::kGapAware;
-  const UpdateChunks* gap_from = reads_gap ? last : nullptr;
+  const KeptUpdate* gap_from = reads_gap ? last : nullptr;
   const size_t chunk_elements = std::min(elements_, common::kChunkElements);
-  // Zeros: the gap before the first update (or one no step reads), and m
-  // where β = 0.
-  std::vector<float> no_gap(gap_from == nullptr ? chunk_elements : 0);
+  // Zeros: the gap before the first update, one no step reads or one that
+  // cannot be read back, and m where β = 0.
+  const std::vector<float> no_gap(chunk_elements);
   std::vector<float> fresh_momentum(buffers.momentum.empty() ? chunk_elements
                                                              : 0);
-  // Other codecs: the last update decoded, and U before and after encoding.
+  // The last update's payload read back from its checkpoint; with other
+  // codecs, that payload decoded, and U before and after encoding.
+  std::string gap_bytes;
   std::vector<float> decoded_gap(!fp32 && gap_from != nullptr ? chunk_elements
                                                               : 0);
   std::vector<float> encoded_from(fp32 ? 0 : chunk_elements);
   std::vector<float> decoded(fp32 ? 0 : chunk_elements);
+  StepResult result;
   auto chunks = std::make_shared<UpdateChunks>();
   chunks->reserve(num_chunks_);
-  OuterStepStats step;
   double penalty_sum = 0;
   for (uint32_t i = 0; i < num_chunks_; ++i) {
     const common::Range r = common::ChunkRange(elements_, i);
-    const absl::Span<const float> mean =
-        absl::MakeConstSpan(closed.mean).subspan(r.begin, r.size());
-    absl::Span<const float> gap;
-    if (gap_from == nullptr) {
-      gap = absl::MakeConstSpan(no_gap).first(r.size());
-    } else if (fp32) {
-      gap = Fp32Floats((*gap_from)[i]->payload());
-    } else {
-      const absl::Span<float> out = absl::MakeSpan(decoded_gap).first(r.size());
-      common::Decode(codec_, (*gap_from)[i]->payload(), out);
-      gap = out;
+    std::vector<float>& mean = closed.mean[i];
+    absl::Span<const float> gap = absl::MakeConstSpan(no_gap).first(r.size());
+    if (gap_from != nullptr) {
+      absl::StatusOr<std::string_view> bytes = gap_from->Payload(i, &gap_bytes);
+      if (bytes.ok() &&
+          bytes->size() != common::EncodedSize(codec_, r.size())) {
+        bytes = absl::DataLossError(absl::StrCat(
+            "the last update's chunk ", i, " has ", bytes->size(),
+            " bytes, expected ", common::EncodedSize(codec_, r.size())));
+      }
+      if (!bytes.ok()) {
+        if (result.gap_error.ok()) result.gap_error = bytes.status();
+        ++result.unread_gap_chunks;
+      } else if (fp32) {
+        gap = Fp32Floats(*bytes);
+      } else {
+        const absl::Span<float> out =
+            absl::MakeSpan(decoded_gap).first(r.size());
+        common::Decode(codec_, *bytes, out);
+        gap = out;
+      }
     }
     absl::Span<float> momentum;
     if (buffers.momentum.empty()) {
@@ -135,8 +148,9 @@ std::shared_ptr<const UpdateChunks> ChunkedOuterStep::Run(
     absl::Span<float> update =
         fp32 ? Fp32Floats(payload)
              : absl::MakeSpan(encoded_from).first(r.size());
-    AddStats(OuterStep(outer_, mean, gap, momentum, update), r.size(), &step,
-             &penalty_sum);
+    AddStats(OuterStep(outer_, mean, gap, momentum, update), r.size(),
+             &result.stats, &penalty_sum);
+    std::vector<float>().swap(mean);
     if (!fp32) {
       common::Encode(codec_, update,
                      absl::MakeSpan(payload.data(), payload.size()));
@@ -148,11 +162,10 @@ std::shared_ptr<const UpdateChunks> ChunkedOuterStep::Run(
     chunks->push_back(
         Message(closed.round, i, closed.contributors, std::move(payload)));
   }
-  step.mean_penalty =
-      elements_ == 0 ? 1.0
-                     : penalty_sum / static_cast<double>(elements_);
-  *stats = step;
-  return chunks;
+  result.stats.mean_penalty =
+      elements_ == 0 ? 1.0 : penalty_sum / static_cast<double>(elements_);
+  result.update = std::move(chunks);
+  return result;
 }
 
 }  // namespace co2::server

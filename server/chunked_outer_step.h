@@ -17,9 +17,11 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/codec.h"
+#include "server/kept_update.h"
 #include "server/outer_optimizer.h"
 #include "server/round_state.h"
 #include "server/update_chunks.h"
@@ -34,6 +36,19 @@ struct OuterStepBuffers {
   absl::Span<float> anchor;  // A: the decoded update is added to it
   // m; empty with β = 0, where each step starts it from zero.
   absl::Span<float> momentum;
+};
+
+// What one step made.
+struct StepResult {
+  std::shared_ptr<const UpdateChunks> update;  // U, as the messages carrying it
+  OuterStepStats stats;
+  // Chunks whose gap could not be read back from the checkpoint that keeps
+  // the last update (an I/O error, or a file truncated under the shard):
+  // stepped with a zero gap, as the first round is, so that the step still
+  // runs whole; a step cannot stop halfway, A and m are changed chunk by
+  // chunk. `gap_error` is the first such error.
+  uint32_t unread_gap_chunks = 0;
+  absl::Status gap_error;
 };
 
 class ChunkedOuterStep {
@@ -53,13 +68,13 @@ class ChunkedOuterStep {
                                                  std::string payload) const;
 
   // The step of `closed`: U_{r+2}, encoded chunk by chunk, and its decoded
-  // bits added to the anchor. `last` is the encoded update of the last
-  // closed round (null before the first, or when none is kept): decoded, it
-  // is the gap (zeros without it). `stats` receives the step's.
-  std::shared_ptr<const UpdateChunks> Run(const ClosedRound& closed,
-                                          const UpdateChunks* last,
-                                          const OuterStepBuffers& buffers,
-                                          OuterStepStats* stats) const;
+  // bits added to the anchor. Each chunk of closed.mean is freed once its
+  // step has run, so the mean and U are not both whole at any time. `last`
+  // is the encoded update of the last closed round (null before the first,
+  // or when none is kept): decoded, it is the gap (zeros without it), read
+  // one chunk at a time.
+  StepResult Run(ClosedRound& closed, const KeptUpdate* last,
+                 const OuterStepBuffers& buffers) const;
 
  private:
   const OuterConfig outer_;

@@ -290,8 +290,8 @@ absl::Status JobShard::ContributeUnobserved(const std::string& worker,
   return absl::OkStatus();
 }
 
-std::vector<std::shared_ptr<const UpdateChunks>> JobShard::Subscribe(
-    std::weak_ptr<UpdateSink> sink, uint64_t from_round) {
+std::vector<KeptUpdate> JobShard::Subscribe(std::weak_ptr<UpdateSink> sink,
+                                            uint64_t from_round) {
   absl::MutexLock lock(&mu_);
   sinks_.Add(std::move(sink));
   return updates_.PublishedSince(from_round);
@@ -299,6 +299,7 @@ std::vector<std::shared_ptr<const UpdateChunks>> JobShard::Subscribe(
 
 int JobShard::Poll() {
   std::optional<v1::ShardCheckpointHeader> header;
+  std::shared_ptr<const StoredUpdate> stored;
   std::vector<std::function<void(absl::Status)>> durable;
   {
     absl::MutexLock lock(&mu_);
@@ -320,7 +321,8 @@ int JobShard::Poll() {
   }
   if (header.has_value()) {
     const absl::Time start = absl::Now();
-    const absl::Status written = WriteCheckpoint(*header);
+    absl::StatusOr<std::shared_ptr<const StoredUpdate>> written =
+        WriteCheckpoint(*header);
     absl::MutexLock lock(&mu_);
     if (!written.ok()) {
       // The update waits: releasing it before the state is durable could
@@ -329,10 +331,11 @@ int JobShard::Poll() {
       ++stats_.checkpoint_failures;
       checkpoint_retry_at_ = clock_->Now() + options_.checkpoint_retry;
       CO2_LOG(ERROR) << "job " << job_ << ": checkpoint of round "
-                     << rounds_closed_ - 1 << " failed, update held: "
-                     << written;
+                     << rounds_closed_ - 1
+                     << " failed, update held: " << written.status();
       return 0;
     }
+    stored = *std::move(written);
     ++stats_.checkpoints_written;
     stats_.last_checkpoint_duration = absl::Now() - start;
     if (options_.observer != nullptr) {
@@ -346,7 +349,7 @@ int JobShard::Poll() {
   std::vector<std::shared_ptr<UpdateSink>> sinks;
   {
     absl::MutexLock lock(&mu_);
-    published = updates_.Publish();
+    published = updates_.Publish(std::move(stored));
     sinks = sinks_.Live();
   }
   for (const auto& update : published) {
@@ -414,16 +417,25 @@ bool JobShard::CloseRoundLocked() {
   // max_staleness + 1 rounds of encoded updates exist at any time. The last
   // update is the gap of this step: with max_staleness = 0 the cache drops
   // it here, so it is held until the step has run.
-  const std::shared_ptr<const UpdateChunks> gap = updates_.Last();
+  const std::optional<KeptUpdate> gap = updates_.Last();
   updates_.MakeRoomForNext();
-  std::shared_ptr<const UpdateChunks> update = step_.Run(
-      *closed, gap.get(),
-      OuterStepBuffers{absl::MakeSpan(anchor_), absl::MakeSpan(momentum_)},
-      &stats_.last_step);
+  StepResult step = step_.Run(
+      *closed, gap.has_value() ? &*gap : nullptr,
+      OuterStepBuffers{absl::MakeSpan(anchor_), absl::MakeSpan(momentum_)});
+  stats_.last_step = step.stats;
+  if (step.unread_gap_chunks > 0) {
+    stats_.unread_gap_chunks += step.unread_gap_chunks;
+    CO2_LOG(ERROR) << "job " << job_ << ": round " << closed->round
+                   << " stepped " << step.unread_gap_chunks << " of "
+                   << step_.num_chunks()
+                   << " chunks with a zero gap, the last update could not "
+                      "be read back: "
+                   << step.gap_error;
+  }
   if (closed->quorum_close) ++stats_.quorum_closes;
   report_.RoundClosed(*closed, stats_.last_step, range_.size());
   ++rounds_closed_;
-  updates_.AddUnpublished(std::move(update));
+  updates_.AddUnpublished(std::move(step.update));
   snapshot_.Reset();
   return true;
 }

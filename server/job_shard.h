@@ -2,13 +2,15 @@
 // shard's slice of the anchor A, the outer momentum m (only with β != 0), the
 // RoundState with its accumulators, the membership with leases, and the
 // encoded updates of the last closed rounds (for workers that reconnect). The
-// last update, decoded, is the staleness gap g of the next step, read from
-// the cached update chunk by chunk (ChunkedOuterStep). Memory, in fp32
-// copies of the range: A, the cached updates (max_staleness + 1 rounds, in
-// the downlink codec: 1 each for fp32, 1/2 for bf16, about 1/4 for int8), an
+// last update, decoded, is the staleness gap g of the next step, read chunk
+// by chunk (ChunkedOuterStep). Memory, in fp32 copies of the range: A, an
 // accumulator per round that has chunks (one; two while workers are a round
-// apart), plus m with β != 0; and, while workers fetch it, one snapshot of A
-// that every fetch shares.
+// apart), m with β != 0, and the update of a closed round until its
+// checkpoint is durable and the streams have sent it: from then on it is kept
+// in its checkpoint (UpdateCache). Without checkpoints the cache keeps
+// max_staleness + 1 rounds of updates in memory (in the downlink codec: 1
+// each for fp32, 1/2 for bf16, about 1/4 for int8). While workers fetch it,
+// one snapshot of A that every fetch shares.
 //
 // The parts, each a unit under the shard's one mutex: ShardMembers (leases,
 // evictions), SeedState (who seeds A), RoundState, ChunkedOuterStep (the
@@ -29,7 +31,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -45,6 +46,7 @@
 #include "server/checkpoint_store.h"
 #include "server/chunked_outer_step.h"
 #include "server/contribution_payload.h"
+#include "server/kept_update.h"
 #include "server/outer_optimizer.h"
 #include "server/round_state.h"
 #include "server/seed_state.h"
@@ -100,6 +102,9 @@ struct JobShardStats {
   uint64_t reseeds = 0;           // state lost; anchor re-seeded by a worker
   uint64_t checkpoints_written = 0;
   uint64_t checkpoint_failures = 0;
+  // Chunks stepped with a zero gap: the last update could not be read back
+  // from its checkpoint (see StepResult).
+  uint64_t unread_gap_chunks = 0;
   absl::Duration last_checkpoint_duration;
   OuterStepStats last_step;
 };
@@ -171,9 +176,10 @@ class JobShard {
   absl::Status Contribute(const std::string& worker, const v1::Contribution& c)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Registers a sink and returns the cached updates of rounds >= from_round.
-  std::vector<std::shared_ptr<const UpdateChunks>> Subscribe(
-      std::weak_ptr<UpdateSink> sink, uint64_t from_round)
+  // Registers a sink and returns the cached updates of rounds >= from_round
+  // (those kept in a checkpoint are read chunk by chunk as they are sent).
+  std::vector<KeptUpdate> Subscribe(std::weak_ptr<UpdateSink> sink,
+                                    uint64_t from_round)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Expires leases and closes the open round if it can close; runs the outer
@@ -212,10 +218,11 @@ class JobShard {
                             const absl::Status& invalid)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes A, m and the last update. Runs without the lock: that state only
-  // changes in CloseRoundLocked, on the same (poller) thread.
-  absl::Status WriteCheckpoint(const v1::ShardCheckpointHeader& header)
-      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Writes A, m and the last update; returns the update as written. Runs
+  // without the lock: that state only changes in CloseRoundLocked and
+  // Publish, on the same (poller) thread.
+  absl::StatusOr<std::shared_ptr<const StoredUpdate>> WriteCheckpoint(
+      const v1::ShardCheckpointHeader& header) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   v1::ShardCheckpointHeader CheckpointHeaderLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -2,6 +2,7 @@
 // what a checkpoint of the live state holds. The rest of the class is in
 // job_shard.cc.
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -59,9 +60,8 @@ v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
   header.set_range_end(range_.end);
   header.set_rounds_closed(rounds_closed_);
   header.set_quorum_misses(restored_quorum_misses_ + rounds_.quorum_misses());
-  if (const std::shared_ptr<const UpdateChunks> update = updates_.Last();
-      update != nullptr && !update->empty()) {
-    header.set_update_contributors(update->front()->contributors());
+  if (const std::optional<KeptUpdate> update = updates_.Last()) {
+    header.set_update_contributors(update->contributors());
   }
   for (const auto& [worker, member] : members_.live()) {
     v1::CheckpointMember* m = header.add_members();
@@ -72,9 +72,11 @@ v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
   return header;
 }
 
-absl::Status JobShard::WriteCheckpoint(const v1::ShardCheckpointHeader& header) {
-  return WriteShardCheckpoint(*options_.checkpoints, header, anchor_,
-                              momentum_, updates_.Last().get());
+absl::StatusOr<std::shared_ptr<const StoredUpdate>> JobShard::WriteCheckpoint(
+    const v1::ShardCheckpointHeader& header) {
+  const std::optional<KeptUpdate> last = updates_.Last();
+  return WriteShardCheckpoint(*options_.checkpoints, header, anchor_, momentum_,
+                              last.has_value() ? &*last : nullptr);
 }
 
 }  // namespace co2::server

@@ -187,7 +187,7 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
   const common::Range range =
       common::ChunkRange(options_.shard_elements, chunk_index);
   const absl::Span<float> acc =
-      absl::MakeSpan(AccumulatorOf(slot)).subspan(range.begin, range.size());
+      absl::MakeSpan(AccumulatorOf(slot, chunk_index));
   double& sum = weight_sum_[slot][chunk_index];
   // Checked before anything is added: a float sum cannot be rolled back
   // exactly, and one Inf would poison the round for every worker.
@@ -209,9 +209,11 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
   return absl::OkStatus();
 }
 
-std::vector<float>& RoundState::AccumulatorOf(int slot) {
-  std::vector<float>& acc = acc_[slot];
-  if (acc.empty()) acc.assign(options_.shard_elements, 0.0f);
+std::vector<float>& RoundState::AccumulatorOf(int slot, uint32_t chunk_index) {
+  std::vector<std::vector<float>>& chunks = acc_[slot];
+  if (chunks.empty()) chunks.resize(num_chunks_);
+  std::vector<float>& acc = chunks[chunk_index];
+  if (acc.empty()) acc.assign(ChunkElements(chunk_index), 0.0f);
   return acc;
 }
 
@@ -247,12 +249,11 @@ std::optional<ClosedRound> RoundState::TryClose() {
 ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
                               bool quorum_close) {
   const int slot = Slot(open_);
-  std::vector<float>& acc = AccumulatorOf(slot);
   std::vector<double>& sums = weight_sum_[slot];
   for (uint32_t c = 0; c < num_chunks_; ++c) {
-    const common::Range range = common::ChunkRange(options_.shard_elements, c);
-    float* begin = acc.data() + range.begin;
-    float* end = acc.data() + range.end;
+    std::vector<float>& acc = AccumulatorOf(slot, c);
+    float* begin = acc.data();
+    float* end = acc.data() + acc.size();
     if (sums[c] > 0) {
       // Divides in double: Σ w may exceed fp32's range, and a quotient of
       // fp32 values rounded via double is the correctly rounded fp32 one
@@ -272,8 +273,8 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
   closed.contributors = contributors;
   closed.total_weight = total_weight;
   closed.quorum_close = quorum_close;
-  closed.mean = std::move(acc);
-  acc.clear();  // a moved-from vector is valid but unspecified
+  closed.mean = std::move(acc_[slot]);
+  acc_[slot].clear();  // a moved-from vector is valid but unspecified
 
   has_chunk_[slot] = false;
   ++open_;

@@ -1,10 +1,11 @@
 // The round state machine of one (job, shard): membership of the round,
 // streaming accumulation of contributions, and when a round may close.
-// Pure logic with an injectable clock and no I/O; it owns an accumulator for
-// each of the open round r and r + 1 that has a chunk (allocated at its first
-// chunk, handed to the caller when the round closes) and the per-chunk weight
-// sums, so its memory is at most two fp32 copies of the shard, whatever the
-// number of workers.
+// Pure logic with an injectable clock and no I/O; it owns the accumulators of
+// the open round r and of r + 1, one per chunk (allocated at the chunk's
+// first contribution, handed to the caller when the round closes, so that
+// the caller can free them one by one), and the per-chunk weight sums: its
+// memory is at most two fp32 copies of the shard, whatever the number of
+// workers.
 //
 // Rules (design.md §3, §5, §9):
 //  - Accepted rounds are r − 1, r and r + 1 (r = open round). A chunk of r − 1
@@ -56,9 +57,10 @@ struct ClosedRound {
   uint32_t contributors = 0;  // workers with a complete contribution
   double total_weight = 0;    // Σ weights of those complete contributions
   bool quorum_close = false;  // closed at the deadline, not by completeness
-  // D_r, the weighted mean: the round's accumulator, divided in place and
-  // handed over, so it is freed as soon as the caller is done with it.
-  std::vector<float> mean;
+  // D_r, the weighted mean, chunk by chunk (mean[c] covers
+  // common::ChunkRange(n, c)): the round's accumulators, divided in place and
+  // handed over, so that each is freed as soon as the caller is done with it.
+  std::vector<std::vector<float>> mean;
 };
 
 class RoundState {
@@ -154,8 +156,9 @@ class RoundState {
 
   // Accumulator slot of a round: rounds alternate between the two slots.
   static int Slot(uint64_t round) { return static_cast<int>(round & 1); }
-  // The accumulator of `slot`, allocated (zeroed) if the slot has none.
-  std::vector<float>& AccumulatorOf(int slot);
+  // The accumulator of chunk `chunk_index` in `slot`, allocated (zeroed) if
+  // the chunk has none.
+  std::vector<float>& AccumulatorOf(int slot, uint32_t chunk_index);
   // acc[slot][chunk c] += w · decode(payload).
   // INVALID_ARGUMENT, with nothing added, if a sum would overflow fp32.
   absl::Status Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
@@ -170,9 +173,10 @@ class RoundState {
   const uint32_t num_chunks_;
 
   uint64_t open_ = 0;
-  // Σ w·Δ per element, for rounds with Slot(round) == i; empty until the
-  // round's first chunk, and again once Close handed it over.
-  std::array<std::vector<float>, 2> acc_;
+  // Σ w·Δ per element, chunk by chunk, for rounds with Slot(round) == i; a
+  // chunk's is empty until its first contribution, and all are again once
+  // Close handed them over.
+  std::array<std::vector<std::vector<float>>, 2> acc_;
   std::array<std::vector<double>, 2> weight_sum_;   // Σ w per chunk
   std::array<bool, 2> has_chunk_ = {false, false};  // a chunk of that round
   std::optional<absl::Time> deadline_;              // of the open round

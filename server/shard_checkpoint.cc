@@ -39,11 +39,10 @@ class ZeroFloats {
 
 }  // namespace
 
-absl::Status WriteShardCheckpoint(const CheckpointStore& store,
-                                  const v1::ShardCheckpointHeader& header,
-                                  absl::Span<const float> anchor,
-                                  absl::Span<const float> momentum,
-                                  const UpdateChunks* last_update) {
+absl::StatusOr<std::shared_ptr<const StoredUpdate>> WriteShardCheckpoint(
+    const CheckpointStore& store, const v1::ShardCheckpointHeader& header,
+    absl::Span<const float> anchor, absl::Span<const float> momentum,
+    const KeptUpdate* last_update) {
   CheckpointView view;
   view.header = &header;
   view.anchor = anchor;
@@ -53,11 +52,7 @@ absl::Status WriteShardCheckpoint(const CheckpointStore& store,
         "cannot map ", anchor.size(), " zero floats for the momentum"));
   }
   view.momentum = momentum.empty() ? zeros.span() : momentum;
-  if (last_update != nullptr) {
-    for (const auto& chunk : *last_update) {
-      view.update_chunks.push_back(&chunk->payload());
-    }
-  }
+  view.update = last_update;
   return store.Write(view);
 }
 

@@ -20,6 +20,8 @@
 #include "common/layout.h"
 #include "server/checkpoint_store.h"
 #include "server/chunked_outer_step.h"
+#include "server/kept_update.h"
+#include "server/stored_update.h"
 #include "server/update_chunks.h"
 
 namespace co2::server {
@@ -27,12 +29,12 @@ namespace co2::server {
 // Writes `header` with A, m and the last update (none before the first
 // round closed). An empty `momentum` (β = 0 keeps none) is written as zeros
 // that cost no memory. RESOURCE_EXHAUSTED if those cannot be mapped; else
-// what CheckpointStore::Write returns.
-absl::Status WriteShardCheckpoint(const CheckpointStore& store,
-                                  const v1::ShardCheckpointHeader& header,
-                                  absl::Span<const float> anchor,
-                                  absl::Span<const float> momentum,
-                                  const UpdateChunks* last_update);
+// what CheckpointStore::Write returns: the update as written, readable
+// from the file.
+absl::StatusOr<std::shared_ptr<const StoredUpdate>> WriteShardCheckpoint(
+    const CheckpointStore& store, const v1::ShardCheckpointHeader& header,
+    absl::Span<const float> anchor, absl::Span<const float> momentum,
+    const KeptUpdate* last_update);
 
 // DATA_LOSS "checkpoint of job "<job>": <what>".
 absl::Status CheckpointDataLoss(const std::string& job,

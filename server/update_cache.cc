@@ -3,45 +3,46 @@
 #include <utility>
 
 namespace co2::server {
-namespace {
-
-uint64_t RoundOf(const UpdateChunks& update) { return update[0]->round(); }
-
-}  // namespace
 
 void UpdateCache::AddUnpublished(std::shared_ptr<const UpdateChunks> update) {
-  unpublished_.push_back(std::move(update));
+  unpublished_.emplace_back(std::move(update));
 }
 
 void UpdateCache::AddPublished(std::shared_ptr<const UpdateChunks> update) {
-  published_.push_back(std::move(update));
+  published_.emplace_back(std::move(update));
 }
 
-std::vector<std::shared_ptr<const UpdateChunks>> UpdateCache::Publish() {
+std::vector<std::shared_ptr<const UpdateChunks>> UpdateCache::Publish(
+    std::shared_ptr<const StoredUpdate> stored) {
   std::vector<std::shared_ptr<const UpdateChunks>> released;
-  released.swap(unpublished_);
-  for (const auto& update : released) published_.push_back(update);
+  for (KeptUpdate& update : unpublished_) {
+    released.push_back(update.chunks());  // unpublished: in memory
+    published_.push_back(std::move(update));
+  }
+  unpublished_.clear();
   Trim(replay_rounds_);
+  if (stored != nullptr && !published_.empty()) {
+    published_.back().Store(std::move(stored));
+  }
   return released;
 }
 
-std::shared_ptr<const UpdateChunks> UpdateCache::Last() const {
+std::optional<KeptUpdate> UpdateCache::Last() const {
   if (!unpublished_.empty()) return unpublished_.back();
   if (!published_.empty()) return published_.back();
-  return nullptr;
-}
-
-std::optional<uint64_t> UpdateCache::OldestRound() const {
-  if (!published_.empty()) return RoundOf(*published_.front());
-  if (!unpublished_.empty()) return RoundOf(*unpublished_.front());
   return std::nullopt;
 }
 
-std::vector<std::shared_ptr<const UpdateChunks>> UpdateCache::PublishedSince(
-    uint64_t from_round) const {
-  std::vector<std::shared_ptr<const UpdateChunks>> since;
-  for (const auto& update : published_) {
-    if (RoundOf(*update) >= from_round) since.push_back(update);
+std::optional<uint64_t> UpdateCache::OldestRound() const {
+  if (!published_.empty()) return published_.front().round();
+  if (!unpublished_.empty()) return unpublished_.front().round();
+  return std::nullopt;
+}
+
+std::vector<KeptUpdate> UpdateCache::PublishedSince(uint64_t from_round) const {
+  std::vector<KeptUpdate> since;
+  for (const KeptUpdate& update : published_) {
+    if (update.round() >= from_round) since.push_back(update);
   }
   return since;
 }

@@ -8,6 +8,11 @@
 // updates, published and unpublished together, dropping the oldest
 // published one first. An unpublished update is never dropped.
 //
+// An unpublished update is in memory. Once published, the update a durable
+// checkpoint holds is kept in that checkpoint instead (KeptUpdate::Store):
+// the streams sending it hold its messages until they are sent, and the
+// cache only holds the file. Without checkpoints updates stay in memory.
+//
 // Not thread-safe: the owner serialises calls (server::JobShard holds a
 // mutex). The updates themselves are immutable and shared.
 #ifndef CO2_SERVER_UPDATE_CACHE_H_
@@ -19,6 +24,8 @@
 #include <optional>
 #include <vector>
 
+#include "server/kept_update.h"
+#include "server/stored_update.h"
 #include "server/update_chunks.h"
 
 namespace co2::server {
@@ -39,18 +46,20 @@ class UpdateCache {
   // The update of a restored shard's last closed round: already published.
   void AddPublished(std::shared_ptr<const UpdateChunks> update);
   // Their checkpoint is durable: the unpublished updates become published
-  // (the oldest beyond replay_rounds dropped). Returns them, oldest first.
-  std::vector<std::shared_ptr<const UpdateChunks>> Publish();
+  // (the oldest beyond replay_rounds dropped). Returns them, oldest first,
+  // for the streams. `stored`, when not null, is the last update as that
+  // checkpoint wrote it: from now on the cache keeps it there.
+  std::vector<std::shared_ptr<const UpdateChunks>> Publish(
+      std::shared_ptr<const StoredUpdate> stored);
 
   bool has_unpublished() const { return !unpublished_.empty(); }
-  // The update of the last closed round, published or not; null if none.
-  // Shared, so that it outlives MakeRoomForNext while it is the next gap.
-  std::shared_ptr<const UpdateChunks> Last() const;
+  // The update of the last closed round, published or not; nullopt if none.
+  // A copy, so that it outlives MakeRoomForNext while it is the next gap.
+  std::optional<KeptUpdate> Last() const;
   // The round of the oldest update held; nullopt if none.
   std::optional<uint64_t> OldestRound() const;
   // The published updates of rounds >= from_round, oldest first.
-  std::vector<std::shared_ptr<const UpdateChunks>> PublishedSince(
-      uint64_t from_round) const;
+  std::vector<KeptUpdate> PublishedSince(uint64_t from_round) const;
 
  private:
   // Drops the oldest published updates until `keep` rounds of updates
@@ -58,8 +67,8 @@ class UpdateCache {
   void Trim(size_t keep);
 
   const size_t replay_rounds_;
-  std::vector<std::shared_ptr<const UpdateChunks>> published_;
-  std::vector<std::shared_ptr<const UpdateChunks>> unpublished_;
+  std::vector<KeptUpdate> published_;
+  std::vector<KeptUpdate> unpublished_;
 };
 
 }  // namespace co2::server

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +25,7 @@ struct Fixture {
   v1::ShardCheckpointHeader header;
   std::vector<float> anchor, momentum;
   std::vector<std::string> update;
+  std::optional<KeptUpdate> kept;  // `update` as a shard keeps it
 
   Fixture() {
     header.set_job("job/with spaces");
@@ -37,7 +40,19 @@ struct Fixture {
       anchor.push_back(j * 0.5f);
       momentum.push_back(-1.0f * j);
     }
-    update = {std::string(1000, 'u')};
+    SetUpdate({std::string(1000, 'u'), std::string(24, 'v')});
+  }
+
+  void SetUpdate(std::vector<std::string> chunks) {
+    update = std::move(chunks);
+    auto messages = std::make_shared<UpdateChunks>();
+    for (const std::string& payload : update) {
+      auto message = std::make_shared<v1::OuterUpdate>();
+      message->set_round(6);
+      message->set_payload(payload);
+      messages->push_back(std::move(message));
+    }
+    kept.emplace(std::move(messages));
   }
 
   CheckpointView View() const {
@@ -45,7 +60,7 @@ struct Fixture {
     view.header = &header;
     view.anchor = anchor;
     view.momentum = momentum;
-    for (const auto& chunk : update) view.update_chunks.push_back(&chunk);
+    view.update = &*kept;
     return view;
   }
 };
@@ -82,6 +97,52 @@ TEST(CheckpointStoreTest, RewriteReplacesAtomically) {
   EXPECT_EQ(loaded->anchor[0], 42.0f);
   EXPECT_NE(access((store.PathFor(f.header.job(), 1, 2) + ".tmp").c_str(), F_OK), 0)
       << "temporary file left behind";
+}
+
+TEST(CheckpointStoreTest, WriteReturnsTheUpdateReadableAfterTheFileIsReplaced) {
+  CheckpointStore store(TempDir());
+  Fixture f;
+  auto stored = store.Write(f.View());
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  ASSERT_NE(*stored, nullptr);
+  f.header.set_rounds_closed(8);
+  f.SetUpdate({std::string(1000, 'n'), std::string(24, 'w')});
+  auto next = store.Write(f.View());
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ((*stored)->num_chunks(), 2u);
+  std::string chunk;
+  ASSERT_TRUE((*stored)->Read(1, &chunk).ok());
+  EXPECT_EQ(chunk, std::string(24, 'v')) << "the replaced file's update";
+  ASSERT_TRUE((*next)->Read(0, &chunk).ok());
+  EXPECT_EQ(chunk, std::string(1000, 'n'));
+}
+
+TEST(CheckpointStoreTest, AnUpdateKeptInAnEarlierCheckpointIsWrittenAgain) {
+  CheckpointStore store(TempDir());
+  Fixture f;
+  auto stored = store.Write(f.View());
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  f.kept->Store(*stored);         // as the shard does once the update is sent
+  f.header.set_quorum_misses(3);  // membership changed: written again
+  auto again = store.Write(f.View());
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto loaded = CheckpointStore::Load(store.PathFor(f.header.job(), 1, 2));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->header.quorum_misses(), 3u);
+  EXPECT_EQ(loaded->update_chunks, f.update);
+}
+
+TEST(CheckpointStoreTest, WithoutAnUpdateThereIsNothingToReadBack) {
+  CheckpointStore store(TempDir());
+  Fixture f;
+  CheckpointView view = f.View();
+  view.update = nullptr;
+  auto stored = store.Write(view);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, nullptr);
+  auto loaded = CheckpointStore::Load(store.PathFor(f.header.job(), 1, 2));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(loaded->update_chunks.empty());
 }
 
 class CorruptionTest : public testing::TestWithParam<int> {};
@@ -137,7 +198,7 @@ TEST(CheckpointStoreTest, UnwritableDirectoryIsAnErrorNamingThePath) {
   { std::ofstream(dir) << "x"; }  // a file where the directory should be
   CheckpointStore store(dir);
   Fixture f;
-  const absl::Status s = store.Write(f.View());
+  const absl::Status s = store.Write(f.View()).status();
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find(dir), std::string::npos) << s;
 }
@@ -154,7 +215,7 @@ TEST(CheckpointStoreTest, FullDiskIsResourceExhaustedAndKeepsTheOldFile) {
   small.header.set_range_end(small.header.range_begin() + 1000);
   ASSERT_TRUE(store.Write(small.View()).ok());
   Fixture big;  // ~37 KB: more than the 16 KiB disk holds
-  const absl::Status s = store.Write(big.View());
+  const absl::Status s = store.Write(big.View()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   auto kept = CheckpointStore::Load(store.PathFor(small.header.job(), 1, 2));
   EXPECT_TRUE(kept.ok()) << kept.status();

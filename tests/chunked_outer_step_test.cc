@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "common/job_config.h"
 #include "common/layout.h"
 #include "gtest/gtest.h"
+#include "tests/stored_chunks.h"
 
 namespace co2::server {
 namespace {
@@ -78,16 +80,34 @@ TEST(ChunkedOuterStepTest, MessagesNameTheRoundTheyMakeAndTheChunk) {
   EXPECT_EQ(m->payload(), "bytes");
 }
 
+// `flat` cut into its chunks, as a closed round hands its mean over.
+std::vector<std::vector<float>> InChunks(const std::vector<float>& flat) {
+  std::vector<std::vector<float>> chunks;
+  for (uint32_t c = 0; c < common::NumChunks(flat.size()); ++c) {
+    const common::Range r = common::ChunkRange(flat.size(), c);
+    chunks.emplace_back(flat.begin() + r.begin, flat.begin() + r.end);
+  }
+  return chunks;
+}
+
+// The payloads of `chunks`, kept in a file as a checkpoint keeps them.
+std::shared_ptr<const StoredUpdate> Stored(const UpdateChunks& chunks) {
+  std::vector<std::string> payloads;
+  for (const auto& chunk : chunks) payloads.push_back(chunk->payload());
+  return StoreChunks(payloads);
+}
+
 // Chunk by chunk, with m kept only for β != 0 and the gap decoded from the
-// last update's payload, the step must be bit for bit the step on the whole
-// range (whose gap is the last update as the workers decoded it) followed by
-// what the workers decode. Parameters: β, codec, momentum, penalty.
+// last update's payload (in memory, or read back from its checkpoint), the
+// step must be bit for bit the step on the whole range (whose gap is the last
+// update as the workers decoded it) followed by what the workers decode.
+// Parameters: β, codec, momentum, penalty, last update stored.
 class ChunkedOuterStepRunTest
     : public testing::TestWithParam<
-          std::tuple<float, v1::Codec, v1::Momentum, v1::GapPenalty>> {};
+          std::tuple<float, v1::Codec, v1::Momentum, v1::GapPenalty, bool>> {};
 
 TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
-  const auto [beta, downlink, kind, penalty] = GetParam();
+  const auto [beta, downlink, kind, penalty, stored] = GetParam();
   const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks, 1 short
   const v1::JobConfig config = StepConfig(n, beta, downlink, kind, penalty);
   const common::Codec codec = common::Codec(downlink);
@@ -96,30 +116,36 @@ TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
   // The reference state.
   std::vector<float> ref_anchor(n, 1.0f), ref_m(n, 0.0f), gap(n, 0.0f),
       update(n);
-  std::shared_ptr<const UpdateChunks> last;
+  std::optional<KeptUpdate> last;
   for (uint64_t r = 0; r < 3; ++r) {
     ClosedRound closed;
     closed.round = r;
     closed.contributors = 2;
-    closed.mean.resize(n);
+    std::vector<float> mean(n);
     for (size_t i = 0; i < n; ++i) {
-      closed.mean[i] = std::sin(0.001f * static_cast<float>(i) +
-                                static_cast<float>(r)) *
-                       static_cast<float>(1 + i % 5);
+      mean[i] =
+          std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r)) *
+          static_cast<float>(1 + i % 5);
     }
-    OuterStepStats stats;
-    last = step.Run(closed, last.get(),
-                    OuterStepBuffers{absl::MakeSpan(anchor),
-                                     absl::MakeSpan(momentum)},
-                    &stats);
-    OuterStepStats ref_stats = OuterStep(OuterConfigOf(config), closed.mean,
-                                         gap, absl::MakeSpan(ref_m),
-                                         absl::MakeSpan(update));
+    closed.mean = InChunks(mean);
+    const StepResult result = step.Run(
+        closed, last.has_value() ? &*last : nullptr,
+        OuterStepBuffers{absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
+    EXPECT_TRUE(result.gap_error.ok()) << result.gap_error;
+    EXPECT_EQ(result.unread_gap_chunks, 0u);
+    const OuterStepStats& stats = result.stats;
+    const UpdateChunks& chunks = *result.update;
+    for (const std::vector<float>& chunk : closed.mean) {
+      EXPECT_TRUE(chunk.empty()) << "the mean's chunks are freed as they go";
+    }
+    OuterStepStats ref_stats =
+        OuterStep(OuterConfigOf(config), mean, gap, absl::MakeSpan(ref_m),
+                  absl::MakeSpan(update));
     EXPECT_EQ(stats.clipped, ref_stats.clipped);
     EXPECT_NEAR(stats.momentum_norm_sq, ref_stats.momentum_norm_sq,
                 1e-9 * ref_stats.momentum_norm_sq);
     EXPECT_NEAR(stats.mean_penalty, ref_stats.mean_penalty, 1e-9);
-    ASSERT_EQ(last->size(), 3u);
+    ASSERT_EQ(chunks.size(), 3u);
     for (uint32_t c = 0; c < 3; ++c) {
       const common::Range range = common::ChunkRange(n, c);
       std::string bytes(common::EncodedSize(codec, range.size()), '\0');
@@ -127,9 +153,9 @@ TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
                      absl::MakeConstSpan(update).subspan(range.begin,
                                                          range.size()),
                      absl::MakeSpan(bytes.data(), bytes.size()));
-      EXPECT_EQ((*last)[c]->payload(), bytes) << "round " << r << " chunk " << c;
-      EXPECT_EQ((*last)[c]->round(), r);
-      EXPECT_EQ((*last)[c]->chunk_index(), c);
+      EXPECT_EQ(chunks[c]->payload(), bytes) << "round " << r << " chunk " << c;
+      EXPECT_EQ(chunks[c]->round(), r);
+      EXPECT_EQ(chunks[c]->chunk_index(), c);
       common::Decode(codec, bytes,
                      absl::MakeSpan(gap).subspan(range.begin, range.size()));
     }
@@ -138,18 +164,71 @@ TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
               0)
         << "round " << r;
     if (beta == 0) std::fill(ref_m.begin(), ref_m.end(), 0.0f);
+    last.emplace(result.update);
+    if (stored) last->Store(Stored(chunks));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     BetaDownlinkMomentumAndPenalty, ChunkedOuterStepRunTest,
-    testing::Combine(testing::Values(0.0f, 0.9f),
-                     testing::Values(v1::CODEC_FP32, v1::CODEC_BF16,
-                                     v1::CODEC_INT8),
-                     testing::Values(v1::MOMENTUM_HEAVY_BALL,
-                                     v1::MOMENTUM_NESTEROV),
-                     testing::Values(v1::GAP_PENALTY_GAP_AWARE,
-                                     v1::GAP_PENALTY_NONE)));
+    testing::Combine(
+        testing::Values(0.0f, 0.9f),
+        testing::Values(v1::CODEC_FP32, v1::CODEC_BF16, v1::CODEC_INT8),
+        testing::Values(v1::MOMENTUM_HEAVY_BALL, v1::MOMENTUM_NESTEROV),
+        testing::Values(v1::GAP_PENALTY_GAP_AWARE, v1::GAP_PENALTY_NONE),
+        testing::Bool()));
+
+// A gap chunk that cannot be read back from its checkpoint (here the file was
+// truncated under the shard) is taken as zero; the step still runs whole, as
+// the step with that chunk of the last update all zeros, and says why.
+TEST(ChunkedOuterStepTest, AGapChunkThatCannotBeReadBackIsZero) {
+  const size_t n = 2 * common::kChunkElements + 1000;
+  const ChunkedOuterStep step(StepConfig(n, 0.9f, v1::CODEC_FP32), n);
+  ClosedRound closed;
+  closed.contributors = 2;
+  std::vector<float> mean(n);
+  for (size_t i = 0; i < n; ++i) mean[i] = std::cos(0.01f * i);
+  closed.mean = InChunks(mean);
+  std::vector<float> anchor(n, 1.0f), momentum(n, 0.0f);
+  const StepResult first = step.Run(
+      closed, nullptr, {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
+
+  // The reference: the same last update with chunk 2 zeroed, in memory.
+  auto zeroed = std::make_shared<UpdateChunks>(*first.update);
+  (*zeroed)[2] =
+      step.Message(0, 2, 2, std::string((*zeroed)[2]->payload().size(), '\0'));
+  std::vector<float> ref_anchor = anchor, ref_momentum = momentum;
+  const KeptUpdate ref_last(zeroed);
+  closed.round = 1;
+  closed.mean = InChunks(mean);
+  const StepResult ref =
+      step.Run(closed, &ref_last,
+               {absl::MakeSpan(ref_anchor), absl::MakeSpan(ref_momentum)});
+
+  std::vector<std::string> payloads;
+  for (const auto& chunk : *first.update) payloads.push_back(chunk->payload());
+  std::string path;
+  KeptUpdate last(first.update);
+  last.Store(StoreChunks(payloads, &path, /*keep_file=*/true));
+  const size_t chunk2 =
+      sizeof(kStoredPrefix) - 1 + payloads[0].size() + payloads[1].size();
+  ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(chunk2 + 100)), 0);
+  closed.mean = InChunks(mean);
+  const StepResult result = step.Run(
+      closed, &last, {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
+  EXPECT_EQ(result.unread_gap_chunks, 1u);
+  EXPECT_EQ(result.gap_error.code(), absl::StatusCode::kDataLoss)
+      << result.gap_error;
+  EXPECT_NE(result.gap_error.message().find(path), std::string::npos)
+      << result.gap_error;
+  EXPECT_EQ(anchor, ref_anchor);
+  EXPECT_EQ(momentum, ref_momentum);
+  for (uint32_t c = 0; c < 3; ++c) {
+    EXPECT_EQ((*result.update)[c]->payload(), (*ref.update)[c]->payload())
+        << "chunk " << c;
+  }
+  ::unlink(path.c_str());
+}
 
 }  // namespace
 }  // namespace co2::server

@@ -128,6 +128,70 @@ v1::JobConfig MomentumConfig() {
   return c;
 }
 
+// Holds the updates it is sent only weakly, as a stream does once it has
+// written them, and copies their payloads.
+class SendingSink : public UpdateSink {
+ public:
+  void Send(std::shared_ptr<const UpdateChunks> update) override {
+    sent.push_back(update);
+    payloads.push_back((*update)[0]->payload());
+  }
+  std::vector<std::weak_ptr<const UpdateChunks>> sent;
+  std::vector<std::string> payloads;
+};
+
+// Runs three rounds with or without checkpoints; `sink` saw them.
+std::unique_ptr<JobShard> ThreeRounds(const CheckpointStore* store,
+                                      std::shared_ptr<SendingSink> sink,
+                                      common::FakeClock* clock) {
+  JobShardOptions options;
+  options.checkpoints = store;
+  auto shard = *JobShard::Create("job", MomentumConfig(), options, clock);
+  for (const char* w : {"a", "b"}) {
+    EXPECT_TRUE(shard->Join(w, MomentumConfig(), common::Codec::kFp32).ok());
+  }
+  EXPECT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1.5f)).ok());
+  shard->Subscribe(sink, 0);
+  RunRounds(*shard, 0, 3);
+  return shard;
+}
+
+TEST(JobShardCheckpointTest, ASentUpdateIsKeptInItsCheckpointNotInMemory) {
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  auto sink = std::make_shared<SendingSink>();
+  auto shard = ThreeRounds(&store, sink, &clock);
+  ASSERT_EQ(sink->sent.size(), 3u);
+  for (size_t r = 0; r < 3; ++r) {
+    EXPECT_TRUE(sink->sent[r].expired()) << "round " << r << " still in memory";
+  }
+  // A reconnecting worker is replayed the last max_staleness + 1 rounds,
+  // read back from their checkpoints: the bytes it would have been sent.
+  const std::vector<KeptUpdate> replay =
+      shard->Subscribe(std::make_shared<SendingSink>(), 0);
+  ASSERT_EQ(replay.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(replay[i].chunks(), nullptr) << "round " << i + 1;
+    auto chunk = replay[i].Chunk(0);
+    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    EXPECT_EQ((*chunk)->round(), i + 1);
+    EXPECT_EQ((*chunk)->contributors(), 2u);
+    EXPECT_EQ((*chunk)->anchor_round(), i + 3);
+    EXPECT_EQ((*chunk)->payload(), sink->payloads[i + 1]) << "round " << i + 1;
+  }
+  EXPECT_EQ(shard->stats().unread_gap_chunks, 0u);
+}
+
+TEST(JobShardCheckpointTest, WithoutCheckpointsTheReplayRoundsStayInMemory) {
+  common::FakeClock clock;
+  auto sink = std::make_shared<SendingSink>();
+  auto shard = ThreeRounds(nullptr, sink, &clock);
+  ASSERT_EQ(sink->sent.size(), 3u);
+  EXPECT_TRUE(sink->sent[0].expired());
+  EXPECT_FALSE(sink->sent[1].expired());
+  EXPECT_FALSE(sink->sent[2].expired());
+}
+
 TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
   common::FakeClock clock;
   CheckpointStore store(TempDir());
@@ -154,7 +218,7 @@ TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
   auto sink = std::make_shared<RecordingSink>();
   auto replay = shard.Subscribe(sink, 2);
   ASSERT_EQ(replay.size(), 1u);
-  EXPECT_EQ((*replay[0])[0]->round(), 2u);
+  EXPECT_EQ(replay[0].round(), 2u);
   // Workers rejoin where they were and continue.
   for (const char* w : {"a", "b"}) {
     ASSERT_TRUE(shard.Join(w, MomentumConfig(), common::Codec::kFp32, 3).ok());

@@ -24,6 +24,15 @@
 namespace co2::server {
 namespace {
 
+// A closed round's mean as one vector, its chunks back to back.
+std::vector<float> Flat(const ClosedRound& closed) {
+  std::vector<float> flat;
+  for (const std::vector<float>& chunk : closed.mean) {
+    flat.insert(flat.end(), chunk.begin(), chunk.end());
+  }
+  return flat;
+}
+
 using common::Codec;
 using common::kChunkElements;
 using ::testing::HasSubstr;
@@ -114,9 +123,13 @@ TEST_P(RankMeanTest, MeanOfRanksIsHalfOfNMinusOne) {
   EXPECT_EQ(closed->contributors, static_cast<uint32_t>(num_workers));
   EXPECT_EQ(closed->total_weight, num_workers);
   EXPECT_FALSE(closed->quorum_close);
-  ASSERT_EQ(closed->mean.size(), n);
+  ASSERT_EQ(closed->mean.size(), common::NumChunks(n));
+  for (uint32_t c = 0; c < closed->mean.size(); ++c) {
+    EXPECT_EQ(closed->mean[c].size(), common::ChunkRange(n, c).size());
+  }
+  ASSERT_EQ(Flat(*closed).size(), n);
   const float half = (num_workers - 1) / 2.0f;
-  ExpectMean(closed->mean,
+  ExpectMean(Flat(*closed),
              [half](size_t i) { return half + static_cast<float>(i % 7); });
   EXPECT_EQ(state_->open_round(), 1u);
   EXPECT_FALSE(state_->TryClose().has_value());
@@ -177,10 +190,11 @@ TEST_F(RoundStateTest, EveryArrivalOrderGivesTheSameMean) {
     EXPECT_EQ(closed->total_weight, 7.0);
     // Σ w·Δ / Σ w with integer terms: the correctly rounded quotient.
     const uint64_t r = round;
-    for (size_t i = 0; i < closed->mean.size(); ++i) {
+    const std::vector<float> mean = Flat(*closed);
+    for (size_t i = 0; i < mean.size(); ++i) {
       float sum = 0;
       for (int k = 0; k < 3; ++k) sum += weights[k] * delta(k, r)(i);
-      ASSERT_EQ(closed->mean[i], sum / 7.0f) << "round " << r << ", i " << i;
+      ASSERT_EQ(mean[i], sum / 7.0f) << "round " << r << ", i " << i;
     }
     ++round;
   } while (std::next_permutation(order.begin(), order.end()));
@@ -211,7 +225,7 @@ TEST_F(RoundStateTest, DuplicatesAreNotCounted) {
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->contributors, 2u);
-  ExpectMean(closed->mean, Constant(2));
+  ExpectMean(Flat(*closed), Constant(2));
 
   // After close: a resend of a counted round-0 chunk is still a duplicate,
   // not a late chunk to fold.
@@ -225,7 +239,7 @@ TEST_F(RoundStateTest, DuplicatesAreNotCounted) {
   closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->round, 1u);
-  ExpectMean(closed->mean, Constant(4));
+  ExpectMean(Flat(*closed), Constant(4));
 }
 
 // Close hands the accumulator over: the mean is the caller's, untouched by
@@ -240,12 +254,12 @@ TEST_F(RoundStateTest, ClosedRoundOwnsItsMean) {
   std::optional<ClosedRound> second = state_->TryClose();
   ASSERT_TRUE(second.has_value());
   SendAll("a", 2, Constant(7));
-  ExpectMean(first->mean, Constant(3));
-  ExpectMean(second->mean, Constant(5));
+  ExpectMean(Flat(*first), Constant(3));
+  ExpectMean(Flat(*second), Constant(5));
   std::optional<ClosedRound> third = state_->TryClose();
   ASSERT_TRUE(third.has_value());
   EXPECT_EQ(third->round, 2u);
-  ExpectMean(third->mean, Constant(7));
+  ExpectMean(Flat(*third), Constant(7));
 }
 
 TEST_F(RoundStateTest, ResendOfFoldedChunkIsDuplicate) {
@@ -268,7 +282,7 @@ TEST_F(RoundStateTest, ResendOfFoldedChunkIsDuplicate) {
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   // Chunk 1 holds a, b and the folded 7 once: (1 + 1 + 7) / 3.
-  ExpectMean(closed->mean,
+  ExpectMean(Flat(*closed),
              [](size_t i) { return i < kChunkElements ? 1.0f : 3.0f; });
 }
 
@@ -287,7 +301,7 @@ TEST_F(RoundStateTest, RejoinKeepsDuplicateDetection) {
   SendAll("b", 0, Constant(3));
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
-  ExpectMean(closed->mean, Constant(2));
+  ExpectMean(Flat(*closed), Constant(2));
 }
 
 // --- Stragglers and weights. ---
@@ -305,7 +319,7 @@ TEST_F(RoundStateTest, LateChunkIsFoldedIntoNextRoundWithItsWeight) {
   EXPECT_EQ(closed->contributors, 1u);
   EXPECT_EQ(closed->total_weight, 1.0);
   // Chunk 0: (1·1 + 3·4) / 4; chunk 1: a alone.
-  ExpectMean(closed->mean,
+  ExpectMean(Flat(*closed),
              [](size_t i) { return i < kChunkElements ? 13.0f / 4 : 1.0f; });
 
   // b's chunk 1 of round 0 arrives during round 1: folded, weight 3.
@@ -326,7 +340,7 @@ TEST_F(RoundStateTest, LateChunkIsFoldedIntoNextRoundWithItsWeight) {
   EXPECT_EQ(closed->contributors, 2u);  // the folded chunk is no contribution
   EXPECT_EQ(closed->total_weight, 2.0);
   // Chunk 0: (1·2 + 1·0) / 2; chunk 1: (1·2 + 1·0 + 3·8) / 5.
-  ExpectMean(closed->mean,
+  ExpectMean(Flat(*closed),
              [](size_t i) { return i < kChunkElements ? 1.0f : 26.0f / 5; });
 }
 
@@ -342,7 +356,7 @@ TEST_F(RoundStateTest, WeightedMeanWithUnequalWeights) {
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->total_weight, 8.0);
-  ExpectMean(closed->mean, [](size_t i) {
+  ExpectMean(Flat(*closed), [](size_t i) {
     return (3.0f * 4 + 4.0f * static_cast<float>(i)) / 8.0f;
   });
 }
@@ -355,14 +369,14 @@ TEST_F(RoundStateTest, WeightsAtTheFp32LimitsGiveAFiniteMean) {
   SendAll("b", 0, Constant(2), FLT_MIN);
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
-  ExpectMean(closed->mean, Constant(1.5f));
+  ExpectMean(Flat(*closed), Constant(1.5f));
 
   // Σ w = 1.5 · FLT_MAX is past fp32's range; the mean is still 5 / 12.
   SendAll("a", 1, Constant(0.5f), FLT_MAX);
   SendAll("b", 1, Constant(0.25f), FLT_MAX / 2);
   closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
-  for (float v : closed->mean) ASSERT_FLOAT_EQ(v, 5.0f / 12);
+  for (float v : Flat(*closed)) ASSERT_FLOAT_EQ(v, 5.0f / 12);
 }
 
 TEST_F(RoundStateTest, SumsThatWouldOverflowAreRejectedBeforeCounting) {
@@ -391,7 +405,7 @@ TEST_F(RoundStateTest, SumsThatWouldOverflowAreRejectedBeforeCounting) {
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   const float sum_ab = 3e38f + -1e38f;
-  ExpectMean(closed->mean,
+  ExpectMean(Flat(*closed),
              Constant(static_cast<float>(static_cast<double>(sum_ab) / 2)));
 }
 
@@ -406,7 +420,7 @@ TEST_F(RoundStateTest, Bf16AndFp32ContributionsMix) {
   SendAll("b", 0, Constant(3), 1, Codec::kFp32);
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
-  ExpectMean(closed->mean, [](size_t i) {
+  ExpectMean(Flat(*closed), [](size_t i) {
     return (static_cast<float>(i % 11) + 3.0f) / 2.0f;
   });
 }
@@ -436,7 +450,7 @@ TEST_F(RoundStateTest, PartialContributionClosesAtDeadlineWithQuorum) {
   EXPECT_EQ(closed->total_weight, 2.0);
   EXPECT_EQ(state_->quorum_misses(), 0u);
   // c's chunk 1 counts with its weight; chunk 0 is a and b only.
-  ExpectMean(closed->mean,
+  ExpectMean(Flat(*closed),
              [](size_t i) { return i < kChunkElements ? 1.5f : 3.0f; });
   // c's missing chunk 0 of round 0 is folded, its chunk 1 is a duplicate.
   EXPECT_TRUE(Send("c", 0, 0, Constant(1))->folded);
@@ -458,7 +472,7 @@ TEST_F(RoundStateTest, DeadlineWithoutQuorumCountsOneMissThenCloses) {
   ASSERT_TRUE(closed.has_value());
   EXPECT_TRUE(closed->quorum_close);  // c is still missing
   EXPECT_EQ(closed->contributors, 2u);
-  ExpectMean(closed->mean, Constant(2));
+  ExpectMean(Flat(*closed), Constant(2));
 
   // The next round misses on its own account.
   EXPECT_FALSE(state_->Deadline().has_value());
@@ -492,13 +506,13 @@ TEST_F(RoundStateTest, NextRoundDeadlineStartsWhenItOpens) {
   const absl::Time closed_at = clock_.Now();
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
-  ExpectMean(closed->mean, Constant(2));
+  ExpectMean(Flat(*closed), Constant(2));
   EXPECT_EQ(state_->Deadline(), closed_at + kTimeout);
   SendAll("b", 1, Constant(7));
   closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->round, 1u);
-  ExpectMean(closed->mean, Constant(6));
+  ExpectMean(Flat(*closed), Constant(6));
   EXPECT_FALSE(state_->Deadline().has_value());  // round 2 holds nothing
 }
 
@@ -518,7 +532,7 @@ TEST_F(RoundStateTest, RemoveWorkerCompletesTheRound) {
   EXPECT_FALSE(closed->quorum_close);
   EXPECT_EQ(closed->contributors, 1u);
   // b's counted chunk stays counted.
-  ExpectMean(closed->mean,
+  ExpectMean(Flat(*closed),
              [](size_t i) { return i < kChunkElements ? 3.0f : 1.0f; });
   absl::StatusOr<ChunkOutcome> gone = Send("b", 0, 1, Constant(1));
   EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
@@ -535,7 +549,7 @@ TEST_F(RoundStateTest, DepartedWorkersCompleteContributionCounts) {
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->contributors, 2u);
-  ExpectMean(closed->mean, Constant(3));
+  ExpectMean(Flat(*closed), Constant(3));
 }
 
 TEST_F(RoundStateTest, WorkerIsNotRequiredBeforeItsFirstRound) {
@@ -552,7 +566,7 @@ TEST_F(RoundStateTest, WorkerIsNotRequiredBeforeItsFirstRound) {
   closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->contributors, 2u);
-  ExpectMean(closed->mean, Constant(2));
+  ExpectMean(Flat(*closed), Constant(2));
   // Calling AddWorker again moves first_round.
   state_->AddWorker("late", 5);
   SendAll("a", 2, Constant(1));
@@ -572,7 +586,7 @@ TEST_F(RoundStateTest, RoundsAdvanceContiguously) {
     ASSERT_TRUE(closed.has_value());
     EXPECT_EQ(closed->round, r);
     // Each round reuses a buffer that held an earlier mean: nothing leaks.
-    ExpectMean(closed->mean, [base](size_t i) {
+    ExpectMean(Flat(*closed), [base](size_t i) {
       return base + 1 + static_cast<float>(i % 3);
     });
     EXPECT_FALSE(state_->TryClose().has_value());

@@ -52,9 +52,9 @@ TEST(ShardCheckpointTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
   const v1::ShardCheckpointHeader header = Header(v1::CODEC_BF16, 5);
   const ChunkedOuterStep step(header.config(), kElements);
   const UpdateChunks update = Update(step, common::Codec::kBf16);
+  const KeptUpdate kept(std::make_shared<const UpdateChunks>(update));
   std::vector<float> anchor(kElements, 2.0f);
-  ASSERT_TRUE(
-      WriteShardCheckpoint(store, header, anchor, {}, &update).ok());
+  ASSERT_TRUE(WriteShardCheckpoint(store, header, anchor, {}, &kept).ok());
 
   std::vector<UnusableCheckpoint> errors;
   std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);

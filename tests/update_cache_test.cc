@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/stored_chunks.h"
 
 namespace co2::server {
 namespace {
@@ -22,21 +23,26 @@ std::vector<uint64_t> Rounds(
   for (const auto& u : updates) rounds.push_back((*u)[0]->round());
   return rounds;
 }
+std::vector<uint64_t> Rounds(const std::vector<KeptUpdate>& updates) {
+  std::vector<uint64_t> rounds;
+  for (const auto& u : updates) rounds.push_back(u.round());
+  return rounds;
+}
 
 // One round as JobShard runs it: room, the new update, its publication.
 void CloseAndPublish(UpdateCache& cache, uint64_t round) {
   cache.MakeRoomForNext();
   cache.AddUnpublished(Update(round));
-  EXPECT_EQ(Rounds(cache.Publish()), std::vector<uint64_t>{round});
+  EXPECT_EQ(Rounds(cache.Publish(nullptr)), std::vector<uint64_t>{round});
 }
 
 TEST(UpdateCacheTest, EmptyHoldsNothing) {
   UpdateCache cache(2);
-  EXPECT_EQ(cache.Last(), nullptr);
+  EXPECT_FALSE(cache.Last().has_value());
   EXPECT_EQ(cache.OldestRound(), std::nullopt);
   EXPECT_FALSE(cache.has_unpublished());
   EXPECT_TRUE(cache.PublishedSince(0).empty());
-  EXPECT_TRUE(cache.Publish().empty());
+  EXPECT_TRUE(cache.Publish(nullptr).empty());
 }
 
 TEST(UpdateCacheTest, KeepsTheLastReplayRoundsInOrderDroppingTheOldest) {
@@ -50,7 +56,7 @@ TEST(UpdateCacheTest, KeepsTheLastReplayRoundsInOrderDroppingTheOldest) {
   EXPECT_EQ(Rounds(cache.PublishedSince(0)), (std::vector<uint64_t>{3, 4, 5}));
   EXPECT_EQ(Rounds(cache.PublishedSince(4)), (std::vector<uint64_t>{4, 5}));
   EXPECT_TRUE(cache.PublishedSince(6).empty());
-  EXPECT_EQ((*cache.Last())[0]->round(), 5u);
+  EXPECT_EQ(cache.Last()->round(), 5u);
 }
 
 TEST(UpdateCacheTest, MakesRoomBeforeTheNextUpdateExists) {
@@ -60,7 +66,7 @@ TEST(UpdateCacheTest, MakesRoomBeforeTheNextUpdateExists) {
   cache.MakeRoomForNext();
   // Round 0 goes before round 2's update is built; round 1 (its gap) stays.
   EXPECT_EQ(Rounds(cache.PublishedSince(0)), std::vector<uint64_t>{1});
-  EXPECT_EQ((*cache.Last())[0]->round(), 1u);
+  EXPECT_EQ(cache.Last()->round(), 1u);
 }
 
 TEST(UpdateCacheTest, UnpublishedUpdatesAreKeptButNotReplayed) {
@@ -75,10 +81,10 @@ TEST(UpdateCacheTest, UnpublishedUpdatesAreKeptButNotReplayed) {
   EXPECT_TRUE(cache.has_unpublished());
   EXPECT_TRUE(cache.PublishedSince(0).empty()) << "room made from published";
   EXPECT_EQ(cache.OldestRound(), 2u);
-  EXPECT_EQ((*cache.Last())[0]->round(), 3u) << "the last, published or not";
+  EXPECT_EQ(cache.Last()->round(), 3u) << "the last, published or not";
   cache.MakeRoomForNext();
   EXPECT_EQ(cache.OldestRound(), 2u) << "an unpublished update was dropped";
-  EXPECT_EQ(Rounds(cache.Publish()), (std::vector<uint64_t>{2, 3}));
+  EXPECT_EQ(Rounds(cache.Publish(nullptr)), (std::vector<uint64_t>{2, 3}));
   EXPECT_FALSE(cache.has_unpublished());
   EXPECT_EQ(Rounds(cache.PublishedSince(0)), (std::vector<uint64_t>{2, 3}));
 }
@@ -88,7 +94,7 @@ TEST(UpdateCacheTest, ARestoredUpdateIsReplayedAndIsTheLast) {
   cache.AddPublished(Update(7));
   EXPECT_FALSE(cache.has_unpublished());
   EXPECT_EQ(Rounds(cache.PublishedSince(7)), std::vector<uint64_t>{7});
-  EXPECT_EQ((*cache.Last())[0]->round(), 7u);
+  EXPECT_EQ(cache.Last()->round(), 7u);
   CloseAndPublish(cache, 8);
   CloseAndPublish(cache, 9);
   EXPECT_EQ(Rounds(cache.PublishedSince(0)), (std::vector<uint64_t>{8, 9}));
@@ -99,10 +105,54 @@ TEST(UpdateCacheTest, OneReplayRoundKeepsOnlyTheUnpublished) {
   CloseAndPublish(cache, 0);
   EXPECT_EQ(Rounds(cache.PublishedSince(0)), std::vector<uint64_t>{0});
   cache.MakeRoomForNext();
-  EXPECT_EQ(cache.Last(), nullptr);
+  EXPECT_FALSE(cache.Last().has_value());
   cache.AddUnpublished(Update(1));
-  EXPECT_EQ(Rounds(cache.Publish()), std::vector<uint64_t>{1});
+  EXPECT_EQ(Rounds(cache.Publish(nullptr)), std::vector<uint64_t>{1});
   EXPECT_EQ(Rounds(cache.PublishedSince(0)), std::vector<uint64_t>{1});
+}
+
+TEST(UpdateCacheTest, APublishedUpdateIsKeptInItsCheckpointNotInMemory) {
+  UpdateCache cache(2);
+  cache.AddUnpublished(Update(0));
+  EXPECT_TRUE(cache.Last()->chunks() != nullptr) << "unpublished: in memory";
+  std::weak_ptr<const UpdateChunks> sent;
+  {
+    const auto released = cache.Publish(StoreChunks({"round 0"}));
+    ASSERT_EQ(Rounds(released), std::vector<uint64_t>{0});
+    sent = released[0];
+  }
+  EXPECT_TRUE(sent.expired()) << "only the streams held the messages";
+  std::string scratch;
+  auto payload = cache.Last()->Payload(0, &scratch);
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  EXPECT_EQ(*payload, "round 0");
+  EXPECT_EQ(Rounds(cache.PublishedSince(0)), std::vector<uint64_t>{0});
+}
+
+TEST(UpdateCacheTest, ACheckpointWrittenAgainMovesTheLastUpdateToIt) {
+  UpdateCache cache(2);
+  cache.AddUnpublished(Update(0));
+  cache.Publish(StoreChunks({"first file"}));
+  cache.MakeRoomForNext();
+  cache.AddUnpublished(Update(1));
+  cache.Publish(StoreChunks({"round 1"}));
+  // Membership changed: the checkpoint is written again with the same last
+  // update, and nothing is published.
+  EXPECT_TRUE(cache.Publish(StoreChunks({"round 1, again"})).empty());
+  std::string scratch;
+  const std::vector<KeptUpdate> kept = cache.PublishedSince(0);
+  ASSERT_EQ(Rounds(kept), (std::vector<uint64_t>{0, 1}));
+  EXPECT_EQ(*kept[0].Payload(0, &scratch), "first file");
+  EXPECT_EQ(*kept[1].Payload(0, &scratch), "round 1, again");
+}
+
+TEST(UpdateCacheTest, WithoutACheckpointPublishedUpdatesStayInMemory) {
+  UpdateCache cache(2);
+  CloseAndPublish(cache, 0);
+  CloseAndPublish(cache, 1);
+  for (const KeptUpdate& kept : cache.PublishedSince(0)) {
+    EXPECT_NE(kept.chunks(), nullptr) << "round " << kept.round();
+  }
 }
 
 }  // namespace

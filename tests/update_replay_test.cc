@@ -1,0 +1,191 @@
+// A worker whose stream broke reconnects and is replayed the updates it
+// missed, over real gRPC against a real shard that checkpoints every round:
+// the shard keeps sent updates in their checkpoints, not in memory, and reads
+// them back chunk by chunk as the new stream sends them.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "co2/v1/aggregator.grpc.pb.h"
+#include "common/codec.h"
+#include "common/job_config.h"
+#include "common/layout.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "server/aggregator_server.h"
+
+namespace co2 {
+namespace {
+
+// Three chunks, so that a replay is read back in several pieces.
+constexpr size_t kParams = 2 * common::kChunkElements + 1000;
+
+class UpdateReplayTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/co2-replay-XXXXXX";
+    dir_ = mkdtemp(pattern);
+    server::AggregatorServerOptions options;
+    options.address = "127.0.0.1:0";
+    options.registry.checkpoint_dir = dir_;
+    auto s = server::AggregatorServer::Start(options);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    stub_ = v1::Aggregator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                            grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    server_.reset();
+    ASSERT_EQ(system(("rm -rf '" + dir_ + "'").c_str()), 0);
+  }
+
+  std::unique_ptr<grpc::ClientContext> Context() {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    return context;
+  }
+
+  // Joins worker "a" alone (quorum 1) and seeds A_0 = 0.
+  void JoinAndSeed() {
+    v1::JoinRequest join;
+    join.set_job("j");
+    join.set_worker_id("a");
+    *join.mutable_config() = common::DefaultJobConfig(kParams, 1);
+    join.mutable_config()->set_min_workers(1);
+    join.set_uplink_codec(v1::CODEC_FP32);
+    v1::JoinResponse joined;
+    ASSERT_TRUE(stub_->Join(Context().get(), join, &joined).ok());
+    auto context = Context();
+    v1::SeedResponse seeded;
+    auto writer = stub_->Seed(context.get(), &seeded);
+    for (uint32_t c = 0; c < common::NumChunks(kParams); ++c) {
+      v1::AnchorChunk chunk;
+      chunk.set_job("j");
+      chunk.set_worker_id("a");
+      chunk.set_chunk_index(c);
+      chunk.set_payload(std::string(
+          common::ChunkRange(kParams, c).size() * sizeof(float), '\0'));
+      ASSERT_TRUE(writer->Write(chunk));
+    }
+    writer->WritesDone();
+    const grpc::Status status = writer->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+
+  static v1::ExchangeRequest Open(uint64_t replay_from) {
+    v1::ExchangeRequest open;
+    open.mutable_open()->set_job("j");
+    open.mutable_open()->set_worker_id("a");
+    open.mutable_open()->set_replay_from_round(replay_from);
+    return open;
+  }
+
+  // Contributes rounds 0..rounds−1 in lockstep on one stream; returns every
+  // update chunk it was sent, in order.
+  std::vector<v1::OuterUpdate> Train(uint64_t rounds) {
+    auto context = Context();
+    auto stream = stub_->Exchange(context.get());
+    EXPECT_TRUE(stream->Write(Open(0)));
+    std::vector<v1::OuterUpdate> received;
+    for (uint64_t r = 0; r < rounds; ++r) {
+      for (uint32_t c = 0; c < common::NumChunks(kParams); ++c) {
+        const size_t n = common::ChunkRange(kParams, c).size();
+        std::vector<float> delta(n);
+        for (size_t i = 0; i < n; ++i) delta[i] = 0.001f * (i % 97) - 0.01f * r;
+        v1::ExchangeRequest request;
+        v1::Contribution* contribution = request.mutable_contribution();
+        contribution->set_round(r);
+        contribution->set_chunk_index(c);
+        contribution->set_codec(v1::CODEC_FP32);
+        contribution->set_weight(1.0);
+        contribution->set_payload(std::string(
+            reinterpret_cast<const char*>(delta.data()), n * sizeof(float)));
+        EXPECT_TRUE(stream->Write(request));
+      }
+      v1::OuterUpdate update;
+      while (stream->Read(&update)) {
+        received.push_back(update);
+        if (update.chunk_index() + 1 == update.num_chunks()) break;
+      }
+    }
+    stream->WritesDone();
+    v1::OuterUpdate rest;
+    while (stream->Read(&rest)) {
+    }
+    EXPECT_TRUE(stream->Finish().ok());
+    return received;
+  }
+
+  // Opens a stream asking for the updates from `from`; reads `chunks` of
+  // them, then closes. `status` receives how the stream ended.
+  std::vector<v1::OuterUpdate> Reconnect(uint64_t from, size_t chunks,
+                                         grpc::Status* status) {
+    auto context = Context();
+    auto stream = stub_->Exchange(context.get());
+    EXPECT_TRUE(stream->Write(Open(from)));
+    std::vector<v1::OuterUpdate> received;
+    v1::OuterUpdate update;
+    while (received.size() < chunks && stream->Read(&update)) {
+      received.push_back(update);
+    }
+    stream->WritesDone();
+    while (stream->Read(&update)) {
+    }
+    *status = stream->Finish();
+    return received;
+  }
+
+  std::string dir_;
+  std::unique_ptr<server::AggregatorServer> server_;
+  std::unique_ptr<v1::Aggregator::Stub> stub_;
+};
+
+TEST_F(UpdateReplayTest, AReconnectingWorkerGetsTheBytesItMissed) {
+  JoinAndSeed();
+  const std::vector<v1::OuterUpdate> sent = Train(3);
+  const uint32_t chunks = common::NumChunks(kParams);
+  ASSERT_EQ(sent.size(), 3u * chunks);
+  grpc::Status status;
+  // max_staleness = 1: the last two rounds are kept for replay.
+  const std::vector<v1::OuterUpdate> replayed =
+      Reconnect(0, 2 * chunks, &status);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(replayed.size(), 2u * chunks);
+  for (size_t i = 0; i < replayed.size(); ++i) {
+    const v1::OuterUpdate& want = sent[chunks + i];
+    EXPECT_EQ(replayed[i].round(), want.round()) << i;
+    EXPECT_EQ(replayed[i].anchor_round(), want.anchor_round()) << i;
+    EXPECT_EQ(replayed[i].chunk_index(), want.chunk_index()) << i;
+    EXPECT_EQ(replayed[i].num_chunks(), want.num_chunks()) << i;
+    EXPECT_EQ(replayed[i].contributors(), want.contributors()) << i;
+    EXPECT_EQ(replayed[i].codec(), want.codec()) << i;
+    EXPECT_TRUE(replayed[i].payload() == want.payload()) << "chunk " << i;
+  }
+}
+
+TEST_F(UpdateReplayTest, AnUpdateThatCannotBeReadBackEndsTheStreamSayingWhy) {
+  JoinAndSeed();
+  Train(2);
+  // The last update is in the job's current checkpoint file; cut it short.
+  const std::string file = absl::StrCat(dir_, "/j.shard-0-of-1.ckpt");
+  ASSERT_EQ(::truncate(file.c_str(), 100), 0) << file;
+  grpc::Status status;
+  const std::vector<v1::OuterUpdate> replayed = Reconnect(1, 1, &status);
+  EXPECT_TRUE(replayed.empty());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DATA_LOSS)
+      << status.error_message();
+  EXPECT_NE(status.error_message().find(file), std::string::npos)
+      << status.error_message();
+}
+
+}  // namespace
+}  // namespace co2

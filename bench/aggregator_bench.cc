@@ -224,8 +224,11 @@ struct ShardProcess {
   std::string copies_path;
 };
 
+// `checkpoint_dir` empty: none. Each run has its own, so that no shard
+// starts by restoring an earlier run's job.
 std::optional<ShardProcess> StartShard(int index, int shards,
-                                       const std::string& scratch) {
+                                       const std::string& scratch,
+                                       const std::string& checkpoint_dir) {
   ShardProcess shard;
   shard.log = absl::StrCat(scratch, "/shard-", index, ".log");
   std::map<std::string, std::string> env;
@@ -243,8 +246,8 @@ std::optional<ShardProcess> StartShard(int index, int shards,
                                    "--metrics_port=-1",
                                    "--lease=300s",
                                    "--round_timeout=600s"};
-  if (!absl::GetFlag(FLAGS_checkpoint_dir).empty()) {
-    argv.push_back("--checkpoint_dir=" + absl::GetFlag(FLAGS_checkpoint_dir));
+  if (!checkpoint_dir.empty()) {
+    argv.push_back("--checkpoint_dir=" + checkpoint_dir);
   }
   std::optional<Child> child =
       Child::Spawn(argv, shard.log, /*stdout_to_null=*/true, env);
@@ -283,7 +286,13 @@ bool RunAggregator(int n, int rep, common::Codec downlink,
   std::vector<ShardProcess> shards;
   std::vector<std::string> addresses;
   for (int i = 0; i < s; ++i) {
-    std::optional<ShardProcess> shard = StartShard(i, s, scratch);
+    const std::string checkpoint_dir =
+        absl::GetFlag(FLAGS_checkpoint_dir).empty()
+            ? ""
+            : absl::StrCat(absl::GetFlag(FLAGS_checkpoint_dir), "/agg-", n,
+                           "-", rep);
+    std::optional<ShardProcess> shard =
+        StartShard(i, s, scratch, checkpoint_dir);
     if (!shard) {
       std::fprintf(stderr, "shard %d did not start (see %s/shard-%d.log)\n", i,
                    scratch.c_str(), i);

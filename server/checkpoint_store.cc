@@ -100,6 +100,17 @@ absl::StatusOr<int> WriteFile(const std::string& path,
   return fd;
 }
 
+// `dir` and any of its parents that are missing, like `mkdir -p`.
+absl::Status MakeDirectories(const std::string& dir) {
+  for (size_t end = dir.find('/', 1); ; end = dir.find('/', end + 1)) {
+    const std::string prefix = dir.substr(0, end);
+    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
+      return ErrnoStatus("cannot create directory", prefix, errno);
+    }
+    if (end == std::string::npos) return absl::OkStatus();
+  }
+}
+
 absl::Status SyncDirectory(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("cannot open directory", dir, errno);
@@ -158,9 +169,7 @@ std::string CheckpointStore::PathFor(const std::string& job,
 
 absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
     const CheckpointView& view) const {
-  if (::mkdir(dir_.c_str(), 0700) != 0 && errno != EEXIST) {
-    return ErrnoStatus("cannot create directory", dir_, errno);
-  }
+  CO2_RETURN_IF_ERROR(MakeDirectories(dir_));
   v1::ShardCheckpointHeader header = *view.header;
   header.set_format_version(kFormatVersion);
   header.clear_update_chunk_bytes();

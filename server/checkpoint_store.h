@@ -55,7 +55,7 @@ struct LoadedCheckpoint {
 
 class CheckpointStore {
  public:
-  // `dir` is created if missing.
+  // `dir` is created if missing, with its missing parents.
   explicit CheckpointStore(std::string dir) : dir_(std::move(dir)) {}
 
   const std::string& dir() const { return dir_; }

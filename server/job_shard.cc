@@ -330,8 +330,10 @@ int JobShard::Poll() {
       checkpoint_dirty_ = true;
       ++stats_.checkpoint_failures;
       checkpoint_retry_at_ = clock_->Now() + options_.checkpoint_retry;
-      CO2_LOG(ERROR) << "job " << job_ << ": checkpoint of round "
-                     << rounds_closed_ - 1
+      CO2_LOG(ERROR) << "job " << job_ << ": checkpoint "
+                     << (rounds_closed_ == 0
+                             ? std::string("before the first round closed")
+                             : absl::StrCat("of round ", rounds_closed_ - 1))
                      << " failed, update held: " << written.status();
       return 0;
     }

@@ -193,6 +193,14 @@ TEST_P(CorruptionTest, IsDetectedAsDataLoss) {
 
 INSTANTIATE_TEST_SUITE_P(Kinds, CorruptionTest, testing::Values(0, 1, 2));
 
+TEST(CheckpointStoreTest, CreatesTheDirectoryAndItsMissingParents) {
+  const std::string dir = TempDir() + "/volume/co2/checkpoints";
+  CheckpointStore store(dir);
+  Fixture f;
+  ASSERT_TRUE(store.Write(f.View()).ok());
+  EXPECT_TRUE(CheckpointStore::Load(store.PathFor(f.header.job(), 1, 2)).ok());
+}
+
 TEST(CheckpointStoreTest, UnwritableDirectoryIsAnErrorNamingThePath) {
   const std::string dir = TempDir() + "/not-a-dir";
   { std::ofstream(dir) << "x"; }  // a file where the directory should be

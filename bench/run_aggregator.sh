@@ -45,15 +45,17 @@ done
 
 # Memory at a range where the process's fixed RSS and the stream buffers are
 # small next to the state: 128 MiB per shard by default (about 1 GiB per
-# worker process and 10 GiB in all at N = 8).
+# worker process and 10 GiB in all at N = 8). Three rounds, the fewest that
+# reach the steady state (two updates kept while a round accumulates).
 "$bench" --aggregator="$aggregator" --iperf3= --gloo=false \
   --workers="${LARGE_WORKERS:-2,8}" --params="${LARGE_PARAMS:-67108864}" \
-  --shards="${SHARDS:-2}" --rounds=2 --repetitions=1 \
+  --shards="${SHARDS:-2}" --rounds=3 --repetitions=1 \
   --scratch="$scratch/large" --out="$scratch/large.json"
 
 # The same range with a checkpoint of every round on disk, as deployed
 # (deploy/k8s): a shard keeps an update it has sent in its checkpoint, not in
-# memory. Three rounds, so that two steps read their gap back from disk.
+# memory. Three rounds, as above: the third round's accumulator fills while
+# two updates exist, and two steps read their gap back from disk.
 "$bench" --aggregator="$aggregator" --iperf3= --gloo=false \
   --workers="${LARGE_WORKERS:-2,8}" --params="${LARGE_PARAMS:-67108864}" \
   --shards="${SHARDS:-2}" --rounds=3 --repetitions=1 \

@@ -334,6 +334,12 @@ void ShardStream::ReadLoop() {
     }
     CO2_LOG(WARNING) << "shard " << options_.shard_index << " stream broken ("
                      << status << "); reconnecting";
+    // Chunks of an update the trainer has not taken yet may come from a
+    // shard that then lost the state they were computed from: after a
+    // re-seed it computes that round again, from the contributions of the
+    // workers that rejoined it first. Ask for them again on the new stream
+    // (a shard that kept its state replays the same bits).
+    if (!reported_ready_) DropUpdateLocked();
   }
 }
 

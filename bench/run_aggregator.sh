@@ -9,7 +9,7 @@
 # int8 downlinks (the cached updates shrink with the codec), and at the
 # larger range again with checkpoints on disk (CHECKPOINT_DIR, default under
 # the scratch directory in /tmp). Writes bench/results/aggregator.json.
-#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2 min idle)
+#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~3 min idle)
 #   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=4 REPS=3 \
 #   LARGE_WORKERS=2,8 LARGE_PARAMS=67108864 OUT=... \
 #     bench/run_aggregator.sh build-bench

@@ -187,7 +187,9 @@ absl::Status ShardStream::Reseed() {
   // Every worker at this round holds the same anchor bits, so this copy is
   // the anchor the shard would have had. A received update the trainer will
   // apply is added as ApplyUpdate adds it, so the result is bit-identical to
-  // the anchor this worker holds after applying it.
+  // the anchor this worker holds after applying it. Chunks of one it had not
+  // taken were dropped when the stream broke (ReadLoop): the shard computes
+  // that update afresh.
   std::vector<float> range(options_.shard_elements);
   uint64_t anchor_round = 0;
   CO2_RETURN_IF_ERROR(options_.anchor->ReadAnchor(
@@ -203,10 +205,6 @@ absl::Status ShardStream::Reseed() {
                 options_.downlink, recv_[c].payload, 1.0f,
                 absl::MakeSpan(range).subspan(r.begin, r.size()));
           }
-        } else {
-          // The shard computes this update afresh: chunks of the lost one
-          // must not be mixed into it.
-          DropUpdateLocked();
         }
         anchor_round = needed + options_.max_staleness;
       }));
@@ -233,9 +231,9 @@ absl::Status ShardStream::CheckResumable(uint64_t open_round,
         "while the workers were at different rounds); restart this worker "
         "so that it fetches the anchor"));
   }
-  // The shard has not computed this update (again): chunks received from a
-  // shard that lost it must not be mixed with the new one.
-  if (needed == next_update_round_ && needed == open_round) DropUpdateLocked();
+  // Chunks of an update the trainer had not taken were dropped when the
+  // stream broke (ReadLoop), so none from a shard that lost it are mixed
+  // with the one it computes again.
   return absl::OkStatus();
 }
 
@@ -338,7 +336,8 @@ void ShardStream::ReadLoop() {
     // shard that then lost the state they were computed from: after a
     // re-seed it computes that round again, from the contributions of the
     // workers that rejoined it first. Ask for them again on the new stream
-    // (a shard that kept its state replays the same bits).
+    // (a shard that kept its state replays the same bits). This is the one
+    // place they are dropped: Rejoin runs only after a break.
     if (!reported_ready_) DropUpdateLocked();
   }
 }

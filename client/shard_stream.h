@@ -120,13 +120,15 @@ class ShardStream {
   bool Reconnect() ABSL_LOCKS_EXCLUDED(mu_);
   // Joins again as a worker resuming at its current round; re-seeds the
   // shard if it lost its state, or checks that it can follow the shard.
+  // Only after a broken stream, which dropped chunks the trainer had not
+  // taken.
   absl::Status Rejoin() ABSL_LOCKS_EXCLUDED(mu_);
   // Uploads this shard's range of the worker's anchor (plus a received
   // update the worker keeps, see NeededUpdateLocked) at its round.
   absl::Status Reseed() ABSL_LOCKS_EXCLUDED(mu_);
   // FAILED_PRECONDITION if the shard (open round `open_round`, replaying
   // updates from `oldest_update_round`) cannot give this worker the updates
-  // it needs; drops received chunks of an update the shard will recompute.
+  // it needs.
   absl::Status CheckResumable(uint64_t open_round, uint64_t oldest_update_round)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The round of the first update this worker still needs from the shard:

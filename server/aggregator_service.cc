@@ -247,11 +247,7 @@ class ExchangeReactor
         absl::MutexLock lock(&mu_);
         if (finishing_) return;
         for (uint32_t i = 0; i < update.num_chunks(); ++i) {
-          if (update.chunks() != nullptr) {
-            queue_.push_back({(*update.chunks())[i], {}, 0});
-          } else {
-            queue_.push_back({nullptr, update, i});
-          }
+          queue_.push_back({nullptr, update, i});
         }
         step = NextLocked();
       }
@@ -283,8 +279,8 @@ class ExchangeReactor
     }
 
    private:
-    // One chunk to write: its message, or where to read it from (`kept`, an
-    // update replayed from its checkpoint) when its turn comes.
+    // One chunk to write: its message, or where to take it from (`kept`, a
+    // replayed update, perhaps only in its checkpoint) when its turn comes.
     struct QueuedChunk {
       std::shared_ptr<const v1::OuterUpdate> message;
       std::optional<KeptUpdate> kept;

@@ -173,12 +173,10 @@ absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
   v1::ShardCheckpointHeader header = *view.header;
   header.set_format_version(kFormatVersion);
   header.clear_update_chunk_bytes();
-  std::vector<uint32_t> chunk_bytes;
   if (view.update != nullptr) {
     for (uint32_t i = 0; i < view.update->num_chunks(); ++i) {
-      chunk_bytes.push_back(
+      header.add_update_chunk_bytes(
           static_cast<uint32_t>(view.update->PayloadBytes(i)));
-      header.add_update_chunk_bytes(chunk_bytes.back());
     }
   }
   const std::string path = PathFor(header.job(), header.shard_index(),
@@ -203,8 +201,10 @@ absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
   const uint64_t update_offset =
       sizeof(kMagic) + sizeof(uint32_t) + header_bytes.size() +
       (view.anchor.size() + view.momentum.size()) * sizeof(float);
-  return std::make_shared<const StoredUpdate>(*fd, path, update_offset,
-                                              chunk_bytes);
+  return std::make_shared<const StoredUpdate>(
+      *fd, path, update_offset,
+      std::vector<uint32_t>(header.update_chunk_bytes().begin(),
+                            header.update_chunk_bytes().end()));
 }
 
 absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(const std::string& path) {

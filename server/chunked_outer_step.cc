@@ -103,12 +103,11 @@ StepResult ChunkedOuterStep::Run(ClosedRound& closed, const KeptUpdate* last,
   std::vector<float> fresh_momentum(buffers.momentum.empty() ? chunk_elements
                                                              : 0);
   // The last update's payload read back from its checkpoint; with other
-  // codecs, that payload decoded, and U before and after encoding.
+  // codecs, that payload decoded, and U before encoding.
   std::string gap_bytes;
   std::vector<float> decoded_gap(!fp32 && gap_from != nullptr ? chunk_elements
                                                               : 0);
   std::vector<float> encoded_from(fp32 ? 0 : chunk_elements);
-  std::vector<float> decoded(fp32 ? 0 : chunk_elements);
   StepResult result;
   auto chunks = std::make_shared<UpdateChunks>();
   chunks->reserve(num_chunks_);
@@ -154,11 +153,11 @@ StepResult ChunkedOuterStep::Run(ClosedRound& closed, const KeptUpdate* last,
     if (!fp32) {
       common::Encode(codec_, update,
                      absl::MakeSpan(payload.data(), payload.size()));
-      update = absl::MakeSpan(decoded).first(r.size());
-      common::Decode(codec_, payload, update);
     }
-    auto anchor = buffers.anchor.subspan(r.begin, r.size());
-    for (size_t j = 0; j < r.size(); ++j) anchor[j] += update[j];
+    // A += 1·decode(U) in one pass: what the workers apply
+    // (AggregatorClient::ApplyUpdate), so both hold the same bits.
+    common::AccumulateDecoded(codec_, payload, 1.0f,
+                              buffers.anchor.subspan(r.begin, r.size()));
     chunks->push_back(
         Message(closed.round, i, closed.contributors, std::move(payload)));
   }

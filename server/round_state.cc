@@ -19,6 +19,24 @@ absl::string_view AsAbsl(std::string_view s) {
   return absl::string_view(s.data(), s.size());
 }
 
+// x[i] ← x[i] / divisor, divided in double: Σ w may exceed fp32's range, and
+// a quotient of fp32 values rounded via double is the correctly rounded fp32
+// one (the rank-valued mean (N − 1) / 2 comes out exact). In groups of eight
+// with a fixed-count inner loop, the shape GCC's -O2 vectoriser takes
+// (common/codec_kernels.inc): packed divisions, the same bits as one by one.
+void DivideInPlace(float* __restrict__ x, size_t n, double divisor) {
+  constexpr size_t kGroup = 8;
+  size_t i = 0;
+  for (; i + kGroup <= n; i += kGroup) {
+    for (size_t j = 0; j < kGroup; ++j) {
+      x[i + j] = static_cast<float>(static_cast<double>(x[i + j]) / divisor);
+    }
+  }
+  for (; i < n; ++i) {
+    x[i] = static_cast<float>(static_cast<double>(x[i]) / divisor);
+  }
+}
+
 }  // namespace
 
 // How the state is kept:
@@ -252,18 +270,10 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
   std::vector<double>& sums = weight_sum_[slot];
   for (uint32_t c = 0; c < num_chunks_; ++c) {
     std::vector<float>& acc = AccumulatorOf(slot, c);
-    float* begin = acc.data();
-    float* end = acc.data() + acc.size();
     if (sums[c] > 0) {
-      // Divides in double: Σ w may exceed fp32's range, and a quotient of
-      // fp32 values rounded via double is the correctly rounded fp32 one
-      // (the rank-valued mean (N − 1) / 2 comes out exact).
-      const double divisor = sums[c];
-      for (float* p = begin; p != end; ++p) {
-        *p = static_cast<float>(static_cast<double>(*p) / divisor);
-      }
+      DivideInPlace(acc.data(), acc.size(), sums[c]);
     } else {
-      std::fill(begin, end, 0.0f);
+      std::fill(acc.begin(), acc.end(), 0.0f);
     }
     sums[c] = 0;
   }

@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "client/launcher.h"
 #include "client/trainer.h"
+#include "common/malloc_settings.h"
 
 ABSL_FLAG(std::string, task, "fashion-mnist", "fashion-mnist | charlm");
 ABSL_FLAG(std::string, model, "small",
@@ -151,6 +152,11 @@ co2::client::TrainerOptions ReadOptions() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before any thread. Every inner step allocates and frees LibTorch's
+  // activations and gradients (16 MiB for a 2048 x 2048 layer); with glibc's
+  // defaults each was fresh pages, and the wide model's CPU step took 1.3 x
+  // as long (docs/performance.md, section 1).
+  co2::common::KeepLargeBuffersInHeap();
   absl::SetProgramUsageMessage(
       "Runs a local CO2 training experiment: co2-train --task=fashion-mnist "
       "--algo=co2 --workers=4 --tau=8 --epochs=1 --report=run.json");

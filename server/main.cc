@@ -1,21 +1,22 @@
 // co2-aggregator: serves one shard (index i of S) of the CO2 outer step for
 // any number of jobs. Stops cleanly on SIGTERM / SIGINT.
+#include <pthread.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <malloc.h>
-#include <pthread.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/malloc_settings.h"
+#include "common/metrics_server.h"
 #include "common/status_macros.h"
 #include "server/aggregator_server.h"
-#include "common/metrics_server.h"
 #include "server/health_server.h"
 #include "server/shard_metrics.h"
 #include "server/shard_ordinal.h"
@@ -137,20 +138,10 @@ int main(int argc, char** argv) {
       "  --tls_cert=F --tls_key=F [--tls_client_ca=F] [--job_tokens_file=F]\n"
       "  or --insecure (plaintext, trusted networks only)");
   absl::ParseCommandLine(argc, argv);
-  // glibc's malloc, set for a shard's traffic: every round allocates and
-  // frees buffers of 1–32 MiB (gRPC's receive slices and messages, update
-  // chunks, accumulators) from several threads. One arena: by default each
-  // reactor thread allocates from its own arena and the poller frees into
-  // them, which fragments them (up to twice the range resident and holding
-  // nothing). Buffers up to 32 MiB (glibc's largest threshold) come from
-  // that heap, and up to 64 MiB of free heap stay mapped: with glibc's
-  // defaults for a fixed threshold (256 KiB mappings, trimming above
-  // 128 KiB) every such buffer was a fresh mapping, and page faults and
-  // zeroing pages took a fifth of the CPU of a round; rounds took 1.15–1.4 ×
-  // as long, with a slightly higher peak (docs/performance.md, Server memory).
-  mallopt(M_ARENA_MAX, 1);
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 64 << 20);
+  // Before any thread: every round allocates and frees buffers of 1–32 MiB;
+  // with glibc's defaults rounds took 1.15–1.4 × as long, with a slightly
+  // higher peak (docs/performance.md, Server memory).
+  co2::common::KeepLargeBuffersInHeap();
   const absl::StatusOr<int> resolved_shard = co2::server::ResolveShardIndex(
       absl::GetFlag(FLAGS_shard_index),
       absl::GetFlag(FLAGS_shard_index_from_hostname));

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Every benchmark of docs/performance.md, each kept short; results go to
 # bench/results/. `make bench` runs this.
-#   bench/run_all.sh [BUILD_DIR]     (default build; ~7–9 min on 2 busy cores)
+#   bench/run_all.sh [BUILD_DIR]     (default build; ~7–9 min on 2 busy cores,
+#                                    and ~25 min more for the overlap as root)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
@@ -12,8 +13,10 @@ echo "== aggregator (bench/results/aggregator.json)"
 "$here/run_aggregator.sh" "$build"
 echo "== bytes per sample (bench/results/bytes.json)"
 "$here/run_bytes.sh" "$build"
-# Overlap under shaped links (issue 6, part 1), once it exists.
-if [ -x "$here/run_overlap.sh" ]; then
-  echo "== overlap"
+# Overlap under shaped links (issue 6, part 1): network namespaces need root.
+if [ "$(id -u)" = 0 ]; then
+  echo "== overlap (bench/results/overlap.json; ~25 min)"
   "$here/run_overlap.sh" "$build"
+else
+  echo "== overlap skipped: it needs root (sudo bench/run_overlap.sh $build)"
 fi

@@ -6,9 +6,9 @@
 # (Gloo all-reduce every step through the same links), slowmo (blocking
 # every τ) and co2, at each link rate. Writes bench/results/overlap.json and
 # bench/results/overlap.png. Needs root, iproute2, iperf3, gnuplot.
-#   sudo bench/run_overlap.sh [BUILD_DIR]        (default build; ~20 min)
+#   sudo bench/run_overlap.sh [BUILD_DIR]        (default build; ~25 min)
 # Environment: RATES ("1gbit 100mbit"), TAUS_<rate> (τ values per rate),
-# STEPS (inner steps per run, 32), DDP_STEPS_<rate>, SHARDS (2), NICE (-10),
+# STEPS (inner steps per run, 256), DDP_STEPS_<rate>, SHARDS (2), NICE (-10),
 # KEEP=1 keeps the scratch directory with every log and rank report.
 #
 # The script runs in its own session, whose scheduler autogroup gets nice
@@ -35,7 +35,7 @@ aggregator=$build/server/co2-aggregator
 out=${OUT:-$here/results/overlap.json}
 plot=${PLOT:-${out%.json}.png}
 rates=${RATES:-1gbit 100mbit}
-steps=${STEPS:-32}
+steps=${STEPS:-256}
 shards=${SHARDS:-2}
 workers=4
 run_limit=300  # seconds: the bound of any one run
@@ -116,8 +116,8 @@ for rate in $rates; do
   echo "link $rate" >&2
   measure_link >"$scratch/iperf-$rate"
   case $rate in
-    100mbit) taus=${TAUS_100mbit:-1 2 4 8}; ddp_steps=${DDP_STEPS_100mbit:-8} ;;
-    *) taus=$(eval echo "\${TAUS_$rate:-1 2 4 8}"); ddp_steps=$(eval echo "\${DDP_STEPS_$rate:-16}") ;;
+    100mbit) taus=${TAUS_100mbit:-16 32 64}; ddp_steps=${DDP_STEPS_100mbit:-8} ;;
+    *) taus=$(eval echo "\${TAUS_$rate:-2 4 8 16 32 64}"); ddp_steps=$(eval echo "\${DDP_STEPS_$rate:-16}") ;;
   esac
   # The reference runs first and last; the ratios use the mean of the two,
   # and their difference shows how much the machine's load drifted.

@@ -273,6 +273,7 @@ class AggregatorClient::Impl : public AnchorSource {
       const ShardStreamStats ss = shard.stream->stats();
       s.bytes_sent += ss.bytes_sent;
       s.bytes_received += ss.bytes_received;
+      s.broken_streams += ss.broken_streams;
       s.reconnects += ss.reconnects;
     }
     return s;

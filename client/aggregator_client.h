@@ -60,6 +60,7 @@ struct ClientStats {
   uint64_t updates_received = 0;
   uint64_t bytes_sent = 0;      // contribution payload bytes
   uint64_t bytes_received = 0;  // update payload bytes
+  uint64_t broken_streams = 0;  // shard streams that broke and were retried
   uint64_t reconnects = 0;
   absl::Duration push_wait;     // time Push waited for the previous send
   absl::Duration update_wait;   // time WaitForUpdate waited (exposed comm.)

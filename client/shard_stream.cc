@@ -332,6 +332,7 @@ void ShardStream::ReadLoop() {
     }
     CO2_LOG(WARNING) << "shard " << options_.shard_index << " stream broken ("
                      << status << "); reconnecting";
+    ++stats_.broken_streams;
     // Chunks of an update the trainer has not taken yet may come from a
     // shard that then lost the state they were computed from: after a
     // re-seed it computes that round again, from the contributions of the

@@ -76,6 +76,7 @@ struct ShardStreamOptions {
 struct ShardStreamStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
+  uint64_t broken_streams = 0;  // broken streams it reconnects after
   uint64_t reconnects = 0;
 };
 

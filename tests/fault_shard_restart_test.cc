@@ -6,10 +6,13 @@
 
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/aggregator_client.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
 
@@ -70,6 +73,73 @@ TEST_P(FaultShardRestartTest, TrainingFinishesWithTheUndisturbedAnchor) {
 
 INSTANTIATE_TEST_SUITE_P(CrashAfterRound, FaultShardRestartTest,
                          ::testing::Values(0, 4, 9));
+
+// Waits up to 30 s for `done`; false if it never held.
+bool WaitFor(const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!done()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return true;
+}
+
+// An update that arrived whole but that the trainer had not taken yet when
+// the shard's stream broke is not handed out from the old stream: a shard
+// that lost its state would compute that round again, maybe from other
+// contributions. While the shard is down WaitForUpdate waits; once it is
+// back the new stream replays the update, and it is the same update.
+TEST(StreamBreakTest, AnUpdateNotYetTakenIsAskedForAgain) {
+  E2eSpec spec;
+  spec.params = 300000;
+  spec.shards = 1;
+  spec.workers = 1;
+  Cluster cluster(spec.shards, TempDir());
+  const v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
+  std::vector<float> anchor(spec.params);
+  for (size_t j = 0; j < spec.params; ++j) anchor[j] = Initial(j);
+  client::ClientOptions options;
+  options.addresses = cluster.addresses();
+  options.job = "break";
+  options.worker_id = "worker-0";
+  options.job_config = config;
+  auto connected =
+      client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  client::AggregatorClient& client = **connected;
+  std::vector<float> delta(spec.params);
+  for (size_t j = 0; j < spec.params; ++j) delta[j] = Delta(0, 0, j);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  ASSERT_TRUE(client.Push(0, delta, Weight(0), deadline).ok());
+  const uint64_t update_bytes = spec.params * sizeof(float);
+  ASSERT_TRUE(WaitFor([&] {
+    return client.stats().bytes_received == update_bytes;
+  })) << "the update of round 0 did not arrive";
+
+  absl::Status while_down;
+  const absl::Status restarted = cluster.Restart(0, [&](const std::string&) {
+    if (!WaitFor([&] { return client.stats().broken_streams >= 1; })) {
+      while_down = absl::InternalError("the client did not see the break");
+      return;
+    }
+    while_down = client.WaitForUpdate(0, absl::Now() + absl::Milliseconds(300));
+  });
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  EXPECT_EQ(while_down.code(), absl::StatusCode::kDeadlineExceeded)
+      << "the update from the broken stream was handed out: " << while_down;
+
+  ASSERT_TRUE(client.WaitForUpdate(0, deadline).ok());
+  EXPECT_EQ(client.stats().bytes_received, 2 * update_bytes)
+      << "the new stream did not send the update again";
+  std::vector<float> applied = anchor;
+  ASSERT_TRUE(client.ApplyUpdate(0, absl::MakeSpan(applied)).ok());
+  uint64_t round = 0;
+  const std::vector<float> shard = cluster.Anchor("break", &round);
+  EXPECT_EQ(
+      std::memcmp(applied.data(), shard.data(), shard.size() * sizeof(float)),
+      0)
+      << "the replayed update is not the one the shard applied";
+}
 
 }  // namespace
 }  // namespace co2::testing

@@ -98,8 +98,8 @@ std::vector<float> ReferenceAnchor(const E2eSpec& spec,
   outer.clip_value = config.clip_value();
   const common::Codec codec = common::Codec(config.downlink_codec());
   const size_t n = spec.params;
-  std::vector<float> anchor(n), gap(n, 0.0f), m(n, 0.0f), mean(n), update(n);
-  for (size_t j = 0; j < n; ++j) anchor[j] = Initial(j);
+  std::vector<float> anchor = InitialAnchor(n);
+  std::vector<float> gap(n, 0.0f), m(n, 0.0f), mean(n), update(n);
   double total_weight = 0;
   for (int w = 0; w < spec.workers; ++w) total_weight += Weight(w);
   for (uint64_t r = 0; r < spec.rounds; ++r) {
@@ -131,6 +131,23 @@ std::vector<float> ReferenceAnchor(const E2eSpec& spec,
   return anchor;
 }
 
+client::ClientOptions WorkerOptions(const std::vector<std::string>& addresses,
+                                    const std::string& job,
+                                    const v1::JobConfig& config, int worker) {
+  client::ClientOptions options;
+  options.addresses = addresses;
+  options.job = job;
+  options.worker_id = absl::StrCat("worker-", worker);
+  options.job_config = config;
+  return options;
+}
+
+std::vector<float> InitialAnchor(size_t params) {
+  std::vector<float> anchor(params);
+  for (size_t j = 0; j < params; ++j) anchor[j] = Initial(j);
+  return anchor;
+}
+
 WorkerResult RunWorker(const E2eSpec& spec,
                        const std::vector<std::string>& addresses,
                        const std::string& job, const v1::JobConfig& config,
@@ -142,13 +159,8 @@ WorkerResult RunWorker(const E2eSpec& spec,
     result.status = std::move(s);
     return result;
   };
-  std::vector<float> anchor(spec.params);
-  for (size_t j = 0; j < spec.params; ++j) anchor[j] = Initial(j);
-  client::ClientOptions options;
-  options.addresses = addresses;
-  options.job = job;
-  options.worker_id = absl::StrCat("worker-", worker);
-  options.job_config = config;
+  std::vector<float> anchor = InitialAnchor(spec.params);
+  client::ClientOptions options = WorkerOptions(addresses, job, config, worker);
   options.uplink_codec = uplink;
   auto connected =
       client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/aggregator_client.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/codec.h"
 #include "server/aggregator_server.h"
@@ -89,6 +90,14 @@ class Barrier {
   int arrived_ ABSL_GUARDED_BY(mu_) = 0;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+// Worker `worker`'s client options for `job` on the shards at `addresses`,
+// as RunWorker connects it.
+client::ClientOptions WorkerOptions(const std::vector<std::string>& addresses,
+                                    const std::string& job,
+                                    const v1::JobConfig& config, int worker);
+// The parameters every worker starts from: Initial(j) for j < params.
+std::vector<float> InitialAnchor(size_t params);
 
 // One worker following the CO2 boundary protocol for spec.rounds rounds and
 // draining the last update; `after_round` (may be empty) runs after each of

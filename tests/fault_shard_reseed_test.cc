@@ -185,15 +185,10 @@ TEST(FaultShardReseedClientTest, AnUpdateTheWorkerWasToldOfIsKept) {
   } observer(&reseeded);
   Cluster cluster(1, dir, &observer);
   const v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
-  std::vector<float> anchor(spec.params);
-  for (size_t j = 0; j < spec.params; ++j) anchor[j] = Initial(j);
-  client::ClientOptions options;
-  options.addresses = cluster.addresses();
-  options.job = kJob;
-  options.worker_id = "worker-0";
-  options.job_config = config;
-  auto connected =
-      client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  std::vector<float> anchor = InitialAnchor(spec.params);
+  auto connected = client::AggregatorClient::Connect(
+      WorkerOptions(cluster.addresses(), kJob, config, 0),
+      absl::MakeSpan(anchor));
   ASSERT_TRUE(connected.ok()) << connected.status();
   client::AggregatorClient& c = **connected;
   ASSERT_TRUE(c.TrackAnchor(anchor).ok());

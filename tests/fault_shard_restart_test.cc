@@ -96,15 +96,10 @@ TEST(StreamBreakTest, AnUpdateNotYetTakenIsAskedForAgain) {
   spec.workers = 1;
   Cluster cluster(spec.shards, TempDir());
   const v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
-  std::vector<float> anchor(spec.params);
-  for (size_t j = 0; j < spec.params; ++j) anchor[j] = Initial(j);
-  client::ClientOptions options;
-  options.addresses = cluster.addresses();
-  options.job = "break";
-  options.worker_id = "worker-0";
-  options.job_config = config;
-  auto connected =
-      client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
+  std::vector<float> anchor = InitialAnchor(spec.params);
+  auto connected = client::AggregatorClient::Connect(
+      WorkerOptions(cluster.addresses(), "break", config, 0),
+      absl::MakeSpan(anchor));
   ASSERT_TRUE(connected.ok()) << connected.status();
   client::AggregatorClient& client = **connected;
   std::vector<float> delta(spec.params);

@@ -40,6 +40,16 @@ long HeapInUseKib() {
   return static_cast<long>((info.uordblks + info.hblkhd) / 1024);
 }
 
+// The largest RSS and allocated memory seen at the samples taken, in KiB.
+struct MemoryKib {
+  long rss = 0;
+  long heap = 0;
+  void Sample() {
+    rss = std::max(rss, RssKib());
+    heap = std::max(heap, HeapInUseKib());
+  }
+};
+
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[static_cast<size_t>(p * (v.size() - 1))];
@@ -55,8 +65,7 @@ TEST(LoadTest, SixtyFourWorkersFiftyRounds) {
   const v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
   absl::Mutex mu;
   std::vector<absl::Time> round_done(spec.rounds, absl::InfinitePast());
-  long rss_after_warmup = 0, rss_end = 0;
-  long heap_after_warmup = 0, heap_end = 0;
+  MemoryKib after_warmup, end;
   const absl::Time start = absl::Now();
   std::vector<WorkerResult> results = RunWorkers(
       spec, cluster.addresses(), "load", config,
@@ -64,14 +73,8 @@ TEST(LoadTest, SixtyFourWorkersFiftyRounds) {
       [&](int, uint64_t round) {
         absl::MutexLock lock(&mu);
         round_done[round] = std::max(round_done[round], absl::Now());
-        if (round == 10) {
-          rss_after_warmup = std::max(rss_after_warmup, RssKib());
-          heap_after_warmup = std::max(heap_after_warmup, HeapInUseKib());
-        }
-        if (round + 1 == spec.rounds) {
-          rss_end = std::max(rss_end, RssKib());
-          heap_end = std::max(heap_end, HeapInUseKib());
-        }
+        if (round == 10) after_warmup.Sample();
+        if (round + 1 == spec.rounds) end.Sample();
       });
   for (const WorkerResult& r : results) ASSERT_TRUE(r.status.ok()) << r.status;
   uint64_t round = 0;
@@ -85,9 +88,9 @@ TEST(LoadTest, SixtyFourWorkersFiftyRounds) {
   // Memory is allocated up front: 50 rounds later what is allocated has not
   // grown by more than a small fraction of what 64 workers hold (4 buffers ×
   // 4 MiB each).
-  EXPECT_LT(heap_end - heap_after_warmup, 64 * 16 * 1024 / 4)
-      << "allocated memory grew from " << heap_after_warmup << " to "
-      << heap_end << " KiB (RSS from " << rss_after_warmup << " to " << rss_end
+  EXPECT_LT(end.heap - after_warmup.heap, 64 * 16 * 1024 / 4)
+      << "allocated memory grew from " << after_warmup.heap << " to "
+      << end.heap << " KiB (RSS from " << after_warmup.rss << " to " << end.rss
       << " KiB)";
 
   std::vector<double> round_seconds;
@@ -107,10 +110,10 @@ TEST(LoadTest, SixtyFourWorkersFiftyRounds) {
         << ", \"p90\": " << Percentile(round_seconds, 0.9)
         << ", \"p99\": " << Percentile(round_seconds, 0.99)
         << ", \"max\": " << Percentile(round_seconds, 1.0)
-        << "},\n  \"rss_kib\": {\"after_round_10\": " << rss_after_warmup
-        << ", \"end\": " << rss_end
+        << "},\n  \"rss_kib\": {\"after_round_10\": " << after_warmup.rss
+        << ", \"end\": " << end.rss
         << "},\n  \"heap_in_use_kib\": {\"after_round_10\": "
-        << heap_after_warmup << ", \"end\": " << heap_end << "}\n}\n";
+        << after_warmup.heap << ", \"end\": " << end.heap << "}\n}\n";
   }
 }
 

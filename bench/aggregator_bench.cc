@@ -52,6 +52,10 @@ ABSL_FLAG(int, rounds, 4,
 ABSL_FLAG(int, repetitions, 3, "Repetitions of each N; medians are reported.");
 ABSL_FLAG(std::string, iperf3, "iperf3", "iperf3 binary; empty: skip it.");
 ABSL_FLAG(bool, gloo, true, "Run the Gloo all-reduce reference.");
+ABSL_FLAG(bool, whole_round_reference, false,
+          "Also run the aggregator with --stream_updates=false (each round's "
+          "update sent only once the whole round closed) in every "
+          "repetition, as a reference for streaming.");
 ABSL_FLAG(std::string, out, "", "Write the JSON report here (else stdout).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Shards write a checkpoint of every round here, as deployed "
@@ -228,7 +232,8 @@ struct ShardProcess {
 // starts by restoring an earlier run's job.
 std::optional<ShardProcess> StartShard(int index, int shards,
                                        const std::string& scratch,
-                                       const std::string& checkpoint_dir) {
+                                       const std::string& checkpoint_dir,
+                                       bool stream_updates) {
   ShardProcess shard;
   shard.log = absl::StrCat(scratch, "/shard-", index, ".log");
   std::map<std::string, std::string> env;
@@ -237,15 +242,17 @@ std::optional<ShardProcess> StartShard(int index, int shards,
     env["LD_PRELOAD"] = absl::GetFlag(FLAGS_copy_counter);
     env["CO2_COPY_COUNTER_OUT"] = shard.copies_path;
   }
-  std::vector<std::string> argv = {absl::GetFlag(FLAGS_aggregator),
-                                   "--insecure",
-                                   "--host=127.0.0.1",
-                                   "--port=0",
-                                   absl::StrCat("--shard_index=", index),
-                                   absl::StrCat("--num_shards=", shards),
-                                   "--metrics_port=-1",
-                                   "--lease=300s",
-                                   "--round_timeout=600s"};
+  std::vector<std::string> argv = {
+      absl::GetFlag(FLAGS_aggregator),
+      "--insecure",
+      "--host=127.0.0.1",
+      "--port=0",
+      absl::StrCat("--shard_index=", index),
+      absl::StrCat("--num_shards=", shards),
+      "--metrics_port=-1",
+      "--lease=300s",
+      "--round_timeout=600s",
+      absl::StrCat("--stream_updates=", stream_updates)};
   if (!checkpoint_dir.empty()) {
     argv.push_back("--checkpoint_dir=" + checkpoint_dir);
   }
@@ -279,7 +286,7 @@ struct Repetition {
 
 // The aggregator part of one repetition, with the job's downlink codec;
 // false on failure.
-bool RunAggregator(int n, int rep, common::Codec downlink,
+bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
                    const std::string& scratch, Repetition* out) {
   const int s = absl::GetFlag(FLAGS_shards);
   const uint64_t p = absl::GetFlag(FLAGS_params);
@@ -289,10 +296,10 @@ bool RunAggregator(int n, int rep, common::Codec downlink,
     const std::string checkpoint_dir =
         absl::GetFlag(FLAGS_checkpoint_dir).empty()
             ? ""
-            : absl::StrCat(absl::GetFlag(FLAGS_checkpoint_dir), "/agg-", n,
-                           "-", rep);
+            : absl::StrCat(absl::GetFlag(FLAGS_checkpoint_dir), "/agg-", n, "-",
+                           rep, stream_updates ? "" : "-whole");
     std::optional<ShardProcess> shard =
-        StartShard(i, s, scratch, checkpoint_dir);
+        StartShard(i, s, scratch, checkpoint_dir, stream_updates);
     if (!shard) {
       std::fprintf(stderr, "shard %d did not start (see %s/shard-%d.log)\n", i,
                    scratch.c_str(), i);
@@ -487,12 +494,24 @@ int RunDriver() {
         n * (4.0 * static_cast<double>(p) +
              static_cast<double>(common::EncodedSize(*downlink, p)));
     std::vector<double> goodput, vs_iperf3, vs_gloo, agg_round, gloo_round,
-        iperf3_bps;
+        iperf3_bps, whole_round, vs_whole;
     std::vector<std::string> shard_reports, client_copies;
     for (int rep = 0; rep < absl::GetFlag(FLAGS_repetitions); ++rep) {
       Repetition r;
-      if (!RunAggregator(n, rep, *downlink, scratch, &r)) return 1;
+      if (!RunAggregator(n, rep, *downlink, /*stream_updates=*/true, scratch,
+                         &r)) {
+        return 1;
+      }
       const double round_s = Median(r.aggregator_rounds);
+      if (absl::GetFlag(FLAGS_whole_round_reference)) {
+        Repetition whole;
+        if (!RunAggregator(n, rep, *downlink, /*stream_updates=*/false, scratch,
+                           &whole)) {
+          return 1;
+        }
+        whole_round.push_back(Median(whole.aggregator_rounds));
+        vs_whole.push_back(whole_round.back() / round_s);
+      }
       agg_round.push_back(round_s);
       goodput.push_back(round_bytes / round_s);
       shard_reports.push_back(r.shards_json);
@@ -520,9 +539,12 @@ int RunDriver() {
         vs_gloo.push_back(gloo_round.back() / round_s);
       }
       std::fprintf(stderr,
-                   "N=%d rep %d: round %.3f s, goodput %.2f GB/s, iperf3 "
-                   "%.2f GB/s, gloo all-reduce %.3f s\n",
-                   n, rep, round_s, goodput.back() / 1e9,
+                   "N=%d rep %d: round %.3f s (whole-round close %.3f s), "
+                   "goodput %.2f GB/s, iperf3 %.2f GB/s, gloo all-reduce "
+                   "%.3f s\n",
+                   n, rep, round_s,
+                   whole_round.empty() ? 0.0 : whole_round.back(),
+                   goodput.back() / 1e9,
                    iperf3_bps.empty() ? 0.0 : iperf3_bps.back() / 1e9,
                    gloo_round.empty() ? 0.0 : gloo_round.back());
     }
@@ -535,6 +557,9 @@ int RunDriver() {
       << ",\n   \"iperf3\": {\"bytes_per_s_median\": "
       << Num(Median(iperf3_bps))
       << ", \"bytes_per_s\": " << NumbersJson(iperf3_bps) << "}"
+      << ",\n   \"aggregator_whole_rounds\": {\"round_s_median\": "
+      << Num(Median(whole_round))
+      << ", \"round_s\": " << NumbersJson(whole_round) << "}"
       << ",\n   \"gloo_allreduce\": {\"round_s_median\": "
       << Num(Median(gloo_round)) << ", \"round_s\": " << NumbersJson(gloo_round)
       << "}"
@@ -543,8 +568,10 @@ int RunDriver() {
       << ", \"goodput_over_iperf3_each\": " << NumbersJson(vs_iperf3)
       << ", \"gloo_round_over_aggregator_round\": " << Num(Median(vs_gloo))
       << ", \"gloo_round_over_aggregator_round_each\": " << NumbersJson(vs_gloo)
-      << "},\n   \"shards\": [" << absl::StrJoin(shard_reports, ",\n     ")
-      << "]";
+      << ", \"whole_round_over_aggregator_round\": " << Num(Median(vs_whole))
+      << ", \"whole_round_over_aggregator_round_each\": "
+      << NumbersJson(vs_whole) << "},\n   \"shards\": ["
+      << absl::StrJoin(shard_reports, ",\n     ") << "]";
     if (!client_copies.empty()) {
       o << ",\n   \"client_copies\": ["
         << absl::StrJoin(client_copies, ",\n     ") << "]";

@@ -26,7 +26,8 @@ iperf3=${IPERF3:-$(command -v iperf3 || true)}
 "$bench" --aggregator="$aggregator" --iperf3="$iperf3" \
   --workers="${WORKERS:-2,4,8}" --params="${PARAMS:-8388608}" \
   --shards="${SHARDS:-2}" --rounds="${ROUNDS:-4}" \
-  --repetitions="${REPS:-3}" --scratch="$scratch/main" --out="$scratch/main.json"
+  --repetitions="${REPS:-3}" --whole_round_reference \
+  --scratch="$scratch/main" --out="$scratch/main.json"
 
 # Copies: one shard, two workers, under the LD_PRELOAD counter.
 "$bench" --aggregator="$aggregator" --iperf3= --gloo=false --workers=2 \

@@ -9,7 +9,9 @@
 #   sudo bench/run_overlap.sh [BUILD_DIR]        (default build; ~25 min)
 # Environment: RATES ("1gbit 100mbit"), TAUS_<rate> (τ values per rate),
 # STEPS (inner steps per run, 256), DDP_STEPS_<rate>, SHARDS (2), NICE (-10),
-# KEEP=1 keeps the scratch directory with every log and rank report.
+# AGG_ARGS (more co2-aggregator flags, e.g. --stream_updates=false for the
+# whole-round reference of docs/performance.md), KEEP=1 keeps the scratch
+# directory with every log and rank report.
 #
 # The script runs in its own session, whose scheduler autogroup gets nice
 # NICE: with autogroups, per-process nice does not count against other
@@ -68,7 +70,8 @@ run() {
   for ((s = 0; s < shards; s++)); do
     ip netns exec "$OV_PREFIX-agg" timeout "$run_limit" "$aggregator" \
       --insecure --port=$((50051 + s)) --shard_index="$s" \
-      --num_shards="$shards" --metrics_port=-1 >"$dir/shard-$s.log" 2>&1 &
+      --num_shards="$shards" --metrics_port=-1 ${AGG_ARGS:-} \
+      >"$dir/shard-$s.log" 2>&1 &
     pids+=($!)
   done
   sleep 0.5

@@ -50,6 +50,13 @@ v1::JobConfig BaseConfig(uint8_t knobs) {
   return c;
 }
 
+// A stream that discards what it is sent.
+class NullSink : public server::UpdateSink {
+ public:
+  void Send(std::shared_ptr<const server::UpdateChunks>) override {}
+  void Replay(const server::KeptUpdate&) override {}
+};
+
 common::FakeClock* Clock() {
   static common::FakeClock* clock = new common::FakeClock();
   return clock;
@@ -115,8 +122,8 @@ void FuzzExchange(const std::string& bytes, uint8_t knobs) {
   auto job = FreshJob(knobs);
   if (request.has_open()) {
     (void)job->UplinkCodec(request.open().worker_id());
-    (void)job->Subscribe(std::weak_ptr<server::UpdateSink>(),
-                         request.open().replay_from_round());
+    job->Subscribe(std::make_shared<NullSink>(),
+                   request.open().replay_from_round());
     return;
   }
   if (!request.has_contribution()) return;

@@ -240,8 +240,7 @@ class ExchangeReactor
       Take(step);
     }
 
-    // An update of a round the worker missed.
-    void Replay(const KeptUpdate& update) ABSL_LOCKS_EXCLUDED(mu_) {
+    void Replay(const KeptUpdate& update) override ABSL_LOCKS_EXCLUDED(mu_) {
       Step step;
       {
         absl::MutexLock lock(&mu_);
@@ -361,9 +360,7 @@ class ExchangeReactor
                                    open.worker_id()));
       worker_ = open.worker_id();
       CO2_RETURN_IF_ERROR(job_->UplinkCodec(worker_).status());
-      const std::vector<KeptUpdate> replay =
-          job_->Subscribe(outbox_, open.replay_from_round());
-      for (const KeptUpdate& update : replay) outbox_->Replay(update);
+      job_->Subscribe(outbox_, open.replay_from_round());
       return absl::OkStatus();
     }
     if (job_ == nullptr) {

@@ -1,6 +1,7 @@
 #include "server/anchor_snapshot.h"
 
 #include <string>
+#include <vector>
 
 #include "common/codec.h"
 #include "common/layout.h"
@@ -8,7 +9,8 @@
 namespace co2::server {
 
 std::shared_ptr<const AnchorSnapshot> MakeAnchorSnapshot(
-    uint64_t anchor_round, absl::Span<const float> anchor) {
+    uint64_t anchor_round, absl::Span<const float> anchor,
+    absl::Span<const std::vector<float>> unstepped) {
   const uint32_t num_chunks =
       static_cast<uint32_t>(common::NumChunks(anchor.size()));
   auto snapshot = std::make_shared<AnchorSnapshot>();
@@ -21,18 +23,21 @@ std::shared_ptr<const AnchorSnapshot> MakeAnchorSnapshot(
     message.set_chunk_index(i);
     std::string* bytes = message.mutable_payload();
     bytes->resize(chunk.size() * sizeof(float));
+    const bool moved = i < unstepped.size() && !unstepped[i].empty();
     common::Encode(common::Codec::kFp32,
-                   anchor.subspan(chunk.begin, chunk.size()),
+                   moved ? absl::MakeConstSpan(unstepped[i])
+                         : anchor.subspan(chunk.begin, chunk.size()),
                    absl::MakeSpan(bytes->data(), bytes->size()));
   }
   return snapshot;
 }
 
 std::shared_ptr<const AnchorSnapshot> SharedAnchorSnapshot::Get(
-    uint64_t anchor_round, absl::Span<const float> anchor) {
+    uint64_t anchor_round, absl::Span<const float> anchor,
+    absl::Span<const std::vector<float>> unstepped) {
   std::shared_ptr<const AnchorSnapshot> snapshot = snapshot_.lock();
   if (snapshot == nullptr) {
-    snapshot = MakeAnchorSnapshot(anchor_round, anchor);
+    snapshot = MakeAnchorSnapshot(anchor_round, anchor, unstepped);
     snapshot_ = snapshot;
   }
   return snapshot;

@@ -28,16 +28,20 @@ struct AnchorSnapshot {
 };
 
 // `anchor` (a shard's whole range), chunk by chunk, as the anchor of
-// `anchor_round`.
+// `anchor_round`; chunk c is taken from `unstepped[c]` instead where that is
+// given and not empty (a chunk the next round's step has already moved:
+// JobShard streams updates).
 std::shared_ptr<const AnchorSnapshot> MakeAnchorSnapshot(
-    uint64_t anchor_round, absl::Span<const float> anchor);
+    uint64_t anchor_round, absl::Span<const float> anchor,
+    absl::Span<const std::vector<float>> unstepped = {});
 
 class SharedAnchorSnapshot {
  public:
-  // The snapshot the fetches in progress share; made from `anchor` and
-  // `anchor_round` if there is none (nobody holds it any more, or Reset).
-  std::shared_ptr<const AnchorSnapshot> Get(uint64_t anchor_round,
-                                            absl::Span<const float> anchor);
+  // The snapshot the fetches in progress share; made by MakeAnchorSnapshot
+  // if there is none (nobody holds it any more, or Reset).
+  std::shared_ptr<const AnchorSnapshot> Get(
+      uint64_t anchor_round, absl::Span<const float> anchor,
+      absl::Span<const std::vector<float>> unstepped = {});
   // The anchor moved: the next Get makes a new snapshot. Those already
   // handed out are unchanged.
   void Reset() { snapshot_.reset(); }

@@ -1,6 +1,5 @@
 #include "server/chunked_outer_step.h"
 
-#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -84,87 +83,100 @@ std::shared_ptr<const v1::OuterUpdate> ChunkedOuterStep::Message(
   return msg;
 }
 
-// The gap is the last update as the workers decoded it: with the fp32
-// downlink the last update's payload itself (in memory, or read back from
-// its checkpoint into a chunk-sized buffer), else that payload decoded chunk
-// by chunk into a scratch buffer (only the gap-aware penalty reads it). With
-// the fp32 downlink the step writes U_{r+2} straight into the payload; other
-// codecs write it to a scratch buffer, encode it and decode it back, so that
-// the anchor adds the bits the workers add.
 StepResult ChunkedOuterStep::Run(ClosedRound& closed, const KeptUpdate* last,
                                  const OuterStepBuffers& buffers) const {
-  const bool fp32 = codec_ == common::Codec::kFp32;
-  const bool reads_gap = outer_.penalty == GapPenalty::kGapAware;
-  const KeptUpdate* gap_from = reads_gap ? last : nullptr;
-  const size_t chunk_elements = std::min(elements_, common::kChunkElements);
-  // Zeros: the gap before the first update, one no step reads or one that
-  // cannot be read back, and m where β = 0.
-  const std::vector<float> no_gap(chunk_elements);
-  std::vector<float> fresh_momentum(buffers.momentum.empty() ? chunk_elements
-                                                             : 0);
-  // The last update's payload read back from its checkpoint; with other
-  // codecs, that payload decoded, and U before encoding.
-  std::string gap_bytes;
-  std::vector<float> decoded_gap(!fp32 && gap_from != nullptr ? chunk_elements
-                                                              : 0);
-  std::vector<float> encoded_from(fp32 ? 0 : chunk_elements);
-  StepResult result;
-  auto chunks = std::make_shared<UpdateChunks>();
-  chunks->reserve(num_chunks_);
-  double penalty_sum = 0;
+  RoundStep step(*this, closed.round,
+                 last == nullptr ? std::nullopt : std::optional(*last),
+                 buffers);
   for (uint32_t i = 0; i < num_chunks_; ++i) {
-    const common::Range r = common::ChunkRange(elements_, i);
-    std::vector<float>& mean = closed.mean[i];
-    absl::Span<const float> gap = absl::MakeConstSpan(no_gap).first(r.size());
-    if (gap_from != nullptr) {
-      absl::StatusOr<std::string_view> bytes = gap_from->Payload(i, &gap_bytes);
-      if (bytes.ok() &&
-          bytes->size() != common::EncodedSize(codec_, r.size())) {
-        bytes = absl::DataLossError(absl::StrCat(
-            "the last update's chunk ", i, " has ", bytes->size(),
-            " bytes, expected ", common::EncodedSize(codec_, r.size())));
-      }
-      if (!bytes.ok()) {
-        if (result.gap_error.ok()) result.gap_error = bytes.status();
-        ++result.unread_gap_chunks;
-      } else if (fp32) {
-        gap = Fp32Floats(*bytes);
-      } else {
-        const absl::Span<float> out =
-            absl::MakeSpan(decoded_gap).first(r.size());
-        common::Decode(codec_, *bytes, out);
-        gap = out;
-      }
-    }
-    absl::Span<float> momentum;
-    if (buffers.momentum.empty()) {
-      std::fill(fresh_momentum.begin(), fresh_momentum.end(), 0.0f);
-      momentum = absl::MakeSpan(fresh_momentum).first(r.size());
-    } else {
-      momentum = buffers.momentum.subspan(r.begin, r.size());
-    }
-    std::string payload(common::EncodedSize(codec_, r.size()), '\0');
-    absl::Span<float> update =
-        fp32 ? Fp32Floats(payload)
-             : absl::MakeSpan(encoded_from).first(r.size());
-    AddStats(OuterStep(outer_, mean, gap, momentum, update), r.size(),
-             &result.stats, &penalty_sum);
-    std::vector<float>().swap(mean);
-    if (!fp32) {
-      common::Encode(codec_, update,
-                     absl::MakeSpan(payload.data(), payload.size()));
-    }
-    // A += 1·decode(U) in one pass: what the workers apply
-    // (AggregatorClient::ApplyUpdate), so both hold the same bits.
-    common::AccumulateDecoded(codec_, payload, 1.0f,
-                              buffers.anchor.subspan(r.begin, r.size()));
-    chunks->push_back(
-        Message(closed.round, i, closed.contributors, std::move(payload)));
+    step.Step(i, closed.mean[i], closed.contributors);
   }
-  result.stats.mean_penalty =
-      elements_ == 0 ? 1.0 : penalty_sum / static_cast<double>(elements_);
-  result.update = std::move(chunks);
-  return result;
+  return std::move(step).Finish();
+}
+
+RoundStep::RoundStep(const ChunkedOuterStep& step, uint64_t round,
+                     std::optional<KeptUpdate> last,
+                     const OuterStepBuffers& buffers)
+    : step_(step),
+      round_(round),
+      gap_(step.outer().penalty == GapPenalty::kGapAware ? std::move(last)
+                                                         : std::nullopt),
+      buffers_(buffers),
+      chunks_(step.num_chunks()) {}
+
+// The gap is the last update as the workers decoded it: with the fp32
+// downlink the last update's payload itself (in memory, or read back from
+// its checkpoint into a chunk-sized buffer), else that payload decoded into
+// a scratch buffer (only the gap-aware penalty reads it; zeros without it).
+// With the fp32 downlink the step writes U_{r+2} straight into the payload;
+// other codecs write it to a scratch buffer, encode it and decode it back,
+// so that the anchor adds the bits the workers add.
+std::shared_ptr<const v1::OuterUpdate> RoundStep::Step(uint32_t chunk_index,
+                                                       std::vector<float>& mean,
+                                                       uint32_t contributors) {
+  const common::Codec codec = step_.codec();
+  const bool fp32 = codec == common::Codec::kFp32;
+  const common::Range r = common::ChunkRange(step_.elements(), chunk_index);
+  std::vector<float> gap_floats;  // zeros, or the decoded gap
+  std::string gap_bytes;          // the gap read back from its checkpoint
+  absl::Span<const float> gap;
+  if (gap_.has_value()) {
+    absl::StatusOr<std::string_view> bytes =
+        gap_->Payload(chunk_index, &gap_bytes);
+    if (bytes.ok() && bytes->size() != common::EncodedSize(codec, r.size())) {
+      bytes = absl::DataLossError(absl::StrCat(
+          "the last update's chunk ", chunk_index, " has ", bytes->size(),
+          " bytes, expected ", common::EncodedSize(codec, r.size())));
+    }
+    if (!bytes.ok()) {
+      if (result_.gap_error.ok()) result_.gap_error = bytes.status();
+      ++result_.unread_gap_chunks;
+    } else if (fp32) {
+      gap = Fp32Floats(*bytes);
+    } else {
+      gap_floats.resize(r.size());
+      common::Decode(codec, *bytes, absl::MakeSpan(gap_floats));
+      gap = gap_floats;
+    }
+  }
+  if (gap.empty()) {
+    gap_floats.assign(r.size(), 0.0f);
+    gap = gap_floats;
+  }
+  std::vector<float> fresh_momentum;  // m where β = 0: zeros
+  absl::Span<float> momentum;
+  if (buffers_.momentum.empty()) {
+    fresh_momentum.assign(r.size(), 0.0f);
+    momentum = absl::MakeSpan(fresh_momentum);
+  } else {
+    momentum = buffers_.momentum.subspan(r.begin, r.size());
+  }
+  std::string payload(common::EncodedSize(codec, r.size()), '\0');
+  std::vector<float> encoded_from(fp32 ? 0 : r.size());  // U before encoding
+  const absl::Span<float> update =
+      fp32 ? Fp32Floats(payload) : absl::MakeSpan(encoded_from);
+  AddStats(OuterStep(step_.outer(), mean, gap, momentum, update), r.size(),
+           &result_.stats, &penalty_sum_);
+  std::vector<float>().swap(mean);
+  if (!fp32) {
+    common::Encode(codec, update,
+                   absl::MakeSpan(payload.data(), payload.size()));
+  }
+  // A += 1·decode(U) in one pass: what the workers apply
+  // (AggregatorClient::ApplyUpdate), so both hold the same bits.
+  common::AccumulateDecoded(codec, payload, 1.0f,
+                            buffers_.anchor.subspan(r.begin, r.size()));
+  chunks_[chunk_index] =
+      step_.Message(round_, chunk_index, contributors, std::move(payload));
+  return chunks_[chunk_index];
+}
+
+StepResult RoundStep::Finish() && {
+  const size_t elements = step_.elements();
+  result_.stats.mean_penalty =
+      elements == 0 ? 1.0 : penalty_sum_ / static_cast<double>(elements);
+  result_.update = std::make_shared<const UpdateChunks>(std::move(chunks_));
+  return std::move(result_);
 }
 
 }  // namespace co2::server

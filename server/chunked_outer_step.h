@@ -15,7 +15,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -62,6 +64,7 @@ class ChunkedOuterStep {
   uint32_t num_chunks() const { return num_chunks_; }
 
   // The message carrying chunk `chunk_index` of the update of `round`.
+  common::Codec codec() const { return codec_; }
   std::shared_ptr<const v1::OuterUpdate> Message(uint64_t round,
                                                  uint32_t chunk_index,
                                                  uint32_t contributors,
@@ -72,7 +75,7 @@ class ChunkedOuterStep {
   // step has run, so the mean and U are not both whole at any time. `last`
   // is the encoded update of the last closed round (null before the first,
   // or when none is kept): decoded, it is the gap (zeros without it), read
-  // one chunk at a time.
+  // one chunk at a time. (RoundStep, below, runs it chunk by chunk.)
   StepResult Run(ClosedRound& closed, const KeptUpdate* last,
                  const OuterStepBuffers& buffers) const;
 
@@ -83,6 +86,40 @@ class ChunkedOuterStep {
   const uint64_t max_staleness_;
   const size_t elements_;
   const uint32_t num_chunks_;
+};
+
+// One round's step, chunk by chunk, in any order and spread over time: a
+// shard steps the chunks of a round that are complete while the rest of it
+// still arrives, and sends their updates at once. Each chunk is stepped once;
+// the result is the same bits as Run. Holds the gap (a copy of the last
+// update, so the shard's cache may drop it) and the messages made so far;
+// borrows `step` and the buffers, which must outlive it. Not thread-safe.
+class RoundStep {
+ public:
+  RoundStep(const ChunkedOuterStep& step, uint64_t round,
+            std::optional<KeptUpdate> last, const OuterStepBuffers& buffers);
+
+  uint64_t round() const { return round_; }
+  bool stepped(uint32_t chunk_index) const {
+    return chunks_[chunk_index] != nullptr;
+  }
+  // Steps chunk `chunk_index` (not stepped yet) with its mean, which is
+  // freed, and returns the message carrying its update, made with
+  // `contributors`.
+  std::shared_ptr<const v1::OuterUpdate> Step(uint32_t chunk_index,
+                                              std::vector<float>& mean,
+                                              uint32_t contributors);
+  // Once every chunk is stepped: the update, in chunk order, and the stats.
+  StepResult Finish() &&;
+
+ private:
+  const ChunkedOuterStep& step_;
+  const uint64_t round_;
+  const std::optional<KeptUpdate> gap_;  // null unless the penalty reads it
+  const OuterStepBuffers buffers_;
+  UpdateChunks chunks_;  // null until stepped
+  double penalty_sum_ = 0;
+  StepResult result_;
 };
 
 }  // namespace co2::server

@@ -1,12 +1,13 @@
 #include "server/job_shard.h"
 
 #include <algorithm>
+#include <cassert>
 #include <utility>
 
-#include "common/logging.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace co2::server {
@@ -219,7 +220,7 @@ absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> JobShard::Fetch(
         seed_.seeder(), "\"); retry"));
   }
   std::shared_ptr<const AnchorSnapshot> snapshot =
-      snapshot_.Get(AnchorRoundLocked(), anchor_);
+      snapshot_.Get(AnchorRoundLocked(), anchor_, unstepped_anchor_);
   rounds_.AddWorker(worker, snapshot->anchor_round);
   return snapshot;
 }
@@ -290,17 +291,27 @@ absl::Status JobShard::ContributeUnobserved(const std::string& worker,
   return absl::OkStatus();
 }
 
-std::vector<KeptUpdate> JobShard::Subscribe(std::weak_ptr<UpdateSink> sink,
-                                            uint64_t from_round) {
+void JobShard::Subscribe(const std::shared_ptr<UpdateSink>& sink,
+                         uint64_t from_round) {
   absl::MutexLock lock(&mu_);
-  sinks_.Add(std::move(sink));
-  return updates_.PublishedSince(from_round);
+  sinks_.Add(sink);
+  // Under the lock, so that nothing a Poll sends later comes before these.
+  for (const KeptUpdate& update : updates_.PublishedSince(from_round)) {
+    sink->Replay(update);
+  }
+  const UpdateChunks& streamed = updates_.Streamed();
+  if (!streamed.empty() && streamed.front()->round() >= from_round) {
+    sink->Send(std::make_shared<const UpdateChunks>(streamed));
+  }
 }
 
 int JobShard::Poll() {
   std::optional<v1::ShardCheckpointHeader> header;
   std::shared_ptr<const StoredUpdate> stored;
   std::vector<std::function<void(absl::Status)>> durable;
+  std::vector<std::shared_ptr<const UpdateChunks>> published;
+  std::vector<std::shared_ptr<UpdateSink>> sinks;
+  int rounds_published = 0;
   {
     absl::MutexLock lock(&mu_);
     ExpireLeasesLocked();
@@ -308,12 +319,23 @@ int JobShard::Poll() {
     }
     report_.Polled(members_.size(), rounds_.open_round(), anchor_ready_,
                    rounds_.quorum_misses());
-    // Membership and the seeded anchor are made durable too, so a shard
-    // that restarts before its first round closed still knows the job.
-    const bool dirty = checkpoint_dirty_ && anchor_ready_ &&
-                       options_.checkpoints != nullptr;
-    if (!updates_.has_unpublished() && !dirty) return 0;
-    if (options_.checkpoints != nullptr) {
+    if (options_.checkpoints == nullptr) {
+      // Nothing to make durable: the closed rounds' updates go out at once,
+      // then the chunks of the open round that are complete.
+      rounds_published = static_cast<int>(updates_.num_unpublished());
+      published = updates_.Publish(nullptr);
+      UpdateChunks streamed = StreamCompleteChunksLocked();
+      if (!streamed.empty()) {
+        published.push_back(
+            std::make_shared<const UpdateChunks>(std::move(streamed)));
+      }
+      if (published.empty()) return 0;
+      sinks = sinks_.Live();
+    } else {
+      // Membership and the seeded anchor are made durable too, so a shard
+      // that restarts before its first round closed still knows the job.
+      const bool dirty = checkpoint_dirty_ && anchor_ready_;
+      if (!updates_.has_unpublished() && !dirty) return 0;
       if (clock_->Now() < checkpoint_retry_at_) return 0;
       header = CheckpointHeaderLocked();
       checkpoint_dirty_ = false;
@@ -347,10 +369,9 @@ int JobShard::Poll() {
     durable.swap(durable_waiters_);
   }
   for (auto& done : durable) done(absl::OkStatus());
-  std::vector<std::shared_ptr<const UpdateChunks>> published;
-  std::vector<std::shared_ptr<UpdateSink>> sinks;
-  {
+  if (header.has_value()) {
     absl::MutexLock lock(&mu_);
+    rounds_published = static_cast<int>(updates_.num_unpublished());
     published = updates_.Publish(std::move(stored));
     sinks = sinks_.Live();
   }
@@ -363,7 +384,7 @@ int JobShard::Poll() {
           job_, common::Codec(config_.downlink_codec()), bytes, sinks.size());
     }
   }
-  return static_cast<int>(published.size());
+  return rounds_published;
 }
 
 absl::Time JobShard::NextDeadline() const {
@@ -415,15 +436,19 @@ bool JobShard::CloseRoundLocked() {
   if (!anchor_ready_) return false;
   std::optional<ClosedRound> closed = rounds_.TryClose();
   if (!closed) return false;
-  // The oldest update kept goes before the new one exists, so at most
-  // max_staleness + 1 rounds of encoded updates exist at any time. The last
-  // update is the gap of this step: with max_staleness = 0 the cache drops
-  // it here, so it is held until the step has run.
-  const std::optional<KeptUpdate> gap = updates_.Last();
+  // The last update is the gap of this step (StepOfRoundLocked holds a copy).
+  // Then the oldest update kept goes before the new one is whole, so at most
+  // max_staleness + 1 rounds of encoded updates exist at any time.
+  RoundStep& round_step = StepOfRoundLocked(closed->round);
   updates_.MakeRoomForNext();
-  StepResult step = step_.Run(
-      *closed, gap.has_value() ? &*gap : nullptr,
-      OuterStepBuffers{absl::MakeSpan(anchor_), absl::MakeSpan(momentum_)});
+  for (uint32_t c = 0; c < step_.num_chunks(); ++c) {
+    if (!round_step.stepped(c)) {
+      round_step.Step(c, closed->mean[c], closed->contributors);
+    }
+  }
+  StepResult step = std::move(round_step).Finish();
+  open_step_.reset();
+  unstepped_anchor_.clear();
   stats_.last_step = step.stats;
   if (step.unread_gap_chunks > 0) {
     stats_.unread_gap_chunks += step.unread_gap_chunks;
@@ -440,6 +465,40 @@ bool JobShard::CloseRoundLocked() {
   updates_.AddUnpublished(std::move(step.update));
   snapshot_.Reset();
   return true;
+}
+
+RoundStep& JobShard::StepOfRoundLocked(uint64_t round) {
+  assert(!open_step_.has_value() || open_step_->round() == round);
+  if (!open_step_.has_value()) {
+    open_step_.emplace(
+        step_, round, updates_.Last(),
+        OuterStepBuffers{absl::MakeSpan(anchor_), absl::MakeSpan(momentum_)});
+  }
+  return *open_step_;
+}
+
+UpdateChunks JobShard::StreamCompleteChunksLocked() {
+  UpdateChunks streamed;
+  if (!options_.stream_updates || options_.checkpoints != nullptr ||
+      !anchor_ready_) {
+    return streamed;
+  }
+  std::vector<CompleteChunk> complete = rounds_.TakeCompleteChunks();
+  if (complete.empty()) return streamed;
+  RoundStep& round_step = StepOfRoundLocked(rounds_.open_round());
+  unstepped_anchor_.resize(step_.num_chunks());
+  for (CompleteChunk& chunk : complete) {
+    const common::Range r =
+        common::ChunkRange(range_.size(), chunk.chunk_index);
+    unstepped_anchor_[chunk.chunk_index].assign(
+        anchor_.begin() + static_cast<std::ptrdiff_t>(r.begin),
+        anchor_.begin() + static_cast<std::ptrdiff_t>(r.end));
+    std::shared_ptr<const v1::OuterUpdate> message =
+        round_step.Step(chunk.chunk_index, chunk.mean, chunk.contributors);
+    updates_.AddStreamed(message);
+    streamed.push_back(std::move(message));
+  }
+  return streamed;
 }
 
 void JobShard::ExpireLeasesLocked() {

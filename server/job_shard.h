@@ -3,14 +3,16 @@
 // RoundState with its accumulators, the membership with leases, and the
 // encoded updates of the last closed rounds (for workers that reconnect). The
 // last update, decoded, is the staleness gap g of the next step, read chunk
-// by chunk (ChunkedOuterStep). Memory, in fp32 copies of the range: A, an
-// accumulator per round that has chunks (one; two while workers are a round
-// apart), m with β != 0, and the update of a closed round until its
-// checkpoint is durable and the streams have sent it: from then on it is kept
-// in its checkpoint (UpdateCache). Without checkpoints the cache keeps
-// max_staleness + 1 rounds of updates in memory (in the downlink codec: 1
-// each for fp32, 1/2 for bf16, about 1/4 for int8). While workers fetch it,
-// one snapshot of A that every fetch shares.
+// by chunk (ChunkedOuterStep). Without checkpoints it streams: a chunk of the
+// open round that every required worker has sent is stepped and its update
+// sent before the round closes (JobShardOptions::stream_updates). Memory, in
+// fp32 copies of the range: A, an accumulator per round that has chunks (one;
+// two while workers are a round apart), m with β != 0, and the update of a
+// closed round until its checkpoint is durable and the streams have sent it:
+// from then on it is kept in its checkpoint (UpdateCache). Without checkpoints
+// the cache keeps max_staleness + 1 rounds of updates in memory (in the
+// downlink codec: 1 each for fp32, 1/2 for bf16, about 1/4 for int8). While
+// workers fetch it, one snapshot of A that every fetch shares.
 //
 // The parts, each a unit under the shard's one mutex: ShardMembers (leases,
 // evictions), SeedState (who seeds A), RoundState, ChunkedOuterStep (the
@@ -71,6 +73,12 @@ struct JobShardOptions {
   // Where closed rounds are made durable before their update is released;
   // nullptr: no checkpoints. Borrowed; must outlive the shard.
   const CheckpointStore* checkpoints = nullptr;
+  // Without checkpoints: step each chunk of the open round as soon as every
+  // worker required for the round has sent it, and send its update at once,
+  // while the rest of the round still arrives (the downlink overlaps the
+  // uplink). With checkpoints an update waits for its round's checkpoint,
+  // so this does nothing. Same bits either way.
+  bool stream_updates = true;
   // How soon a failed checkpoint write is retried (its update waits).
   absl::Duration checkpoint_retry = absl::Seconds(1);
   // Told about contributions, rounds and rejections (metrics); nullptr:
@@ -176,15 +184,17 @@ class JobShard {
   absl::Status Contribute(const std::string& worker, const v1::Contribution& c)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Registers a sink and returns the cached updates of rounds >= from_round
-  // (those kept in a checkpoint are read chunk by chunk as they are sent).
-  std::vector<KeptUpdate> Subscribe(std::weak_ptr<UpdateSink> sink,
-                                    uint64_t from_round)
+  // Registers a sink (held weakly) and replays to it, before any later
+  // update, the cached updates of rounds >= from_round (those kept in a
+  // checkpoint are read chunk by chunk as they are sent) and the chunks of
+  // the open round streamed so far. Calls the sink with the lock held.
+  void Subscribe(const std::shared_ptr<UpdateSink>& sink, uint64_t from_round)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Expires leases and closes the open round if it can close; runs the outer
-  // step, writes the checkpoint and then publishes to the sinks. Returns how
-  // many rounds were published. One thread at a time (the registry poller).
+  // step, writes the checkpoint and then publishes to the sinks; streams the
+  // open round's complete chunks (stream_updates). Returns how many rounds
+  // were published. One thread at a time (the registry poller).
   int Poll() ABSL_LOCKS_EXCLUDED(mu_);
   // The earliest time Poll has work to do without new input (a round
   // deadline or a lease expiry); InfiniteFuture if none.
@@ -218,6 +228,14 @@ class JobShard {
                             const absl::Status& invalid)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step of `round` (the open round, or the one closing), begun if it
+  // has not been.
+  RoundStep& StepOfRoundLocked(uint64_t round)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Steps the open round's complete chunks ahead of its close (with
+  // stream_updates and no checkpoints) and returns their update chunks, to
+  // send; empty if none.
+  UpdateChunks StreamCompleteChunksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes A, m and the last update; returns the update as written. Runs
   // without the lock: that state only changes in CloseRoundLocked and
   // Publish, on the same (poller) thread.
@@ -246,6 +264,13 @@ class JobShard {
   std::vector<float> anchor_ ABSL_GUARDED_BY(mu_);
   // m; empty with β = 0, where each step starts it from zero.
   std::vector<float> momentum_ ABSL_GUARDED_BY(mu_);
+  // The open round's step once a chunk of it was streamed; until the round
+  // closes, the anchor is A_r in the chunks not stepped yet and A_{r+1} in
+  // the others, and unstepped_anchor_ keeps A_r of those (chunk c empty
+  // while not stepped) for fetches. As each streamed chunk frees its mean,
+  // this costs no memory the round did not hold.
+  std::optional<RoundStep> open_step_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<float>> unstepped_anchor_ ABSL_GUARDED_BY(mu_);
   // The snapshot the fetches in progress share; dropped when the anchor moves
   // (once seeded, only a round's close moves it).
   SharedAnchorSnapshot snapshot_ ABSL_GUARDED_BY(mu_);

@@ -60,6 +60,12 @@ ABSL_FLAG(int, stream_window_bytes, 256 << 10,
           "send ahead of the shard's reads (held in the shard's memory). "
           "A stream moves at most about this plus one 1 MiB chunk per round "
           "trip: raise it on links with a long round trip.");
+ABSL_FLAG(bool, stream_updates, true,
+          "Without --checkpoint_dir: step and send each chunk of a round's "
+          "update as soon as every worker of the round has sent that chunk, "
+          "while the rest still arrives (the same bits; false waits for the "
+          "whole round). With checkpoints an update waits for its "
+          "round's checkpoint.");
 ABSL_FLAG(int, max_rejected_chunks, 3,
           "A worker whose contributions fail validation (NaN/Inf, bad size) "
           "this many times in a row is evicted from its job.");
@@ -171,6 +177,7 @@ int main(int argc, char** argv) {
   options.registry.max_parameters = absl::GetFlag(FLAGS_max_parameters);
   options.registry.shard.max_rejected_chunks =
       absl::GetFlag(FLAGS_max_rejected_chunks);
+  options.registry.shard.stream_updates = absl::GetFlag(FLAGS_stream_updates);
   options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":",
                                  absl::GetFlag(FLAGS_port));
   options.registry.shard_index = shard_index;

@@ -84,6 +84,8 @@ RoundState::RoundState(const RoundOptions& options, common::Clock* clock)
           static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
       open_(options.first_round) {
   for (int s = 0; s < 2; ++s) weight_sum_[s].assign(num_chunks_, 0.0);
+  taken_.Reset(num_chunks_);
+  senders_.assign(num_chunks_, 0);
 }
 
 void RoundState::AddWorker(std::string_view worker, uint64_t first_round) {
@@ -95,6 +97,7 @@ void RoundState::AddWorker(std::string_view worker, uint64_t first_round) {
   if (!w.live) ++live_workers_;
   w.live = true;
   w.first_round = first_round;
+  RecountSenders();
 }
 
 void RoundState::RemoveWorker(std::string_view worker) {
@@ -102,6 +105,7 @@ void RoundState::RemoveWorker(std::string_view worker) {
   if (it == workers_.end() || !it->second.live) return;
   it->second.live = false;
   --live_workers_;
+  RecountSenders();
   // The record stays while it has counted chunks (see workers_); Close drops
   // it once they leave the window.
 }
@@ -178,9 +182,11 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
     outcome.duplicate = true;
     return outcome;
   }
-  // A straggler's chunk of open − 1 is folded into the open round.
-  outcome.folded = rel == kPrev;
-  const uint64_t target = outcome.folded ? open_ : round;
+  // A straggler's chunk of open − 1 is folded into the open round, and a
+  // chunk of the open round taken ahead into the next.
+  uint64_t target = rel == kPrev ? open_ : round;
+  if (target == open_ && taken_.Test(chunk_index)) ++target;
+  outcome.folded = target != round;
   const absl::Status added = Accumulate(Slot(target), chunk_index, codec,
                                         payload, static_cast<float>(weight));
   if (!added.ok()) {
@@ -190,6 +196,7 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
   }
   w.received[rel].Set(chunk_index);
   if (chunk_index == 0) w.weight0[rel] = weight;
+  if (rel == kOpen && Required(w)) ++senders_[chunk_index];
   if (!outcome.folded) {
     has_chunk_[Slot(round)] = true;
     if (round == open_ && !deadline_.has_value()) {
@@ -264,27 +271,44 @@ std::optional<ClosedRound> RoundState::TryClose() {
   return Close(complete, total_weight, /*quorum_close=*/true);
 }
 
+std::vector<CompleteChunk> RoundState::TakeCompleteChunks() {
+  std::vector<CompleteChunk> complete;
+  if (required_ == 0) return complete;
+  for (uint32_t c = 0; c < num_chunks_; ++c) {
+    if (taken_.Test(c) || senders_[c] != required_) continue;
+    taken_.Set(c);
+    complete.push_back(CompleteChunk{c, required_, TakeMean(Slot(open_), c)});
+  }
+  return complete;
+}
+
+std::vector<float> RoundState::TakeMean(int slot, uint32_t chunk_index) {
+  std::vector<float> acc = std::move(AccumulatorOf(slot, chunk_index));
+  acc_[slot][chunk_index].clear();  // moved-from: valid but unspecified
+  double& sum = weight_sum_[slot][chunk_index];
+  if (sum > 0) {
+    DivideInPlace(acc.data(), acc.size(), sum);
+  } else {
+    std::fill(acc.begin(), acc.end(), 0.0f);
+  }
+  sum = 0;
+  return acc;
+}
+
 ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
                               bool quorum_close) {
   const int slot = Slot(open_);
-  std::vector<double>& sums = weight_sum_[slot];
-  for (uint32_t c = 0; c < num_chunks_; ++c) {
-    std::vector<float>& acc = AccumulatorOf(slot, c);
-    if (sums[c] > 0) {
-      DivideInPlace(acc.data(), acc.size(), sums[c]);
-    } else {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-    }
-    sums[c] = 0;
-  }
-
   ClosedRound closed;
   closed.round = open_;
   closed.contributors = contributors;
   closed.total_weight = total_weight;
   closed.quorum_close = quorum_close;
-  closed.mean = std::move(acc_[slot]);
-  acc_[slot].clear();  // a moved-from vector is valid but unspecified
+  closed.mean.resize(num_chunks_);
+  for (uint32_t c = 0; c < num_chunks_; ++c) {
+    if (!taken_.Test(c)) closed.mean[c] = TakeMean(slot, c);
+  }
+  acc_[slot].clear();
+  taken_.Clear();
 
   has_chunk_[slot] = false;
   ++open_;
@@ -307,7 +331,20 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
       ++it;
     }
   }
+  RecountSenders();
   return closed;
+}
+
+void RoundState::RecountSenders() {
+  required_ = 0;
+  std::fill(senders_.begin(), senders_.end(), 0);
+  for (const auto& [id, w] : workers_) {
+    if (!Required(w)) continue;
+    ++required_;
+    const ChunkSet& sent = w.received[kOpen];
+    if (sent.count() == 0) continue;
+    for (uint32_t c = 0; c < num_chunks_; ++c) senders_[c] += sent.Test(c);
+  }
 }
 
 void RoundState::Reopen(uint64_t round) {
@@ -315,6 +352,7 @@ void RoundState::Reopen(uint64_t round) {
   open_ = round;
   deadline_.reset();
   miss_counted_ = false;
+  RecountSenders();
 }
 
 uint64_t RoundState::open_round() const { return open_; }

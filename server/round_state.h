@@ -17,6 +17,10 @@
 //    has sent all chunks of r; or at its deadline (round_timeout after the
 //    round opened with a chunk in it, or after its first chunk) when at least
 //    min_workers did. A round never closes with no complete contribution.
+//  - A chunk of r that every live worker required for r has sent can be taken
+//    ahead of the round's close (TakeCompleteChunks: the shard streams its
+//    update while the rest of the round arrives). A contribution to a chunk
+//    taken ahead, of r or a straggler's of r − 1, is folded into r + 1.
 //
 // Not thread-safe: the owner serialises calls (server::JobShard holds a mutex).
 #ifndef CO2_SERVER_ROUND_STATE_H_
@@ -52,6 +56,13 @@ struct ChunkOutcome {
   bool folded = false;     // a round r − 1 chunk, added to round r
 };
 
+// One chunk's mean, taken ahead of its round's close.
+struct CompleteChunk {
+  uint32_t chunk_index = 0;
+  uint32_t contributors = 0;  // workers whose contribution completed it
+  std::vector<float> mean;
+};
+
 struct ClosedRound {
   uint64_t round = 0;
   uint32_t contributors = 0;  // workers with a complete contribution
@@ -60,6 +71,7 @@ struct ClosedRound {
   // D_r, the weighted mean, chunk by chunk (mean[c] covers
   // common::ChunkRange(n, c)): the round's accumulators, divided in place and
   // handed over, so that each is freed as soon as the caller is done with it.
+  // Empty for the chunks taken ahead (TakeCompleteChunks).
   std::vector<std::vector<float>> mean;
 };
 
@@ -102,6 +114,11 @@ class RoundState {
   // RemoveWorker, and when Deadline() passes. Closes at most one round per
   // call: call again while it returns a round (r + 1 may be complete too).
   std::optional<ClosedRound> TryClose();
+  // The chunks of the open round not taken yet that every live worker
+  // required for it has sent (none while no worker is required): their means,
+  // handed over as Close would, in chunk order. Contributions to them that
+  // arrive later go to the next round.
+  std::vector<CompleteChunk> TakeCompleteChunks();
 
   // For a shard re-seeded after it lost its state: `round` becomes the open
   // round. Only while no chunk has been accumulated (the anchor was not
@@ -163,10 +180,20 @@ class RoundState {
   // INVALID_ARGUMENT, with nothing added, if a sum would overflow fp32.
   absl::Status Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
                           common::Pieces payload, float w);
+  // Writes the mean of chunk `chunk_index` of `slot` in place and hands it
+  // over (zeros if it has no weight).
+  std::vector<float> TakeMean(int slot, uint32_t chunk_index);
   // Writes the mean of the open round in place, hands it over and advances
   // the open round.
   ClosedRound Close(uint32_t contributors, double total_weight,
                     bool quorum_close);
+  // Whether `w` must contribute to the open round for it to be complete.
+  bool Required(const Worker& w) const {
+    return w.live && w.first_round <= open_;
+  }
+  // Recounts required_ and senders_ from the workers (membership changed, or
+  // a new round opened).
+  void RecountSenders();
 
   const RoundOptions options_;
   common::Clock* const clock_;
@@ -183,6 +210,12 @@ class RoundState {
   bool miss_counted_ = false;                       // for the open round
   uint64_t quorum_misses_ = 0;
   size_t live_workers_ = 0;
+  // Chunks of the open round taken ahead of its close.
+  ChunkSet taken_;
+  // Live workers required for the open round, and per chunk how many of them
+  // have sent it: a chunk is complete when the two are equal.
+  uint32_t required_ = 0;
+  std::vector<uint32_t> senders_;
   // Live workers, and departed ones while they still have counted chunks in
   // the window (their complete contributions count at close; a rejoin keeps
   // its duplicate detection).

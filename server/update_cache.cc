@@ -4,8 +4,24 @@
 
 namespace co2::server {
 
+void UpdateCache::AddStreamed(std::shared_ptr<const v1::OuterUpdate> chunk) {
+  streamed_.push_back(std::move(chunk));
+}
+
 void UpdateCache::AddUnpublished(std::shared_ptr<const UpdateChunks> update) {
-  unpublished_.emplace_back(std::move(update));
+  std::shared_ptr<const UpdateChunks> unsent = update;
+  if (!streamed_.empty()) {
+    std::vector<bool> sent(update->size(), false);
+    for (const auto& chunk : streamed_) sent[chunk->chunk_index()] = true;
+    auto rest = std::make_shared<UpdateChunks>();
+    for (const auto& chunk : *update) {
+      if (!sent[chunk->chunk_index()]) rest->push_back(chunk);
+    }
+    unsent = std::move(rest);
+    streamed_.clear();
+  }
+  unpublished_.push_back(
+      Unpublished{KeptUpdate(std::move(update)), std::move(unsent)});
 }
 
 void UpdateCache::AddPublished(std::shared_ptr<const UpdateChunks> update) {
@@ -15,9 +31,9 @@ void UpdateCache::AddPublished(std::shared_ptr<const UpdateChunks> update) {
 std::vector<std::shared_ptr<const UpdateChunks>> UpdateCache::Publish(
     std::shared_ptr<const StoredUpdate> stored) {
   std::vector<std::shared_ptr<const UpdateChunks>> released;
-  for (KeptUpdate& update : unpublished_) {
-    released.push_back(update.chunks());  // unpublished: in memory
-    published_.push_back(std::move(update));
+  for (Unpublished& pending : unpublished_) {
+    if (!pending.unsent->empty()) released.push_back(std::move(pending.unsent));
+    published_.push_back(std::move(pending.update));
   }
   unpublished_.clear();
   Trim(replay_rounds_);
@@ -28,14 +44,14 @@ std::vector<std::shared_ptr<const UpdateChunks>> UpdateCache::Publish(
 }
 
 std::optional<KeptUpdate> UpdateCache::Last() const {
-  if (!unpublished_.empty()) return unpublished_.back();
+  if (!unpublished_.empty()) return unpublished_.back().update;
   if (!published_.empty()) return published_.back();
   return std::nullopt;
 }
 
 std::optional<uint64_t> UpdateCache::OldestRound() const {
   if (!published_.empty()) return published_.front().round();
-  if (!unpublished_.empty()) return unpublished_.front().round();
+  if (!unpublished_.empty()) return unpublished_.front().update.round();
   return std::nullopt;
 }
 

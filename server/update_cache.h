@@ -13,6 +13,11 @@
 // the streams sending it hold its messages until they are sent, and the
 // cache only holds the file. Without checkpoints updates stay in memory.
 //
+// Without checkpoints a shard may also stream the chunks of the open round's
+// update that are complete before the round closes (AddStreamed): those are
+// sent as they are made, kept for a stream that starts meanwhile (Streamed),
+// and not sent again when their round's update is published.
+//
 // Not thread-safe: the owner serialises calls (server::JobShard holds a
 // mutex). The updates themselves are immutable and shared.
 #ifndef CO2_SERVER_UPDATE_CACHE_H_
@@ -41,18 +46,26 @@ class UpdateCache {
   // until the new one fits in replay_rounds, so no more than that many exist
   // at any time.
   void MakeRoomForNext() { Trim(replay_rounds_ - 1); }
-  // The update of the round that just closed, held until Publish.
+  // A chunk of the open round's update, sent ahead of the round's close.
+  void AddStreamed(std::shared_ptr<const v1::OuterUpdate> chunk);
+  // The chunks sent ahead for the round that has not closed yet, in the
+  // order they were made; empty if none.
+  const UpdateChunks& Streamed() const { return streamed_; }
+  // The update of the round that just closed, held until Publish. The
+  // chunks of it that were streamed are not sent again.
   void AddUnpublished(std::shared_ptr<const UpdateChunks> update);
   // The update of a restored shard's last closed round: already published.
   void AddPublished(std::shared_ptr<const UpdateChunks> update);
   // Their checkpoint is durable: the unpublished updates become published
   // (the oldest beyond replay_rounds dropped). Returns them, oldest first,
-  // for the streams. `stored`, when not null, is the last update as that
-  // checkpoint wrote it: from now on the cache keeps it there.
+  // for the streams: each one's chunks that were not streamed (an update
+  // streamed whole is left out). `stored`, when not null, is the last update as
+  // that checkpoint wrote it: from now on the cache keeps it there.
   std::vector<std::shared_ptr<const UpdateChunks>> Publish(
       std::shared_ptr<const StoredUpdate> stored);
 
   bool has_unpublished() const { return !unpublished_.empty(); }
+  size_t num_unpublished() const { return unpublished_.size(); }
   // The update of the last closed round, published or not; nullopt if none.
   // A copy, so that it outlives MakeRoomForNext while it is the next gap.
   std::optional<KeptUpdate> Last() const;
@@ -66,9 +79,16 @@ class UpdateCache {
   // (published or not) are left.
   void Trim(size_t keep);
 
+  // An update waiting for Publish, and its chunks the streams still need.
+  struct Unpublished {
+    KeptUpdate update;
+    std::shared_ptr<const UpdateChunks> unsent;
+  };
+
   const size_t replay_rounds_;
   std::vector<KeptUpdate> published_;
-  std::vector<KeptUpdate> unpublished_;
+  std::vector<Unpublished> unpublished_;
+  UpdateChunks streamed_;
 };
 
 }  // namespace co2::server

@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "server/kept_update.h"
 #include "server/update_chunks.h"
 
 namespace co2::server {
@@ -19,7 +20,11 @@ namespace co2::server {
 class UpdateSink {
  public:
   virtual ~UpdateSink() = default;
+  // Chunks of an update, as they are made: a closed round's, or some of the
+  // open round's (streamed ahead of its close).
   virtual void Send(std::shared_ptr<const UpdateChunks> update) = 0;
+  // A whole update of a round the stream's worker missed (when it starts).
+  virtual void Replay(const KeptUpdate& update) = 0;
 };
 
 class UpdateSinks {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,12 +36,25 @@ absl::StatusOr<std::unique_ptr<JobShard>> SeededShard(
     common::Clock* clock, const std::vector<std::string>& workers,
     float anchor = 10);
 
+// Records the rounds whose update it was sent whole (in one Send, or in
+// several as the shard streamed its chunks), and the rounds replayed to it.
 class RecordingSink : public UpdateSink {
  public:
   void Send(std::shared_ptr<const UpdateChunks> update) override {
-    rounds.push_back((*update)[0]->round());
+    for (const auto& chunk : *update) {
+      if (++chunks_of_[chunk->round()] == chunk->num_chunks()) {
+        rounds.push_back(chunk->round());
+      }
+    }
+  }
+  void Replay(const KeptUpdate& update) override {
+    replayed.push_back(update.round());
   }
   std::vector<uint64_t> rounds;
+  std::vector<uint64_t> replayed;
+
+ private:
+  std::map<uint64_t, uint32_t> chunks_of_;
 };
 
 }  // namespace co2::server::shard_test

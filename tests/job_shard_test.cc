@@ -43,7 +43,8 @@ TEST_F(JobShardTest, LocalSgdAnchorIsTheMeanOfTheWorkers) {
   // α = 1, β = 0, no penalty, no clip: U = −mean Δ, so A moves by −mean Δ.
   JoinAndSeed({"a", "b"});
   auto sink = std::make_shared<RecordingSink>();
-  EXPECT_TRUE(shard_->Subscribe(sink, 0).empty());
+  shard_->Subscribe(sink, 0);
+  EXPECT_TRUE(sink->replayed.empty());
   for (uint64_t r = 0; r < 3; ++r) {
     ASSERT_TRUE(shard_->Contribute("a", Contribution(r, 1.0f)).ok());
     EXPECT_EQ(shard_->Poll(), 0) << "round " << r << " closed without b";
@@ -130,14 +131,18 @@ v1::JobConfig MomentumConfig() {
 
 // Holds the updates it is sent only weakly, as a stream does once it has
 // written them, and copies their payloads.
+// Keeps what it is sent (of a one-chunk job) only weakly, as a stream that
+// has written it; and the updates replayed to it.
 class SendingSink : public UpdateSink {
  public:
   void Send(std::shared_ptr<const UpdateChunks> update) override {
-    sent.push_back(update);
+    sent.push_back((*update)[0]);
     payloads.push_back((*update)[0]->payload());
   }
-  std::vector<std::weak_ptr<const UpdateChunks>> sent;
+  void Replay(const KeptUpdate& update) override { replayed.push_back(update); }
+  std::vector<std::weak_ptr<const v1::OuterUpdate>> sent;
   std::vector<std::string> payloads;
+  std::vector<KeptUpdate> replayed;
 };
 
 // Runs three rounds with or without checkpoints; `sink` saw them.
@@ -167,8 +172,9 @@ TEST(JobShardCheckpointTest, ASentUpdateIsKeptInItsCheckpointNotInMemory) {
   }
   // A reconnecting worker is replayed the last max_staleness + 1 rounds,
   // read back from their checkpoints: the bytes it would have been sent.
-  const std::vector<KeptUpdate> replay =
-      shard->Subscribe(std::make_shared<SendingSink>(), 0);
+  auto reconnected = std::make_shared<SendingSink>();
+  shard->Subscribe(reconnected, 0);
+  const std::vector<KeptUpdate>& replay = reconnected->replayed;
   ASSERT_EQ(replay.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(replay[i].chunks(), nullptr) << "round " << i + 1;
@@ -216,9 +222,8 @@ TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
   JobShard& shard = **restored;
   // The update of the last closed round is replayed to reconnecting workers.
   auto sink = std::make_shared<RecordingSink>();
-  auto replay = shard.Subscribe(sink, 2);
-  ASSERT_EQ(replay.size(), 1u);
-  EXPECT_EQ(replay[0].round(), 2u);
+  shard.Subscribe(sink, 2);
+  EXPECT_EQ(sink->replayed, std::vector<uint64_t>{2});
   // Workers rejoin where they were and continue.
   for (const char* w : {"a", "b"}) {
     ASSERT_TRUE(shard.Join(w, MomentumConfig(), common::Codec::kFp32, 3).ok());
@@ -343,6 +348,161 @@ INSTANTIATE_TEST_SUITE_P(
                     // The cache keeps one update: the gap must survive it.
                     std::make_tuple(0.9f, v1::CODEC_FP32, 0u),
                     std::make_tuple(0.9f, v1::CODEC_BF16, 0u)));
+
+// Records every update chunk it is sent, in order.
+class ChunkSink : public UpdateSink {
+ public:
+  void Send(std::shared_ptr<const UpdateChunks> update) override {
+    for (const auto& chunk : *update) chunks.push_back(chunk);
+  }
+  void Replay(const KeptUpdate& update) override {
+    for (uint32_t c = 0; c < update.num_chunks(); ++c) {
+      chunks.push_back(*update.Chunk(c));
+    }
+  }
+  // The payload of chunk `chunk` of `round`'s update; empty if not sent.
+  std::string Payload(uint64_t round, uint32_t chunk) const {
+    for (const auto& m : chunks) {
+      if (m->round() == round && m->chunk_index() == chunk) return m->payload();
+    }
+    return "";
+  }
+  std::vector<std::shared_ptr<const v1::OuterUpdate>> chunks;
+};
+
+// Without checkpoints a shard steps and sends each chunk of a round as soon
+// as both workers have sent it; its anchors, fetches and updates are bit for
+// bit those of a shard that waits for the whole round (stream_updates off).
+TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
+  const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks, 1 short
+  const uint32_t chunks = static_cast<uint32_t>(common::NumChunks(n));
+  const v1::JobConfig config = StepConfig(n, 0.9f, v1::CODEC_BF16, 1);
+  common::FakeClock clock;
+  JobShardOptions whole_rounds;
+  whole_rounds.stream_updates = false;
+  auto streaming = *JobShard::Create("job", config, {}, &clock);
+  auto reference = *JobShard::Create("job", config, whole_rounds, &clock);
+  auto streamed = std::make_shared<ChunkSink>();
+  auto whole = std::make_shared<ChunkSink>();
+  std::vector<float> anchor(n);
+  for (size_t i = 0; i < n; ++i)
+    anchor[i] = 0.01f * static_cast<float>(i % 100);
+  for (JobShard* shard : {streaming.get(), reference.get()}) {
+    for (const char* w : {"a", "b"}) {
+      ASSERT_TRUE(shard->Join(w, config, common::Codec::kFp32).ok());
+    }
+    for (uint32_t c = 0; c < chunks; ++c) {
+      ASSERT_TRUE(shard
+                      ->SeedChunk("a", c, 0,
+                                  Fp32Chunk(anchor, common::ChunkRange(n, c)))
+                      .ok());
+    }
+  }
+  streaming->Subscribe(streamed, 0);
+  reference->Subscribe(whole, 0);
+
+  std::vector<float> delta(n);
+  for (uint64_t r = 0; r < 4; ++r) {
+    for (uint32_t c = 0; c < chunks; ++c) {
+      const common::Range range = common::ChunkRange(n, c);
+      for (const char* w : {"a", "b"}) {
+        const float sign = w[0] == 'a' ? 1.0f : -0.5f;
+        for (size_t i = range.begin; i < range.end; ++i) {
+          delta[i] =
+              sign *
+              std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r)) *
+              static_cast<float>(1 + i % 5);
+        }
+        v1::Contribution contribution;
+        contribution.set_round(r);
+        contribution.set_chunk_index(c);
+        contribution.set_codec(v1::CODEC_FP32);
+        contribution.set_weight(w[0] == 'a' ? 1.0 : 3.0);
+        contribution.set_payload(Fp32Chunk(delta, range));
+        ASSERT_TRUE(streaming->Contribute(w, contribution).ok());
+        ASSERT_TRUE(reference->Contribute(w, contribution).ok());
+      }
+      const bool last = c + 1 == chunks;
+      EXPECT_EQ(streaming->Poll(), last ? 1 : 0) << "round " << r;
+      EXPECT_EQ(reference->Poll(), last ? 1 : 0) << "round " << r;
+      // The streaming shard sent this chunk's update at once; the other
+      // sends nothing of the round before it closes.
+      EXPECT_FALSE(streamed->Payload(r, c).empty())
+          << "round " << r << " chunk " << c;
+      EXPECT_EQ(whole->Payload(r, c).empty(), !last)
+          << "round " << r << " chunk " << c;
+      if (r == 2 && c == 0) {
+        // Mid-round, a worker that joins fetches the anchor of before the
+        // round, and one that reconnects is sent the chunk streamed so far.
+        for (JobShard* shard : {streaming.get(), reference.get()}) {
+          ASSERT_TRUE(shard->Join("c", config, common::Codec::kFp32).ok());
+        }
+        auto fetched = streaming->Fetch("c");
+        auto expected = reference->Fetch("c");
+        ASSERT_TRUE(fetched.ok() && expected.ok());
+        EXPECT_EQ((*fetched)->anchor_round, (*expected)->anchor_round);
+        for (uint32_t k = 0; k < chunks; ++k) {
+          EXPECT_EQ((*fetched)->chunks[k].payload(),
+                    (*expected)->chunks[k].payload())
+              << "chunk " << k;
+        }
+        auto reconnected = std::make_shared<ChunkSink>();
+        streaming->Subscribe(reconnected, 2);
+        ASSERT_EQ(reconnected->chunks.size(), 1u);
+        EXPECT_EQ(reconnected->chunks[0]->round(), 2u);
+        EXPECT_EQ(reconnected->chunks[0]->chunk_index(), 0u);
+        for (JobShard* shard : {streaming.get(), reference.get()}) {
+          ASSERT_TRUE(shard->Leave("c").ok());  // not a member of round 3
+        }
+      }
+    }
+  }
+  ASSERT_EQ(streamed->chunks.size(), 4u * chunks) << "each chunk sent once";
+  for (uint64_t r = 0; r < 4; ++r) {
+    for (uint32_t c = 0; c < chunks; ++c) {
+      EXPECT_EQ(streamed->Payload(r, c), whole->Payload(r, c))
+          << "round " << r << " chunk " << c;
+    }
+  }
+  uint64_t round_a = 0, round_b = 0;
+  const std::vector<float> a = streaming->AnchorForTesting(&round_a);
+  const std::vector<float> b = reference->AnchorForTesting(&round_b);
+  EXPECT_EQ(round_a, round_b);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+// With checkpoints an update waits for its round's checkpoint, so nothing of
+// a round is sent before it closes.
+TEST(JobShardStreamTest, WithCheckpointsNothingIsSentBeforeTheRoundCloses) {
+  const size_t n = 2 * common::kChunkElements;
+  const v1::JobConfig config = StepConfig(n, 0.0f, v1::CODEC_FP32, 1);
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  JobShardOptions options;
+  options.checkpoints = &store;
+  auto shard = *JobShard::Create("job", config, options, &clock);
+  ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32).ok());
+  const std::vector<float> values(n, 1.0f);
+  for (uint32_t c = 0; c < 2; ++c) {
+    ASSERT_TRUE(
+        shard->SeedChunk("w", c, 0, Fp32Chunk(values, common::ChunkRange(n, c)))
+            .ok());
+  }
+  auto sink = std::make_shared<ChunkSink>();
+  shard->Subscribe(sink, 0);
+  for (uint32_t c = 0; c < 2; ++c) {
+    v1::Contribution contribution;
+    contribution.set_round(0);
+    contribution.set_chunk_index(c);
+    contribution.set_codec(v1::CODEC_FP32);
+    contribution.set_weight(1.0);
+    contribution.set_payload(Fp32Chunk(values, common::ChunkRange(n, c)));
+    ASSERT_TRUE(shard->Contribute("w", contribution).ok());
+    EXPECT_EQ(shard->Poll(), c == 1 ? 1 : 0);
+    EXPECT_EQ(sink->chunks.size(), c == 1 ? 2u : 0u) << "chunk " << c;
+  }
+}
 
 TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {
   JoinAndSeed({"a", "b"});

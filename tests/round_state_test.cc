@@ -344,6 +344,83 @@ TEST_F(RoundStateTest, LateChunkIsFoldedIntoNextRoundWithItsWeight) {
              [](size_t i) { return i < kChunkElements ? 1.0f : 26.0f / 5; });
 }
 
+// --- Chunks taken ahead of the round's close (a shard streaming updates). ---
+
+TEST_F(RoundStateTest, AChunkEveryRequiredWorkerSentIsTakenAheadOnce) {
+  Init(3 * kChunkElements);
+  state_->AddWorker("a", 0);
+  state_->AddWorker("b", 0);
+  state_->AddWorker("later", 1);  // not required for round 0
+  EXPECT_TRUE(state_->TakeCompleteChunks().empty());
+  ASSERT_TRUE(Send("a", 0, 0, Constant(1)).ok());
+  ASSERT_TRUE(Send("a", 0, 1, Constant(1)).ok());
+  EXPECT_TRUE(state_->TakeCompleteChunks().empty()) << "b has sent nothing";
+  ASSERT_TRUE(Send("b", 0, 1, Constant(3), /*weight=*/3).ok());
+  std::vector<CompleteChunk> taken = state_->TakeCompleteChunks();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].chunk_index, 1u);
+  EXPECT_EQ(taken[0].contributors, 2u);
+  ExpectMean(taken[0].mean, Constant(2.5f));  // (1·1 + 3·3) / 4
+  EXPECT_TRUE(state_->TakeCompleteChunks().empty()) << "taken once";
+  EXPECT_FALSE(state_->TryClose().has_value());
+
+  // The rest of the round closes as usual; the taken chunk is not in it.
+  ASSERT_TRUE(Send("b", 0, 0, Constant(3)).ok());
+  ASSERT_TRUE(Send("b", 0, 2, Constant(3)).ok());
+  ASSERT_TRUE(Send("a", 0, 2, Constant(1)).ok());
+  std::optional<ClosedRound> closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->contributors, 2u);
+  ASSERT_EQ(closed->mean.size(), 3u);
+  ExpectMean(closed->mean[0], Constant(2));
+  EXPECT_TRUE(closed->mean[1].empty());
+  ExpectMean(closed->mean[2], Constant(2));
+  EXPECT_TRUE(state_->TakeCompleteChunks().empty()) << "round 1: no chunk";
+}
+
+TEST_F(RoundStateTest, AContributionToATakenChunkIsFoldedIntoTheNextRound) {
+  Init(2 * kChunkElements);
+  state_->AddWorker("a", 0);
+  SendAll("a", 0, Constant(1));
+  ASSERT_EQ(state_->TakeCompleteChunks().size(), 2u);
+  // b joins round 0 after its chunks were taken: its chunk 0 goes to round 1,
+  // and counts there with its weight.
+  state_->AddWorker("b", 0);
+  absl::StatusOr<ChunkOutcome> late = Send("b", 0, 0, Constant(7), 2);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_TRUE(late->folded);
+  EXPECT_TRUE(state_->TakeCompleteChunks().empty());
+  state_->RemoveWorker("b");
+  std::optional<ClosedRound> closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_TRUE(closed->mean[0].empty() && closed->mean[1].empty());
+  SendAll("a", 1, Constant(1));
+  std::vector<CompleteChunk> taken = state_->TakeCompleteChunks();
+  ASSERT_EQ(taken.size(), 2u);
+  ExpectMean(taken[0].mean, Constant(5));  // (1·1 + 2·7) / 3
+  ExpectMean(taken[1].mean, Constant(1));
+}
+
+TEST_F(RoundStateTest, AWorkerThatLeavesCompletesTheChunksItDidNotSend) {
+  Init(2 * kChunkElements);
+  state_->AddWorker("a", 0);
+  state_->AddWorker("b", 0);
+  SendAll("a", 0, Constant(1));
+  ASSERT_TRUE(Send("b", 0, 0, Constant(3)).ok());
+  std::vector<CompleteChunk> taken = state_->TakeCompleteChunks();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].chunk_index, 0u);
+  state_->RemoveWorker("b");
+  taken = state_->TakeCompleteChunks();
+  ASSERT_EQ(taken.size(), 1u);
+  EXPECT_EQ(taken[0].chunk_index, 1u);
+  EXPECT_EQ(taken[0].contributors, 1u);
+  ExpectMean(taken[0].mean, Constant(1));
+  std::optional<ClosedRound> closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->contributors, 1u);
+}
+
 TEST_F(RoundStateTest, WeightedMeanWithUnequalWeights) {
   Init(1000);
   state_->AddWorker("a", 0);

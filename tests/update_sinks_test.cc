@@ -11,6 +11,7 @@ namespace {
 class NullSink : public UpdateSink {
  public:
   void Send(std::shared_ptr<const UpdateChunks>) override {}
+  void Replay(const KeptUpdate&) override {}
 };
 
 TEST(UpdateSinksTest, LiveSinksInOrderAndEndedOnesForgotten) {

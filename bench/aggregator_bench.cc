@@ -6,6 +6,12 @@
 // its fp32 range. bench/run_aggregator.sh runs it; docs/performance.md
 // explains the numbers.
 //
+// With --netns every worker (and Gloo rank) runs in its own network
+// namespace and the shards in another, over the links that
+// bench/run_aggregator_links.sh sets up and shapes (as hosts on their own
+// links: the links, not loopback's CPU, are the limit); iperf3 then moves
+// each worker's bytes over its own link (RunIperf3Links).
+//
 // One binary, three roles: the driver (default) starts the shards (the real
 // co2-aggregator binary), the workers (this binary, --role=client, one
 // process each, an AggregatorClient), iperf3 and the Gloo ranks (this binary,
@@ -14,6 +20,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -66,11 +73,22 @@ ABSL_FLAG(std::string, copy_counter, "",
           "libco2_copy_counter.so: preloaded into the shards and worker 0, "
           "which then report the bytes they memcpy (by caller) and move "
           "through sockets.");
+ABSL_FLAG(std::string, netns, "",
+          "Network namespace prefix: worker i (and Gloo rank i) runs in "
+          "<prefix>-w<i>, the shards in <prefix>-agg (needs root; "
+          "bench/run_aggregator_links.sh creates them). Empty: loopback.");
+ABSL_FLAG(std::string, shard_host, "127.0.0.1",
+          "With --netns: the shards' address in <prefix>-agg.");
+ABSL_FLAG(std::vector<std::string>, worker_hosts, {},
+          "With --netns: worker i's address in <prefix>-w<i>, one per "
+          "worker of the largest N.");
 // Internal: the client and gloo roles.
 ABSL_FLAG(std::string, addresses, "", "Internal: shard addresses.");
 ABSL_FLAG(std::string, job, "bench", "Internal: job / group name.");
 ABSL_FLAG(int, rank, 0, "Internal: this worker's index.");
 ABSL_FLAG(int, size, 1, "Internal: number of workers.");
+ABSL_FLAG(std::string, address, "127.0.0.1",
+          "Internal: the address a Gloo rank listens on.");
 
 namespace co2::bench {
 namespace {
@@ -174,6 +192,7 @@ int RunGloo() {
   options.size = absl::GetFlag(FLAGS_size);
   options.store_dir = absl::GetFlag(FLAGS_scratch);
   options.prefix = absl::GetFlag(FLAGS_job);
+  options.address = absl::GetFlag(FLAGS_address);
   options.timeout = absl::Minutes(5);
   auto group = client::CreateIntraNodeGroup(options);
   if (!group.ok()) return Fail("gloo group", group.status());
@@ -188,6 +207,34 @@ int RunGloo() {
   std::printf("result {\"stamps\": %s}\n", StampsJson(stamps).c_str());
   std::fflush(stdout);
   return 0;
+}
+
+// This binary, by path: /proc/self/exe would name `ip` under ip netns exec.
+std::string SelfExe() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  return n > 0 ? std::string(path, static_cast<size_t>(n)) : "/proc/self/exe";
+}
+
+// Where the processes run (--netns): a command for the shards' namespace or
+// worker i's, and the addresses they listen on. On loopback: as they are.
+std::vector<std::string> InNetns(const std::string& suffix,
+                                 std::vector<std::string> argv) {
+  const std::string prefix = absl::GetFlag(FLAGS_netns);
+  if (prefix.empty()) return argv;
+  argv.insert(argv.begin(),
+              {"ip", "netns", "exec", absl::StrCat(prefix, "-", suffix)});
+  return argv;
+}
+std::vector<std::string> OnShardHost(std::vector<std::string> argv) {
+  return InNetns("agg", std::move(argv));
+}
+std::vector<std::string> OnWorkerHost(int rank, std::vector<std::string> argv) {
+  return InNetns(absl::StrCat("w", rank), std::move(argv));
+}
+std::string WorkerHost(int rank) {
+  if (absl::GetFlag(FLAGS_netns).empty()) return "127.0.0.1";
+  return absl::GetFlag(FLAGS_worker_hosts)[static_cast<size_t>(rank)];
 }
 
 // Starts `children` (each must print "ready"), releases them together and
@@ -245,7 +292,7 @@ std::optional<ShardProcess> StartShard(int index, int shards,
   std::vector<std::string> argv = {
       absl::GetFlag(FLAGS_aggregator),
       "--insecure",
-      "--host=127.0.0.1",
+      "--host=" + absl::GetFlag(FLAGS_shard_host),
       "--port=0",
       absl::StrCat("--shard_index=", index),
       absl::StrCat("--num_shards=", shards),
@@ -257,7 +304,8 @@ std::optional<ShardProcess> StartShard(int index, int shards,
     argv.push_back("--checkpoint_dir=" + checkpoint_dir);
   }
   std::optional<Child> child =
-      Child::Spawn(argv, shard.log, /*stdout_to_null=*/true, env);
+      Child::Spawn(OnShardHost(std::move(argv)), shard.log,
+                   /*stdout_to_null=*/true, env);
   if (!child) return std::nullopt;
   shard.child = std::move(child);
   const double deadline = MonotonicSeconds() + 60;
@@ -305,7 +353,8 @@ bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
                    scratch.c_str(), i);
       return false;
     }
-    addresses.push_back(absl::StrCat("127.0.0.1:", shard->port));
+    addresses.push_back(
+        absl::StrCat(absl::GetFlag(FLAGS_shard_host), ":", shard->port));
     shards.push_back(std::move(*shard));
   }
   std::vector<Child> clients;
@@ -318,12 +367,14 @@ bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
       env["CO2_COPY_COUNTER_OUT"] = client_copies;
     }
     std::optional<Child> child = Child::Spawn(
-        {"/proc/self/exe", "--role=client",
-         absl::StrCat("--addresses=", absl::StrJoin(addresses, ",")),
-         absl::StrCat("--params=", p),
-         absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
-         "--downlink=" + std::string(common::CodecName(downlink)),
-         absl::StrCat("--job=agg-", n, "-", rep), absl::StrCat("--rank=", c)},
+        OnWorkerHost(
+            c, {SelfExe(), "--role=client",
+                absl::StrCat("--addresses=", absl::StrJoin(addresses, ",")),
+                absl::StrCat("--params=", p),
+                absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
+                "--downlink=" + std::string(common::CodecName(downlink)),
+                absl::StrCat("--job=agg-", n, "-", rep),
+                absl::StrCat("--rank=", c)}),
         absl::StrCat(scratch, "/client-", c, ".log"), /*stdout_to_null=*/false,
         env);
     if (!child) return false;
@@ -411,19 +462,81 @@ bool RunIperf3(uint64_t bytes, int streams, const std::string& scratch,
   return true;
 }
 
+// With --netns: the links' limit for a worker's `up` bytes to the shards'
+// host and `down` bytes back, each over `streams` streams (its S shard
+// streams): iperf3 moves the uplinks of all N workers at once, then their
+// downlinks, and the rate is all bytes over the longer of the two, as if
+// both directions ran at once (full duplex, as a streamed round can). Run at
+// the same time, iperf3's separate connections per direction often lose a
+// third of the uplink: their ACKs queue behind the downlink's data in tbf.
+bool RunIperf3Links(int n, uint64_t up, uint64_t down, int streams,
+                    const std::string& scratch, Repetition* out) {
+  const std::string iperf3 = absl::GetFlag(FLAGS_iperf3);
+  double bytes = 0, longest = 0;
+  for (const bool reverse : {false, true}) {
+    std::vector<Child> servers, clients;
+    for (int i = 0; i < n; ++i) {
+      const std::string port = std::to_string(5201 + i);
+      std::optional<Child> server = Child::Spawn(
+          OnShardHost({iperf3, "-s", "-1", "-p", port, "--forceflush"}),
+          absl::StrCat(scratch, "/iperf3-server-", i, ".log"));
+      if (!server || !server->ReadUntil("Server listening")) return false;
+      servers.push_back(std::move(*server));
+    }
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::string> argv = {iperf3,
+                                       "-c",
+                                       absl::GetFlag(FLAGS_shard_host),
+                                       "-p",
+                                       std::to_string(5201 + i),
+                                       "-P",
+                                       std::to_string(streams),
+                                       "-n",
+                                       std::to_string(reverse ? down : up),
+                                       "--json"};
+      if (reverse) argv.push_back("-R");  // the server sends: the downlink
+      std::optional<Child> client =
+          Child::Spawn(OnWorkerHost(i, std::move(argv)),
+                       absl::StrCat(scratch, "/iperf3-client-", i, ".log"));
+      if (!client) return false;
+      clients.push_back(std::move(*client));
+    }
+    double seconds = 0;
+    for (Child& client : clients) {
+      std::string json;
+      while (std::optional<std::string> line = client.ReadLine()) {
+        json += *line + "\n";
+      }
+      client.Wait();
+      const size_t received = json.find("\"sum_received\"");
+      if (received == std::string::npos) return false;
+      bytes += JsonNumberAfter(json, "bytes", received);
+      seconds = std::max(seconds, JsonNumberAfter(json, "seconds", received));
+    }
+    for (Child& server : servers) server.Wait();
+    longest = std::max(longest, seconds);
+  }
+  out->iperf3_bps = bytes / longest;
+  out->iperf3_sent_bytes = bytes;
+  out->iperf3_seconds = longest;
+  return true;
+}
+
 bool RunGlooReference(int n, int rep, const std::string& scratch,
                       Repetition* out) {
   std::vector<Child> ranks;
   for (int r = 0; r < n; ++r) {
-    std::optional<Child> child =
-        Child::Spawn({"/proc/self/exe", "--role=gloo",
+    std::optional<Child> child = Child::Spawn(
+        OnWorkerHost(r,
+                     {SelfExe(), "--role=gloo",
                       absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
                       absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
                       // Unique per driver: rendezvous keys must not be reused.
                       absl::StrCat("--job=gloo-", getpid(), "-", n, "-", rep),
                       absl::StrCat("--rank=", r), absl::StrCat("--size=", n),
-                      absl::StrCat("--scratch=", scratch)},
-                     absl::StrCat(scratch, "/gloo-", r, ".log"));
+                      absl::StrCat("--scratch=", scratch),
+                      "--address=" + WorkerHost(r)}),
+        absl::StrCat(scratch, "/gloo-", r, ".log"));
     if (!child) return false;
     ranks.push_back(std::move(*child));
   }
@@ -468,6 +581,18 @@ int RunDriver() {
     std::fprintf(stderr, "--rounds must be >= 2 (the first is a warm-up)\n");
     return 2;
   }
+  if (!absl::GetFlag(FLAGS_netns).empty()) {
+    for (const std::string& w : absl::GetFlag(FLAGS_workers)) {
+      if (static_cast<size_t>(std::atoi(w.c_str())) >
+          absl::GetFlag(FLAGS_worker_hosts).size()) {
+        std::fprintf(stderr,
+                     "--worker_hosts names %zu hosts; --workers=%s needs one "
+                     "per worker\n",
+                     absl::GetFlag(FLAGS_worker_hosts).size(), w.c_str());
+        return 2;
+      }
+    }
+  }
   const std::string downlink_name = absl::GetFlag(FLAGS_downlink);
   const absl::StatusOr<common::Codec> downlink =
       common::ParseCodec(downlink_name);
@@ -485,6 +610,7 @@ int RunDriver() {
     << "\", \"staleness\": 1"
     << ", \"copy_counter\": " << !absl::GetFlag(FLAGS_copy_counter).empty()
     << ", \"checkpoints\": " << !absl::GetFlag(FLAGS_checkpoint_dir).empty()
+    << ", \"netns\": " << !absl::GetFlag(FLAGS_netns).empty()
     << "},\n\"runs\": [";
   bool first = true;
   for (const std::string& w : absl::GetFlag(FLAGS_workers)) {
@@ -521,7 +647,14 @@ int RunDriver() {
       if (!absl::GetFlag(FLAGS_iperf3).empty()) {
         const uint64_t bytes = static_cast<uint64_t>(round_bytes) *
                                static_cast<uint64_t>(rounds - 1);
-        if (!RunIperf3(bytes, n * s, scratch, &r)) {
+        const uint64_t timed = static_cast<uint64_t>(rounds - 1);
+        const bool ok =
+            absl::GetFlag(FLAGS_netns).empty()
+                ? RunIperf3(bytes, n * s, scratch, &r)
+                : RunIperf3Links(n, 4 * p * timed,
+                                 common::EncodedSize(*downlink, p) * timed, s,
+                                 scratch, &r);
+        if (!ok) {
           std::fprintf(stderr, "iperf3 failed (see %s/iperf3-*.log)\n",
                        scratch.c_str());
           return 1;

@@ -15,8 +15,11 @@ echo "== bytes per sample (bench/results/bytes.json)"
 "$here/run_bytes.sh" "$build"
 # Overlap under shaped links (issue 6, part 1): network namespaces need root.
 if [ "$(id -u)" = 0 ]; then
+  echo "== aggregator over shaped links (bench/results/aggregator_links.json)"
+  "$here/run_aggregator_links.sh" "$build"
   echo "== overlap (bench/results/overlap.json; ~25 min)"
   "$here/run_overlap.sh" "$build"
 else
-  echo "== overlap skipped: it needs root (sudo bench/run_overlap.sh $build)"
+  echo "== aggregator over links and overlap skipped: they need root" \
+    "(sudo bench/run_aggregator_links.sh $build; sudo bench/run_overlap.sh $build)"
 fi

@@ -135,4 +135,5 @@ done
 
 python3 "$here/overlap/summarize.py" --scratch="$scratch" --rates="$rates" \
   --out="$out" --plot="$plot" --command="bench/run_overlap.sh${1:+ $1}" \
-  --shards="$shards"
+  --shards="$shards" \
+  $(case " ${AGG_ARGS:-} " in *" --stream_updates=false "*) echo --whole_rounds ;; esac)

@@ -30,6 +30,8 @@ assert all(r["gb_per_s_median"] > 0 for r in k["results"])
 a = json.load(open(os.path.join(d, "aggregator.json")))
 run = a["runs"][0]
 assert run["workers"] == 2 and run["aggregator"]["round_s_median"] > 0
+assert run["aggregator_whole_rounds"]["round_s_median"] > 0, run
+assert run["ratios"]["whole_round_over_aggregator_round"] > 0, run
 assert run["shards"][0][0]["peak_rss_bytes"] > 0
 cp = a["copy_profile"]
 assert cp["socket_bytes_received"] >= cp["payload_bytes_received"]

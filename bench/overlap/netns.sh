@@ -1,7 +1,9 @@
 # shellcheck shell=bash
-# Network namespaces for bench/run_overlap.sh (sourced; needs root and
-# iproute2). One namespace per worker and one for the aggregator shards, each
-# joined by a veth pair to a bridge in a "switch" namespace:
+# Network namespaces for bench/run_overlap.sh and run_aggregator_links.sh
+# (sourced; needs root and iproute2; their names start with OV_PREFIX,
+# co2ov unless set before sourcing). One namespace per worker and one for
+# the aggregator shards, each joined by a veth pair to a bridge in a
+# "switch" namespace:
 #
 #   co2ov-w<i> eth0 (10.99.0.<i+1>) ── p<i> ┐
 #                                            br0 (co2ov-sw)
@@ -13,7 +15,7 @@
 # provisioned for all workers at once, so the bottleneck is each worker's
 # own link, as in design.md §8. No delay is added: this kernel has no netem.
 
-OV_PREFIX=co2ov
+OV_PREFIX=${OV_PREFIX:-co2ov}
 OV_AGG_ADDR=10.99.0.100
 
 ov_worker_addr() { echo "10.99.0.$(($1 + 1))"; }

@@ -8,12 +8,16 @@ amortises it; ratio_with_drain keeps it). Every ratio is to the mean of the
 two no-communication runs (first and last) of the same link setting.
 
 The model (design.md §8): a round moves P·b bytes each way over a worker's
-link, c = P·b/bandwidth. §8 says co2 hides it when c < τ·t_step. The update
-of round r needs every worker's Δ_r, so its download starts only when the
-uploads are done: the one-round-stale window τ·t_step must hold 2c (up, then
-down), and co2's predicted ratio is τ·t_step / max(τ·t_step, 2c). slowmo
-waits for both every round: τ·t / (τ·t + 2c). ddp's ring all-reduce moves
-2(N-1)/N·P·b each way every step: t / (t + 2(N-1)/N·c).
+link, c = P·b/bandwidth. The shards stream the update: a chunk of U_r leaves
+as soon as every worker's chunk of Δ_r has arrived, so the download runs
+under the upload, and a round's update is whole once the upload is done
+and the last chunk of each shard has come down: u = c + S·chunk/bandwidth
+after the round started (§8 says co2 hides c when c < τ·t_step). co2's
+predicted ratio is τ·t_step / max(τ·t_step, u); slowmo waits for it every
+round: τ·t / (τ·t + u). With --whole_rounds (shards run with
+--stream_updates=false) the download starts only when the uploads are
+done: u = 2c. ddp's ring all-reduce moves 2(N-1)/N·P·b each way
+every step: t / (t + 2(N-1)/N·c).
 """
 import argparse
 import glob
@@ -24,6 +28,7 @@ import platform
 import subprocess
 
 TARGET = 0.97
+CHUNK_BYTES = 1 << 20  # common::kChunkElements fp32 elements: one message
 
 
 def machine():
@@ -67,11 +72,12 @@ def load_run(directory, batch):
     }
 
 
-def predicted_ratio(algo, tau, t_step, comm_s, workers):
+def predicted_ratio(algo, tau, t_step, comm_s, workers, round_s):
+    """round_s: how long a round's update takes to arrive (u in the docstring)."""
     if algo == "co2":
-        return tau * t_step / max(tau * t_step, 2 * comm_s)
+        return tau * t_step / max(tau * t_step, round_s)
     if algo == "slowmo":
-        return tau * t_step / (tau * t_step + 2 * comm_s)
+        return tau * t_step / (tau * t_step + round_s)
     if algo == "ddp":
         return t_step / (t_step + 2 * (workers - 1) / workers * comm_s)
     return 1.0
@@ -86,6 +92,8 @@ def main():
     ap.add_argument("--command", required=True)
     ap.add_argument("--shards", type=int, required=True)
     ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--whole_rounds", action="store_true",
+                    help="the shards ran with --stream_updates=false")
     args = ap.parse_args()
 
     results = []
@@ -99,6 +107,8 @@ def main():
         parameters = refs[0]["parameters"]
         t_step = sum(r["t_step_s"] for r in refs) / len(refs)
         comm_s = parameters * 4 * 8 / (iperf * 1e6)  # fp32, one direction
+        tail_s = args.shards * CHUNK_BYTES * 8 / (iperf * 1e6)
+        round_s = 2 * comm_s if args.whole_rounds else comm_s + tail_s
         runs = []
         for path in sorted(glob.glob(os.path.join(runs_dir, f"{rate}-*"))):
             name = os.path.basename(path)[len(rate) + 1:]
@@ -117,7 +127,8 @@ def main():
                 "one_minus_exposed": round(1 - run["exposed_fraction"], 4),
                 "drain_s": round(run["drain_s"], 3),
                 "exposed_fraction": round(run["exposed_fraction"], 4),
-                "predicted_ratio": round(predicted_ratio(algo, tau or 1, t_step, comm_s, run["workers"]), 4),
+                "predicted_ratio": round(predicted_ratio(algo, tau or 1, t_step, comm_s, run["workers"],
+                                                         round_s), 4),
                 "tau_t_step_s": round((tau or 1) * t_step, 4),
                 "bytes_sent_per_worker": run["bytes_sent_per_worker"],
             })
@@ -131,7 +142,8 @@ def main():
             "t_step_s": round(t_step, 4),
             "comm_s_per_round": round(comm_s, 4),
             "min_tau_section8": math.ceil(comm_s / t_step),
-            "predicted_min_tau": math.ceil(2 * comm_s / t_step),
+            "update_s_per_round": round(round_s, 4),
+            "predicted_min_tau": math.ceil(round_s / t_step),
             "measured_min_tau": min(reached) if reached else None,
             "runs": runs,
         })
@@ -142,7 +154,9 @@ def main():
                 "aggregator shards in another (unshaped link); exposed_fraction is the "
                 "client's exposed communication / training time; predicted_ratio: "
                 "P·b/bandwidth (iperf3) against τ·t_step (t_step from the "
-                "no-communication run), up then down per round (bench/overlap/summarize.py)",
+                "no-communication run): a round's update arrives c after it starts "
+                "(streamed by the shards) or 2c (whole rounds: up, then down; "
+                "bench/overlap/summarize.py)",
         "command": args.command,
         "machine": machine(),
         "setup": {
@@ -152,6 +166,7 @@ def main():
             "workers": 4, "local_ranks": 1, "threads_per_worker": 1,
             "batch_size": args.batch, "shards": args.shards,
             "optimizer": "adamw; outer alpha 1, beta 0.5",
+            "shards_stream_updates": not args.whole_rounds,
             "delay": "none added (the kernel has no netem); veth RTT is well under 1 ms",
             "reference": "none = 4 concurrent one-worker runs (ddp with one rank: no group, "
                          "no aggregator), same processes and CPU load",
@@ -168,7 +183,8 @@ def main():
         print(f"\nlink {res['rate']} (iperf3 {res['iperf3_mbit_s']} Mbit/s): t_step {res['t_step_s']:.3f} s, "
               f"P·b/bandwidth {res['comm_s_per_round']:.3f} s; smallest τ for co2 >= {TARGET}: "
               f"measured {res['measured_min_tau']}, predicted {res['predicted_min_tau']} "
-              f"(2·P·b/bw < τ·t_step; §8's P·b/bw < τ·t_step: {res['min_tau_section8']})")
+              f"(update time per round {res['update_s_per_round']:.3f} s < τ·t_step; "
+              f"§8's P·b/bw < τ·t_step: {res['min_tau_section8']})")
         print(f"  {'algo':<7}{'tau':>4}{'samples/s':>11}{'ratio':>8}{'+drain':>8}{'exposed':>9}"
               f"{'predicted':>11}{'P·b/bw':>8}{'τ·t_step':>10}")
         print("  (ratio: samples/s / no communication; +drain: with co2's final wait; "

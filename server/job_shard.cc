@@ -219,6 +219,12 @@ absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> JobShard::Fetch(
         "job \"", job_, "\" has no anchor yet (being seeded by \"",
         seed_.seeder(), "\"); retry"));
   }
+  if (open_step_.has_value() && !unstepped_kept_) {
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_, "\": shard ", options_.shard_index,
+        " is sending the update of round ", open_step_->round(),
+        " and its anchor is whole again once that round closes; retry"));
+  }
   std::shared_ptr<const AnchorSnapshot> snapshot =
       snapshot_.Get(AnchorRoundLocked(), anchor_, unstepped_anchor_);
   rounds_.AddWorker(worker, snapshot->anchor_round);
@@ -485,14 +491,21 @@ UpdateChunks JobShard::StreamCompleteChunksLocked() {
   }
   std::vector<CompleteChunk> complete = rounds_.TakeCompleteChunks();
   if (complete.empty()) return streamed;
+  if (!open_step_.has_value()) unstepped_kept_ = true;
   RoundStep& round_step = StepOfRoundLocked(rounds_.open_round());
-  unstepped_anchor_.resize(step_.num_chunks());
+  // Only a worker that has joined and not fetched yet will fetch before the
+  // round closes; without one, the copies would cost a range of memory for
+  // nothing (a fetch this round that finds none is told to retry).
+  unstepped_kept_ = unstepped_kept_ && rounds_.HasWorkerWithoutRound();
+  if (unstepped_kept_) unstepped_anchor_.resize(step_.num_chunks());
   for (CompleteChunk& chunk : complete) {
-    const common::Range r =
-        common::ChunkRange(range_.size(), chunk.chunk_index);
-    unstepped_anchor_[chunk.chunk_index].assign(
-        anchor_.begin() + static_cast<std::ptrdiff_t>(r.begin),
-        anchor_.begin() + static_cast<std::ptrdiff_t>(r.end));
+    if (unstepped_kept_) {
+      const common::Range r =
+          common::ChunkRange(range_.size(), chunk.chunk_index);
+      unstepped_anchor_[chunk.chunk_index].assign(
+          anchor_.begin() + static_cast<std::ptrdiff_t>(r.begin),
+          anchor_.begin() + static_cast<std::ptrdiff_t>(r.end));
+    }
     std::shared_ptr<const v1::OuterUpdate> message =
         round_step.Step(chunk.chunk_index, chunk.mean, chunk.contributors);
     updates_.AddStreamed(message);

@@ -172,7 +172,9 @@ class JobShard {
       ABSL_LOCKS_EXCLUDED(mu_);
   // The whole current anchor; marks `worker` as entering the round it names.
   // Fetches of the same anchor share one snapshot. UNAVAILABLE while no
-  // anchor is seeded.
+  // anchor is seeded, and while part of the anchor has moved on (streaming)
+  // if no worker was waiting to fetch when the round's first chunks were
+  // stepped (the shard then keeps no copy of their old values).
   absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> Fetch(
       const std::string& worker)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -264,13 +266,17 @@ class JobShard {
   std::vector<float> anchor_ ABSL_GUARDED_BY(mu_);
   // m; empty with β = 0, where each step starts it from zero.
   std::vector<float> momentum_ ABSL_GUARDED_BY(mu_);
-  // The open round's step once a chunk of it was streamed; until the round
-  // closes, the anchor is A_r in the chunks not stepped yet and A_{r+1} in
-  // the others, and unstepped_anchor_ keeps A_r of those (chunk c empty
-  // while not stepped) for fetches. As each streamed chunk frees its mean,
-  // this costs no memory the round did not hold.
+  // The open round's step once a chunk of it was streamed. Until the round
+  // closes, the anchor is the old one in the chunks not stepped yet and the
+  // new one in the others. For a fetch meanwhile, unstepped_anchor_ keeps
+  // the old values of the stepped chunks (chunk c empty while not stepped)
+  // when a joined worker had yet to fetch as the round's first chunks were
+  // stepped (unstepped_kept_: every stepped chunk has its copy; a fetch
+  // without them is told to retry). Otherwise no copy: it would cost up to a
+  // range of memory.
   std::optional<RoundStep> open_step_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<float>> unstepped_anchor_ ABSL_GUARDED_BY(mu_);
+  bool unstepped_kept_ ABSL_GUARDED_BY(mu_) = true;
   // The snapshot the fetches in progress share; dropped when the anchor moves
   // (once seeded, only a round's close moves it).
   SharedAnchorSnapshot snapshot_ ABSL_GUARDED_BY(mu_);

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cfloat>
 #include <cmath>
+#include <cstdint>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -116,6 +117,13 @@ bool RoundState::IsLive(std::string_view worker) const {
 }
 
 size_t RoundState::live_workers() const { return live_workers_; }
+
+bool RoundState::HasWorkerWithoutRound() const {
+  for (const auto& [id, w] : workers_) {
+    if (w.live && w.first_round == UINT64_MAX) return true;
+  }
+  return false;
+}
 
 absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
     std::string_view worker, uint64_t round, uint32_t chunk_index,

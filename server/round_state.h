@@ -89,6 +89,9 @@ class RoundState {
   void RemoveWorker(std::string_view worker);
   bool IsLive(std::string_view worker) const;
   size_t live_workers() const;
+  // Whether a live worker has no round yet (added with first_round
+  // UINT64_MAX: it takes part once it has fetched the anchor).
+  bool HasWorkerWithoutRound() const;
 
   // Accumulates one chunk. `payload` must already have passed
   // common::Validate for the chunk's element count (see ChunkElements()).

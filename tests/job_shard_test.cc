@@ -267,6 +267,32 @@ std::string Fp32Chunk(const std::vector<float>& values, common::Range r) {
   return bytes;
 }
 
+// Chunk `c` of `values` (the whole range) as `round`'s fp32 contribution.
+v1::Contribution ChunkContribution(uint64_t round, uint32_t c,
+                                   const std::vector<float>& values,
+                                   double weight = 1.0) {
+  v1::Contribution contribution;
+  contribution.set_round(round);
+  contribution.set_chunk_index(c);
+  contribution.set_codec(v1::CODEC_FP32);
+  contribution.set_weight(weight);
+  contribution.set_payload(
+      Fp32Chunk(values, common::ChunkRange(values.size(), c)));
+  return contribution;
+}
+
+// `worker` (told to seed) seeds `anchor`, the whole range, chunk by chunk.
+void SeedAll(JobShard& shard, const std::string& worker,
+             const std::vector<float>& anchor) {
+  for (uint32_t c = 0; c < shard.num_chunks(); ++c) {
+    ASSERT_TRUE(
+        shard
+            .SeedChunk(worker, c, 0,
+                       Fp32Chunk(anchor, common::ChunkRange(anchor.size(), c)))
+            .ok());
+  }
+}
+
 TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
   const auto [beta, downlink, max_staleness] = GetParam();
   const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks, 1 short
@@ -281,11 +307,7 @@ TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
   ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32).ok());
   std::vector<float> anchor(n);
   for (size_t i = 0; i < n; ++i) anchor[i] = 0.01f * static_cast<float>(i % 100);
-  for (uint32_t c = 0; c < chunks; ++c) {
-    ASSERT_TRUE(
-        shard->SeedChunk("w", c, 0, Fp32Chunk(anchor, common::ChunkRange(n, c)))
-            .ok());
-  }
+  SeedAll(*shard, "w", anchor);
 
   OuterConfig outer;
   outer.alpha = 0.7f;
@@ -310,13 +332,7 @@ TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
                  static_cast<float>(1 + i % 5);
     }
     for (uint32_t c = 0; c < chunks; ++c) {
-      v1::Contribution contribution;
-      contribution.set_round(r);
-      contribution.set_chunk_index(c);
-      contribution.set_codec(v1::CODEC_FP32);
-      contribution.set_weight(1.0);
-      contribution.set_payload(Fp32Chunk(delta, common::ChunkRange(n, c)));
-      ASSERT_TRUE(shard->Contribute("w", contribution).ok());
+      ASSERT_TRUE(shard->Contribute("w", ChunkContribution(r, c, delta)).ok());
     }
     ASSERT_EQ(shard->Poll(), 1) << "round " << r;
     // The reference: the step on the whole range, then what workers decode.
@@ -373,6 +389,8 @@ class ChunkSink : public UpdateSink {
 // Without checkpoints a shard steps and sends each chunk of a round as soon
 // as both workers have sent it; its anchors, fetches and updates are bit for
 // bit those of a shard that waits for the whole round (stream_updates off).
+// It keeps the old values of stepped chunks only while a joined worker
+// waits to fetch.
 TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
   const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks, 1 short
   const uint32_t chunks = static_cast<uint32_t>(common::NumChunks(n));
@@ -391,18 +409,18 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
     for (const char* w : {"a", "b"}) {
       ASSERT_TRUE(shard->Join(w, config, common::Codec::kFp32).ok());
     }
-    for (uint32_t c = 0; c < chunks; ++c) {
-      ASSERT_TRUE(shard
-                      ->SeedChunk("a", c, 0,
-                                  Fp32Chunk(anchor, common::ChunkRange(n, c)))
-                      .ok());
-    }
+    SeedAll(*shard, "a", anchor);
   }
   streaming->Subscribe(streamed, 0);
   reference->Subscribe(whole, 0);
 
   std::vector<float> delta(n);
   for (uint64_t r = 0; r < 4; ++r) {
+    if (r == 2) {
+      for (JobShard* shard : {streaming.get(), reference.get()}) {
+        ASSERT_TRUE(shard->Join("c", config, common::Codec::kFp32).ok());
+      }
+    }
     for (uint32_t c = 0; c < chunks; ++c) {
       const common::Range range = common::ChunkRange(n, c);
       for (const char* w : {"a", "b"}) {
@@ -413,12 +431,8 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
               std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r)) *
               static_cast<float>(1 + i % 5);
         }
-        v1::Contribution contribution;
-        contribution.set_round(r);
-        contribution.set_chunk_index(c);
-        contribution.set_codec(v1::CODEC_FP32);
-        contribution.set_weight(w[0] == 'a' ? 1.0 : 3.0);
-        contribution.set_payload(Fp32Chunk(delta, range));
+        const v1::Contribution contribution =
+            ChunkContribution(r, c, delta, w[0] == 'a' ? 1.0 : 3.0);
         ASSERT_TRUE(streaming->Contribute(w, contribution).ok());
         ASSERT_TRUE(reference->Contribute(w, contribution).ok());
       }
@@ -431,15 +445,23 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
           << "round " << r << " chunk " << c;
       EXPECT_EQ(whole->Payload(r, c).empty(), !last)
           << "round " << r << " chunk " << c;
+      if (r == 1 && c == 0) {
+        // Nobody was waiting to fetch when chunk 0 was stepped, so the
+        // shard kept no copy of its old values: a worker joining now is told
+        // to retry until the round closes.
+        ASSERT_TRUE(streaming->Join("d", config, common::Codec::kFp32).ok());
+        EXPECT_EQ(streaming->Fetch("d").status().code(),
+                  absl::StatusCode::kUnavailable);
+        ASSERT_TRUE(streaming->Leave("d").ok());
+      }
       if (r == 2 && c == 0) {
-        // Mid-round, a worker that joins fetches the anchor of before the
-        // round, and one that reconnects is sent the chunk streamed so far.
-        for (JobShard* shard : {streaming.get(), reference.get()}) {
-          ASSERT_TRUE(shard->Join("c", config, common::Codec::kFp32).ok());
-        }
+        // "c" joined before the round and waits to fetch: mid-round it gets
+        // the anchor of before the round. A stream that starts now is sent
+        // the chunk streamed so far.
         auto fetched = streaming->Fetch("c");
         auto expected = reference->Fetch("c");
-        ASSERT_TRUE(fetched.ok() && expected.ok());
+        ASSERT_TRUE(fetched.ok()) << fetched.status();
+        ASSERT_TRUE(expected.ok()) << expected.status();
         EXPECT_EQ((*fetched)->anchor_round, (*expected)->anchor_round);
         for (uint32_t k = 0; k < chunks; ++k) {
           EXPECT_EQ((*fetched)->chunks[k].payload(),
@@ -484,21 +506,11 @@ TEST(JobShardStreamTest, WithCheckpointsNothingIsSentBeforeTheRoundCloses) {
   auto shard = *JobShard::Create("job", config, options, &clock);
   ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32).ok());
   const std::vector<float> values(n, 1.0f);
-  for (uint32_t c = 0; c < 2; ++c) {
-    ASSERT_TRUE(
-        shard->SeedChunk("w", c, 0, Fp32Chunk(values, common::ChunkRange(n, c)))
-            .ok());
-  }
+  SeedAll(*shard, "w", values);
   auto sink = std::make_shared<ChunkSink>();
   shard->Subscribe(sink, 0);
   for (uint32_t c = 0; c < 2; ++c) {
-    v1::Contribution contribution;
-    contribution.set_round(0);
-    contribution.set_chunk_index(c);
-    contribution.set_codec(v1::CODEC_FP32);
-    contribution.set_weight(1.0);
-    contribution.set_payload(Fp32Chunk(values, common::ChunkRange(n, c)));
-    ASSERT_TRUE(shard->Contribute("w", contribution).ok());
+    ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, c, values)).ok());
     EXPECT_EQ(shard->Poll(), c == 1 ? 1 : 0);
     EXPECT_EQ(sink->chunks.size(), c == 1 ? 2u : 0u) << "chunk " << c;
   }

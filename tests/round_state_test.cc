@@ -4,6 +4,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -376,6 +377,19 @@ TEST_F(RoundStateTest, AChunkEveryRequiredWorkerSentIsTakenAheadOnce) {
   EXPECT_TRUE(closed->mean[1].empty());
   ExpectMean(closed->mean[2], Constant(2));
   EXPECT_TRUE(state_->TakeCompleteChunks().empty()) << "round 1: no chunk";
+}
+
+TEST_F(RoundStateTest, AWorkerWithoutARoundIsToldApart) {
+  Init(1000);
+  state_->AddWorker("a", 0);
+  EXPECT_FALSE(state_->HasWorkerWithoutRound());
+  state_->AddWorker("joining", UINT64_MAX);  // has not fetched yet
+  EXPECT_TRUE(state_->HasWorkerWithoutRound());
+  state_->AddWorker("joining", 3);  // fetched the anchor of round 3
+  EXPECT_FALSE(state_->HasWorkerWithoutRound());
+  state_->AddWorker("gone", UINT64_MAX);
+  state_->RemoveWorker("gone");
+  EXPECT_FALSE(state_->HasWorkerWithoutRound());
 }
 
 TEST_F(RoundStateTest, AContributionToATakenChunkIsFoldedIntoTheNextRound) {

@@ -281,6 +281,17 @@ v1::Contribution ChunkContribution(uint64_t round, uint32_t c,
   return contribution;
 }
 
+// A shard of `config` checkpointing to `store`, with worker "w" joined.
+std::unique_ptr<JobShard> CheckpointedShard(const v1::JobConfig& config,
+                                            const CheckpointStore* store,
+                                            common::Clock* clock) {
+  JobShardOptions options;
+  options.checkpoints = store;
+  auto shard = *JobShard::Create("job", config, options, clock);
+  EXPECT_TRUE(shard->Join("w", config, common::Codec::kFp32).ok());
+  return shard;
+}
+
 // `worker` (told to seed) seeds `anchor`, the whole range, chunk by chunk.
 void SeedAll(JobShard& shard, const std::string& worker,
              const std::vector<float>& anchor) {
@@ -303,8 +314,7 @@ TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
   CheckpointStore store(TempDir());
   JobShardOptions options;
   options.checkpoints = &store;
-  auto shard = *JobShard::Create("job", config, options, &clock);
-  ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32).ok());
+  auto shard = CheckpointedShard(config, &store, &clock);
   std::vector<float> anchor(n);
   for (size_t i = 0; i < n; ++i) anchor[i] = 0.01f * static_cast<float>(i % 100);
   SeedAll(*shard, "w", anchor);
@@ -501,10 +511,7 @@ TEST(JobShardStreamTest, WithCheckpointsNothingIsSentBeforeTheRoundCloses) {
   const v1::JobConfig config = StepConfig(n, 0.0f, v1::CODEC_FP32, 1);
   common::FakeClock clock;
   CheckpointStore store(TempDir());
-  JobShardOptions options;
-  options.checkpoints = &store;
-  auto shard = *JobShard::Create("job", config, options, &clock);
-  ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32).ok());
+  auto shard = CheckpointedShard(config, &store, &clock);
   const std::vector<float> values(n, 1.0f);
   SeedAll(*shard, "w", values);
   auto sink = std::make_shared<ChunkSink>();

@@ -204,7 +204,9 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
   }
   w.received[rel].Set(chunk_index);
   if (chunk_index == 0) w.weight0[rel] = weight;
-  if (rel == kOpen && Required(w)) ++senders_[chunk_index];
+  if (rel == kOpen && Required(w) && ++senders_[chunk_index] == required_) {
+    ready_.push_back(chunk_index);
+  }
   if (!outcome.folded) {
     has_chunk_[Slot(round)] = true;
     if (round == open_ && !deadline_.has_value()) {
@@ -281,12 +283,16 @@ std::optional<ClosedRound> RoundState::TryClose() {
 
 std::vector<CompleteChunk> RoundState::TakeCompleteChunks() {
   std::vector<CompleteChunk> complete;
-  if (required_ == 0) return complete;
-  for (uint32_t c = 0; c < num_chunks_; ++c) {
-    if (taken_.Test(c) || senders_[c] != required_) continue;
-    taken_.Set(c);
-    complete.push_back(CompleteChunk{c, required_, TakeMean(Slot(open_), c)});
+  if (required_ > 0) {
+    std::sort(ready_.begin(), ready_.end());
+    ready_.erase(std::unique(ready_.begin(), ready_.end()), ready_.end());
+    for (const uint32_t c : ready_) {
+      if (taken_.Test(c) || senders_[c] != required_) continue;
+      taken_.Set(c);
+      complete.push_back(CompleteChunk{c, required_, TakeMean(Slot(open_), c)});
+    }
   }
+  ready_.clear();
   return complete;
 }
 
@@ -352,6 +358,11 @@ void RoundState::RecountSenders() {
     const ChunkSet& sent = w.received[kOpen];
     if (sent.count() == 0) continue;
     for (uint32_t c = 0; c < num_chunks_; ++c) senders_[c] += sent.Test(c);
+  }
+  ready_.clear();
+  if (required_ == 0) return;
+  for (uint32_t c = 0; c < num_chunks_; ++c) {
+    if (senders_[c] == required_) ready_.push_back(c);
   }
 }
 

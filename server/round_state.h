@@ -219,6 +219,9 @@ class RoundState {
   // have sent it: a chunk is complete when the two are equal.
   uint32_t required_ = 0;
   std::vector<uint32_t> senders_;
+  // Chunks that became complete since the last TakeCompleteChunks (perhaps
+  // taken, or listed twice), so that it does not scan every chunk per call.
+  std::vector<uint32_t> ready_;
   // Live workers, and departed ones while they still have counted chunks in
   // the window (their complete contributions count at close; a rejoin keeps
   // its duplicate detection).

@@ -133,7 +133,9 @@ for rate in $rates; do
   run "$rate-local-last" local "$steps" "$steps"
 done
 
+# The model of a round's update time follows the shards' setting.
+model=()
+case " ${AGG_ARGS:-} " in *" --stream_updates=false "*) model=(--whole_rounds) ;; esac
 python3 "$here/overlap/summarize.py" --scratch="$scratch" --rates="$rates" \
   --out="$out" --plot="$plot" --command="bench/run_overlap.sh${1:+ $1}" \
-  --shards="$shards" \
-  $(case " ${AGG_ARGS:-} " in *" --stream_updates=false "*) echo --whole_rounds ;; esac)
+  --shards="$shards" "${model[@]}"

@@ -504,6 +504,61 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
+// A round whose first chunk was streamed and which then closes at its
+// deadline with quorum (b sent only chunk 0) steps the rest at the close: the
+// update is whole, every chunk sent once, and the bits are those of a shard
+// closing whole rounds; b's late chunk is folded into the next round in both.
+TEST(JobShardStreamTest, AStreamedRoundClosesAtItsDeadlineWithQuorum) {
+  const size_t n = 2 * common::kChunkElements;
+  v1::JobConfig config = StepConfig(n, 0.9f, v1::CODEC_FP32, 1);
+  config.set_min_workers(1);
+  config.set_round_timeout_ms(1000);
+  common::FakeClock clock;
+  JobShardOptions whole_rounds;
+  whole_rounds.stream_updates = false;
+  auto streaming = *JobShard::Create("job", config, {}, &clock);
+  auto reference = *JobShard::Create("job", config, whole_rounds, &clock);
+  auto streamed = std::make_shared<ChunkSink>();
+  auto whole = std::make_shared<ChunkSink>();
+  std::vector<float> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = std::cos(0.01f * static_cast<float>(i));
+    b[i] = -0.5f * a[i];
+  }
+  for (JobShard* shard : {streaming.get(), reference.get()}) {
+    for (const char* w : {"a", "b"}) {
+      ASSERT_TRUE(shard->Join(w, config, common::Codec::kFp32).ok());
+    }
+    SeedAll(*shard, "a", std::vector<float>(n, 1.0f));
+    ASSERT_TRUE(shard->Contribute("a", ChunkContribution(0, 0, a)).ok());
+    ASSERT_TRUE(shard->Contribute("b", ChunkContribution(0, 0, b)).ok());
+    ASSERT_TRUE(shard->Contribute("a", ChunkContribution(0, 1, a)).ok());
+    EXPECT_EQ(shard->Poll(), 0);
+  }
+  streaming->Subscribe(streamed, 0);
+  reference->Subscribe(whole, 0);
+  ASSERT_EQ(streamed->chunks.size(), 1u) << "chunk 0 went out at once";
+  EXPECT_TRUE(whole->chunks.empty());
+  clock.Advance(absl::Seconds(2));  // past the deadline: a alone is quorum
+  for (JobShard* shard : {streaming.get(), reference.get()}) {
+    EXPECT_EQ(shard->Poll(), 1);
+    EXPECT_EQ(shard->stats().quorum_closes, 1u);
+    auto late = shard->Contribute("b", ChunkContribution(0, 1, b));
+    EXPECT_TRUE(late.ok()) << late;
+    EXPECT_EQ(shard->stats().late_chunks, 1u);
+  }
+  ASSERT_EQ(streamed->chunks.size(), 2u) << "each chunk sent once";
+  ASSERT_EQ(whole->chunks.size(), 2u);
+  for (uint32_t c = 0; c < 2; ++c) {
+    EXPECT_EQ(streamed->Payload(0, c), whole->Payload(0, c)) << "chunk " << c;
+  }
+  uint64_t round_a = 0, round_b = 0;
+  const std::vector<float> got = streaming->AnchorForTesting(&round_a);
+  const std::vector<float> want = reference->AnchorForTesting(&round_b);
+  EXPECT_EQ(round_a, round_b);
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+}
+
 // With checkpoints an update waits for its round's checkpoint, so nothing of
 // a round is sent before it closes.
 TEST(JobShardStreamTest, WithCheckpointsNothingIsSentBeforeTheRoundCloses) {

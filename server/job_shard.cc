@@ -219,7 +219,7 @@ absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> JobShard::Fetch(
         "job \"", job_, "\" has no anchor yet (being seeded by \"",
         seed_.seeder(), "\"); retry"));
   }
-  if (open_step_.has_value() && !unstepped_kept_) {
+  if (!UnsteppedAnchorWholeLocked()) {
     return absl::UnavailableError(absl::StrCat(
         "job \"", job_, "\": shard ", options_.shard_index,
         " is sending the update of round ", open_step_->round(),
@@ -473,6 +473,17 @@ bool JobShard::CloseRoundLocked() {
   return true;
 }
 
+bool JobShard::UnsteppedAnchorWholeLocked() const {
+  if (!open_step_.has_value()) return true;
+  for (uint32_t c = 0; c < step_.num_chunks(); ++c) {
+    if (open_step_->stepped(c) &&
+        (c >= unstepped_anchor_.size() || unstepped_anchor_[c].empty())) {
+      return false;
+    }
+  }
+  return true;
+}
+
 RoundStep& JobShard::StepOfRoundLocked(uint64_t round) {
   assert(!open_step_.has_value() || open_step_->round() == round);
   if (!open_step_.has_value()) {
@@ -491,15 +502,16 @@ UpdateChunks JobShard::StreamCompleteChunksLocked() {
   }
   std::vector<CompleteChunk> complete = rounds_.TakeCompleteChunks();
   if (complete.empty()) return streamed;
-  if (!open_step_.has_value()) unstepped_kept_ = true;
-  RoundStep& round_step = StepOfRoundLocked(rounds_.open_round());
   // Only a worker that has joined and not fetched yet will fetch before the
   // round closes; without one, the copies would cost a range of memory for
-  // nothing (a fetch this round that finds none is told to retry).
-  unstepped_kept_ = unstepped_kept_ && rounds_.HasWorkerWithoutRound();
-  if (unstepped_kept_) unstepped_anchor_.resize(step_.num_chunks());
+  // nothing (a fetch this round that finds none is told to retry), and once
+  // a chunk went without, later copies would serve no fetch either.
+  const bool keep =
+      rounds_.HasWorkerWithoutRound() && UnsteppedAnchorWholeLocked();
+  RoundStep& round_step = StepOfRoundLocked(rounds_.open_round());
+  if (keep) unstepped_anchor_.resize(step_.num_chunks());
   for (CompleteChunk& chunk : complete) {
-    if (unstepped_kept_) {
+    if (keep) {
       const common::Range r =
           common::ChunkRange(range_.size(), chunk.chunk_index);
       unstepped_anchor_[chunk.chunk_index].assign(

@@ -238,6 +238,9 @@ class JobShard {
   // stream_updates and no checkpoints) and returns their update chunks, to
   // send; empty if none.
   UpdateChunks StreamCompleteChunksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether every chunk the open round's step has moved has its old values
+  // in unstepped_anchor_ (so the anchor of before the round can be served).
+  bool UnsteppedAnchorWholeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes A, m and the last update; returns the update as written. Runs
   // without the lock: that state only changes in CloseRoundLocked and
   // Publish, on the same (poller) thread.
@@ -271,12 +274,10 @@ class JobShard {
   // new one in the others. For a fetch meanwhile, unstepped_anchor_ keeps
   // the old values of the stepped chunks (chunk c empty while not stepped)
   // when a joined worker had yet to fetch as the round's first chunks were
-  // stepped (unstepped_kept_: every stepped chunk has its copy; a fetch
-  // without them is told to retry). Otherwise no copy: it would cost up to a
-  // range of memory.
+  // stepped; a fetch that finds one missing (UnsteppedAnchorWholeLocked) is
+  // told to retry. Otherwise no copy: it would cost up to a range of memory.
   std::optional<RoundStep> open_step_ ABSL_GUARDED_BY(mu_);
   std::vector<std::vector<float>> unstepped_anchor_ ABSL_GUARDED_BY(mu_);
-  bool unstepped_kept_ ABSL_GUARDED_BY(mu_) = true;
   // The snapshot the fetches in progress share; dropped when the anchor moves
   // (once seeded, only a round's close moves it).
   SharedAnchorSnapshot snapshot_ ABSL_GUARDED_BY(mu_);

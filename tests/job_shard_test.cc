@@ -396,6 +396,51 @@ class ChunkSink : public UpdateSink {
   std::vector<std::shared_ptr<const v1::OuterUpdate>> chunks;
 };
 
+// Two shards of one job fed the same input: `streaming` as shipped, and
+// `reference` closing whole rounds (stream_updates off); workers "a" and "b"
+// joined and `anchor` seeded by "a" on both. `streamed` and `whole` are
+// sinks for the tests to subscribe to them.
+struct StreamingAndWholeRounds {
+  StreamingAndWholeRounds(const v1::JobConfig& config,
+                          const std::vector<float>& anchor) {
+    JobShardOptions whole_rounds;
+    whole_rounds.stream_updates = false;
+    streaming = *JobShard::Create("job", config, {}, &clock);
+    reference = *JobShard::Create("job", config, whole_rounds, &clock);
+    for (JobShard* shard : both()) {
+      for (const char* w : {"a", "b"}) {
+        EXPECT_TRUE(shard->Join(w, config, common::Codec::kFp32).ok());
+      }
+      SeedAll(*shard, "a", anchor);
+    }
+  }
+  std::vector<JobShard*> both() const {
+    return {streaming.get(), reference.get()};
+  }
+  // Both sinks got the same updates of rounds [0, rounds) and the shards
+  // hold the same anchor bits of the same round.
+  void ExpectSameBits(uint64_t rounds) const {
+    for (uint64_t r = 0; r < rounds; ++r) {
+      for (uint32_t c = 0; c < streaming->num_chunks(); ++c) {
+        EXPECT_EQ(streamed->Payload(r, c), whole->Payload(r, c))
+            << "round " << r << " chunk " << c;
+      }
+    }
+    uint64_t round_a = 0, round_b = 0;
+    const std::vector<float> a = streaming->AnchorForTesting(&round_a);
+    const std::vector<float> b = reference->AnchorForTesting(&round_b);
+    EXPECT_EQ(round_a, round_b);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  }
+
+  common::FakeClock clock;
+  std::unique_ptr<JobShard> streaming;
+  std::unique_ptr<JobShard> reference;
+  std::shared_ptr<ChunkSink> streamed = std::make_shared<ChunkSink>();
+  std::shared_ptr<ChunkSink> whole = std::make_shared<ChunkSink>();
+};
+
 // Without checkpoints a shard steps and sends each chunk of a round as soon
 // as both workers have sent it; its anchors, fetches and updates are bit for
 // bit those of a shard that waits for the whole round (stream_updates off).
@@ -405,29 +450,21 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
   const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks, 1 short
   const uint32_t chunks = static_cast<uint32_t>(common::NumChunks(n));
   const v1::JobConfig config = StepConfig(n, 0.9f, v1::CODEC_BF16, 1);
-  common::FakeClock clock;
-  JobShardOptions whole_rounds;
-  whole_rounds.stream_updates = false;
-  auto streaming = *JobShard::Create("job", config, {}, &clock);
-  auto reference = *JobShard::Create("job", config, whole_rounds, &clock);
-  auto streamed = std::make_shared<ChunkSink>();
-  auto whole = std::make_shared<ChunkSink>();
   std::vector<float> anchor(n);
   for (size_t i = 0; i < n; ++i)
     anchor[i] = 0.01f * static_cast<float>(i % 100);
-  for (JobShard* shard : {streaming.get(), reference.get()}) {
-    for (const char* w : {"a", "b"}) {
-      ASSERT_TRUE(shard->Join(w, config, common::Codec::kFp32).ok());
-    }
-    SeedAll(*shard, "a", anchor);
-  }
-  streaming->Subscribe(streamed, 0);
-  reference->Subscribe(whole, 0);
+  StreamingAndWholeRounds pair(config, anchor);
+  JobShard* const streaming = pair.streaming.get();
+  JobShard* const reference = pair.reference.get();
+  ChunkSink* const streamed = pair.streamed.get();
+  ChunkSink* const whole = pair.whole.get();
+  streaming->Subscribe(pair.streamed, 0);
+  reference->Subscribe(pair.whole, 0);
 
   std::vector<float> delta(n);
   for (uint64_t r = 0; r < 4; ++r) {
     if (r == 2) {
-      for (JobShard* shard : {streaming.get(), reference.get()}) {
+      for (JobShard* shard : pair.both()) {
         ASSERT_TRUE(shard->Join("c", config, common::Codec::kFp32).ok());
       }
     }
@@ -483,25 +520,14 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
         ASSERT_EQ(reconnected->chunks.size(), 1u);
         EXPECT_EQ(reconnected->chunks[0]->round(), 2u);
         EXPECT_EQ(reconnected->chunks[0]->chunk_index(), 0u);
-        for (JobShard* shard : {streaming.get(), reference.get()}) {
+        for (JobShard* shard : pair.both()) {
           ASSERT_TRUE(shard->Leave("c").ok());  // not a member of round 3
         }
       }
     }
   }
   ASSERT_EQ(streamed->chunks.size(), 4u * chunks) << "each chunk sent once";
-  for (uint64_t r = 0; r < 4; ++r) {
-    for (uint32_t c = 0; c < chunks; ++c) {
-      EXPECT_EQ(streamed->Payload(r, c), whole->Payload(r, c))
-          << "round " << r << " chunk " << c;
-    }
-  }
-  uint64_t round_a = 0, round_b = 0;
-  const std::vector<float> a = streaming->AnchorForTesting(&round_a);
-  const std::vector<float> b = reference->AnchorForTesting(&round_b);
-  EXPECT_EQ(round_a, round_b);
-  ASSERT_EQ(a.size(), b.size());
-  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+  pair.ExpectSameBits(4);
 }
 
 // A round whose first chunk was streamed and which then closes at its
@@ -513,50 +539,33 @@ TEST(JobShardStreamTest, AStreamedRoundClosesAtItsDeadlineWithQuorum) {
   v1::JobConfig config = StepConfig(n, 0.9f, v1::CODEC_FP32, 1);
   config.set_min_workers(1);
   config.set_round_timeout_ms(1000);
-  common::FakeClock clock;
-  JobShardOptions whole_rounds;
-  whole_rounds.stream_updates = false;
-  auto streaming = *JobShard::Create("job", config, {}, &clock);
-  auto reference = *JobShard::Create("job", config, whole_rounds, &clock);
-  auto streamed = std::make_shared<ChunkSink>();
-  auto whole = std::make_shared<ChunkSink>();
   std::vector<float> a(n), b(n);
   for (size_t i = 0; i < n; ++i) {
     a[i] = std::cos(0.01f * static_cast<float>(i));
     b[i] = -0.5f * a[i];
   }
-  for (JobShard* shard : {streaming.get(), reference.get()}) {
-    for (const char* w : {"a", "b"}) {
-      ASSERT_TRUE(shard->Join(w, config, common::Codec::kFp32).ok());
-    }
-    SeedAll(*shard, "a", std::vector<float>(n, 1.0f));
+  StreamingAndWholeRounds pair(config, std::vector<float>(n, 1.0f));
+  for (JobShard* shard : pair.both()) {
     ASSERT_TRUE(shard->Contribute("a", ChunkContribution(0, 0, a)).ok());
     ASSERT_TRUE(shard->Contribute("b", ChunkContribution(0, 0, b)).ok());
     ASSERT_TRUE(shard->Contribute("a", ChunkContribution(0, 1, a)).ok());
     EXPECT_EQ(shard->Poll(), 0);
   }
-  streaming->Subscribe(streamed, 0);
-  reference->Subscribe(whole, 0);
-  ASSERT_EQ(streamed->chunks.size(), 1u) << "chunk 0 went out at once";
-  EXPECT_TRUE(whole->chunks.empty());
-  clock.Advance(absl::Seconds(2));  // past the deadline: a alone is quorum
-  for (JobShard* shard : {streaming.get(), reference.get()}) {
+  pair.streaming->Subscribe(pair.streamed, 0);
+  pair.reference->Subscribe(pair.whole, 0);
+  ASSERT_EQ(pair.streamed->chunks.size(), 1u) << "chunk 0 went out at once";
+  EXPECT_TRUE(pair.whole->chunks.empty());
+  pair.clock.Advance(absl::Seconds(2));  // past the deadline: a is quorum
+  for (JobShard* shard : pair.both()) {
     EXPECT_EQ(shard->Poll(), 1);
     EXPECT_EQ(shard->stats().quorum_closes, 1u);
     auto late = shard->Contribute("b", ChunkContribution(0, 1, b));
     EXPECT_TRUE(late.ok()) << late;
     EXPECT_EQ(shard->stats().late_chunks, 1u);
   }
-  ASSERT_EQ(streamed->chunks.size(), 2u) << "each chunk sent once";
-  ASSERT_EQ(whole->chunks.size(), 2u);
-  for (uint32_t c = 0; c < 2; ++c) {
-    EXPECT_EQ(streamed->Payload(0, c), whole->Payload(0, c)) << "chunk " << c;
-  }
-  uint64_t round_a = 0, round_b = 0;
-  const std::vector<float> got = streaming->AnchorForTesting(&round_a);
-  const std::vector<float> want = reference->AnchorForTesting(&round_b);
-  EXPECT_EQ(round_a, round_b);
-  EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0);
+  ASSERT_EQ(pair.streamed->chunks.size(), 2u) << "each chunk sent once";
+  ASSERT_EQ(pair.whole->chunks.size(), 2u);
+  pair.ExpectSameBits(1);
 }
 
 // With checkpoints an update waits for its round's checkpoint, so nothing of

@@ -433,24 +433,31 @@ bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
   return true;
 }
 
+// An iperf3 server for one test on `port`, on the shards' host (as is on
+// loopback), once it listens; nullopt if it did not start.
+std::optional<Child> StartIperf3Server(int port, const std::string& log) {
+  std::optional<Child> server =
+      Child::Spawn(OnShardHost({absl::GetFlag(FLAGS_iperf3), "-s", "-1", "-p",
+                                std::to_string(port), "--forceflush"}),
+                   log);
+  if (!server || !server->ReadUntil("Server listening")) return std::nullopt;
+  return server;
+}
+
 // iperf3 moving `bytes` over `streams` streams on loopback.
 bool RunIperf3(uint64_t bytes, int streams, const std::string& scratch,
                Repetition* out) {
   const std::string iperf3 = absl::GetFlag(FLAGS_iperf3);
   const int port = FreeLoopbackPort();
-  std::optional<Child> server = Child::Spawn(
-      {iperf3, "-s", "-1", "-p", std::to_string(port), "--forceflush"},
-      scratch + "/iperf3-server.log");
-  if (!server || !server->ReadUntil("Server listening")) return false;
+  std::optional<Child> server =
+      StartIperf3Server(port, scratch + "/iperf3-server.log");
+  if (!server) return false;
   std::optional<Child> client = Child::Spawn(
       {iperf3, "-c", "127.0.0.1", "-p", std::to_string(port), "-P",
        std::to_string(streams), "-n", std::to_string(bytes), "--json"},
       scratch + "/iperf3-client.log");
   if (!client) return false;
-  std::string json;
-  while (std::optional<std::string> line = client->ReadLine()) {
-    json += *line + "\n";
-  }
+  const std::string json = client->ReadAll();
   client->Wait();
   server->Wait();
   const size_t received = json.find("\"sum_received\"");
@@ -476,11 +483,9 @@ bool RunIperf3Links(int n, uint64_t up, uint64_t down, int streams,
   for (const bool reverse : {false, true}) {
     std::vector<Child> servers, clients;
     for (int i = 0; i < n; ++i) {
-      const std::string port = std::to_string(5201 + i);
-      std::optional<Child> server = Child::Spawn(
-          OnShardHost({iperf3, "-s", "-1", "-p", port, "--forceflush"}),
-          absl::StrCat(scratch, "/iperf3-server-", i, ".log"));
-      if (!server || !server->ReadUntil("Server listening")) return false;
+      std::optional<Child> server = StartIperf3Server(
+          5201 + i, absl::StrCat(scratch, "/iperf3-server-", i, ".log"));
+      if (!server) return false;
       servers.push_back(std::move(*server));
     }
     for (int i = 0; i < n; ++i) {
@@ -503,10 +508,7 @@ bool RunIperf3Links(int n, uint64_t up, uint64_t down, int streams,
     }
     double seconds = 0;
     for (Child& client : clients) {
-      std::string json;
-      while (std::optional<std::string> line = client.ReadLine()) {
-        json += *line + "\n";
-      }
+      const std::string json = client.ReadAll();
       client.Wait();
       const size_t received = json.find("\"sum_received\"");
       if (received == std::string::npos) return false;

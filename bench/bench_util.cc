@@ -117,6 +117,12 @@ std::optional<std::string> Child::ReadLine() {
   return line;
 }
 
+std::string Child::ReadAll() {
+  std::string text;
+  while (std::optional<std::string> line = ReadLine()) text += *line + "\n";
+  return text;
+}
+
 std::optional<std::string> Child::ReadUntil(const std::string& prefix) {
   while (std::optional<std::string> line = ReadLine()) {
     if (line->rfind(prefix, 0) == 0) return line->substr(prefix.size());

@@ -39,6 +39,8 @@ class Child {
   pid_t pid() const { return pid_; }
   // One line from the child's stdout without the newline; nullopt at EOF.
   std::optional<std::string> ReadLine();
+  // The rest of the child's stdout, up to EOF.
+  std::string ReadAll();
   // Reads lines until one starts with `prefix`; returns the rest of it.
   std::optional<std::string> ReadUntil(const std::string& prefix);
   // Writes `line` and a newline to the child's stdin.

@@ -83,17 +83,6 @@ std::shared_ptr<const v1::OuterUpdate> ChunkedOuterStep::Message(
   return msg;
 }
 
-StepResult ChunkedOuterStep::Run(ClosedRound& closed, const KeptUpdate* last,
-                                 const OuterStepBuffers& buffers) const {
-  RoundStep step(*this, closed.round,
-                 last == nullptr ? std::nullopt : std::optional(*last),
-                 buffers);
-  for (uint32_t i = 0; i < num_chunks_; ++i) {
-    step.Step(i, closed.mean[i], closed.contributors);
-  }
-  return std::move(step).Finish();
-}
-
 RoundStep::RoundStep(const ChunkedOuterStep& step, uint64_t round,
                      std::optional<KeptUpdate> last,
                      const OuterStepBuffers& buffers)
@@ -169,6 +158,12 @@ std::shared_ptr<const v1::OuterUpdate> RoundStep::Step(uint32_t chunk_index,
   chunks_[chunk_index] =
       step_.Message(round_, chunk_index, contributors, std::move(payload));
   return chunks_[chunk_index];
+}
+
+void RoundStep::StepRest(ClosedRound& closed) {
+  for (uint32_t c = 0; c < step_.num_chunks(); ++c) {
+    if (!stepped(c)) Step(c, closed.mean[c], closed.contributors);
+  }
 }
 
 StepResult RoundStep::Finish() && {

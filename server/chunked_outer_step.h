@@ -6,9 +6,9 @@
 // exactly the bits the workers decode, so anchors stay bit-identical on both
 // sides.
 //
-// It holds only the job's constants; the state it steps (A, m, the gap) is
-// the caller's, borrowed for each call. Const after construction: any
-// thread, as long as concurrent calls do not share their buffers.
+// ChunkedOuterStep holds only the job's constants and makes the messages;
+// const after construction, any thread. RoundStep (below) runs one round's
+// step on state that is the caller's (A, m), borrowed.
 #ifndef CO2_SERVER_CHUNKED_OUTER_STEP_H_
 #define CO2_SERVER_CHUNKED_OUTER_STEP_H_
 
@@ -70,15 +70,6 @@ class ChunkedOuterStep {
                                                  uint32_t contributors,
                                                  std::string payload) const;
 
-  // The step of `closed`: U_{r+2}, encoded chunk by chunk, and its decoded
-  // bits added to the anchor. Each chunk of closed.mean is freed once its
-  // step has run, so the mean and U are not both whole at any time. `last`
-  // is the encoded update of the last closed round (null before the first,
-  // or when none is kept): decoded, it is the gap (zeros without it), read
-  // one chunk at a time. (RoundStep, below, runs it chunk by chunk.)
-  StepResult Run(ClosedRound& closed, const KeptUpdate* last,
-                 const OuterStepBuffers& buffers) const;
-
  private:
   const OuterConfig outer_;
   const v1::Codec downlink_;
@@ -88,12 +79,17 @@ class ChunkedOuterStep {
   const uint32_t num_chunks_;
 };
 
-// One round's step, chunk by chunk, in any order and spread over time: a
+// One round's step: U_{r+2}, encoded chunk by chunk, and its decoded bits
+// added to the anchor. Chunk by chunk, in any order and spread over time: a
 // shard steps the chunks of a round that are complete while the rest of it
-// still arrives, and sends their updates at once. Each chunk is stepped once;
-// the result is the same bits as Run. Holds the gap (a copy of the last
-// update, so the shard's cache may drop it) and the messages made so far;
-// borrows `step` and the buffers, which must outlive it. Not thread-safe.
+// still arrives, and sends their updates at once; the result is the same
+// bits as stepping them in order at the close. Each chunk's mean is freed
+// once its step has run, so the mean and U are not both whole at any time.
+// `last` is the encoded update of the last closed round (nullopt before the
+// first, or when none is kept): decoded, it is the gap (zeros without it),
+// read one chunk at a time. Holds that copy of it (so the shard's cache may
+// drop it) and the messages made so far; borrows `step` and the buffers,
+// which must outlive it. Not thread-safe.
 class RoundStep {
  public:
   RoundStep(const ChunkedOuterStep& step, uint64_t round,
@@ -109,6 +105,9 @@ class RoundStep {
   std::shared_ptr<const v1::OuterUpdate> Step(uint32_t chunk_index,
                                               std::vector<float>& mean,
                                               uint32_t contributors);
+  // Steps every chunk not stepped yet, with closed.mean (freed) and
+  // closed.contributors: the rest of the round at its close.
+  void StepRest(ClosedRound& closed);
   // Once every chunk is stepped: the update, in chunk order, and the stats.
   StepResult Finish() &&;
 

@@ -447,11 +447,7 @@ bool JobShard::CloseRoundLocked() {
   // max_staleness + 1 rounds of encoded updates exist at any time.
   RoundStep& round_step = StepOfRoundLocked(closed->round);
   updates_.MakeRoomForNext();
-  for (uint32_t c = 0; c < step_.num_chunks(); ++c) {
-    if (!round_step.stepped(c)) {
-      round_step.Step(c, closed->mean[c], closed->contributors);
-    }
-  }
+  round_step.StepRest(*closed);
   StepResult step = std::move(round_step).Finish();
   open_step_.reset();
   unstepped_anchor_.clear();

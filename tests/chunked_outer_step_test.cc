@@ -97,6 +97,17 @@ std::shared_ptr<const StoredUpdate> Stored(const UpdateChunks& chunks) {
   return StoreChunks(payloads);
 }
 
+// The step of a whole closed round, as a shard that streams nothing runs it
+// at the close.
+StepResult RunRound(const ChunkedOuterStep& step, ClosedRound& closed,
+                    const KeptUpdate* last, const OuterStepBuffers& buffers) {
+  RoundStep round(step, closed.round,
+                  last == nullptr ? std::nullopt : std::optional(*last),
+                  buffers);
+  round.StepRest(closed);
+  return std::move(round).Finish();
+}
+
 // Chunk by chunk, with m kept only for β != 0 and the gap decoded from the
 // last update's payload (in memory, or read back from its checkpoint), the
 // step must be bit for bit the step on the whole range (whose gap is the last
@@ -128,8 +139,8 @@ TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
           static_cast<float>(1 + i % 5);
     }
     closed.mean = InChunks(mean);
-    const StepResult result = step.Run(
-        closed, last.has_value() ? &*last : nullptr,
+    const StepResult result = RunRound(
+        step, closed, last.has_value() ? &*last : nullptr,
         OuterStepBuffers{absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
     EXPECT_TRUE(result.gap_error.ok()) << result.gap_error;
     EXPECT_EQ(result.unread_gap_chunks, 0u);
@@ -190,8 +201,9 @@ TEST(ChunkedOuterStepTest, AGapChunkThatCannotBeReadBackIsZero) {
   for (size_t i = 0; i < n; ++i) mean[i] = std::cos(0.01f * i);
   closed.mean = InChunks(mean);
   std::vector<float> anchor(n, 1.0f), momentum(n, 0.0f);
-  const StepResult first = step.Run(
-      closed, nullptr, {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
+  const StepResult first =
+      RunRound(step, closed, nullptr,
+               {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
 
   // The reference: the same last update with chunk 2 zeroed, in memory.
   auto zeroed = std::make_shared<UpdateChunks>(*first.update);
@@ -202,7 +214,7 @@ TEST(ChunkedOuterStepTest, AGapChunkThatCannotBeReadBackIsZero) {
   closed.round = 1;
   closed.mean = InChunks(mean);
   const StepResult ref =
-      step.Run(closed, &ref_last,
+      RunRound(step, closed, &ref_last,
                {absl::MakeSpan(ref_anchor), absl::MakeSpan(ref_momentum)});
 
   std::vector<std::string> payloads;
@@ -214,8 +226,8 @@ TEST(ChunkedOuterStepTest, AGapChunkThatCannotBeReadBackIsZero) {
       sizeof(kStoredPrefix) - 1 + payloads[0].size() + payloads[1].size();
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(chunk2 + 100)), 0);
   closed.mean = InChunks(mean);
-  const StepResult result = step.Run(
-      closed, &last, {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
+  const StepResult result = RunRound(
+      step, closed, &last, {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
   EXPECT_EQ(result.unread_gap_chunks, 1u);
   EXPECT_EQ(result.gap_error.code(), absl::StatusCode::kDataLoss)
       << result.gap_error;

@@ -2,9 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
 
 #include <cctype>
 #include <cerrno>
@@ -18,49 +16,13 @@
 #include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/durable_file.h"
 
 namespace co2::server {
 namespace {
 
 constexpr char kMagic[8] = {'C', 'O', '2', 'C', 'K', 'P', 'T', '1'};
 constexpr uint32_t kFormatVersion = 1;
-
-absl::Status ErrnoStatus(const std::string& what, const std::string& path,
-                         int err) {
-  std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == ENOSPC || err == EDQUOT) {
-    return absl::ResourceExhaustedError(message);
-  }
-  return absl::UnavailableError(message);
-}
-
-// Writes everything or fails; keeps the running CRC.
-class FileWriter {
- public:
-  FileWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
-
-  absl::Status Append(const void* data, size_t size) {
-    crc_ = crc32_z(crc_, static_cast<const Bytef*>(data), size);
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = ::write(fd_, p, size);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return ErrnoStatus("cannot write", path_, errno);
-      }
-      p += n;
-      size -= static_cast<size_t>(n);
-    }
-    return absl::OkStatus();
-  }
-
-  uint32_t crc() const { return static_cast<uint32_t>(crc_); }
-
- private:
-  const int fd_;
-  const std::string path_;
-  uLong crc_ = crc32_z(0L, Z_NULL, 0);
-};
 
 // Writes and syncs the file; returns its descriptor, still open for
 // reading, or closes it on failure.
@@ -100,48 +62,8 @@ absl::StatusOr<int> WriteFile(const std::string& path,
   return fd;
 }
 
-// `dir` and any of its parents that are missing, like `mkdir -p`.
-absl::Status MakeDirectories(const std::string& dir) {
-  for (size_t end = dir.find('/', 1); ; end = dir.find('/', end + 1)) {
-    const std::string prefix = dir.substr(0, end);
-    if (::mkdir(prefix.c_str(), 0700) != 0 && errno != EEXIST) {
-      return ErrnoStatus("cannot create directory", prefix, errno);
-    }
-    if (end == std::string::npos) return absl::OkStatus();
-  }
-}
-
-absl::Status SyncDirectory(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open directory", dir, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  return rc == 0 ? absl::OkStatus() : ErrnoStatus("cannot fsync", dir, err);
-}
-
 absl::Status DataLoss(const std::string& path, const std::string& what) {
   return absl::DataLossError(absl::StrCat("checkpoint ", path, ": ", what));
-}
-
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open", path, errno);
-  std::string bytes;
-  char buffer[1 << 16];
-  while (true) {
-    const ssize_t n = ::read(fd, buffer, sizeof(buffer));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus("cannot read", path, err);
-    }
-    if (n == 0) break;
-    bytes.append(buffer, static_cast<size_t>(n));
-  }
-  ::close(fd);
-  return bytes;
 }
 
 // Hex-escapes every byte outside [A-Za-z0-9_-] so a job name is one safe
@@ -165,6 +87,12 @@ std::string CheckpointStore::PathFor(const std::string& job,
                                      uint32_t num_shards) const {
   return absl::StrCat(dir_, "/", EscapeJob(job), ".shard-", shard_index, "-of-",
                       num_shards, ".ckpt");
+}
+
+std::string CheckpointStore::JournalPathFor(const std::string& job,
+                                            uint32_t shard_index,
+                                            uint32_t num_shards) const {
+  return PathFor(job, shard_index, num_shards) + ".journal";
 }
 
 absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
@@ -216,9 +144,7 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(const std::string& path) 
   uint32_t stored_crc = 0;
   std::memcpy(&stored_crc, bytes.data() + bytes.size() - sizeof(stored_crc),
               sizeof(stored_crc));
-  const uint32_t crc = static_cast<uint32_t>(crc32_z(
-      crc32_z(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(bytes.data()),
-      bytes.size() - sizeof(stored_crc)));
+  const uint32_t crc = Crc32(bytes.data(), bytes.size() - sizeof(stored_crc));
   if (crc != stored_crc) {
     return DataLoss(path, absl::StrFormat("checksum mismatch (stored %08x, "
                                           "computed %08x): torn or corrupted",

@@ -88,6 +88,10 @@ class CheckpointStore {
   // The file of (job, shard); job names are escaped to stay one path element.
   std::string PathFor(const std::string& job, uint32_t shard_index,
                       uint32_t num_shards) const;
+  // The round journal beside it (server/round_journal.h): "<PathFor>.journal",
+  // which LoadAll does not take for a checkpoint.
+  std::string JournalPathFor(const std::string& job, uint32_t shard_index,
+                             uint32_t num_shards) const;
 
  private:
   std::string dir_;

@@ -160,6 +160,11 @@ std::shared_ptr<const v1::OuterUpdate> RoundStep::Step(uint32_t chunk_index,
   return chunks_[chunk_index];
 }
 
+void RoundStep::Restore(uint32_t chunk_index,
+                        std::shared_ptr<const v1::OuterUpdate> message) {
+  chunks_[chunk_index] = std::move(message);
+}
+
 void RoundStep::StepRest(ClosedRound& closed) {
   for (uint32_t c = 0; c < step_.num_chunks(); ++c) {
     if (!stepped(c)) Step(c, closed.mean[c], closed.contributors);

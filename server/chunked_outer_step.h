@@ -105,6 +105,11 @@ class RoundStep {
   std::shared_ptr<const v1::OuterUpdate> Step(uint32_t chunk_index,
                                               std::vector<float>& mean,
                                               uint32_t contributors);
+  // Chunk `chunk_index` was stepped before the shard restarted (the round
+  // journal has its update, and the restored anchor and momentum include
+  // it): `message` carries its update. Its stats are not in Finish's.
+  void Restore(uint32_t chunk_index,
+               std::shared_ptr<const v1::OuterUpdate> message);
   // Steps every chunk not stepped yet, with closed.mean (freed) and
   // closed.contributors: the rest of the round at its close.
   void StepRest(ClosedRound& closed);

@@ -50,6 +50,11 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       anchor_(range.size()),
       momentum_(step_.outer().beta != 0 ? range.size() : 0),
       updates_(config.max_staleness() + 1),
+      journal_(options.checkpoints == nullptr
+                   ? nullptr
+                   : std::make_unique<RoundJournal>(
+                         options.checkpoints->JournalPathFor(
+                             job_, options.shard_index, config.num_shards()))),
       report_(job_, options.observer, clock) {}
 
 JobShard::~JobShard() {
@@ -176,6 +181,7 @@ absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index
                  absl::MakeSpan(anchor_).subspan(chunk.begin, chunk.size()));
   if (last) {
     anchor_ready_ = true;
+    anchor_durable_ = false;
     checkpoint_dirty_ = true;
     report_.RoundOpened();
     if (seed_.reseeding()) {
@@ -312,45 +318,64 @@ void JobShard::Subscribe(const std::shared_ptr<UpdateSink>& sink,
 }
 
 int JobShard::Poll() {
-  std::optional<v1::ShardCheckpointHeader> header;
-  std::shared_ptr<const StoredUpdate> stored;
-  std::vector<std::function<void(absl::Status)>> durable;
+  if (options_.checkpoints == nullptr) return PollInMemory();
+  const int published = PublishDurably();
+  StreamDurably();
+  return published;
+}
+
+void JobShard::AdvanceLocked() {
+  ExpireLeasesLocked();
+  while (CloseRoundLocked()) {
+  }
+  report_.Polled(members_.size(), rounds_.open_round(), anchor_ready_,
+                 rounds_.quorum_misses());
+}
+
+int JobShard::PollInMemory() {
   std::vector<std::shared_ptr<const UpdateChunks>> published;
   std::vector<std::shared_ptr<UpdateSink>> sinks;
   int rounds_published = 0;
   {
     absl::MutexLock lock(&mu_);
-    ExpireLeasesLocked();
-    while (CloseRoundLocked()) {
+    AdvanceLocked();
+    // Nothing to make durable: the closed rounds' updates go out at once,
+    // then the chunks of the open round that are complete.
+    rounds_published = static_cast<int>(updates_.num_unpublished());
+    published = updates_.Publish(nullptr);
+    std::vector<SteppedChunk> stepped = StepCompleteChunksLocked();
+    if (!stepped.empty()) {
+      published.push_back(
+          std::make_shared<const UpdateChunks>(ReleaseLocked(stepped)));
     }
-    report_.Polled(members_.size(), rounds_.open_round(), anchor_ready_,
-                   rounds_.quorum_misses());
-    if (options_.checkpoints == nullptr) {
-      // Nothing to make durable: the closed rounds' updates go out at once,
-      // then the chunks of the open round that are complete.
-      rounds_published = static_cast<int>(updates_.num_unpublished());
-      published = updates_.Publish(nullptr);
-      UpdateChunks streamed = StreamCompleteChunksLocked();
-      if (!streamed.empty()) {
-        published.push_back(
-            std::make_shared<const UpdateChunks>(std::move(streamed)));
-      }
-      if (published.empty()) return 0;
-      sinks = sinks_.Live();
-    } else {
-      // Membership and the seeded anchor are made durable too, so a shard
-      // that restarts before its first round closed still knows the job.
-      const bool dirty = checkpoint_dirty_ && anchor_ready_;
-      if (!updates_.has_unpublished() && !dirty) return 0;
-      if (clock_->Now() < checkpoint_retry_at_) return 0;
-      header = CheckpointHeaderLocked();
-      checkpoint_dirty_ = false;
-    }
+    if (published.empty()) return 0;
+    sinks = sinks_.Live();
   }
-  if (header.has_value()) {
-    const absl::Time start = absl::Now();
-    absl::StatusOr<std::shared_ptr<const StoredUpdate>> written =
-        WriteCheckpoint(*header);
+  SendToSinks(published, sinks);
+  return rounds_published;
+}
+
+int JobShard::PublishDurably() {
+  v1::ShardCheckpointHeader header;
+  {
+    absl::MutexLock lock(&mu_);
+    AdvanceLocked();
+    // Membership and the seeded anchor are made durable too, so a shard
+    // that restarts before its first round closed still knows the job; but
+    // not while chunks of the open round are stepped (the anchor is then
+    // part old, part new, and the round's close writes it whole).
+    const bool dirty =
+        checkpoint_dirty_ && anchor_ready_ && !open_step_.has_value();
+    if (!updates_.has_unpublished() && !dirty) return 0;
+    if (clock_->Now() < checkpoint_retry_at_) return 0;
+    header = CheckpointHeaderLocked();
+    checkpoint_dirty_ = false;
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<const StoredUpdate>> written =
+      WriteCheckpoint(header);
+  std::vector<std::function<void(absl::Status)>> durable;
+  {
     absl::MutexLock lock(&mu_);
     if (!written.ok()) {
       // The update waits: releasing it before the state is durable could
@@ -365,7 +390,7 @@ int JobShard::Poll() {
                      << " failed, update held: " << written.status();
       return 0;
     }
-    stored = *std::move(written);
+    anchor_durable_ = true;
     ++stats_.checkpoints_written;
     stats_.last_checkpoint_duration = absl::Now() - start;
     if (options_.observer != nullptr) {
@@ -374,14 +399,63 @@ int JobShard::Poll() {
     }
     durable.swap(durable_waiters_);
   }
+  // The checkpoint holds every chunk the journal had (no chunk of the open
+  // round is stepped while one is written). A journal that cannot be
+  // emptied holds only rounds before the checkpoint's, which no restore
+  // reads.
+  if (absl::Status cleared = journal_->Clear(); !cleared.ok()) {
+    CO2_LOG(WARNING) << "job " << job_ << ": " << cleared;
+  }
   for (auto& done : durable) done(absl::OkStatus());
-  if (header.has_value()) {
+  std::vector<std::shared_ptr<const UpdateChunks>> published;
+  std::vector<std::shared_ptr<UpdateSink>> sinks;
+  int rounds_published = 0;
+  {
     absl::MutexLock lock(&mu_);
     rounds_published = static_cast<int>(updates_.num_unpublished());
-    published = updates_.Publish(std::move(stored));
+    published = updates_.Publish(*std::move(written));
     sinks = sinks_.Live();
   }
-  for (const auto& update : published) {
+  SendToSinks(published, sinks);
+  return rounds_published;
+}
+
+void JobShard::StreamDurably() {
+  std::vector<SteppedChunk> stepped;
+  uint64_t round = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    stepped = StepCompleteChunksLocked();
+    if (stepped.empty()) return;
+    round = rounds_.open_round();
+  }
+  const absl::Status written = WriteJournal(round, stepped);
+  std::vector<std::shared_ptr<const UpdateChunks>> released;
+  std::vector<std::shared_ptr<UpdateSink>> sinks;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!written.ok()) {
+      // Stepped but not durable: these chunks and the rest of the round go
+      // out after the round's checkpoint, at its close.
+      unjournaled_round_ = round;
+      ++stats_.checkpoint_failures;
+      CO2_LOG(ERROR) << "job " << job_ << ": round " << round
+                     << " journal failed; the round's update waits for its "
+                        "checkpoint: "
+                     << written;
+      return;
+    }
+    released.push_back(
+        std::make_shared<const UpdateChunks>(ReleaseLocked(stepped)));
+    sinks = sinks_.Live();
+  }
+  SendToSinks(released, sinks);
+}
+
+void JobShard::SendToSinks(
+    const std::vector<std::shared_ptr<const UpdateChunks>>& updates,
+    const std::vector<std::shared_ptr<UpdateSink>>& sinks) {
+  for (const auto& update : updates) {
     for (const auto& sink : sinks) sink->Send(update);
     if (options_.observer != nullptr) {
       size_t bytes = 0;
@@ -390,7 +464,24 @@ int JobShard::Poll() {
           job_, common::Codec(config_.downlink_codec()), bytes, sinks.size());
     }
   }
-  return rounds_published;
+}
+
+absl::Status JobShard::WriteJournal(uint64_t round,
+                                    const std::vector<SteppedChunk>& stepped) {
+  std::vector<JournalChunk> chunks;
+  chunks.reserve(stepped.size());
+  for (const SteppedChunk& chunk : stepped) {
+    const uint32_t c = chunk.update->chunk_index();
+    const common::Range r = common::ChunkRange(range_.size(), c);
+    chunks.push_back(JournalChunk{
+        c, chunk.update->contributors(), chunk.senders,
+        absl::MakeConstSpan(anchor_).subspan(r.begin, r.size()),
+        momentum_.empty()
+            ? absl::Span<const float>()
+            : absl::MakeConstSpan(momentum_).subspan(r.begin, r.size()),
+        chunk.update->payload()});
+  }
+  return journal_->Append(round, chunks);
 }
 
 absl::Time JobShard::NextDeadline() const {
@@ -490,14 +581,18 @@ RoundStep& JobShard::StepOfRoundLocked(uint64_t round) {
   return *open_step_;
 }
 
-UpdateChunks JobShard::StreamCompleteChunksLocked() {
-  UpdateChunks streamed;
-  if (!options_.stream_updates || options_.checkpoints != nullptr ||
-      !anchor_ready_) {
-    return streamed;
+std::vector<JobShard::SteppedChunk> JobShard::StepCompleteChunksLocked() {
+  std::vector<SteppedChunk> stepped;
+  if (!options_.stream_updates || !anchor_ready_ ||
+      updates_.has_unpublished()) {
+    return stepped;
+  }
+  if (journal_ != nullptr &&
+      (!anchor_durable_ || unjournaled_round_ == rounds_.open_round())) {
+    return stepped;
   }
   std::vector<CompleteChunk> complete = rounds_.TakeCompleteChunks();
-  if (complete.empty()) return streamed;
+  if (complete.empty()) return stepped;
   // Only a worker that has joined and not fetched yet will fetch before the
   // round closes; without one, the copies would cost a range of memory for
   // nothing (a fetch this round that finds none is told to retry), and once
@@ -514,12 +609,22 @@ UpdateChunks JobShard::StreamCompleteChunksLocked() {
           anchor_.begin() + static_cast<std::ptrdiff_t>(r.begin),
           anchor_.begin() + static_cast<std::ptrdiff_t>(r.end));
     }
-    std::shared_ptr<const v1::OuterUpdate> message =
+    SteppedChunk one;
+    if (journal_ != nullptr) one.senders = rounds_.SendersOf(chunk.chunk_index);
+    one.update =
         round_step.Step(chunk.chunk_index, chunk.mean, chunk.contributors);
-    updates_.AddStreamed(message);
-    streamed.push_back(std::move(message));
+    stepped.push_back(std::move(one));
   }
-  return streamed;
+  return stepped;
+}
+
+UpdateChunks JobShard::ReleaseLocked(std::vector<SteppedChunk>& stepped) {
+  UpdateChunks released;
+  for (SteppedChunk& chunk : stepped) {
+    updates_.AddStreamed(chunk.update);
+    released.push_back(std::move(chunk.update));
+  }
+  return released;
 }
 
 void JobShard::ExpireLeasesLocked() {

@@ -3,9 +3,10 @@
 // RoundState with its accumulators, the membership with leases, and the
 // encoded updates of the last closed rounds (for workers that reconnect). The
 // last update, decoded, is the staleness gap g of the next step, read chunk
-// by chunk (ChunkedOuterStep). Without checkpoints it streams: a chunk of the
-// open round that every required worker has sent is stepped and its update
-// sent before the round closes (JobShardOptions::stream_updates). Memory, in
+// by chunk (ChunkedOuterStep). It streams: a chunk of the open round that
+// every required worker has sent is stepped and its update sent before the
+// round closes (JobShardOptions::stream_updates); with checkpoints, once the
+// chunk is durable in the round journal (server/round_journal.h). Memory, in
 // fp32 copies of the range: A, an accumulator per round that has chunks (one;
 // two while workers are a round apart), m with β != 0, and the update of a
 // closed round until its checkpoint is durable and the streams have sent it:
@@ -19,7 +20,8 @@
 // step and the update messages), UpdateCache (updates kept for replay),
 // SharedAnchorSnapshot, UpdateSinks and ShardReporter (the observer's round
 // and poll reports); shard_checkpoint.h writes and restores the state
-// (called from job_shard_checkpoint.cc).
+// (called from job_shard_checkpoint.cc), RoundJournal the chunks streamed
+// ahead of a round's checkpoint.
 //
 // It is the logic behind the gRPC service (which validates and translates):
 // no gRPC types, only the co2.v1 messages it publishes. Thread-safe: every
@@ -50,6 +52,7 @@
 #include "server/contribution_payload.h"
 #include "server/kept_update.h"
 #include "server/outer_optimizer.h"
+#include "server/round_journal.h"
 #include "server/round_state.h"
 #include "server/seed_state.h"
 #include "server/shard_members.h"
@@ -73,11 +76,12 @@ struct JobShardOptions {
   // Where closed rounds are made durable before their update is released;
   // nullptr: no checkpoints. Borrowed; must outlive the shard.
   const CheckpointStore* checkpoints = nullptr;
-  // Without checkpoints: step each chunk of the open round as soon as every
-  // worker required for the round has sent it, and send its update at once,
-  // while the rest of the round still arrives (the downlink overlaps the
-  // uplink). With checkpoints an update waits for its round's checkpoint,
-  // so this does nothing. Same bits either way.
+  // Step each chunk of the open round as soon as every worker required for
+  // the round has sent it, and send its update at once, while the rest of
+  // the round still arrives (the downlink overlaps the uplink). With
+  // checkpoints each such chunk is first appended to the round journal and
+  // synced (design §9: nothing is sent before it is durable). Same bits
+  // either way.
   bool stream_updates = true;
   // How soon a failed checkpoint write is retried (its update waits).
   absl::Duration checkpoint_retry = absl::Seconds(1);
@@ -124,8 +128,11 @@ class JobShard {
       std::string job, const v1::JobConfig& config,
       const JobShardOptions& options, common::Clock* clock);
   // A shard restarted from its checkpoint: anchor, momentum, the last update
-  // (the next gap, and replayed to workers that missed it) and the round.
+  // (the next gap, and replayed to workers that missed it) and the round;
+  // then the chunks of that round its journal holds (stepped and sent
+  // before the restart: replayed, and their resends are duplicates).
   // Workers rejoin; contributions of the round in flight are resent by them.
+  // DATA_LOSS for a journal chunk that does not fit the shard.
   ~JobShard();
   static absl::StatusOr<std::unique_ptr<JobShard>> Restore(
       LoadedCheckpoint checkpoint, const JobShardOptions& options,
@@ -195,8 +202,9 @@ class JobShard {
 
   // Expires leases and closes the open round if it can close; runs the outer
   // step, writes the checkpoint and then publishes to the sinks; streams the
-  // open round's complete chunks (stream_updates). Returns how many rounds
-  // were published. One thread at a time (the registry poller).
+  // open round's complete chunks (stream_updates), journaled first with
+  // checkpoints. Returns how many rounds were published. One thread at a
+  // time (the registry poller).
   int Poll() ABSL_LOCKS_EXCLUDED(mu_);
   // The earliest time Poll has work to do without new input (a round
   // deadline or a lease expiry); InfiniteFuture if none.
@@ -229,15 +237,48 @@ class JobShard {
   absl::Status RejectLocked(const std::string& worker, ShardMember& member,
                             const absl::Status& invalid)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Expires leases and closes the rounds that can close.
+  void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Poll without checkpoints: closed rounds and complete chunks go out at
+  // once.
+  int PollInMemory() ABSL_LOCKS_EXCLUDED(mu_);
+  // Poll's checkpoint half: writes the checkpoint when a round closed or
+  // membership changed, then publishes the closed rounds.
+  int PublishDurably() ABSL_LOCKS_EXCLUDED(mu_);
+  // Steps the open round's complete chunks, journals them and sends them.
+  void StreamDurably() ABSL_LOCKS_EXCLUDED(mu_);
+  void SendToSinks(
+      const std::vector<std::shared_ptr<const UpdateChunks>>& updates,
+      const std::vector<std::shared_ptr<UpdateSink>>& sinks)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The step of `round` (the open round, or the one closing), begun if it
   // has not been.
   RoundStep& StepOfRoundLocked(uint64_t round)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A chunk stepped ahead of its round's close, not sent yet; its senders
+  // only with checkpoints (for the journal).
+  struct SteppedChunk {
+    std::shared_ptr<const v1::OuterUpdate> update;
+    std::vector<ChunkSender> senders;
+  };
   // Steps the open round's complete chunks ahead of its close (with
-  // stream_updates and no checkpoints) and returns their update chunks, to
-  // send; empty if none.
-  UpdateChunks StreamCompleteChunksLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // stream_updates; with checkpoints only once the round's base is durable:
+  // the anchor checkpointed, the last closed round's checkpoint written, no
+  // journal failure this round); empty if none.
+  std::vector<SteppedChunk> StepCompleteChunksLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks stepped chunks as sent (replayed to streams that start later) and
+  // returns their updates, to send.
+  UpdateChunks ReleaseLocked(std::vector<SteppedChunk>& stepped)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends stepped chunks of `round` to the journal, with their A and m.
+  // Without the lock, as WriteCheckpoint.
+  absl::Status WriteJournal(uint64_t round,
+                            const std::vector<SteppedChunk>& stepped)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Restore's second half: the journal's chunks of the open round.
+  absl::Status RestoreJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether every chunk the open round's step has moved has its old values
   // in unstepped_anchor_ (so the anchor of before the round can be served).
   bool UnsteppedAnchorWholeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -288,6 +329,15 @@ class JobShard {
   absl::Time checkpoint_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Membership or the seeded anchor changed since the last checkpoint.
   bool checkpoint_dirty_ ABSL_GUARDED_BY(mu_) = false;
+  // A checkpoint holds the anchor as seeded (or restored): the base the
+  // round journal's chunks apply to.
+  bool anchor_durable_ ABSL_GUARDED_BY(mu_) = false;
+  // With checkpoints: the chunks streamed ahead of their round's checkpoint
+  // (null without); touched by the poller thread only.
+  const std::unique_ptr<RoundJournal> journal_;
+  // A round whose journal append failed: its other chunks wait for its
+  // close (and checkpoint), as they would without streaming.
+  std::optional<uint64_t> unjournaled_round_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(absl::Status)>> durable_waiters_
       ABSL_GUARDED_BY(mu_);
   UpdateSinks sinks_ ABSL_GUARDED_BY(mu_);

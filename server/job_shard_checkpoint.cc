@@ -1,12 +1,15 @@
 // JobShard's checkpoint side: restoring a shard from its checkpoint, and
 // what a checkpoint of the live state holds. The rest of the class is in
 // job_shard.cc.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/job_shard.h"
 #include "server/shard_checkpoint.h"
@@ -43,12 +46,56 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
     shard->rounds_.RestoreCountedInPreviousRound(m.worker_id(),
                                                  m.counted_last_round());
   }
-  if (checkpoint.update_chunks.empty()) return shard;
-  CO2_ASSIGN_OR_RETURN(
-      std::shared_ptr<const UpdateChunks> update,
-      RestoreLastUpdate(checkpoint, shard->step_));
-  shard->updates_.AddPublished(std::move(update));
+  if (!checkpoint.update_chunks.empty()) {
+    CO2_ASSIGN_OR_RETURN(std::shared_ptr<const UpdateChunks> update,
+                         RestoreLastUpdate(checkpoint, shard->step_));
+    shard->updates_.AddPublished(std::move(update));
+  }
+  shard->anchor_durable_ = true;
+  CO2_RETURN_IF_ERROR(shard->RestoreJournalLocked());
   return shard;
+}
+
+absl::Status JobShard::RestoreJournalLocked() {
+  if (journal_ == nullptr) return absl::OkStatus();
+  const uint64_t round = rounds_.open_round();
+  CO2_ASSIGN_OR_RETURN(std::vector<LoadedJournalChunk> chunks,
+                       RoundJournal::Load(journal_->path(), round));
+  if (chunks.empty()) return absl::OkStatus();
+  RoundStep& round_step = StepOfRoundLocked(round);
+  for (LoadedJournalChunk& chunk : chunks) {
+    const v1::JournalChunkHeader& h = chunk.header;
+    CO2_RETURN_IF_ERROR(CheckJournalChunkFits(chunk, step_, !momentum_.empty(),
+                                              journal_->path()));
+    if (round_step.stepped(h.chunk_index())) {
+      return absl::DataLossError(absl::StrCat("round journal ",
+                                              journal_->path(), ": chunk ",
+                                              h.chunk_index(), " twice"));
+    }
+    const common::Range r = common::ChunkRange(range_.size(), h.chunk_index());
+    std::copy(chunk.anchor.begin(), chunk.anchor.end(),
+              anchor_.begin() + static_cast<std::ptrdiff_t>(r.begin));
+    if (!momentum_.empty()) {
+      std::copy(chunk.momentum.begin(), chunk.momentum.end(),
+                momentum_.begin() + static_cast<std::ptrdiff_t>(r.begin));
+    }
+    std::vector<ChunkSender> senders;
+    for (const v1::JournalSender& sender : h.senders()) {
+      senders.push_back(
+          ChunkSender{sender.worker_id(), sender.contribution_weight()});
+    }
+    rounds_.RestoreTakenChunk(h.chunk_index(), senders);
+    std::shared_ptr<const v1::OuterUpdate> update = step_.Message(
+        round, h.chunk_index(), h.contributors(), std::move(chunk.update));
+    round_step.Restore(h.chunk_index(), update);
+    updates_.AddStreamed(std::move(update));
+  }
+  CO2_LOG(INFO) << "job " << job_ << ": shard " << options_.shard_index
+                << " restored " << chunks.size() << " of " << num_chunks()
+                << " chunks of round " << round
+                << " stepped and sent before the restart, from "
+                << journal_->path();
+  return absl::OkStatus();
 }
 
 v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {

@@ -61,11 +61,11 @@ ABSL_FLAG(int, stream_window_bytes, 256 << 10,
           "A stream moves at most about this plus one 1 MiB chunk per round "
           "trip: raise it on links with a long round trip.");
 ABSL_FLAG(bool, stream_updates, true,
-          "Without --checkpoint_dir: step and send each chunk of a round's "
-          "update as soon as every worker of the round has sent that chunk, "
-          "while the rest still arrives (the same bits; false waits for the "
-          "whole round). With checkpoints an update waits for its "
-          "round's checkpoint.");
+          "Step and send each chunk of a round's update as soon as every "
+          "worker of the round has sent that chunk, while the rest still "
+          "arrives (the same bits; false waits for the whole round). With "
+          "--checkpoint_dir each such chunk is first synced to the round "
+          "journal beside the checkpoint.");
 ABSL_FLAG(int, max_rejected_chunks, 3,
           "A worker whose contributions fail validation (NaN/Inf, bad size) "
           "this many times in a row is evicted from its job.");

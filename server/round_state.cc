@@ -296,6 +296,34 @@ std::vector<CompleteChunk> RoundState::TakeCompleteChunks() {
   return complete;
 }
 
+std::vector<ChunkSender> RoundState::SendersOf(uint32_t chunk_index) const {
+  std::vector<ChunkSender> senders;
+  for (const auto& [id, w] : workers_) {
+    if (w.received[kOpen].Test(chunk_index)) {
+      senders.push_back(ChunkSender{id, w.weight0[kOpen]});
+    }
+  }
+  return senders;
+}
+
+void RoundState::RestoreTakenChunk(uint32_t chunk_index,
+                                   const std::vector<ChunkSender>& senders) {
+  assert(chunk_index < num_chunks_);
+  for (const ChunkSender& sender : senders) {
+    auto [it, inserted] = workers_.try_emplace(sender.worker);
+    Worker& w = it->second;
+    if (inserted) {
+      for (ChunkSet& set : w.received) set.Reset(num_chunks_);
+    }
+    w.received[kOpen].Set(chunk_index);
+    if (sender.contribution_weight > 0) {
+      w.weight0[kOpen] = sender.contribution_weight;
+    }
+  }
+  taken_.Set(chunk_index);
+  RecountSenders();
+}
+
 std::vector<float> RoundState::TakeMean(int slot, uint32_t chunk_index) {
   std::vector<float> acc = std::move(AccumulatorOf(slot, chunk_index));
   acc_[slot][chunk_index].clear();  // moved-from: valid but unspecified

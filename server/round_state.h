@@ -63,6 +63,13 @@ struct CompleteChunk {
   std::vector<float> mean;
 };
 
+// A worker whose contribution to a chunk was counted, with the weight of its
+// contribution to the round (sent with chunk 0; 0 while that has not come).
+struct ChunkSender {
+  std::string worker;
+  double contribution_weight = 0;
+};
+
 struct ClosedRound {
   uint64_t round = 0;
   uint32_t contributors = 0;  // workers with a complete contribution
@@ -122,6 +129,15 @@ class RoundState {
   // handed over as Close would, in chunk order. Contributions to them that
   // arrive later go to the next round.
   std::vector<CompleteChunk> TakeCompleteChunks();
+
+  // The workers counted in chunk `chunk_index` of the open round.
+  std::vector<ChunkSender> SendersOf(uint32_t chunk_index) const;
+  // For a restarted shard: chunk `chunk_index` of the open round was taken
+  // ahead of its close before the restart, from `senders`. Their resends of
+  // it are duplicates; others' contributions to it go to the next round.
+  // Senders that are not members yet are kept as departed workers are.
+  void RestoreTakenChunk(uint32_t chunk_index,
+                         const std::vector<ChunkSender>& senders);
 
   // For a shard re-seeded after it lost its state: `round` becomes the open
   // round. Only while no chunk has been accumulated (the anchor was not

@@ -103,4 +103,28 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
   return update;
 }
 
+absl::Status CheckJournalChunkFits(const LoadedJournalChunk& chunk,
+                                   const ChunkedOuterStep& step, bool momentum,
+                                   const std::string& path) {
+  const v1::JournalChunkHeader& h = chunk.header;
+  const auto loss = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("round journal ", path, ": chunk ",
+                                            h.chunk_index(), ": ", what));
+  };
+  if (h.chunk_index() >= step.num_chunks()) {
+    return loss(absl::StrCat("out of range: the shard has ", step.num_chunks(),
+                             " chunks"));
+  }
+  const size_t n = common::ChunkRange(step.elements(), h.chunk_index()).size();
+  if (chunk.anchor.size() != n || chunk.momentum.size() != (momentum ? n : 0)) {
+    return loss(absl::StrCat("anchor of ", chunk.anchor.size(),
+                             " and momentum of ", chunk.momentum.size(),
+                             " elements, expected ", n, " and ",
+                             momentum ? n : 0));
+  }
+  const absl::Status valid = common::Validate(step.codec(), chunk.update, n);
+  if (!valid.ok()) return loss(std::string(valid.message()));
+  return absl::OkStatus();
+}
+
 }  // namespace co2::server

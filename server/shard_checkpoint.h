@@ -21,6 +21,7 @@
 #include "server/checkpoint_store.h"
 #include "server/chunked_outer_step.h"
 #include "server/kept_update.h"
+#include "server/round_journal.h"
 #include "server/stored_update.h"
 #include "server/update_chunks.h"
 
@@ -53,6 +54,14 @@ absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
 // encoding.
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
     LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step);
+
+// DATA_LOSS "round journal <path>: chunk <i>: <what>" when a journal chunk
+// does not fit the shard `step` steps: a chunk index out of range, an anchor
+// or momentum of another size (`momentum`: whether the shard keeps m), or an
+// update that is not a valid encoding in the job's downlink codec.
+absl::Status CheckJournalChunkFits(const LoadedJournalChunk& chunk,
+                                   const ChunkedOuterStep& step, bool momentum,
+                                   const std::string& path);
 
 }  // namespace co2::server
 

@@ -1,5 +1,7 @@
 #include "server/job_shard.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "server/checkpoint_store.h"
 #include "server/outer_optimizer.h"
+#include "server/round_journal.h"
 #include "tests/job_shard_fixture.h"
 
 namespace co2::server {
@@ -568,23 +571,182 @@ TEST(JobShardStreamTest, AStreamedRoundClosesAtItsDeadlineWithQuorum) {
   pair.ExpectSameBits(1);
 }
 
-// With checkpoints an update waits for its round's checkpoint, so nothing of
-// a round is sent before it closes.
-TEST(JobShardStreamTest, WithCheckpointsNothingIsSentBeforeTheRoundCloses) {
+// Worker `w`'s delta of round `r` over a range of n elements.
+std::vector<float> WorkerDelta(char w, uint64_t r, size_t n) {
+  std::vector<float> delta(n);
+  for (size_t i = 0; i < n; ++i) {
+    delta[i] = (w == 'a' ? 1.0f : -0.5f) *
+               std::sin(0.002f * static_cast<float>(i) + static_cast<float>(r));
+  }
+  return delta;
+}
+
+// With checkpoints a chunk's update goes out before its round closes once
+// the chunk is in the round journal, synced; the round's checkpoint then
+// holds it and the journal is emptied.
+TEST(JobShardStreamTest, WithCheckpointsAChunkGoesOutOnceItIsJournaled) {
   const size_t n = 2 * common::kChunkElements;
-  const v1::JobConfig config = StepConfig(n, 0.0f, v1::CODEC_FP32, 1);
+  const v1::JobConfig config = StepConfig(n, 0.9f, v1::CODEC_FP32, 1);
   common::FakeClock clock;
   CheckpointStore store(TempDir());
+  const std::string journal = store.JournalPathFor("job", 0, 1);
   auto shard = CheckpointedShard(config, &store, &clock);
   const std::vector<float> values(n, 1.0f);
   SeedAll(*shard, "w", values);
   auto sink = std::make_shared<ChunkSink>();
   shard->Subscribe(sink, 0);
-  for (uint32_t c = 0; c < 2; ++c) {
-    ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, c, values)).ok());
-    EXPECT_EQ(shard->Poll(), c == 1 ? 1 : 0);
-    EXPECT_EQ(sink->chunks.size(), c == 1 ? 2u : 0u) << "chunk " << c;
+  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 0, values, 2)).ok());
+  EXPECT_EQ(shard->Poll(), 0);
+  ASSERT_EQ(sink->chunks.size(), 1u) << "chunk 0 went out before the close";
+  auto journaled = RoundJournal::Load(journal, 0);
+  ASSERT_TRUE(journaled.ok()) << journaled.status();
+  ASSERT_EQ(journaled->size(), 1u);
+  const v1::JournalChunkHeader& h = (*journaled)[0].header;
+  EXPECT_EQ(h.chunk_index(), 0u);
+  ASSERT_EQ(h.senders_size(), 1);
+  EXPECT_EQ(h.senders(0).worker_id(), "w");
+  EXPECT_EQ(h.senders(0).contribution_weight(), 2);
+  EXPECT_EQ((*journaled)[0].update, sink->chunks[0]->payload());
+  EXPECT_EQ((*journaled)[0].momentum.size(), common::kChunkElements);
+  EXPECT_EQ(shard->stats().checkpoints_written, 1u) << "the seeded anchor";
+
+  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 1, values, 2)).ok());
+  EXPECT_EQ(shard->Poll(), 1);
+  EXPECT_EQ(sink->chunks.size(), 2u);
+  EXPECT_EQ(shard->stats().checkpoints_written, 2u);
+  EXPECT_TRUE(RoundJournal::Load(journal, 0)->empty())
+      << "the round's checkpoint holds it";
+}
+
+// A shard that dies mid-round after streaming some chunks comes back from
+// its checkpoint and journal: the chunks it sent are replayed, not stepped
+// again; the workers' resends of them are duplicates; and every update and
+// the anchor are bit for bit those of a shard that never stopped.
+TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
+  const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks
+  const uint32_t chunks = static_cast<uint32_t>(common::NumChunks(n));
+  const v1::JobConfig config = StepConfig(n, 0.9f, v1::CODEC_BF16, 1);
+  std::vector<float> anchor(n);
+  for (size_t i = 0; i < n; ++i) anchor[i] = std::cos(0.01f * i);
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  JobShardOptions with_store;
+  with_store.checkpoints = &store;
+  JobShardOptions whole_rounds;
+  whole_rounds.stream_updates = false;
+  auto original = *JobShard::Create("job", config, with_store, &clock);
+  auto reference = *JobShard::Create("job", config, whole_rounds, &clock);
+  auto sent = std::make_shared<ChunkSink>();
+  auto expected = std::make_shared<ChunkSink>();
+  for (JobShard* shard : {original.get(), reference.get()}) {
+    for (const char* w : {"a", "b"}) {
+      ASSERT_TRUE(shard->Join(w, config, common::Codec::kFp32).ok());
+    }
+    SeedAll(*shard, "a", anchor);
   }
+  original->Subscribe(sent, 0);
+  reference->Subscribe(expected, 0);
+  const auto contribute = [&](JobShard& shard, char w, uint64_t r, uint32_t c) {
+    return shard.Contribute(
+        std::string(1, w),
+        ChunkContribution(r, c, WorkerDelta(w, r, n), w == 'a' ? 1 : 3));
+  };
+  // Round 0 whole; round 1: chunks 0 and 1 from both, chunk 2 from a.
+  for (JobShard* shard : {original.get(), reference.get()}) {
+    for (uint32_t c = 0; c < chunks; ++c) {
+      for (char w : {'a', 'b'}) ASSERT_TRUE(contribute(*shard, w, 0, c).ok());
+      shard->Poll();
+    }
+    for (uint32_t c = 0; c < chunks; ++c) {
+      for (char w : {'a', 'b'}) {
+        if (c < 2 || w == 'a') {
+          ASSERT_TRUE(contribute(*shard, w, 1, c).ok());
+        }
+      }
+      shard->Poll();
+    }
+  }
+  ASSERT_EQ(sent->chunks.size(), chunks + 2u) << "round 0, then 2 chunks";
+  // A worker joins mid-round: its membership waits for the round's close to
+  // be checkpointed, since the anchor is part old, part new now.
+  const uint64_t written = original->stats().checkpoints_written;
+  ASSERT_TRUE(original->Join("c", config, common::Codec::kFp32).ok());
+  EXPECT_EQ(original->Poll(), 0);
+  EXPECT_EQ(original->stats().checkpoints_written, written);
+  original.reset();  // the shard dies
+
+  std::vector<UnusableCheckpoint> errors;
+  std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
+  ASSERT_EQ(loaded.size(), 1u);
+  auto restored = JobShard::Restore(std::move(loaded[0]), with_store, &clock);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  JobShard& shard = **restored;
+  auto reconnected = std::make_shared<ChunkSink>();
+  shard.Subscribe(reconnected, 1);
+  ASSERT_EQ(reconnected->chunks.size(), 2u) << "round 1's chunks 0 and 1";
+  for (const auto& chunk : reconnected->chunks) {
+    EXPECT_EQ(chunk->payload(), sent->Payload(1, chunk->chunk_index()));
+  }
+  EXPECT_EQ(shard.Fetch("a").status().code(), absl::StatusCode::kUnavailable)
+      << "the anchor is whole again once round 1 closes";
+  for (const char* w : {"a", "b"}) {
+    ASSERT_TRUE(shard.Join(w, config, common::Codec::kFp32, 1).ok());
+  }
+  // The workers resend round 1 whole; only chunk 2 is new.
+  for (uint32_t c = 0; c < chunks; ++c) {
+    for (char w : {'a', 'b'}) ASSERT_TRUE(contribute(shard, w, 1, c).ok());
+  }
+  EXPECT_EQ(shard.stats().duplicate_chunks, 4u);
+  EXPECT_EQ(shard.Poll(), 1);
+  ASSERT_TRUE(contribute(*reference, 'b', 1, 2).ok());
+  EXPECT_EQ(reference->Poll(), 1);
+  for (JobShard* s : {&shard, reference.get()}) {
+    for (uint32_t c = 0; c < chunks; ++c) {
+      for (char w : {'a', 'b'}) ASSERT_TRUE(contribute(*s, w, 2, c).ok());
+      s->Poll();
+    }
+  }
+  for (uint64_t r = 0; r < 3; ++r) {
+    for (uint32_t c = 0; c < chunks; ++c) {
+      const std::string got = r == 0 || (r == 1 && c < 2)
+                                  ? sent->Payload(r, c)
+                                  : reconnected->Payload(r, c);
+      EXPECT_FALSE(got.empty()) << "round " << r << " chunk " << c;
+      EXPECT_EQ(got, expected->Payload(r, c))
+          << "round " << r << " chunk " << c;
+    }
+  }
+  // The two replayed, round 1's chunk 2, round 2: each sent once.
+  EXPECT_EQ(reconnected->chunks.size(), 2u + 1 + chunks);
+  uint64_t round_a = 0, round_b = 0;
+  const std::vector<float> a = shard.AnchorForTesting(&round_a);
+  const std::vector<float> b = reference->AnchorForTesting(&round_b);
+  EXPECT_EQ(round_a, round_b);
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), n * sizeof(float)), 0);
+}
+
+// A chunk whose journal append fails is not sent; it and the rest of its
+// round go out after the round's checkpoint, at the close.
+TEST(JobShardStreamTest, AChunkWhoseJournalFailsWaitsForItsRoundsCheckpoint) {
+  const size_t n = 2 * common::kChunkElements;
+  const v1::JobConfig config = StepConfig(n, 0.0f, v1::CODEC_FP32, 1);
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  // A directory where the journal should be: it cannot be opened.
+  ASSERT_EQ(mkdir(store.JournalPathFor("job", 0, 1).c_str(), 0700), 0);
+  auto shard = CheckpointedShard(config, &store, &clock);
+  const std::vector<float> values(n, 1.0f);
+  SeedAll(*shard, "w", values);
+  auto sink = std::make_shared<ChunkSink>();
+  shard->Subscribe(sink, 0);
+  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 0, values)).ok());
+  EXPECT_EQ(shard->Poll(), 0);
+  EXPECT_TRUE(sink->chunks.empty()) << "sent before it was durable";
+  EXPECT_EQ(shard->stats().checkpoint_failures, 1u);
+  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 1, values)).ok());
+  EXPECT_EQ(shard->Poll(), 1);
+  EXPECT_EQ(sink->chunks.size(), 2u);
+  EXPECT_EQ(shard->stats().checkpoint_failures, 1u) << "round 0 not retried";
 }
 
 TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {

@@ -415,6 +415,51 @@ TEST_F(RoundStateTest, AContributionToATakenChunkIsFoldedIntoTheNextRound) {
   ExpectMean(taken[1].mean, Constant(1));
 }
 
+// A shard restarted mid-round restores the chunks it had taken, with who
+// sent them: their resends are duplicates, another worker's contribution to
+// a taken chunk goes to the next round, and the round closes with the
+// weights the restored senders had.
+TEST_F(RoundStateTest, ARestoredTakenChunkKnowsItsSenders) {
+  Init(2 * kChunkElements);
+  state_->AddWorker("a", 0);
+  state_->AddWorker("b", 0);
+  ASSERT_TRUE(Send("a", 0, 0, Constant(1), 2).ok());
+  ASSERT_TRUE(Send("b", 0, 0, Constant(3), 6).ok());
+  ASSERT_TRUE(Send("a", 0, 1, Constant(1), 2).ok());
+  ASSERT_EQ(state_->TakeCompleteChunks().size(), 1u);
+  std::vector<ChunkSender> senders = state_->SendersOf(0);
+  std::sort(senders.begin(), senders.end(),
+            [](const ChunkSender& x, const ChunkSender& y) {
+              return x.worker < y.worker;
+            });
+  ASSERT_EQ(senders.size(), 2u);
+  EXPECT_EQ(senders[0].worker, "a");
+  EXPECT_EQ(senders[0].contribution_weight, 2);
+  EXPECT_EQ(senders[1].worker, "b");
+  EXPECT_EQ(senders[1].contribution_weight, 6);
+  EXPECT_EQ(state_->SendersOf(1).size(), 1u);
+
+  // The restarted shard: a and b rejoin; "c" had no part in chunk 0.
+  Init(2 * kChunkElements);
+  for (const char* w : {"a", "b", "c"}) state_->AddWorker(w, 0);
+  state_->RestoreTakenChunk(0, senders);
+  absl::StatusOr<ChunkOutcome> resent = Send("a", 0, 0, Constant(1), 2);
+  ASSERT_TRUE(resent.ok()) << resent.status();
+  EXPECT_TRUE(resent->duplicate);
+  absl::StatusOr<ChunkOutcome> other = Send("c", 0, 0, Constant(5));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(other->folded) << "chunk 0 of round 0 was stepped already";
+  state_->RemoveWorker("c");
+  ASSERT_TRUE(Send("a", 0, 1, Constant(1), 2).ok());
+  ASSERT_TRUE(Send("b", 0, 1, Constant(1), 6).ok());
+  std::optional<ClosedRound> closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->contributors, 2u);
+  EXPECT_EQ(closed->total_weight, 8);
+  EXPECT_TRUE(closed->mean[0].empty());
+  ExpectMean(closed->mean[1], Constant(1));
+}
+
 TEST_F(RoundStateTest, AWorkerThatLeavesCompletesTheChunksItDidNotSend) {
   Init(2 * kChunkElements);
   state_->AddWorker("a", 0);

@@ -10,10 +10,12 @@
 # iperf3 moving each worker's bytes over its own link (all uplinks at once,
 # then all downlinks; the limit counts the two directions as running in
 # parallel), and a Gloo ring all-reduce of the same P floats over the same
-# links. Writes
+# links. Then streaming and whole rounds again with a checkpoint of every
+# round (with_checkpoints in the JSON). Writes
 # bench/results/aggregator_links.json. Needs root, iproute2 and iperf3.
-#   sudo bench/run_aggregator_links.sh [BUILD_DIR]   (default build; ~6 min)
+#   sudo bench/run_aggregator_links.sh [BUILD_DIR]   (default build; ~10 min)
 #   RATE=100mbit WORKERS=2,4,8 PARAMS=4194304 SHARDS=2 ROUNDS=4 REPS=3 OUT=...
+#   CHECKPOINT_DIR=... (default: under the scratch directory in /tmp)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-build}" && pwd)
@@ -44,10 +46,23 @@ for ((i = 0; i < most; i++)); do hosts+="${hosts:+,}$(ov_worker_addr "$i")"; don
   --repetitions="${REPS:-3}" --whole_round_reference \
   --scratch="$scratch/run" --out="$scratch/links.json"
 
-python3 - "$scratch/links.json" "$out" "$rate" "bench/run_aggregator_links.sh${1:+ $1}" <<'PY'
+# The same rounds with a checkpoint of every round on disk, as deployed
+# (deploy/k8s): a chunk streamed ahead of its round's checkpoint is synced
+# to the round journal first, and the whole-round reference waits for each
+# round's checkpoint before sending anything of it.
+"$build/bench/aggregator_bench" --aggregator="$build/server/co2-aggregator" \
+  --netns="$OV_PREFIX" --shard_host="$OV_AGG_ADDR" --worker_hosts="$hosts" \
+  --workers="$workers" --params="${PARAMS:-4194304}" \
+  --shards="${SHARDS:-2}" --rounds="${ROUNDS:-4}" \
+  --repetitions="${REPS:-3}" --whole_round_reference --iperf3= --gloo=false \
+  --checkpoint_dir="${CHECKPOINT_DIR:-$scratch/checkpoints}" \
+  --scratch="$scratch/run-checkpoints" --out="$scratch/links-checkpoints.json"
+
+python3 - "$scratch/links.json" "$scratch/links-checkpoints.json" "$out" "$rate" "bench/run_aggregator_links.sh${1:+ $1}" <<'PY'
 import json, sys
-path, out, rate, command = sys.argv[1:5]
+path, checkpointed, out, rate, command = sys.argv[1:6]
 report = json.load(open(path))
+report["with_checkpoints"] = json.load(open(checkpointed))
 report["link"] = {"rate": rate, "shaping": "tc tbf on both directions of every worker link; the shards' link unshaped; no delay added (no netem)"}
 report["command"] = command
 json.dump(report, open(out, "w"), indent=1)

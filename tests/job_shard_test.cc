@@ -201,6 +201,21 @@ TEST(JobShardCheckpointTest, WithoutCheckpointsTheReplayRoundsStayInMemory) {
   EXPECT_FALSE(sink->sent[2].expired());
 }
 
+// The one job checkpointed in `store`, restored into a shard with
+// `options`; null (with the test failed) if that does not work.
+std::unique_ptr<JobShard> RestoredShard(const CheckpointStore& store,
+                                        const JobShardOptions& options,
+                                        common::Clock* clock) {
+  std::vector<UnusableCheckpoint> errors;
+  std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
+  EXPECT_EQ(loaded.size(), 1u);
+  EXPECT_TRUE(errors.empty());
+  if (loaded.size() != 1) return nullptr;
+  auto restored = JobShard::Restore(std::move(loaded[0]), options, clock);
+  EXPECT_TRUE(restored.ok()) << restored.status();
+  return restored.ok() ? *std::move(restored) : nullptr;
+}
+
 TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
   common::FakeClock clock;
   CheckpointStore store(TempDir());
@@ -217,12 +232,9 @@ TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
   }
   EXPECT_EQ(original->stats().checkpoints_written, 3u);
 
-  std::vector<UnusableCheckpoint> errors;
-  std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
-  ASSERT_EQ(loaded.size(), 1u);
-  auto restored = JobShard::Restore(std::move(loaded[0]), with_store, &clock);
-  ASSERT_TRUE(restored.ok()) << restored.status();
-  JobShard& shard = **restored;
+  std::unique_ptr<JobShard> restored = RestoredShard(store, with_store, &clock);
+  ASSERT_NE(restored, nullptr);
+  JobShard& shard = *restored;
   // The update of the last closed round is replayed to reconnecting workers.
   auto sink = std::make_shared<RecordingSink>();
   shard.Subscribe(sink, 2);
@@ -675,12 +687,9 @@ TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
   EXPECT_EQ(original->stats().checkpoints_written, written);
   original.reset();  // the shard dies
 
-  std::vector<UnusableCheckpoint> errors;
-  std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
-  ASSERT_EQ(loaded.size(), 1u);
-  auto restored = JobShard::Restore(std::move(loaded[0]), with_store, &clock);
-  ASSERT_TRUE(restored.ok()) << restored.status();
-  JobShard& shard = **restored;
+  std::unique_ptr<JobShard> restored = RestoredShard(store, with_store, &clock);
+  ASSERT_NE(restored, nullptr);
+  JobShard& shard = *restored;
   auto reconnected = std::make_shared<ChunkSink>();
   shard.Subscribe(reconnected, 1);
   ASSERT_EQ(reconnected->chunks.size(), 2u) << "round 1's chunks 0 and 1";

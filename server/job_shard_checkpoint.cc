@@ -7,7 +7,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -68,9 +67,8 @@ absl::Status JobShard::RestoreJournalLocked() {
     CO2_RETURN_IF_ERROR(CheckJournalChunkFits(chunk, step_, !momentum_.empty(),
                                               journal_->path()));
     if (round_step.stepped(h.chunk_index())) {
-      return absl::DataLossError(absl::StrCat("round journal ",
-                                              journal_->path(), ": chunk ",
-                                              h.chunk_index(), " twice"));
+      return JournalDataLoss(journal_->path(), h.chunk_index(),
+                             "in the journal twice");
     }
     const common::Range r = common::ChunkRange(range_.size(), h.chunk_index());
     std::copy(chunk.anchor.begin(), chunk.anchor.end(),

@@ -89,12 +89,16 @@ RoundState::RoundState(const RoundOptions& options, common::Clock* clock)
   senders_.assign(num_chunks_, 0);
 }
 
-void RoundState::AddWorker(std::string_view worker, uint64_t first_round) {
+RoundState::Worker& RoundState::RecordOf(std::string_view worker) {
   auto [it, inserted] = workers_.try_emplace(AsAbsl(worker));
-  Worker& w = it->second;
   if (inserted) {
-    for (ChunkSet& set : w.received) set.Reset(num_chunks_);
+    for (ChunkSet& set : it->second.received) set.Reset(num_chunks_);
   }
+  return it->second;
+}
+
+void RoundState::AddWorker(std::string_view worker, uint64_t first_round) {
+  Worker& w = RecordOf(worker);
   if (!w.live) ++live_workers_;
   w.live = true;
   w.first_round = first_round;
@@ -310,11 +314,7 @@ void RoundState::RestoreTakenChunk(uint32_t chunk_index,
                                    const std::vector<ChunkSender>& senders) {
   assert(chunk_index < num_chunks_);
   for (const ChunkSender& sender : senders) {
-    auto [it, inserted] = workers_.try_emplace(sender.worker);
-    Worker& w = it->second;
-    if (inserted) {
-      for (ChunkSet& set : w.received) set.Reset(num_chunks_);
-    }
+    Worker& w = RecordOf(sender.worker);
     w.received[kOpen].Set(chunk_index);
     if (sender.contribution_weight > 0) {
       w.weight0[kOpen] = sender.contribution_weight;

@@ -190,6 +190,8 @@ class RoundState {
     std::array<double, 3> weight0 = {0, 0, 0};
   };
 
+  // `worker`'s record, created (not live, nothing received) if it has none.
+  Worker& RecordOf(std::string_view worker);
   // Accumulator slot of a round: rounds alternate between the two slots.
   static int Slot(uint64_t round) { return static_cast<int>(round & 1); }
   // The accumulator of chunk `chunk_index` in `slot`, allocated (zeroed) if

@@ -103,13 +103,18 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
   return update;
 }
 
+absl::Status JournalDataLoss(const std::string& path, uint32_t chunk_index,
+                             const std::string& what) {
+  return absl::DataLossError(absl::StrCat("round journal ", path, ": chunk ",
+                                          chunk_index, ": ", what));
+}
+
 absl::Status CheckJournalChunkFits(const LoadedJournalChunk& chunk,
                                    const ChunkedOuterStep& step, bool momentum,
                                    const std::string& path) {
   const v1::JournalChunkHeader& h = chunk.header;
   const auto loss = [&](const std::string& what) {
-    return absl::DataLossError(absl::StrCat("round journal ", path, ": chunk ",
-                                            h.chunk_index(), ": ", what));
+    return JournalDataLoss(path, h.chunk_index(), what);
   };
   if (h.chunk_index() >= step.num_chunks()) {
     return loss(absl::StrCat("out of range: the shard has ", step.num_chunks(),

@@ -55,10 +55,14 @@ absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
     LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step);
 
-// DATA_LOSS "round journal <path>: chunk <i>: <what>" when a journal chunk
-// does not fit the shard `step` steps: a chunk index out of range, an anchor
-// or momentum of another size (`momentum`: whether the shard keeps m), or an
-// update that is not a valid encoding in the job's downlink codec.
+// DATA_LOSS "round journal <path>: chunk <i>: <what>".
+absl::Status JournalDataLoss(const std::string& path, uint32_t chunk_index,
+                             const std::string& what);
+
+// JournalDataLoss when a journal chunk does not fit the shard `step` steps: a
+// chunk index out of range, an anchor or momentum of another size (`momentum`:
+// whether the shard keeps m), or an update that is not a valid encoding in the
+// job's downlink codec.
 absl::Status CheckJournalChunkFits(const LoadedJournalChunk& chunk,
                                    const ChunkedOuterStep& step, bool momentum,
                                    const std::string& path);

@@ -124,7 +124,7 @@ double MeasureDdp(uint64_t p, const std::string& scratch, int index) {
   return total / absl::GetFlag(FLAGS_ddp_steps);
 }
 
-// Encoded bytes of one worker's Δ: per shard, per 1 MiB chunk (int8 carries
+// Encoded bytes of one worker's Δ: per shard, per 256 KiB chunk (int8 carries
 // one fp32 scale per 1,024 elements of each chunk).
 uint64_t ContributionBytes(uint64_t p, uint32_t s, common::Codec codec) {
   uint64_t bytes = 0;

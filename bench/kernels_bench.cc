@@ -2,7 +2,7 @@
 // memcpy of the same size in the same run (issue 6, part 3). GB/s counts every
 // byte a kernel reads and writes once (design.md §9): for acc += w·decode(p)
 // that is the payload read plus the accumulator read and written. Two sizes
-// per kernel, given as the fp32 range n: 1 MiB (one wire chunk, in cache) and
+// per kernel, given as the fp32 range n: 1 MiB (four wire chunks, in cache) and
 // 64 MiB (out of cache). bench/run_kernels.sh turns the JSON into
 // bench/results/kernels.json with the ratios to memcpy.
 #include <benchmark/benchmark.h>

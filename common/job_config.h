@@ -14,7 +14,7 @@
 
 namespace co2::common {
 
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;
 
 // The defaults documented in docs/: CO2 with staleness 1, α = 1, β = 0.5,
 // heavy ball, gap-aware penalty, adaptive clipping k = 3, fp32 downlink.

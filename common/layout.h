@@ -16,9 +16,12 @@ namespace co2::common {
 // Reductions (mean |g|, rms(m)) are taken per block of this many elements, so
 // results do not depend on the number of shards.
 inline constexpr size_t kBlockElements = 65536;
-// Elements per wire chunk: 1 MiB of fp32 payload. A multiple of the int8
-// codec's block and of kBlockElements.
-inline constexpr size_t kChunkElements = 262144;
+// Elements per wire chunk: one block, 256 KiB of fp32 payload. A multiple of
+// the int8 codec's block and of kBlockElements. A chunk is also the unit a
+// shard steps and streams back once every worker has sent it, so a round over
+// a link takes about (P·b + S·chunk) / bandwidth: the last chunk of each
+// shard comes down only after the upload ends (docs/performance.md §2).
+inline constexpr size_t kChunkElements = kBlockElements;
 
 struct Range {
   size_t begin = 0;

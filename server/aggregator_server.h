@@ -26,7 +26,7 @@ class AggregatorService;
 struct AggregatorServerOptions {
   std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free one
   JobRegistryOptions registry;        // shard index, shard count, limits
-  // Largest message accepted (a 1 MiB chunk plus headers fits easily).
+  // Largest message accepted (a 256 KiB chunk plus headers fits easily).
   int max_message_bytes = 8 << 20;
   // HTTP/2 receive window of each stream (and BDP probing off, which would
   // grow it): what a worker may have sent that no read asked for yet. gRPC
@@ -34,7 +34,7 @@ struct AggregatorServerOptions {
   // plus one chunk, and moves about as much per round trip. With BDP's
   // windows each worker could park a whole round of chunks in the shard:
   // memory growing with the number of workers.
-  int stream_window_bytes = 256 << 10;
+  int stream_window_bytes = 1 << 20;
   // TLS, or mTLS with tls.require_client_cert. Left empty it is plaintext:
   // for in-process use and tests on loopback only; co2-aggregator refuses
   // plaintext unless --insecure.

@@ -54,11 +54,11 @@ ABSL_FLAG(uint64_t, max_parameters, uint64_t{1} << 32,
           "holds 4 to 6 x 4 bytes per element of its range "
           "(docs/algorithm.md).");
 ABSL_FLAG(int, max_message_bytes, 8 << 20,
-          "Largest gRPC message accepted (a 1 MiB chunk plus headers fits).");
-ABSL_FLAG(int, stream_window_bytes, 256 << 10,
+          "Largest gRPC message accepted (a 256 KiB chunk plus headers fits).");
+ABSL_FLAG(int, stream_window_bytes, 1 << 20,
           "HTTP/2 receive window of each worker stream: what a worker may "
           "send ahead of the shard's reads (held in the shard's memory). "
-          "A stream moves at most about this plus one 1 MiB chunk per round "
+          "A stream moves at most about this plus one 256 KiB chunk per round "
           "trip: raise it on links with a long round trip.");
 ABSL_FLAG(bool, stream_updates, true,
           "Step and send each chunk of a round's update as soon as every "

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/aggregator_client.h"
+#include "common/layout.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
 
@@ -79,7 +80,8 @@ TEST_P(FaultShardRestartTest, TrainingFinishesWithTheUndisturbedAnchor) {
 INSTANTIATE_TEST_SUITE_P(
     CrashAfterRound, FaultShardRestartTest,
     ::testing::Combine(::testing::Values(0, 4, 9),
-                       ::testing::Values(300000, 6 * 262144 + 1000)));
+                       ::testing::Values(300000,
+                                         6 * common::kChunkElements + 1000)));
 
 // Waits up to 30 s for `done`; false if it never held.
 bool WaitFor(const std::function<bool()>& done) {

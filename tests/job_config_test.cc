@@ -34,7 +34,7 @@ INSTANTIATE_TEST_SUITE_P(
     Fields, JobConfigBadFieldTest,
     testing::Values(
         BadField{"version", [](auto* c) { c->set_protocol_version(7); },
-                 "protocol_version must be 1, got 7"},
+                 "protocol_version must be 2, got 7"},
         BadField{"params", [](auto* c) { c->set_num_parameters(0); },
                  "num_parameters"},
         BadField{"alpha", [](auto* c) { c->set_alpha(-1); },
@@ -57,7 +57,8 @@ INSTANTIATE_TEST_SUITE_P(
                  "downlink_codec must be FP32, BF16 or INT8, got 9"},
         BadField{"staleness", [](auto* c) { c->set_max_staleness(2); },
                  "max_staleness must be 0 or 1, got 2"},
-        BadField{"penalty", [](auto* c) { c->set_gap_penalty(v1::GapPenalty(0)); },
+        BadField{"penalty",
+                 [](auto* c) { c->set_gap_penalty(v1::GapPenalty(0)); },
                  "gap_penalty"},
         // Non-finite values are refused in fields the config does not use.
         BadField{"unused_lambda_nan",

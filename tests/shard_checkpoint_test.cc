@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
@@ -116,7 +117,8 @@ TEST(ShardCheckpointTest, RefusesACheckpointOfAnotherShape) {
             "checkpoint of job \"job\": has 1 update chunks, expected 2");
   s = CheckCheckpointFits(Loaded(5, 2), common::Range{8, kElements + 8}, 1, 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
-  EXPECT_NE(s.message().find("covers [0, 262244) but shard 1 owns [8, "),
+  EXPECT_NE(s.message().find(absl::StrCat("covers [0, ", kElements,
+                                          ") but shard 1 owns [8, ")),
             std::string::npos)
       << s;
   LoadedCheckpoint short_anchor = Loaded(5, 2);

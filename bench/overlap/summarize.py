@@ -28,7 +28,7 @@ import platform
 import subprocess
 
 TARGET = 0.97
-CHUNK_BYTES = 1 << 20  # common::kChunkElements fp32 elements: one message
+CHUNK_BYTES = 1 << 18  # common::kChunkElements fp32 elements: one message
 
 
 def machine():

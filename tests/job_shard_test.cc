@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
@@ -214,6 +215,26 @@ std::unique_ptr<JobShard> RestoredShard(const CheckpointStore& store,
   auto restored = JobShard::Restore(std::move(loaded[0]), options, clock);
   EXPECT_TRUE(restored.ok()) << restored.status();
   return restored.ok() ? *std::move(restored) : nullptr;
+}
+
+// A checkpoint written by another protocol version (chunks of another size)
+// is refused with the version it has; the registry then sets it aside.
+TEST(JobShardCheckpointTest, RefusesACheckpointOfAnotherProtocolVersion) {
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  auto sink = std::make_shared<SendingSink>();
+  ASSERT_NE(ThreeRounds(&store, sink, &clock), nullptr);
+  std::vector<UnusableCheckpoint> errors;
+  std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
+  ASSERT_EQ(loaded.size(), 1u);
+  loaded[0].header.mutable_config()->set_protocol_version(
+      common::kProtocolVersion - 1);
+  auto restored = JobShard::Restore(std::move(loaded[0]), {}, &clock);
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(restored.status().message(),
+            absl::StrCat("JobConfig.protocol_version must be ",
+                         common::kProtocolVersion, ", got ",
+                         common::kProtocolVersion - 1));
 }
 
 TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {

@@ -18,9 +18,9 @@ namespace co2::common {
 inline constexpr size_t kBlockElements = 65536;
 // Elements per wire chunk: one block, 256 KiB of fp32 payload. A multiple of
 // the int8 codec's block and of kBlockElements. A chunk is also the unit a
-// shard steps and streams back once every worker has sent it, so a round over
-// a link takes about (P·b + S·chunk) / bandwidth: the last chunk of each
-// shard comes down only after the upload ends (docs/performance.md §2).
+// shard steps and streams back once every worker has sent all of it, so the
+// download runs a chunk behind the upload and a round over a link takes
+// about (P·b + S·chunk) / bandwidth (docs/performance.md §2).
 inline constexpr size_t kChunkElements = kBlockElements;
 
 struct Range {

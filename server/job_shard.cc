@@ -307,9 +307,15 @@ void JobShard::Subscribe(const std::shared_ptr<UpdateSink>& sink,
                          uint64_t from_round) {
   absl::MutexLock lock(&mu_);
   sinks_.Add(sink);
-  // Under the lock, so that nothing a Poll sends later comes before these.
+  // Under the lock, so that nothing a Poll sends later comes before these:
+  // the published updates, the chunks of a closed round waiting for its
+  // checkpoint that went out before it closed (the rest goes out with the
+  // checkpoint), and the open round's chunks sent ahead.
   for (const KeptUpdate& update : updates_.PublishedSince(from_round)) {
     sink->Replay(update);
+  }
+  for (const auto& sent : updates_.StreamedUnpublishedSince(from_round)) {
+    sink->Send(sent);
   }
   const UpdateChunks& streamed = updates_.Streamed();
   if (!streamed.empty() && streamed.front()->round() >= from_round) {

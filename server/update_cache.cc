@@ -9,19 +9,20 @@ void UpdateCache::AddStreamed(std::shared_ptr<const v1::OuterUpdate> chunk) {
 }
 
 void UpdateCache::AddUnpublished(std::shared_ptr<const UpdateChunks> update) {
+  auto streamed = std::make_shared<const UpdateChunks>(std::move(streamed_));
+  streamed_.clear();
   std::shared_ptr<const UpdateChunks> unsent = update;
-  if (!streamed_.empty()) {
+  if (!streamed->empty()) {
     std::vector<bool> sent(update->size(), false);
-    for (const auto& chunk : streamed_) sent[chunk->chunk_index()] = true;
+    for (const auto& chunk : *streamed) sent[chunk->chunk_index()] = true;
     auto rest = std::make_shared<UpdateChunks>();
     for (const auto& chunk : *update) {
       if (!sent[chunk->chunk_index()]) rest->push_back(chunk);
     }
     unsent = std::move(rest);
-    streamed_.clear();
   }
-  unpublished_.push_back(
-      Unpublished{KeptUpdate(std::move(update)), std::move(unsent)});
+  unpublished_.push_back(Unpublished{KeptUpdate(std::move(update)),
+                                     std::move(streamed), std::move(unsent)});
 }
 
 void UpdateCache::AddPublished(std::shared_ptr<const UpdateChunks> update) {
@@ -59,6 +60,17 @@ std::vector<KeptUpdate> UpdateCache::PublishedSince(uint64_t from_round) const {
   std::vector<KeptUpdate> since;
   for (const KeptUpdate& update : published_) {
     if (update.round() >= from_round) since.push_back(update);
+  }
+  return since;
+}
+
+std::vector<std::shared_ptr<const UpdateChunks>>
+UpdateCache::StreamedUnpublishedSince(uint64_t from_round) const {
+  std::vector<std::shared_ptr<const UpdateChunks>> since;
+  for (const Unpublished& pending : unpublished_) {
+    if (pending.update.round() >= from_round && !pending.streamed->empty()) {
+      since.push_back(pending.streamed);
+    }
   }
   return since;
 }

@@ -15,8 +15,9 @@
 //
 // Without checkpoints a shard may also stream the chunks of the open round's
 // update that are complete before the round closes (AddStreamed): those are
-// sent as they are made, kept for a stream that starts meanwhile (Streamed),
-// and not sent again when their round's update is published.
+// sent as they are made, kept for a stream that starts meanwhile (Streamed,
+// then StreamedUnpublishedSince once the round closed), and not sent again
+// when their round's update is published.
 //
 // Not thread-safe: the owner serialises calls (server::JobShard holds a
 // mutex). The updates themselves are immutable and shared.
@@ -73,15 +74,23 @@ class UpdateCache {
   std::optional<uint64_t> OldestRound() const;
   // The published updates of rounds >= from_round, oldest first.
   std::vector<KeptUpdate> PublishedSince(uint64_t from_round) const;
+  // The chunks of the unpublished updates of rounds >= from_round that were
+  // streamed before their round closed, oldest round first: they went out
+  // already, so Publish does not send them again, and a stream that starts
+  // meanwhile needs them from here.
+  std::vector<std::shared_ptr<const UpdateChunks>> StreamedUnpublishedSince(
+      uint64_t from_round) const;
 
  private:
   // Drops the oldest published updates until `keep` rounds of updates
   // (published or not) are left.
   void Trim(size_t keep);
 
-  // An update waiting for Publish, and its chunks the streams still need.
+  // An update waiting for Publish: its chunks streamed before its round
+  // closed, and those the streams still need.
   struct Unpublished {
     KeptUpdate update;
+    std::shared_ptr<const UpdateChunks> streamed;
     std::shared_ptr<const UpdateChunks> unsent;
   };
 

@@ -779,6 +779,49 @@ TEST(JobShardStreamTest, AChunkWhoseJournalFailsWaitsForItsRoundsCheckpoint) {
   EXPECT_EQ(shard->stats().checkpoint_failures, 1u) << "round 0 not retried";
 }
 
+// A stream that starts while a closed round waits for its checkpoint gets
+// that round's chunks streamed before the close at once, and the rest with
+// the checkpoint: each chunk once.
+TEST(JobShardStreamTest, AStreamStartedBeforeACloseIsDurableGetsEveryChunk) {
+  const size_t n = 2 * common::kChunkElements;
+  const v1::JobConfig config = StepConfig(n, 0.0f, v1::CODEC_FP32, 1);
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  auto shard = CheckpointedShard(config, &store, &clock);
+  const std::vector<float> values(n, 1.0f);
+  SeedAll(*shard, "w", values);
+  auto early = std::make_shared<ChunkSink>();
+  shard->Subscribe(early, 0);
+  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 0, values)).ok());
+  shard->Poll();
+  ASSERT_EQ(early->chunks.size(), 1u) << "chunk 0 streamed";
+  // A non-empty directory where the checkpoint goes: round 0's close fails.
+  const std::string path = store.PathFor("job", 0, 1);
+  const std::string blocker = path + "/blocker";
+  ASSERT_EQ(std::remove(path.c_str()), 0);
+  ASSERT_EQ(mkdir(path.c_str(), 0700), 0);
+  { std::ofstream(blocker) << "x"; }
+  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 1, values)).ok());
+  EXPECT_EQ(shard->Poll(), 0);
+  EXPECT_EQ(shard->stats().checkpoint_failures, 1u);
+  auto late = std::make_shared<ChunkSink>();
+  shard->Subscribe(late, 0);
+  ASSERT_EQ(late->chunks.size(), 1u) << "chunk 0, streamed before the close";
+  EXPECT_EQ(late->chunks[0]->chunk_index(), 0u);
+  ASSERT_EQ(std::remove(blocker.c_str()), 0);
+  ASSERT_EQ(std::remove(path.c_str()), 0);
+  clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(shard->Poll(), 1);
+  for (const auto& sink : {early, late}) {
+    ASSERT_EQ(sink->chunks.size(), 2u);
+    EXPECT_NE(sink->chunks[0]->chunk_index(), sink->chunks[1]->chunk_index());
+  }
+  for (uint32_t c = 0; c < 2; ++c) {
+    EXPECT_FALSE(early->Payload(0, c).empty());
+    EXPECT_EQ(late->Payload(0, c), early->Payload(0, c));
+  }
+}
+
 TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {
   JoinAndSeed({"a", "b"});
   auto first = shard_->Fetch("a");

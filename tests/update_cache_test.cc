@@ -89,6 +89,42 @@ TEST(UpdateCacheTest, UnpublishedUpdatesAreKeptButNotReplayed) {
   EXPECT_EQ(Rounds(cache.PublishedSince(0)), (std::vector<uint64_t>{2, 3}));
 }
 
+std::vector<uint32_t> ChunkIndices(const UpdateChunks& chunks) {
+  std::vector<uint32_t> indices;
+  for (const auto& chunk : chunks) indices.push_back(chunk->chunk_index());
+  return indices;
+}
+
+TEST(UpdateCacheTest, ChunksStreamedBeforeTheCloseStayReachableUntilPublished) {
+  UpdateCache cache(2);
+  CloseAndPublish(cache, 0);
+  UpdateChunks round1;
+  for (uint32_t c = 0; c < 3; ++c) {
+    auto message = std::make_shared<v1::OuterUpdate>();
+    message->set_round(1);
+    message->set_chunk_index(c);
+    round1.push_back(message);
+  }
+  cache.AddStreamed(round1[0]);
+  cache.AddStreamed(round1[2]);
+  EXPECT_EQ(ChunkIndices(cache.Streamed()), (std::vector<uint32_t>{0, 2}));
+  EXPECT_TRUE(cache.StreamedUnpublishedSince(0).empty()) << "not closed yet";
+  // Round 1 closes; its checkpoint is not durable yet.
+  cache.MakeRoomForNext();
+  cache.AddUnpublished(std::make_shared<const UpdateChunks>(round1));
+  EXPECT_TRUE(cache.Streamed().empty());
+  const auto streamed = cache.StreamedUnpublishedSince(1);
+  ASSERT_EQ(streamed.size(), 1u);
+  EXPECT_EQ(ChunkIndices(*streamed[0]), (std::vector<uint32_t>{0, 2}));
+  EXPECT_TRUE(cache.StreamedUnpublishedSince(2).empty());
+  const auto released = cache.Publish(nullptr);
+  ASSERT_EQ(released.size(), 1u);
+  EXPECT_EQ(ChunkIndices(*released[0]), std::vector<uint32_t>{1})
+      << "the streamed chunks are not sent again";
+  EXPECT_TRUE(cache.StreamedUnpublishedSince(0).empty());
+  EXPECT_EQ(Rounds(cache.PublishedSince(1)), std::vector<uint64_t>{1});
+}
+
 TEST(UpdateCacheTest, ARestoredUpdateIsReplayedAndIsTheLast) {
   UpdateCache cache(2);
   cache.AddPublished(Update(7));

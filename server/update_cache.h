@@ -13,11 +13,12 @@
 // the streams sending it hold its messages until they are sent, and the
 // cache only holds the file. Without checkpoints updates stay in memory.
 //
-// Without checkpoints a shard may also stream the chunks of the open round's
-// update that are complete before the round closes (AddStreamed): those are
-// sent as they are made, kept for a stream that starts meanwhile (Streamed,
-// then StreamedUnpublishedSince once the round closed), and not sent again
-// when their round's update is published.
+// A shard may also stream the chunks of the open round's update that are
+// complete before the round closes (AddStreamed; with checkpoints, once each
+// is in the round journal): those are sent as they are made, kept for a
+// stream that starts meanwhile (Streamed, then StreamedUnpublishedSince once
+// the round closed), and not sent again when their round's update is
+// published.
 //
 // Not thread-safe: the owner serialises calls (server::JobShard holds a
 // mutex). The updates themselves are immutable and shared.

@@ -80,7 +80,7 @@ TEST_P(FaultShardRestartTest, TrainingFinishesWithTheUndisturbedAnchor) {
 INSTANTIATE_TEST_SUITE_P(
     CrashAfterRound, FaultShardRestartTest,
     ::testing::Combine(::testing::Values(0, 4, 9),
-                       ::testing::Values(300000,
+                       ::testing::Values(common::kChunkElements + 1000,
                                          6 * common::kChunkElements + 1000)));
 
 // Waits up to 30 s for `done`; false if it never held.

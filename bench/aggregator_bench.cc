@@ -43,6 +43,7 @@
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
+#include "common/malloc_settings.h"
 
 ABSL_FLAG(std::string, role, "driver", "driver | client | gloo (internal)");
 ABSL_FLAG(std::string, aggregator, "", "The co2-aggregator binary.");
@@ -731,6 +732,9 @@ int RunDriver() {
 }  // namespace co2::bench
 
 int main(int argc, char** argv) {
+  // As co2-train's main does: the workers stand in for it (and the Gloo ranks
+  // for what it would run instead).
+  co2::common::KeepLargeBuffersInHeap();
   absl::ParseCommandLine(argc, argv);
   signal(SIGPIPE, SIG_IGN);
   const std::string role = absl::GetFlag(FLAGS_role);

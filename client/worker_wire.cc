@@ -3,7 +3,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/payload_pieces.h"
 #include "common/wire_frames.h"
 #include "google/protobuf/wire_format_lite.h"
 
@@ -98,12 +97,6 @@ absl::StatusOr<ReceivedUpdate> ParseOuterUpdate(grpc::ByteBuffer* buffer) {
       ok = reader.Skip(type);
     }
     if (!ok) return Malformed(absl::StrCat("field ", field));
-  }
-  if (common::NeedsGather(common::Codec(update.codec), update.payload)) {
-    update.gathered =
-        std::make_unique<std::string>(common::Gather(update.payload));
-    update.payload = {*update.gathered};
-    update.slices.clear();
   }
   return update;
 }

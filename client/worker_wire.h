@@ -7,9 +7,8 @@
 // - SerializeContribution: the payload slice aliases the worker's send
 //   buffer and holds a reference to it until gRPC has sent it.
 // - ParseOuterUpdate: the payload stays in gRPC's receive slices, read in
-//   place when the update is applied (common/payload_pieces.h); an int8
-//   payload that arrived in several slices is gathered into one buffer (its
-//   scales lie apart from its values).
+//   place when the update is applied (common/payload_pieces.h), whatever
+//   its codec.
 //
 // Pure functions and value types; any thread.
 #ifndef CO2_CLIENT_WORKER_WIRE_H_
@@ -70,8 +69,7 @@ grpc::ByteBuffer SerializeContribution(
     std::shared_ptr<const std::string> payload);
 
 // One OuterUpdate chunk as received. Move-only: `payload` points into
-// `slices` (or `gathered`), which moving keeps in place and copying would
-// not.
+// `slices`, which moving keeps in place and copying would not.
 struct ReceivedUpdate {
   ReceivedUpdate() = default;
   ReceivedUpdate(ReceivedUpdate&&) = default;
@@ -82,7 +80,6 @@ struct ReceivedUpdate {
   int codec = 0;  // a co2.v1.Codec wire value
   std::vector<std::string_view> payload;
   std::vector<grpc::Slice> slices;
-  std::unique_ptr<std::string> gathered;  // an int8 payload in one piece
 };
 
 // Reads an OuterUpdate out of `buffer` (leaving it empty). INVALID_ARGUMENT

@@ -88,11 +88,6 @@ size_t NumInt8Blocks(size_t elements) {
   return (elements + kInt8BlockElements - 1) / kInt8BlockElements;
 }
 
-// An int8 payload is [NumInt8Blocks fp32 scales][elements int8 values].
-size_t Int8ValuesOffset(size_t elements) {
-  return NumInt8Blocks(elements) * sizeof(float);
-}
-
 // The element codecs: Word is uint32_t for fp32, uint16_t for bf16.
 inline uint32_t ToWord(float f, uint32_t) {
   return absl::bit_cast<uint32_t>(f);
@@ -160,35 +155,42 @@ decltype(auto) WithKernels(Fn&& fn) {
 }
 
 template <typename Op>
-void DecodeWith(Codec codec, std::string_view bytes, Op op,
-                absl::Span<float> out) {
-  assert(bytes.size() == EncodedSize(codec, out.size()));
-  const char* p = bytes.data();
+void DecodeWith(const EncodedRun& run, Op op, absl::Span<float> out) {
+  assert(out.size() == run.count);
+  assert(run.codec == Codec::kInt8
+             ? run.bytes.size() == run.count &&
+                   run.int8_scales.size() >=
+                       NumInt8Blocks(run.first + run.count) * sizeof(float)
+             : run.bytes.size() == EncodedSize(run.codec, run.count));
+  const char* p = run.bytes.data();
   WithKernels([&](auto kernels) {
     using K = decltype(kernels);
-    switch (codec) {
+    switch (run.codec) {
       case Codec::kFp32:
         return K::template Decode<uint32_t>(p, op, out.data(), out.size());
       case Codec::kBf16:
         return K::template Decode<uint16_t>(p, op, out.data(), out.size());
       case Codec::kInt8:
-        return K::DecodeInt8(p, op, out.data(), out.size());
+        return K::DecodeInt8(run.int8_scales.data(), p, run.first, op,
+                             out.data(), out.size());
     }
     assert(false && "unknown codec");
   });
 }
 
 // OK if no element of p[0, n) is Inf or NaN, else INVALID_ARGUMENT naming the
-// first. Word is uint32_t (fp32) or uint16_t (bf16).
+// first by its index in the payload (p holds elements from `first`). Word is
+// uint32_t (fp32) or uint16_t (bf16).
 template <typename Word>
-absl::Status CheckFinite(std::string_view codec_name, const char* p, size_t n) {
+absl::Status CheckFinite(std::string_view codec_name, const char* p,
+                         size_t first, size_t n) {
   const size_t i = WithKernels([&](auto kernels) {
     return decltype(kernels)::template FirstNonFinite<Word>(p, n);
   });
   if (i == kNone) return absl::OkStatus();
   const float bad = FromWord(Load<Word>(p + sizeof(Word) * i));
   return absl::InvalidArgumentError(
-      absl::StrCat(ToAbsl(codec_name), " payload element ", i,
+      absl::StrCat(ToAbsl(codec_name), " payload element ", first + i,
                    " is not finite: ", FormatFloat(bad)));
 }
 
@@ -268,22 +270,31 @@ absl::Status Validate(Codec codec, std::string_view bytes, size_t elements) {
     return absl::InvalidArgumentError(
         absl::StrCat("element count ", elements, " is too large"));
   }
-  const std::string_view name = CodecName(codec);
   const size_t want = EncodedSize(codec, elements);
   if (bytes.size() != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(ToAbsl(name), " payload for ", elements,
-                     " elements must be ", want, " bytes, got ", bytes.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        ToAbsl(CodecName(codec)), " payload for ", elements,
+        " elements must be ", want, " bytes, got ", bytes.size()));
   }
-  switch (codec) {
+  return ValidateRun(WholeRun(codec, bytes, elements));
+}
+
+absl::Status ValidateRun(const EncodedRun& run) {
+  const std::string_view name = CodecName(run.codec);
+  switch (run.codec) {
     case Codec::kFp32:
-      return CheckFinite<uint32_t>(name, bytes.data(), elements);
+      return CheckFinite<uint32_t>(name, run.bytes.data(), run.first,
+                                   run.count);
     case Codec::kBf16:
-      return CheckFinite<uint16_t>(name, bytes.data(), elements);
+      return CheckFinite<uint16_t>(name, run.bytes.data(), run.first,
+                                   run.count);
     case Codec::kInt8:
       // Any int8 value times a scale in [0, kMaxInt8Scale] is finite.
-      for (size_t b = 0; b < NumInt8Blocks(elements); ++b) {
-        const float scale = Load<float>(bytes.data() + b * sizeof(float));
+      if (run.count == 0) break;
+      for (size_t b = run.first / kInt8BlockElements;
+           b <= (run.first + run.count - 1) / kInt8BlockElements; ++b) {
+        const float scale =
+            Load<float>(run.int8_scales.data() + b * sizeof(float));
         if (!(scale >= 0.0f && scale <= kMaxInt8Scale)) {
           return absl::InvalidArgumentError(
               absl::StrCat("int8 scale of block ", b, " (elements from ",
@@ -296,24 +307,45 @@ absl::Status Validate(Codec codec, std::string_view bytes, size_t elements) {
   return absl::OkStatus();
 }
 
+size_t Int8ValuesOffset(size_t elements) {
+  return NumInt8Blocks(elements) * sizeof(float);
+}
+
+EncodedRun WholeRun(Codec codec, std::string_view bytes, size_t elements) {
+  if (codec != Codec::kInt8) return EncodedRun{codec, bytes, {}, 0, elements};
+  const size_t offset = std::min(Int8ValuesOffset(elements), bytes.size());
+  return EncodedRun{codec, bytes.substr(offset), bytes.substr(0, offset), 0,
+                    elements};
+}
+
 void Decode(Codec codec, std::string_view bytes, absl::Span<float> out) {
-  DecodeWith(codec, bytes, Store{}, out);
+  DecodeWith(WholeRun(codec, bytes, out.size()), Store{}, out);
 }
 
 void AccumulateDecoded(Codec codec, std::string_view bytes, float weight,
                        absl::Span<float> acc) {
-  DecodeWith(codec, bytes, Axpy{weight}, acc);
+  AccumulateDecoded(WholeRun(codec, bytes, acc.size()), weight, acc);
+}
+
+void AccumulateDecoded(const EncodedRun& run, float weight,
+                       absl::Span<float> acc) {
+  DecodeWith(run, Axpy{weight}, acc);
 }
 
 std::optional<size_t> FirstNonFiniteSum(Codec codec, std::string_view bytes,
                                         float weight,
+                                        absl::Span<const float> acc) {
+  return FirstNonFiniteSum(WholeRun(codec, bytes, acc.size()), weight, acc);
+}
+
+std::optional<size_t> FirstNonFiniteSum(const EncodedRun& run, float weight,
                                         absl::Span<const float> acc) {
   // DecodeWith hands out the accumulator element by reference; these ops
   // only read it. A vectorised pass says whether any sum overflows, and
   // only then does an element-by-element pass find the first.
   const absl::Span<float> readable(const_cast<float*>(acc.data()), acc.size());
   uint32_t flags = 0;
-  DecodeWith(codec, bytes, SumFlags{weight, flags}, readable);
+  DecodeWith(run, SumFlags{weight, flags}, readable);
   if ((flags & 0x80000000u) == 0) return std::nullopt;
   struct Check {
     float weight;
@@ -328,7 +360,7 @@ std::optional<size_t> FirstNonFiniteSum(Codec codec, std::string_view bytes,
     }
   };
   size_t first = kNone;
-  DecodeWith(codec, bytes, Check{weight, acc.data(), &first}, readable);
+  DecodeWith(run, Check{weight, acc.data(), &first}, readable);
   if (first == kNone) return std::nullopt;
   return first;
 }

@@ -34,6 +34,26 @@ absl::StatusOr<Codec> CodecFromWire(int value);
 // Bytes that Encode writes for `elements` elements.
 size_t EncodedSize(Codec codec, size_t elements);
 
+// Bytes of an int8 payload of `elements` elements before its values: the
+// scales of its blocks.
+size_t Int8ValuesOffset(size_t elements);
+
+// Elements [first, first + count) of an encoded payload, read where they lie
+// (common/payload_pieces.h): for fp32 and bf16 `bytes` is their encoding;
+// for int8 `bytes` is their count values and `int8_scales` the payload's
+// whole scale region (the scale of block b at byte 4·b), since int8 keeps
+// all scales ahead of all values.
+struct EncodedRun {
+  Codec codec = Codec::kFp32;
+  std::string_view bytes;
+  std::string_view int8_scales;
+  size_t first = 0;
+  size_t count = 0;
+};
+
+// The whole of `bytes`, an encoding of `elements` elements, as a run.
+EncodedRun WholeRun(Codec codec, std::string_view bytes, size_t elements);
+
 // Writes EncodedSize(codec, in.size()) bytes to `out`. Inputs must be finite.
 void Encode(Codec codec, absl::Span<const float> in, absl::Span<char> out);
 
@@ -41,6 +61,11 @@ void Encode(Codec codec, absl::Span<const float> in, absl::Span<char> out);
 // exact size and only finite values (for int8: finite, non-negative scales).
 // INVALID_ARGUMENT says which check failed, with the values involved.
 absl::Status Validate(Codec codec, std::string_view bytes, size_t elements);
+
+// Validate's value checks for a run of a payload of the right size: finite
+// fp32 and bf16 values, for int8 the scales of the blocks the run touches.
+// INVALID_ARGUMENT names the element (or block) by its index in the payload.
+absl::Status ValidateRun(const EncodedRun& run);
 
 // out = decode(bytes). `bytes` must have passed Validate for out.size().
 void Decode(Codec codec, std::string_view bytes, absl::Span<float> out);
@@ -55,6 +80,13 @@ void AccumulateDecoded(Codec codec, std::string_view bytes, float weight,
 // if every sum is finite. `bytes` must have passed Validate for acc.size().
 std::optional<size_t> FirstNonFiniteSum(Codec codec, std::string_view bytes,
                                         float weight,
+                                        absl::Span<const float> acc);
+
+// The same two for a run, which must have passed ValidateRun; acc has
+// run.count elements, and the index returned is within the run.
+void AccumulateDecoded(const EncodedRun& run, float weight,
+                       absl::Span<float> acc);
+std::optional<size_t> FirstNonFiniteSum(const EncodedRun& run, float weight,
                                         absl::Span<const float> acc);
 
 // Error feedback for lossy codecs: encodes v = value + residual into `out` and

@@ -2,36 +2,18 @@
 
 #include <algorithm>
 #include <cassert>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
 namespace co2::common {
+namespace {
 
-size_t TotalSize(Pieces pieces) {
-  size_t total = 0;
-  for (std::string_view piece : pieces) total += piece.size();
-  return total;
-}
+using PartFn = absl::FunctionRef<absl::Status(const EncodedRun& run)>;
 
-bool NeedsGather(Codec codec, Pieces pieces) {
-  return codec == Codec::kInt8 && pieces.size() > 1;
-}
-
-std::string Gather(Pieces pieces) {
-  std::string all;
-  all.reserve(TotalSize(pieces));
-  for (std::string_view piece : pieces) all.append(piece);
-  return all;
-}
-
-absl::Status ForEachPart(
-    Codec codec, Pieces pieces, size_t elements,
-    absl::FunctionRef<absl::Status(std::string_view bytes, size_t first,
-                                   size_t count)>
-        part) {
-  assert(TotalSize(pieces) == EncodedSize(codec, elements));
-  assert(!NeedsGather(codec, pieces));
-  if (pieces.size() == 1) return part(pieces[0], 0, elements);
+// fp32 and bf16: each piece's whole elements as they lie; an element that
+// straddles two pieces assembled in `split`.
+absl::Status ForEachWordPart(Codec codec, Pieces pieces, PartFn part) {
   const size_t width = EncodedSize(codec, 1);
   char split[sizeof(float)];  // an element that straddles two pieces
   size_t have = 0;            // bytes of it in `split`
@@ -43,32 +25,78 @@ absl::Status ForEachPart(
       have += take;
       piece.remove_prefix(take);
       if (have < width) continue;
-      absl::Status s = part(std::string_view(split, width), next, 1);
+      absl::Status s =
+          part(EncodedRun{codec, std::string_view(split, width), {}, next, 1});
       if (!s.ok()) return s;
       ++next;
       have = 0;
     }
     const size_t whole = piece.size() / width;
     if (whole > 0) {
-      absl::Status s = part(piece.substr(0, whole * width), next, whole);
+      absl::Status s = part(
+          EncodedRun{codec, piece.substr(0, whole * width), {}, next, whole});
       if (!s.ok()) return s;
       next += whole;
     }
     have = piece.size() - whole * width;
     std::copy_n(piece.data() + whole * width, have, split);
   }
-  assert(next == elements && have == 0);
+  assert(have == 0);
   return absl::OkStatus();
+}
+
+// int8: the scale region (in place, or assembled if it straddles pieces),
+// then each piece's values as they lie.
+absl::Status ForEachInt8Part(Pieces pieces, size_t elements, PartFn part) {
+  const size_t scale_bytes = Int8ValuesOffset(elements);
+  std::string split_scales;
+  std::string_view scales;
+  size_t seen = 0;  // bytes of the scale region passed
+  size_t next = 0;  // the first element not yet handed on
+  for (std::string_view piece : pieces) {
+    if (seen < scale_bytes) {
+      const size_t take = std::min(scale_bytes - seen, piece.size());
+      if (seen == 0 && take == scale_bytes) {
+        scales = piece.substr(0, take);
+      } else {
+        split_scales.append(piece.substr(0, take));
+        if (split_scales.size() == scale_bytes) scales = split_scales;
+      }
+      seen += take;
+      piece.remove_prefix(take);
+    }
+    if (piece.empty()) continue;
+    absl::Status s = part(
+        EncodedRun{Codec::kInt8, piece, scales, next, piece.size()});
+    if (!s.ok()) return s;
+    next += piece.size();
+  }
+  assert(next == elements);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t TotalSize(Pieces pieces) {
+  size_t total = 0;
+  for (std::string_view piece : pieces) total += piece.size();
+  return total;
+}
+
+absl::Status ForEachPart(Codec codec, Pieces pieces, size_t elements,
+                         PartFn part) {
+  assert(TotalSize(pieces) == EncodedSize(codec, elements));
+  if (pieces.size() == 1) return part(WholeRun(codec, pieces[0], elements));
+  if (codec == Codec::kInt8) return ForEachInt8Part(pieces, elements, part);
+  return ForEachWordPart(codec, pieces, part);
 }
 
 void AccumulatePieces(Codec codec, Pieces pieces, float weight,
                       absl::Span<float> acc) {
-  (void)ForEachPart(codec, pieces, acc.size(),
-                    [&](std::string_view bytes, size_t first, size_t count) {
-                      AccumulateDecoded(codec, bytes, weight,
-                                        acc.subspan(first, count));
-                      return absl::OkStatus();
-                    });
+  (void)ForEachPart(codec, pieces, acc.size(), [&](const EncodedRun& run) {
+    AccumulateDecoded(run, weight, acc.subspan(run.first, run.count));
+    return absl::OkStatus();
+  });
 }
 
 absl::Status ValidatePieces(Codec codec, Pieces pieces, size_t elements) {
@@ -80,15 +108,7 @@ absl::Status ValidatePieces(Codec codec, Pieces pieces, size_t elements) {
         absl::StrCat(std::string(CodecName(codec)), " payload for ", elements,
                      " elements must be ", want, " bytes, got ", size));
   }
-  return ForEachPart(codec, pieces, elements,
-                     [&](std::string_view bytes, size_t first, size_t count) {
-                       absl::Status s = Validate(codec, bytes, count);
-                       if (s.ok()) return s;
-                       return absl::Status(
-                           s.code(),
-                           absl::StrCat("elements [", first, ", ",
-                                        first + count, "): ", s.message()));
-                     });
+  return ForEachPart(codec, pieces, elements, ValidateRun);
 }
 
 }  // namespace co2::common

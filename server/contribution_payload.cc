@@ -18,11 +18,6 @@ absl::Status ContributionPayload::Read(const ContributionView& c,
   const size_t elements =
       common::ChunkRange(shard_elements, c.chunk_index).size();
   pieces_ = c.payload;
-  if (common::NeedsGather(codec_, pieces_)) {
-    gathered_ = common::Gather(pieces_);
-    whole_ = gathered_;
-    pieces_ = common::Pieces(&whole_, 1);
-  }
   bytes_ = common::TotalSize(pieces_);
   valid_ = common::ValidatePieces(codec_, pieces_, elements);
   return absl::OkStatus();

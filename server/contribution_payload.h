@@ -1,9 +1,8 @@
 // ContributionView: one contribution chunk as the Exchange service reads it
 // off the wire. ContributionPayload: its payload made ready for RoundState
 // before the shard's lock is taken: the codec parsed, the chunk index
-// checked, an int8 payload in several pieces gathered (its scales lie apart
-// from its values, common/payload_pieces.h), and the values scanned for
-// NaN/Inf, the expensive part.
+// checked, and the values scanned for NaN/Inf (the expensive part), in place
+// (common/payload_pieces.h).
 //
 // One ContributionPayload per call, on the caller's thread; it reads the
 // view's pieces in place, so they must outlive it.
@@ -44,7 +43,7 @@ class ContributionPayload {
   absl::Status Read(const ContributionView& c, size_t shard_elements);
 
   common::Codec codec() const { return codec_; }
-  // The payload, in one piece if it was gathered.
+  // The payload, as it lies in the view's pieces.
   common::Pieces pieces() const { return pieces_; }
   size_t bytes() const { return bytes_; }
   // Whether the values are valid for the chunk (size, NaN/Inf); a failure
@@ -54,8 +53,6 @@ class ContributionPayload {
  private:
   common::Codec codec_ = common::Codec::kFp32;
   common::Pieces pieces_;
-  std::string gathered_;
-  std::string_view whole_;
   size_t bytes_ = 0;
   absl::Status valid_;
 };

@@ -232,14 +232,14 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
   // exactly, and one Inf would poison the round for every worker.
   // The payload is read in place, part by part (common/payload_pieces.h).
   CO2_RETURN_IF_ERROR(common::ForEachPart(
-      codec, payload, range.size(),
-      [&](std::string_view bytes, size_t first, size_t count) {
+      codec, payload, range.size(), [&](const common::EncodedRun& run) {
         const std::optional<size_t> bad = common::FirstNonFiniteSum(
-            codec, bytes, w, acc.subspan(first, count));
+            run, w, acc.subspan(run.first, run.count));
         if (!bad) return absl::OkStatus();
+        const size_t element = run.first + *bad;
         return absl::InvalidArgumentError(absl::StrCat(
-            "element ", first + *bad, " of the chunk (shard element ",
-            range.begin + first + *bad, ") is not finite once weight ", w,
+            "element ", element, " of the chunk (shard element ",
+            range.begin + element, ") is not finite once weight ", w,
             " times it is added to the round's sum (fp32 overflow: the "
             "contribution's values are too large); chunk rejected"));
       }));

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 
@@ -24,6 +25,13 @@ inline std::vector<std::string_view> Cut(std::string_view bytes,
   }
   pieces.push_back(bytes.substr(from));
   return pieces;
+}
+
+// The pieces, concatenated.
+inline std::string Joined(absl::Span<const std::string_view> pieces) {
+  std::string all;
+  for (std::string_view piece : pieces) all.append(piece);
+  return all;
 }
 
 // `bytes` as a ByteBuffer of slices (copies) cut at `cuts`.

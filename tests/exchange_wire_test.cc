@@ -4,7 +4,6 @@
 #include <string>
 #include <vector>
 
-#include "common/payload_pieces.h"
 #include "gtest/gtest.h"
 #include "tests/byte_pieces.h"
 
@@ -67,7 +66,7 @@ TEST(ExchangeWireTest, ContributionPayloadStaysInTheReceivedSlices) {
   EXPECT_EQ(view.codec, v1::CODEC_FP32);
   EXPECT_EQ(view.weight, 96.5);
   EXPECT_GT(view.payload.size(), 1u);
-  EXPECT_EQ(common::Gather(view.payload), payload);
+  EXPECT_EQ(testing::Joined(view.payload), payload);
   EXPECT_EQ(buffer.Length(), 0u);
 }
 

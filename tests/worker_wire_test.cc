@@ -4,7 +4,6 @@
 #include <string>
 #include <vector>
 
-#include "common/payload_pieces.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 #include "tests/byte_pieces.h"
@@ -96,11 +95,10 @@ TEST(WorkerWireTest, UpdatePayloadStaysInTheReceivedSlices) {
   EXPECT_EQ(got.chunk_index, 2u);
   EXPECT_EQ(got.codec, v1::CODEC_FP32);
   EXPECT_GT(got.payload.size(), 1u);
-  EXPECT_EQ(got.gathered, nullptr);
-  EXPECT_EQ(common::Gather(got.payload), payload);
+  EXPECT_EQ(testing::Joined(got.payload), payload);
 }
 
-TEST(WorkerWireTest, Int8PayloadInSeveralSlicesIsGathered) {
+TEST(WorkerWireTest, Int8PayloadInSeveralSlicesStaysInThem) {
   v1::OuterUpdate update;
   update.set_round(1);
   update.set_codec(v1::CODEC_INT8);
@@ -110,10 +108,13 @@ TEST(WorkerWireTest, Int8PayloadInSeveralSlicesIsGathered) {
   absl::StatusOr<ReceivedUpdate> parsed = ParseOuterUpdate(&buffer);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ReceivedUpdate got = *std::move(parsed);
-  ASSERT_EQ(got.payload.size(), 1u);
-  EXPECT_EQ(got.payload[0], std::string(5000, 'i'));
-  ASSERT_NE(got.gathered, nullptr);
-  EXPECT_EQ(got.payload[0].data(), got.gathered->data());
+  // Both cuts fall inside the payload.
+  ASSERT_EQ(got.payload.size(), 3u);
+  EXPECT_EQ(testing::Joined(got.payload), std::string(5000, 'i'));
+  ASSERT_FALSE(got.slices.empty());
+  EXPECT_EQ(got.payload.back().data(),
+            reinterpret_cast<const char*>(got.slices.back().begin()))
+      << "copied";
 }
 
 TEST(WorkerWireTest, RejectsMalformedUpdates) {

@@ -272,9 +272,9 @@ absl::Status Validate(Codec codec, std::string_view bytes, size_t elements) {
   }
   const size_t want = EncodedSize(codec, elements);
   if (bytes.size() != want) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        ToAbsl(CodecName(codec)), " payload for ", elements,
-        " elements must be ", want, " bytes, got ", bytes.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(ToAbsl(CodecName(codec)), " payload for ", elements,
+                     " elements must be ", want, " bytes, got ", bytes.size()));
   }
   return ValidateRun(WholeRun(codec, bytes, elements));
 }

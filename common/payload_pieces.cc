@@ -66,8 +66,8 @@ absl::Status ForEachInt8Part(Pieces pieces, size_t elements, PartFn part) {
       piece.remove_prefix(take);
     }
     if (piece.empty()) continue;
-    absl::Status s = part(
-        EncodedRun{Codec::kInt8, piece, scales, next, piece.size()});
+    absl::Status s =
+        part(EncodedRun{Codec::kInt8, piece, scales, next, piece.size()});
     if (!s.ok()) return s;
     next += piece.size();
   }

@@ -42,8 +42,8 @@ TEST_P(PayloadPiecesTest, ReadsInPlaceWithTheBitsOfOnePiece) {
   for (size_t i = 0; i < values.size(); ++i) values[i] = 0.25f * (i % 11) - 1;
   const std::string bytes = Encoded(codec, values);
   const size_t scale_end = Int8ValuesOffset(values.size());  // 12
-  std::vector<size_t> cuts = {1,   3,    3,    7,   scale_end, 100, 101,
-                              scale_end + 1024, 2048, bytes.size() - 1};
+  std::vector<size_t> cuts = {1, 3, 3, 7, scale_end, 100, 101};
+  cuts.insert(cuts.end(), {scale_end + 1024, 2048, bytes.size() - 1});
   std::sort(cuts.begin(), cuts.end());
   const std::vector<std::string_view> pieces = Cut(bytes, cuts);
   // Element 2100 (1.5) overflows once added with weight 1e38 to 3e38.
@@ -55,23 +55,17 @@ TEST_P(PayloadPiecesTest, ReadsInPlaceWithTheBitsOfOnePiece) {
     ASSERT_TRUE(ValidatePieces(codec, pieces, values.size()).ok());
     size_t covered = 0, in_place = 0;
     std::optional<size_t> overflow;
-    ASSERT_TRUE(ForEachPart(codec, pieces, values.size(),
-                            [&](const EncodedRun& run) {
-                              EXPECT_EQ(run.codec, codec);
-                              EXPECT_EQ(run.first, covered);
-                              covered += run.count;
-                              if (Within(run.bytes, bytes)) {
-                                in_place += run.count;
-                              }
-                              const std::optional<size_t> bad =
-                                  FirstNonFiniteSum(
-                                      run, 1e38f,
-                                      absl::MakeConstSpan(big).subspan(
-                                          run.first, run.count));
-                              if (bad && !overflow) overflow = run.first + *bad;
-                              return absl::OkStatus();
-                            })
-                    .ok());
+    auto check_run = [&](const EncodedRun& run) {
+      EXPECT_EQ(run.codec, codec);
+      EXPECT_EQ(run.first, covered);
+      covered += run.count;
+      if (Within(run.bytes, bytes)) in_place += run.count;
+      const std::optional<size_t> bad = FirstNonFiniteSum(
+          run, 1e38f, absl::MakeConstSpan(big).subspan(run.first, run.count));
+      if (bad && !overflow) overflow = run.first + *bad;
+      return absl::OkStatus();
+    };
+    ASSERT_TRUE(ForEachPart(codec, pieces, values.size(), check_run).ok());
     EXPECT_EQ(covered, values.size());
     // Only elements split between pieces are copied: one per cut at most,
     // none for int8 (one byte each).

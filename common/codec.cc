@@ -291,6 +291,12 @@ absl::Status ValidateRun(const EncodedRun& run) {
     case Codec::kInt8:
       // Any int8 value times a scale in [0, kMaxInt8Scale] is finite.
       if (run.count == 0) break;
+      if (run.int8_scales.size() <
+          NumInt8Blocks(run.first + run.count) * sizeof(float)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "int8 run of elements [", run.first, ", ", run.first + run.count,
+            ") has ", run.int8_scales.size(), " bytes of scales"));
+      }
       for (size_t b = run.first / kInt8BlockElements;
            b <= (run.first + run.count - 1) / kInt8BlockElements; ++b) {
         const float scale =

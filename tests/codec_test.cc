@@ -763,5 +763,20 @@ TEST(CodecTest, CodecFromWireAcceptsOnlyKnownValues) {
   }
 }
 
+TEST(CodecTest, ValidateRunRefusesAnInt8RunWithTooFewScales) {
+  const std::string values(100, '\x01');
+  const std::string scales(4, '\0');  // block 0's scale only
+  // Elements [1000, 1100) reach into block 1.
+  const absl::Status s =
+      ValidateRun(EncodedRun{Codec::kInt8, values, scales, 1000, 100});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("[1000, 1100) has 4 bytes of scales"),
+            std::string::npos)
+      << s.message();
+  EXPECT_TRUE(ValidateRun(EncodedRun{Codec::kInt8, values.substr(0, 24), scales,
+                                     1000, 24})
+                  .ok());
+}
+
 }  // namespace
 }  // namespace co2::common

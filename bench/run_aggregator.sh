@@ -116,8 +116,8 @@ def symbolise(site, binary):
 def role(site, symbol):
     if "_M_append" in symbol:
         return "seed: protobuf parses the Seed stream's anchor chunks (fp32 A_0, once per job) into std::string"
-    if "Gather" in symbol or "ForEachPart" in symbol:
-        return "uplink: a contribution payload in pieces assembled before it is read (common/payload_pieces)"
+    if "ForEach" in symbol:
+        return "uplink: part of a contribution payload in pieces assembled before it is read (common/payload_pieces)"
     if "EpsCopyOutputStream" in symbol:
         return "downlink: protobuf serialises the anchor chunks of a Fetch into gRPC slices"
     if "EncodeUpdateLocked" in symbol:
@@ -169,8 +169,8 @@ def client_role(symbol):
         return "seed: protobuf serialises the anchor chunks of the Seed stream (once per job, one worker)"
     if "_M_append" in symbol:
         return "join: protobuf parses the anchor chunks a Fetch returns (once per worker that did not seed)"
-    if "Gather" in symbol:
-        return "downlink: an int8 update payload in several slices gathered into one buffer"
+    if "ForEach" in symbol:
+        return "downlink: part of an update payload in pieces assembled before it is read (common/payload_pieces)"
     return "other"
 
 worker = json.load(open(copies))["runs"][0]["client_copies"][0]

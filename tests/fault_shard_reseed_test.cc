@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "server/shard_observer.h"
 #include "tests/e2e_harness.h"
+#include "tests/wait_for.h"
 
 namespace co2::testing {
 namespace {
@@ -225,12 +226,12 @@ TEST(FaultShardReseedClientTest, AnUpdateTheWorkerWasToldOfIsKept) {
   // The update is sent once its chunk is journaled, which can be before the
   // shard counts its round closed: wait for the close (failed 1 in 9 suite
   // runs under load without this wait).
-  const absl::Time close_by = absl::Now() + absl::Seconds(20);
-  for (shard = cluster.Anchor(kJob, &round);
-       round < 3 && absl::Now() < close_by;
-       shard = cluster.Anchor(kJob, &round)) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        shard = cluster.Anchor(kJob, &round);
+        return round >= 3;
+      },
+      absl::Seconds(20)));
   EXPECT_EQ(round, 3u);
   EXPECT_EQ(
       std::memcmp(shard.data(), anchor.data(), anchor.size() * sizeof(float)),

@@ -17,6 +17,7 @@
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
+#include "tests/wait_for.h"
 
 namespace co2::testing {
 namespace {
@@ -83,16 +84,6 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Values(common::kChunkElements + 1000,
                                          6 * common::kChunkElements + 1000)));
 
-// Waits up to 30 s for `done`; false if it never held.
-bool WaitFor(const std::function<bool()>& done) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return true;
-}
-
 // An update that arrived whole but that the trainer had not taken yet when
 // the shard's stream broke is not handed out from the old stream: a shard
 // that lost its state would compute that round again, maybe from other
@@ -116,13 +107,15 @@ TEST(StreamBreakTest, AnUpdateNotYetTakenIsAskedForAgain) {
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   ASSERT_TRUE(client.Push(0, delta, Weight(0), deadline).ok());
   const uint64_t update_bytes = spec.params * sizeof(float);
-  ASSERT_TRUE(WaitFor([&] {
-    return client.stats().bytes_received == update_bytes;
-  })) << "the update of round 0 did not arrive";
+  ASSERT_TRUE(
+      WaitFor([&] { return client.stats().bytes_received == update_bytes; },
+              absl::Seconds(30)))
+      << "the update of round 0 did not arrive";
 
   absl::Status while_down;
   const absl::Status restarted = cluster.Restart(0, [&](const std::string&) {
-    if (!WaitFor([&] { return client.stats().broken_streams >= 1; })) {
+    if (!WaitFor([&] { return client.stats().broken_streams >= 1; },
+                 absl::Seconds(30))) {
       while_down = absl::InternalError("the client did not see the break");
       return;
     }

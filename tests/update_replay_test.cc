@@ -22,6 +22,7 @@
 #include "server/aggregator_server.h"
 #include "server/job_registry.h"
 #include "server/job_shard.h"
+#include "tests/wait_for.h"
 
 namespace co2 {
 namespace {
@@ -29,7 +30,7 @@ namespace {
 // Three chunks, so that a replay is read back in several pieces.
 constexpr size_t kParams = 2 * common::kChunkElements + 1000;
 
-class UpdateReplayTest : public testing::Test {
+class UpdateReplayTest : public ::testing::Test {
  protected:
   void SetUp() override {
     char pattern[] = "/tmp/co2-replay-XXXXXX";
@@ -163,10 +164,8 @@ TEST_F(UpdateReplayTest, AReconnectingWorkerGetsTheBytesItMissed) {
   // does, round 0 is still one of the last two closed rounds.
   absl::StatusOr<server::JobShard*> job = server_->registry()->Find("j");
   ASSERT_TRUE(job.ok()) << job.status();
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while ((*job)->stats().rounds_closed < 3 && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  testing::WaitFor([&] { return (*job)->stats().rounds_closed >= 3; },
+                   absl::Seconds(20));
   ASSERT_EQ((*job)->stats().rounds_closed, 3u);
   grpc::Status status;
   // max_staleness = 1: the last two rounds are kept for replay.

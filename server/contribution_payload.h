@@ -11,8 +11,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <string>
-#include <string_view>
 
 #include "absl/status/status.h"
 #include "common/codec.h"

@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -133,6 +134,21 @@ void WaitForGo() {
   std::getline(std::cin, line);
 }
 
+// Tells the driver the warm-up round is over (it samples the shards' CPU
+// time then) and returns this process's CPU time at that moment.
+CpuTimes WarmedUp() {
+  std::printf("warm\n");
+  std::fflush(stdout);
+  return SelfCpuTimes();
+}
+
+// The result line's CPU fields: this process's CPU time since `warm`.
+std::string CpuJson(const CpuTimes& warm) {
+  const CpuTimes used = SelfCpuTimes() - warm;
+  return absl::StrCat("\"cpu_user_s\": ", used.user_s,
+                      ", \"cpu_sys_s\": ", used.sys_s);
+}
+
 int Fail(const std::string& what, const absl::Status& status) {
   std::fprintf(stderr, "%s: %s\n", what.c_str(), status.ToString().c_str());
   std::printf("error %s\n", what.c_str());
@@ -140,7 +156,8 @@ int Fail(const std::string& what, const absl::Status& status) {
 }
 
 // One worker: joins every shard, then R synchronous rounds (push Δ_r, wait
-// for U_r, apply it), stamping the end of each.
+// for U_r, apply it), stamping the end of each and timing its CPU over the
+// rounds after the first.
 int RunClient() {
   const size_t p = absl::GetFlag(FLAGS_params);
   const int rounds = absl::GetFlag(FLAGS_rounds);
@@ -162,6 +179,7 @@ int RunClient() {
   std::unique_ptr<client::AggregatorClient> client = *std::move(connected);
   WaitForGo();
   Stamps stamps = {MonotonicSeconds()};
+  CpuTimes warm;
   const uint64_t start = client->start_round();
   for (int i = 0; i < rounds; ++i) {
     const uint64_t r = start + static_cast<uint64_t>(i);
@@ -171,12 +189,13 @@ int RunClient() {
     if (s.ok()) s = client->ApplyUpdate(r, absl::MakeSpan(anchor)).status();
     if (!s.ok()) return Fail(absl::StrCat("round ", r), s);
     stamps.push_back(MonotonicSeconds());
+    if (i == 0) warm = WarmedUp();
   }
   const client::ClientStats stats = client->stats();
   std::printf(
-      "result {\"stamps\": %s, \"bytes_sent\": %llu, "
+      "result {\"stamps\": %s, %s, \"bytes_sent\": %llu, "
       "\"bytes_received\": %llu}\n",
-      StampsJson(stamps).c_str(),
+      StampsJson(stamps).c_str(), CpuJson(warm).c_str(),
       static_cast<unsigned long long>(stats.bytes_sent),
       static_cast<unsigned long long>(stats.bytes_received));
   std::fflush(stdout);
@@ -184,7 +203,8 @@ int RunClient() {
   return 0;
 }
 
-// One Gloo rank: R mean all-reduces of P floats, stamping the end of each.
+// One Gloo rank: R mean all-reduces of P floats, stamping the end of each
+// and timing its CPU over the all-reduces after the first.
 int RunGloo() {
   const size_t p = absl::GetFlag(FLAGS_params);
   client::GroupOptions options;
@@ -200,12 +220,15 @@ int RunGloo() {
   std::vector<float> buffer = MakeDelta(p, options.rank);
   WaitForGo();
   Stamps stamps = {MonotonicSeconds()};
+  CpuTimes warm;
   for (int i = 0; i < absl::GetFlag(FLAGS_rounds); ++i) {
     absl::Status s = (*group)->AllReduceMean(buffer.data(), buffer.size());
     if (!s.ok()) return Fail("all-reduce", s);
     stamps.push_back(MonotonicSeconds());
+    if (i == 0) warm = WarmedUp();
   }
-  std::printf("result {\"stamps\": %s}\n", StampsJson(stamps).c_str());
+  std::printf("result {\"stamps\": %s, %s}\n", StampsJson(stamps).c_str(),
+              CpuJson(warm).c_str());
   std::fflush(stdout);
   return 0;
 }
@@ -238,27 +261,47 @@ std::string WorkerHost(int rank) {
   return absl::GetFlag(FLAGS_worker_hosts)[static_cast<size_t>(rank)];
 }
 
+struct Together {
+  // Per round, the time the last child finished it; [0] is the release.
+  // Empty on failure.
+  Stamps last;
+  CpuTimes cpu;  // all children's, over the rounds after the first
+};
+
 // Starts `children` (each must print "ready"), releases them together and
-// collects their "result" lines. Per round, the time the last of them
-// finished it; rounds[0] is the release. Empty on failure.
-Stamps RunTogether(std::vector<Child>& children) {
+// collects their "result" lines. `at_warm` runs once all of them finished
+// the warm-up round, `at_end` once all of them finished the last one.
+Together RunTogether(std::vector<Child>& children,
+                     const std::function<void()>& at_warm = [] {},
+                     const std::function<void()>& at_end = [] {}) {
   for (Child& c : children) {
     if (!c.ReadUntil("ready")) return {};
   }
   for (Child& c : children) c.WriteLine("go");
-  std::vector<Stamps> all;
+  for (Child& c : children) {
+    if (!c.ReadUntil("warm")) return {};
+  }
+  at_warm();
+  std::vector<std::string> results;
   for (Child& c : children) {
     std::optional<std::string> result = c.ReadUntil("result ");
     if (!result) return {};
-    all.push_back(ParseStamps(*result));
+    results.push_back(*std::move(result));
   }
+  at_end();
   for (Child& c : children) c.Wait();
-  Stamps last(all[0].size(), 0.0);
-  for (const Stamps& s : all) {
-    if (s.size() != last.size()) return {};
-    for (size_t i = 0; i < s.size(); ++i) last[i] = std::max(last[i], s[i]);
+  Together together;
+  for (const std::string& result : results) {
+    const Stamps s = ParseStamps(result);
+    if (together.last.empty()) together.last.assign(s.size(), 0.0);
+    if (s.size() != together.last.size()) return {};
+    for (size_t i = 0; i < s.size(); ++i) {
+      together.last[i] = std::max(together.last[i], s[i]);
+    }
+    together.cpu = together.cpu + CpuTimes{JsonNumberAfter(result, "cpu_user_s"),
+                                           JsonNumberAfter(result, "cpu_sys_s")};
   }
-  return last;
+  return together;
 }
 
 // Durations of rounds 2..R (round 1 is the warm-up).
@@ -326,9 +369,12 @@ std::optional<ShardProcess> StartShard(int index, int shards,
 struct Repetition {
   std::vector<double> aggregator_rounds;  // seconds per timed round
   double iperf3_bps = std::nan("");       // receiver-side bytes per second
-  double iperf3_sent_bytes = 0;
-  double iperf3_seconds = 0;
+  // The CPU time of each, over the timed rounds (iperf3: over its run, which
+  // moves the timed rounds' bytes; not measured over links).
+  CpuTimes worker_cpu, shard_cpu;
+  std::optional<CpuTimes> iperf3_cpu;
   std::vector<double> gloo_rounds;
+  CpuTimes gloo_cpu;
   std::string shards_json;         // memory (and copies) per shard
   std::string client_copies_json;  // worker 0's, under the copy counter
 };
@@ -381,13 +427,25 @@ bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
     if (!child) return false;
     clients.push_back(std::move(*child));
   }
-  const Stamps last = RunTogether(clients);
+  auto shards_cpu = [&shards] {
+    CpuTimes sum;
+    for (const ShardProcess& shard : shards) {
+      sum = sum + ProcCpuTimes(shard.child->pid());
+    }
+    return sum;
+  };
+  CpuTimes shards_warm;
+  const Together together = RunTogether(
+      clients, [&] { shards_warm = shards_cpu(); },
+      [&] { out->shard_cpu = shards_cpu() - shards_warm; });
+  const Stamps& last = together.last;
   if (last.empty()) {
     std::fprintf(stderr, "a client failed (see %s/client-*.log)\n",
                  scratch.c_str());
     return false;
   }
   out->aggregator_rounds = TimedRounds(last);
+  out->worker_cpu = together.cpu;
   if (!absl::GetFlag(FLAGS_copy_counter).empty()) {
     // Payload worker 0 sent (fp32 deltas) and received (updates) in its
     // rounds; its seed of the anchor, if it was the one to seed, comes on top.
@@ -465,8 +523,16 @@ bool RunIperf3(uint64_t bytes, int streams, const std::string& scratch,
   const size_t sent = json.find("\"sum_sent\"", json.find("\"end\""));
   if (received == std::string::npos || sent == std::string::npos) return false;
   out->iperf3_bps = JsonNumberAfter(json, "bits_per_second", received) / 8;
-  out->iperf3_sent_bytes = JsonNumberAfter(json, "bytes", sent);
-  out->iperf3_seconds = JsonNumberAfter(json, "seconds", received);
+  // iperf3's own figures, its client (host) and server (remote) in percent
+  // of the run's time.
+  const size_t cpu = json.find("\"cpu_utilization_percent\"");
+  if (cpu == std::string::npos) return false;
+  const double seconds = JsonNumberAfter(json, "seconds", sent) / 100;
+  out->iperf3_cpu = CpuTimes{
+      seconds * (JsonNumberAfter(json, "host_user", cpu) +
+                 JsonNumberAfter(json, "remote_user", cpu)),
+      seconds * (JsonNumberAfter(json, "host_system", cpu) +
+                 JsonNumberAfter(json, "remote_system", cpu))};
   return true;
 }
 
@@ -520,8 +586,6 @@ bool RunIperf3Links(int n, uint64_t up, uint64_t down, int streams,
     longest = std::max(longest, seconds);
   }
   out->iperf3_bps = bytes / longest;
-  out->iperf3_sent_bytes = bytes;
-  out->iperf3_seconds = longest;
   return true;
 }
 
@@ -543,9 +607,10 @@ bool RunGlooReference(int n, int rep, const std::string& scratch,
     if (!child) return false;
     ranks.push_back(std::move(*child));
   }
-  const Stamps last = RunTogether(ranks);
-  if (last.empty()) return false;
-  out->gloo_rounds = TimedRounds(last);
+  const Together together = RunTogether(ranks);
+  if (together.last.empty()) return false;
+  out->gloo_rounds = TimedRounds(together.last);
+  out->gloo_cpu = together.cpu;
   return true;
 }
 
@@ -562,6 +627,28 @@ std::string NumbersJson(const std::vector<double>& v) {
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + Num(v[i]);
   return out + "]";
+}
+
+// CPU time per round of one party over the repetitions: medians of user,
+// system and their sum, and the sums of each repetition.
+struct CpuSeries {
+  std::vector<double> user, sys, total;
+
+  void Add(const CpuTimes& per_round) {
+    user.push_back(per_round.user_s);
+    sys.push_back(per_round.sys_s);
+    total.push_back(per_round.user_s + per_round.sys_s);
+  }
+  std::string Json() const {
+    return absl::StrCat("{\"user\": ", Num(Median(user)),
+                        ", \"sys\": ", Num(Median(sys)),
+                        ", \"total\": ", Num(Median(total)),
+                        ", \"total_each\": ", NumbersJson(total), "}");
+  }
+};
+
+CpuTimes PerRound(const CpuTimes& cpu, int timed_rounds) {
+  return {cpu.user_s / timed_rounds, cpu.sys_s / timed_rounds};
 }
 
 int RunDriver() {
@@ -623,7 +710,9 @@ int RunDriver() {
         n * (4.0 * static_cast<double>(p) +
              static_cast<double>(common::EncodedSize(*downlink, p)));
     std::vector<double> goodput, vs_iperf3, vs_gloo, agg_round, gloo_round,
-        iperf3_bps, whole_round, vs_whole;
+        iperf3_bps, whole_round, vs_whole, cpu_vs_iperf3, cpu_vs_gloo,
+        agg_cores, iperf3_cores, gloo_cores;
+    CpuSeries workers_cpu, shards_cpu, agg_cpu, iperf3_cpu, gloo_cpu;
     std::vector<std::string> shard_reports, client_copies;
     for (int rep = 0; rep < absl::GetFlag(FLAGS_repetitions); ++rep) {
       Repetition r;
@@ -643,6 +732,10 @@ int RunDriver() {
       }
       agg_round.push_back(round_s);
       goodput.push_back(round_bytes / round_s);
+      workers_cpu.Add(PerRound(r.worker_cpu, rounds - 1));
+      shards_cpu.Add(PerRound(r.shard_cpu, rounds - 1));
+      agg_cpu.Add(PerRound(r.worker_cpu + r.shard_cpu, rounds - 1));
+      agg_cores.push_back(agg_cpu.total.back() / round_s);
       shard_reports.push_back(r.shards_json);
       if (!r.client_copies_json.empty()) {
         client_copies.push_back(r.client_copies_json);
@@ -664,6 +757,13 @@ int RunDriver() {
         }
         iperf3_bps.push_back(r.iperf3_bps);
         vs_iperf3.push_back(goodput.back() / r.iperf3_bps);
+        if (r.iperf3_cpu) {
+          iperf3_cpu.Add(PerRound(*r.iperf3_cpu, rounds - 1));
+          iperf3_cores.push_back(iperf3_cpu.total.back() /
+                                 (round_bytes / r.iperf3_bps));
+          cpu_vs_iperf3.push_back(iperf3_cpu.total.back() /
+                                  agg_cpu.total.back());
+        }
       }
       if (absl::GetFlag(FLAGS_gloo)) {
         if (!RunGlooReference(n, rep, scratch, &r)) {
@@ -673,16 +773,23 @@ int RunDriver() {
         }
         gloo_round.push_back(Median(r.gloo_rounds));
         vs_gloo.push_back(gloo_round.back() / round_s);
+        gloo_cpu.Add(PerRound(r.gloo_cpu, rounds - 1));
+        gloo_cores.push_back(gloo_cpu.total.back() / gloo_round.back());
+        cpu_vs_gloo.push_back(gloo_cpu.total.back() / agg_cpu.total.back());
       }
       std::fprintf(stderr,
                    "N=%d rep %d: round %.3f s (whole-round close %.3f s), "
                    "goodput %.2f GB/s, iperf3 %.2f GB/s, gloo all-reduce "
-                   "%.3f s\n",
+                   "%.3f s; CPU per round: aggregator %.3f s, iperf3 %.3f s, "
+                   "gloo %.3f s\n",
                    n, rep, round_s,
                    whole_round.empty() ? 0.0 : whole_round.back(),
                    goodput.back() / 1e9,
                    iperf3_bps.empty() ? 0.0 : iperf3_bps.back() / 1e9,
-                   gloo_round.empty() ? 0.0 : gloo_round.back());
+                   gloo_round.empty() ? 0.0 : gloo_round.back(),
+                   agg_cpu.total.back(),
+                   iperf3_cpu.total.empty() ? 0.0 : iperf3_cpu.total.back(),
+                   gloo_cpu.total.empty() ? 0.0 : gloo_cpu.total.back());
     }
     o << (first ? "" : ",") << "\n  {\"workers\": " << n
       << ", \"streams\": " << n * s
@@ -706,7 +813,22 @@ int RunDriver() {
       << ", \"gloo_round_over_aggregator_round_each\": " << NumbersJson(vs_gloo)
       << ", \"whole_round_over_aggregator_round\": " << Num(Median(vs_whole))
       << ", \"whole_round_over_aggregator_round_each\": "
-      << NumbersJson(vs_whole) << "},\n   \"shards\": ["
+      << NumbersJson(vs_whole)
+      << ", \"iperf3_cpu_over_aggregator_cpu\": " << Num(Median(cpu_vs_iperf3))
+      << ", \"iperf3_cpu_over_aggregator_cpu_each\": "
+      << NumbersJson(cpu_vs_iperf3)
+      << ", \"gloo_cpu_over_aggregator_cpu\": " << Num(Median(cpu_vs_gloo))
+      << ", \"gloo_cpu_over_aggregator_cpu_each\": "
+      << NumbersJson(cpu_vs_gloo) << "}"
+      << ",\n   \"cpu_s_per_round\": {\"aggregator\": " << agg_cpu.Json()
+      << ", \"workers\": " << workers_cpu.Json()
+      << ", \"shards\": " << shards_cpu.Json()
+      << ",\n     \"iperf3\": " << iperf3_cpu.Json()
+      << ", \"gloo\": " << gloo_cpu.Json() << "}"
+      << ",\n   \"cores_busy\": {\"aggregator\": " << Num(Median(agg_cores))
+      << ", \"iperf3\": " << Num(Median(iperf3_cores))
+      << ", \"gloo\": " << Num(Median(gloo_cores)) << "}"
+      << ",\n   \"shards\": ["
       << absl::StrJoin(shard_reports, ",\n     ") << "]";
     if (!client_copies.empty()) {
       o << ",\n   \"client_copies\": ["

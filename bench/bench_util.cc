@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -161,6 +162,39 @@ uint64_t ProcStatusBytes(pid_t pid, const std::string& field) {
     }
   }
   return 0;
+}
+
+CpuTimes operator-(const CpuTimes& a, const CpuTimes& b) {
+  return {a.user_s - b.user_s, a.sys_s - b.sys_s};
+}
+
+CpuTimes operator+(const CpuTimes& a, const CpuTimes& b) {
+  return {a.user_s + b.user_s, a.sys_s + b.sys_s};
+}
+
+CpuTimes SelfCpuTimes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return {seconds(usage.ru_utime), seconds(usage.ru_stime)};
+}
+
+CpuTimes ProcCpuTimes(pid_t pid) {
+  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  // Fields after the command name, which is in parentheses and may hold
+  // spaces: state is field 3, utime field 14 and stime field 15.
+  const size_t close = stat.rfind(')');
+  if (close == std::string::npos) return {};
+  std::istringstream fields(stat.substr(close + 1));
+  std::string field;
+  double ticks[2] = {0, 0};
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i >= 14) ticks[i - 14] = std::strtod(field.c_str(), nullptr);
+  }
+  const double hz = static_cast<double>(sysconf(_SC_CLK_TCK));
+  return {ticks[0] / hz, ticks[1] / hz};
 }
 
 int FreeLoopbackPort() {

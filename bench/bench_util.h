@@ -59,6 +59,19 @@ class Child {
 // Fields of /proc/<pid>/status in bytes (VmHWM, VmRSS, ...); 0 if missing.
 uint64_t ProcStatusBytes(pid_t pid, const std::string& field);
 
+// CPU time a process has used, in seconds, all its threads together.
+struct CpuTimes {
+  double user_s = 0;
+  double sys_s = 0;
+};
+CpuTimes operator-(const CpuTimes& a, const CpuTimes& b);
+CpuTimes operator+(const CpuTimes& a, const CpuTimes& b);
+// This process's (getrusage).
+CpuTimes SelfCpuTimes();
+// Another process's, from /proc/<pid>/stat (in clock ticks: 10 ms here);
+// zeros if it cannot be read.
+CpuTimes ProcCpuTimes(pid_t pid);
+
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int FreeLoopbackPort();
 // Waits up to `timeout_s` for 127.0.0.1:port to accept a connection.

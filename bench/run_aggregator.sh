@@ -8,9 +8,12 @@
 # range (LARGE_PARAMS; needs about 10 GiB of RAM at N = 8) and with bf16 and
 # int8 downlinks (the cached updates shrink with the codec), and at the
 # larger range again with checkpoints on disk (CHECKPOINT_DIR, default under
-# the scratch directory in /tmp). Writes bench/results/aggregator.json.
-#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~3 min idle)
-#   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=4 REPS=3 \
+# the scratch directory in /tmp). The main run also times the CPU each of
+# the three spends per round (the processes' user and system time), so that
+# a CPU-bound loopback shows where its time goes. Writes
+# bench/results/aggregator.json.
+#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~5 min idle)
+#   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=10 REPS=3 \
 #   LARGE_WORKERS=2,8 LARGE_PARAMS=67108864 OUT=... \
 #     bench/run_aggregator.sh build-bench
 set -euo pipefail
@@ -25,7 +28,7 @@ iperf3=${IPERF3:-$(command -v iperf3 || true)}
 
 "$bench" --aggregator="$aggregator" --iperf3="$iperf3" \
   --workers="${WORKERS:-2,4,8}" --params="${PARAMS:-8388608}" \
-  --shards="${SHARDS:-2}" --rounds="${ROUNDS:-4}" \
+  --shards="${SHARDS:-2}" --rounds="${ROUNDS:-10}" \
   --repetitions="${REPS:-3}" --whole_round_reference \
   --scratch="$scratch/main" --out="$scratch/main.json"
 
@@ -39,7 +42,7 @@ iperf3=${IPERF3:-$(command -v iperf3 || true)}
 for downlink in bf16 int8; do
   "$bench" --aggregator="$aggregator" --iperf3= --gloo=false \
     --workers="${WORKERS:-2,4,8}" --params="${PARAMS:-8388608}" \
-    --shards="${SHARDS:-2}" --rounds="${ROUNDS:-4}" --repetitions=1 \
+    --shards="${SHARDS:-2}" --rounds=4 --repetitions=1 \
     --downlink="$downlink" --scratch="$scratch/$downlink" \
     --out="$scratch/$downlink.json"
 done
@@ -197,7 +200,8 @@ report["client_copy_profile"] = {
 json.dump(report, open(out, "w"), indent=1)
 open(out, "a").write("\n")
 print(f"{'N':>3} {'round s':>8} {'goodput GB/s':>12} {'/iperf3':>8} "
-      f"{'gloo/agg':>8} {'peak/range':>10} {'(−idle)':>8}")
+      f"{'gloo/agg':>8} {'CPU s':>6} {'cores':>5} {'iperf3 CPU/agg':>14} "
+      f"{'peak/range':>10} {'(−idle)':>8}")
 for run in report["runs"]:
     peaks = per_shard(run, "peak_over_range")
     excess = per_shard(run, "peak_minus_idle_over_range")
@@ -207,6 +211,9 @@ for run in report["runs"]:
           f"{run['aggregator']['goodput_bytes_per_s_median'] / 1e9:>12.2f} "
           f"{fmt(r['goodput_over_iperf3'], 8)} "
           f"{fmt(r['gloo_round_over_aggregator_round'], 8)} "
+          f"{run['cpu_s_per_round']['aggregator']['total']:>6.3f} "
+          f"{run['cores_busy']['aggregator']:>5.2f} "
+          f"{fmt(r['iperf3_cpu_over_aggregator_cpu'], 14)} "
           f"{max(peaks):>10.1f} {max(excess):>8.1f}")
 large = report["memory_large_range"]
 print(f"fp32 at {large['fp32_range_bytes'] >> 20} MiB per shard, peak/range (−idle): " + ", ".join(

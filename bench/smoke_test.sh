@@ -33,6 +33,12 @@ assert run["workers"] == 2 and run["aggregator"]["round_s_median"] > 0
 assert run["aggregator_whole_rounds"]["round_s_median"] > 0, run
 assert run["ratios"]["whole_round_over_aggregator_round"] > 0, run
 assert run["shards"][0][0]["peak_rss_bytes"] > 0
+# CPU per round: the workers' own (getrusage), iperf3's and the Gloo ranks';
+# the shards' comes in 10 ms ticks and may round to 0 in so short a run.
+cpu = run["cpu_s_per_round"]
+assert cpu["workers"]["total"] > 0 and cpu["shards"]["total"] >= 0, cpu
+assert cpu["iperf3"]["total"] > 0 and cpu["gloo"]["total"] > 0, cpu
+assert run["ratios"]["iperf3_cpu_over_aggregator_cpu"] > 0, run["ratios"]
 cp = a["copy_profile"]
 assert cp["socket_bytes_received"] >= cp["payload_bytes_received"]
 # Contributions are read where gRPC received them: no copy before the

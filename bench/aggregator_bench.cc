@@ -26,6 +26,7 @@
 #include <iostream>
 #include <functional>
 #include <map>
+#include <numeric>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -651,6 +652,12 @@ CpuTimes PerRound(const CpuTimes& cpu, int timed_rounds) {
   return {cpu.user_s / timed_rounds, cpu.sys_s / timed_rounds};
 }
 
+// The cores `cpu` kept busy over the timed rounds `rounds` (seconds each).
+double CoresBusy(const CpuTimes& cpu, const std::vector<double>& rounds) {
+  return (cpu.user_s + cpu.sys_s) /
+         std::accumulate(rounds.begin(), rounds.end(), 0.0);
+}
+
 int RunDriver() {
   std::string scratch = absl::GetFlag(FLAGS_scratch);
   if (scratch.empty()) {
@@ -735,7 +742,8 @@ int RunDriver() {
       workers_cpu.Add(PerRound(r.worker_cpu, rounds - 1));
       shards_cpu.Add(PerRound(r.shard_cpu, rounds - 1));
       agg_cpu.Add(PerRound(r.worker_cpu + r.shard_cpu, rounds - 1));
-      agg_cores.push_back(agg_cpu.total.back() / round_s);
+      agg_cores.push_back(
+          CoresBusy(r.worker_cpu + r.shard_cpu, r.aggregator_rounds));
       shard_reports.push_back(r.shards_json);
       if (!r.client_copies_json.empty()) {
         client_copies.push_back(r.client_copies_json);
@@ -774,7 +782,7 @@ int RunDriver() {
         gloo_round.push_back(Median(r.gloo_rounds));
         vs_gloo.push_back(gloo_round.back() / round_s);
         gloo_cpu.Add(PerRound(r.gloo_cpu, rounds - 1));
-        gloo_cores.push_back(gloo_cpu.total.back() / gloo_round.back());
+        gloo_cores.push_back(CoresBusy(r.gloo_cpu, r.gloo_rounds));
         cpu_vs_gloo.push_back(gloo_cpu.total.back() / agg_cpu.total.back());
       }
       std::fprintf(stderr,

@@ -12,7 +12,7 @@
 # the three spends per round (the processes' user and system time), so that
 # a CPU-bound loopback shows where its time goes. Writes
 # bench/results/aggregator.json.
-#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~5 min idle)
+#   bench/run_aggregator.sh [BUILD_DIR]             (default build; ~2–4 min idle)
 #   WORKERS=2,4,8 PARAMS=8388608 SHARDS=2 ROUNDS=10 REPS=3 \
 #   LARGE_WORKERS=2,8 LARGE_PARAMS=67108864 OUT=... \
 #     bench/run_aggregator.sh build-bench

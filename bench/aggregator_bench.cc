@@ -23,11 +23,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <iostream>
 #include <functional>
+#include <iostream>
 #include <map>
-#include <numeric>
 #include <memory>
+#include <numeric>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -272,9 +272,9 @@ struct Together {
 // Starts `children` (each must print "ready"), releases them together and
 // collects their "result" lines. `at_warm` runs once all of them finished
 // the warm-up round, `at_end` once all of them finished the last one.
-Together RunTogether(std::vector<Child>& children,
-                     const std::function<void()>& at_warm = [] {},
-                     const std::function<void()>& at_end = [] {}) {
+Together RunTogether(
+    std::vector<Child>& children, const std::function<void()>& at_warm = [] {},
+    const std::function<void()>& at_end = [] {}) {
   for (Child& c : children) {
     if (!c.ReadUntil("ready")) return {};
   }
@@ -299,8 +299,9 @@ Together RunTogether(std::vector<Child>& children,
     for (size_t i = 0; i < s.size(); ++i) {
       together.last[i] = std::max(together.last[i], s[i]);
     }
-    together.cpu = together.cpu + CpuTimes{JsonNumberAfter(result, "cpu_user_s"),
-                                           JsonNumberAfter(result, "cpu_sys_s")};
+    together.cpu =
+        together.cpu + CpuTimes{JsonNumberAfter(result, "cpu_user_s"),
+                                JsonNumberAfter(result, "cpu_sys_s")};
   }
   return together;
 }
@@ -529,11 +530,11 @@ bool RunIperf3(uint64_t bytes, int streams, const std::string& scratch,
   const size_t cpu = json.find("\"cpu_utilization_percent\"");
   if (cpu == std::string::npos) return false;
   const double seconds = JsonNumberAfter(json, "seconds", sent) / 100;
-  out->iperf3_cpu = CpuTimes{
-      seconds * (JsonNumberAfter(json, "host_user", cpu) +
-                 JsonNumberAfter(json, "remote_user", cpu)),
-      seconds * (JsonNumberAfter(json, "host_system", cpu) +
-                 JsonNumberAfter(json, "remote_system", cpu))};
+  out->iperf3_cpu =
+      CpuTimes{seconds * (JsonNumberAfter(json, "host_user", cpu) +
+                          JsonNumberAfter(json, "remote_user", cpu)),
+               seconds * (JsonNumberAfter(json, "host_system", cpu) +
+                          JsonNumberAfter(json, "remote_system", cpu))};
   return true;
 }
 
@@ -785,19 +786,18 @@ int RunDriver() {
         gloo_cores.push_back(CoresBusy(r.gloo_cpu, r.gloo_rounds));
         cpu_vs_gloo.push_back(gloo_cpu.total.back() / agg_cpu.total.back());
       }
-      std::fprintf(stderr,
-                   "N=%d rep %d: round %.3f s (whole-round close %.3f s), "
-                   "goodput %.2f GB/s, iperf3 %.2f GB/s, gloo all-reduce "
-                   "%.3f s; CPU per round: aggregator %.3f s, iperf3 %.3f s, "
-                   "gloo %.3f s\n",
-                   n, rep, round_s,
-                   whole_round.empty() ? 0.0 : whole_round.back(),
-                   goodput.back() / 1e9,
-                   iperf3_bps.empty() ? 0.0 : iperf3_bps.back() / 1e9,
-                   gloo_round.empty() ? 0.0 : gloo_round.back(),
-                   agg_cpu.total.back(),
-                   iperf3_cpu.total.empty() ? 0.0 : iperf3_cpu.total.back(),
-                   gloo_cpu.total.empty() ? 0.0 : gloo_cpu.total.back());
+      std::fprintf(
+          stderr,
+          "N=%d rep %d: round %.3f s (whole-round close %.3f s), "
+          "goodput %.2f GB/s, iperf3 %.2f GB/s, gloo all-reduce "
+          "%.3f s; CPU per round: aggregator %.3f s, iperf3 %.3f s, "
+          "gloo %.3f s\n",
+          n, rep, round_s, whole_round.empty() ? 0.0 : whole_round.back(),
+          goodput.back() / 1e9,
+          iperf3_bps.empty() ? 0.0 : iperf3_bps.back() / 1e9,
+          gloo_round.empty() ? 0.0 : gloo_round.back(), agg_cpu.total.back(),
+          iperf3_cpu.total.empty() ? 0.0 : iperf3_cpu.total.back(),
+          gloo_cpu.total.empty() ? 0.0 : gloo_cpu.total.back());
     }
     o << (first ? "" : ",") << "\n  {\"workers\": " << n
       << ", \"streams\": " << n * s
@@ -826,8 +826,8 @@ int RunDriver() {
       << ", \"iperf3_cpu_over_aggregator_cpu_each\": "
       << NumbersJson(cpu_vs_iperf3)
       << ", \"gloo_cpu_over_aggregator_cpu\": " << Num(Median(cpu_vs_gloo))
-      << ", \"gloo_cpu_over_aggregator_cpu_each\": "
-      << NumbersJson(cpu_vs_gloo) << "}"
+      << ", \"gloo_cpu_over_aggregator_cpu_each\": " << NumbersJson(cpu_vs_gloo)
+      << "}"
       << ",\n   \"cpu_s_per_round\": {\"aggregator\": " << agg_cpu.Json()
       << ", \"workers\": " << workers_cpu.Json()
       << ", \"shards\": " << shards_cpu.Json()
@@ -836,8 +836,8 @@ int RunDriver() {
       << ",\n   \"cores_busy\": {\"aggregator\": " << Num(Median(agg_cores))
       << ", \"iperf3\": " << Num(Median(iperf3_cores))
       << ", \"gloo\": " << Num(Median(gloo_cores)) << "}"
-      << ",\n   \"shards\": ["
-      << absl::StrJoin(shard_reports, ",\n     ") << "]";
+      << ",\n   \"shards\": [" << absl::StrJoin(shard_reports, ",\n     ")
+      << "]";
     if (!client_copies.empty()) {
       o << ",\n   \"client_copies\": ["
         << absl::StrJoin(client_copies, ",\n     ") << "]";

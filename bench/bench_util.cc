@@ -176,7 +176,8 @@ CpuTimes SelfCpuTimes() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   auto seconds = [](const timeval& t) {
-    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+    return static_cast<double>(t.tv_sec) +
+           1e-6 * static_cast<double>(t.tv_usec);
   };
   return {seconds(usage.ru_utime), seconds(usage.ru_stime)};
 }

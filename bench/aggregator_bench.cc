@@ -529,12 +529,13 @@ bool RunIperf3(uint64_t bytes, int streams, const std::string& scratch,
   // of the run's time.
   const size_t cpu = json.find("\"cpu_utilization_percent\"");
   if (cpu == std::string::npos) return false;
-  const double seconds = JsonNumberAfter(json, "seconds", sent) / 100;
-  out->iperf3_cpu =
-      CpuTimes{seconds * (JsonNumberAfter(json, "host_user", cpu) +
-                          JsonNumberAfter(json, "remote_user", cpu)),
-               seconds * (JsonNumberAfter(json, "host_system", cpu) +
-                          JsonNumberAfter(json, "remote_system", cpu))};
+  const double seconds_per_percent =
+      JsonNumberAfter(json, "seconds", sent) / 100;
+  out->iperf3_cpu = CpuTimes{
+      seconds_per_percent * (JsonNumberAfter(json, "host_user", cpu) +
+                             JsonNumberAfter(json, "remote_user", cpu)),
+      seconds_per_percent * (JsonNumberAfter(json, "host_system", cpu) +
+                             JsonNumberAfter(json, "remote_system", cpu))};
   return true;
 }
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -10,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "client/shard_calls.h"
 #include "client/shard_stream.h"
+#include "common/fnv_hash.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
 #include "common/layout.h"
@@ -249,6 +252,52 @@ class AggregatorClient::Impl : public AnchorSource {
     return round + 1 + options_.job_config.max_staleness();
   }
 
+  absl::Status VerifyAnchor(absl::Span<const float> anchor,
+                            uint64_t anchor_round, absl::Time deadline) {
+    if (anchor.size() != anchor_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("VerifyAnchor: the anchor has ", anchor.size(),
+                       " elements, the job ", anchor_size()));
+    }
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      const Shard& shard = shards_[i];
+      const absl::Span<const float> range =
+          anchor.subspan(shard.range.begin, shard.range.size());
+      AnchorComparison theirs;
+      CO2_RETURN_IF_ERROR(WithShard(
+          i, shard.address, RetryUnavailable(deadline, [&](absl::Time call) {
+            absl::StatusOr<AnchorComparison> compared =
+                CompareAnchor(shard.stub.get(), options_.job,
+                              options_.worker_id, range, call);
+            if (compared.ok()) theirs = *compared;
+            return compared.status();
+          })));
+      if (theirs.anchor_round == anchor_round &&
+          theirs.first_difference == SIZE_MAX) {
+        continue;
+      }
+      std::vector<float> fetched(range.size());
+      absl::StatusOr<uint64_t> round =
+          FetchAnchor(shard.stub.get(), options_.job, options_.worker_id,
+                      absl::MakeSpan(fetched), deadline);
+      const std::string their_hash =
+          round.ok() ? absl::StrCat(
+                           absl::Hex(common::Fnv1a(fetched), absl::kZeroPad16))
+                     : "unknown";
+      return absl::DataLossError(absl::StrCat(
+          "shard ", i, " (", shard.address, ") holds the anchor of round ",
+          theirs.anchor_round, ", this worker that of round ", anchor_round,
+          theirs.first_difference == SIZE_MAX
+              ? std::string(" with the same bits")
+              : absl::StrCat(", first different at element ",
+                             shard.range.begin + theirs.first_difference),
+          "; FNV-1a of the range [", shard.range.begin, ", ", shard.range.end,
+          "): shard ", their_hash, ", worker ",
+          absl::Hex(common::Fnv1a(range), absl::kZeroPad16)));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Leave(absl::Time deadline) {
     absl::Status result;
     for (uint32_t i = 0; i < shards_.size(); ++i) {
@@ -469,6 +518,11 @@ absl::StatusOr<uint64_t> AggregatorClient::ApplyUpdate(
 }
 absl::Status AggregatorClient::TrackAnchor(absl::Span<const float> anchor) {
   return impl_->TrackAnchor(anchor);
+}
+absl::Status AggregatorClient::VerifyAnchor(absl::Span<const float> anchor,
+                                            uint64_t anchor_round,
+                                            absl::Time deadline) {
+  return impl_->VerifyAnchor(anchor, anchor_round, deadline);
 }
 absl::Status AggregatorClient::Leave(absl::Time deadline) {
   return impl_->Leave(deadline);

@@ -109,6 +109,15 @@ class AggregatorClient {
   // INVALID_ARGUMENT for a span of another size.
   absl::Status TrackAnchor(absl::Span<const float> anchor);
 
+  // Checks `anchor` (size P) against the shards' anchor, bit for bit, chunk
+  // by chunk through Fetch (P·4 bytes down, one chunk of scratch): OK when
+  // every shard holds the anchor of `anchor_round` and its bits equal this
+  // worker's range. Otherwise DATA_LOSS naming the shard, both anchor rounds,
+  // the first element that differs and both FNV-1a hashes of the range.
+  // Call it before Leave (a shard serves Fetch to members only).
+  absl::Status VerifyAnchor(absl::Span<const float> anchor,
+                            uint64_t anchor_round, absl::Time deadline);
+
   // Leaves the job on every shard (best effort until `deadline`).
   absl::Status Leave(absl::Time deadline);
 

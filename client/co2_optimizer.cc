@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -98,6 +99,10 @@ absl::StatusOr<std::unique_ptr<Co2Optimizer>> Co2Optimizer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("Co2Optimizer: tau must be >= 1, got ", options.tau));
   }
+  if (options.algo == Algo::kCo2 && options.rounds == 0) {
+    return absl::InvalidArgumentError(
+        "Co2Optimizer: co2 needs rounds (the job's number of rounds) > 0");
+  }
   if (options.samples_per_step <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("Co2Optimizer: samples_per_step must be > 0, got ",
@@ -145,6 +150,7 @@ absl::Status Co2Optimizer::Init() {
     start_round_ = static_cast<uint64_t>(start);
   }
   round_ = start_round_;
+  anchor_round_ = start_round_;
   try {
     if (!flat_->params().is_cpu()) staging_.resize(p);
     if (uses_aggregator_ && leader_) {
@@ -181,6 +187,11 @@ absl::Status Co2Optimizer::Step() {
   if (broken_ || finished_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "Co2Optimizer::Step after ", finished_ ? "Finish" : "an error"));
+  }
+  if (options_.rounds > 0 && round_ >= options_.rounds) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Co2Optimizer::Step in round ", round_,
+                     ", past the job's last round ", options_.rounds - 1));
   }
   common::Clock* clock = options_.clock;
   const absl::Time start = clock->Now();
@@ -253,6 +264,16 @@ absl::Status Co2Optimizer::ApplyUpdate(uint64_t round) {
   return client_->ApplyUpdate(round, absl::MakeSpan(anchor_)).status();
 }
 
+std::optional<uint64_t> Co2Optimizer::OwedUpdate() const {
+  // A_{r+1} = A_r + U of round r − 1, and round 0 has none (A_1 = A_0). A
+  // worker that joined a running job fetched A_s: it owes the update of
+  // round s − 1 like any other, also when s − 1 is the job's last round and
+  // it computes no round itself.
+  if (round_ == 0) return std::nullopt;
+  if (options_.rounds > 0 && round_ - 1 >= options_.rounds) return std::nullopt;
+  return round_ - 1;
+}
+
 absl::Status Co2Optimizer::CopyAnchorAndBroadcast() {
   try {
     if (leader_ && uses_aggregator_) {
@@ -284,12 +305,10 @@ absl::Status Co2Optimizer::Boundary() {
       if (StalenessOf(options_.algo) == 1) {
         // U of round r−1 normally arrived while this round computed. Δ_r is
         // taken against A_r, so the update is applied only after the push.
-        // A worker that joined a running job fetched A_s (s > 0): it still
-        // applies the update of round s − 1, which makes A_{s+1}.
-        const bool has_previous = round_ > 0;
-        if (has_previous) CO2_RETURN_IF_ERROR(WaitForUpdate(round_ - 1, stats));
+        const std::optional<uint64_t> owed = OwedUpdate();
+        if (owed) CO2_RETURN_IF_ERROR(WaitForUpdate(*owed, stats));
         CO2_RETURN_IF_ERROR(PushDelta(stats));
-        if (has_previous) CO2_RETURN_IF_ERROR(ApplyUpdate(round_ - 1));
+        if (owed) CO2_RETURN_IF_ERROR(ApplyUpdate(*owed));
       } else {
         CO2_RETURN_IF_ERROR(PushDelta(stats));
         CO2_RETURN_IF_ERROR(WaitForUpdate(round_, stats));
@@ -297,6 +316,7 @@ absl::Status Co2Optimizer::Boundary() {
       }
     }
     CO2_RETURN_IF_ERROR(CopyAnchorAndBroadcast());
+    anchor_round_ = round_ + 1;
   }
   stats.boundary = options_.clock->Now() - start;
   if (options_.hash_params) stats.params_hash = ParamsHash();
@@ -314,18 +334,32 @@ absl::Status Co2Optimizer::Finish() {
   }
   absl::Status status = absl::OkStatus();
   if (steps_in_round_ > 0) status = Boundary();
-  if (status.ok() && options_.algo == Algo::kCo2 && round_ > start_round_) {
-    // The last push's update is still in flight: apply it, so that the final
-    // model is the final anchor on every worker.
+  const std::optional<uint64_t> owed =
+      options_.algo == Algo::kCo2 ? OwedUpdate() : std::nullopt;
+  if (status.ok() && owed) {
+    // The update of the last round is still in flight: apply it, so that
+    // the final model is the final anchor on every worker.
     RoundStats drain;
     drain.round = round_;
     const absl::Time start = options_.clock->Now();
-    if (leader_) status = WaitForUpdate(round_ - 1, drain);
-    if (leader_ && status.ok()) status = ApplyUpdate(round_ - 1);
+    if (leader_) status = WaitForUpdate(*owed, drain);
+    if (leader_ && status.ok()) status = ApplyUpdate(*owed);
     if (status.ok()) status = CopyAnchorAndBroadcast();
+    if (status.ok()) anchor_round_ = round_ + 1;
     drain.boundary = options_.clock->Now() - start;
     if (status.ok() && options_.hash_params) drain.params_hash = ParamsHash();
     if (status.ok()) rounds_.push_back(drain);
+  }
+  if (status.ok() && client_ != nullptr && options_.verify_final_anchor) {
+    status =
+        client_->VerifyAnchor(anchor_, anchor_round_,
+                              options_.clock->Now() + options_.update_timeout);
+    if (!status.ok()) {
+      status = absl::Status(
+          status.code(),
+          absl::StrCat("the final anchor (round ", anchor_round_,
+                       ") is not the shards': ", status.message()));
+    }
   }
   if (!status.ok()) {
     broken_ = true;

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,6 +58,12 @@ struct Co2OptimizerOptions {
   Algo algo = Algo::kCo2;
   // Inner steps per round. For ddp it only groups steps into rounds for stats.
   int tau = 8;
+  // The job's rounds, 0 .. rounds − 1, the same on every worker. Required
+  // for co2: the update of the last round arrives after its boundary, and
+  // Finish applies it whenever this worker owes it, also when the worker
+  // joined so late that it computes no round itself. 0 (unknown) is allowed
+  // for the synchronous algorithms. Step refuses a round past the last.
+  uint64_t rounds = 0;
   // Samples one inner step of this worker consumes (all local ranks); the
   // weight of a contribution is steps × samples_per_step.
   double samples_per_step = 1.0;
@@ -70,6 +77,9 @@ struct Co2OptimizerOptions {
   common::Codec uplink_codec = common::Codec::kFp32;
   // Record a hash of the parameters after every boundary (test/diagnostics).
   bool hash_params = false;
+  // Finish checks the final anchor against the shards' before it leaves
+  // (AggregatorClient::VerifyAnchor: P·4 bytes down on the local leader).
+  bool verify_final_anchor = true;
   common::Clock* clock = common::Clock::Real();  // borrowed
 };
 
@@ -121,7 +131,9 @@ class Co2Optimizer {
   absl::Status Step();
   // Drains: a partial round is closed with a boundary; for co2 the update of
   // the last round is waited for and applied, so the final model is the final
-  // anchor on every rank; then the leader leaves the job.
+  // anchor on every rank; with verify_final_anchor the leader checks it
+  // against the shards' (DATA_LOSS naming both hashes if they differ); then
+  // the leader leaves the job.
   absl::Status Finish();
 
   // Zeroes the flat gradients (use instead of the inner zero_grad).
@@ -129,6 +141,9 @@ class Co2Optimizer {
 
   bool is_leader() const { return leader_; }
   uint64_t round() const { return round_; }  // the round being computed
+  // The round of the anchor the parameters were last set to (A_r starts
+  // round r; after Finish of co2 it is the last round + 2).
+  uint64_t anchor_round() const { return anchor_round_; }
   uint64_t steps() const { return steps_; }
   const std::vector<RoundStats>& rounds() const { return rounds_; }
   absl::Duration total_exposed_comm() const;
@@ -152,6 +167,9 @@ class Co2Optimizer {
   absl::Status WaitForUpdate(uint64_t round, RoundStats& stats);
   // Leader: A ← A + U of `round`.
   absl::Status ApplyUpdate(uint64_t round);
+  // co2: the round whose update turns the anchor this worker holds into the
+  // next one, if it is a round of the job.
+  std::optional<uint64_t> OwedUpdate() const;
   // x ← A on the leader, then broadcast of x to the local ranks.
   absl::Status CopyAnchorAndBroadcast();
   absl::Span<float> HostParams();
@@ -169,6 +187,7 @@ class Co2Optimizer {
   std::vector<float> staging_;  // host copy of x when x lives on a device
   uint64_t start_round_ = 0;
   uint64_t round_ = 0;
+  uint64_t anchor_round_ = 0;  // every rank: the anchor x was last set to
   uint64_t steps_ = 0;
   int steps_in_round_ = 0;
   bool pushed_any_ = false;

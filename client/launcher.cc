@@ -421,6 +421,11 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
               summary.params_identical ? "yes" : summary.first_difference.c_str());
   if (!o.report.empty()) std::printf("  report: %s\n", o.report.c_str());
   std::fflush(stdout);
+  if (!summary.params_identical) {
+    return absl::DataLossError(absl::StrCat(
+        "the ranks do not hold the same model: ", summary.first_difference,
+        " (logs kept in ", o.run_dir, ")"));
+  }
   if (own_run_dir && !o.keep_run_dir) std::filesystem::remove_all(o.run_dir, ec);
   return absl::OkStatus();
 }

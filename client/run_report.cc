@@ -8,8 +8,10 @@
 #include <fstream>
 #include <sstream>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace co2::client {
 namespace {
@@ -253,14 +255,23 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
         out.params_identical = false;
         out.first_difference = absl::StrCat(
             "round ", r.rounds[i].round, ": worker ", r.worker, " rank ",
-            r.local_rank, " differs from worker ", longest->worker, " rank ",
-            longest->local_rank);
+            r.local_rank, " (", r.rounds[i].params_hash,
+            ") differs from worker ", longest->worker, " rank ",
+            longest->local_rank, " (",
+            RoundOf(*longest, r.rounds[i].round)->params_hash, ")");
       }
     }
+  }
+  for (const RankReport& r : ranks) {
     if (out.params_identical && r.final_hash != ranks[0].final_hash) {
       out.params_identical = false;
-      out.first_difference = absl::StrCat("final model of worker ", r.worker,
-                                          " rank ", r.local_rank, " differs");
+      std::vector<std::string> hashes;
+      for (const RankReport& q : ranks) {
+        hashes.push_back(absl::StrCat("worker ", q.worker, " rank ",
+                                      q.local_rank, " ", q.final_hash));
+      }
+      out.first_difference =
+          absl::StrCat("final models differ: ", absl::StrJoin(hashes, ", "));
     }
   }
   if (ranks_with_rounds > 0) out.final_loss /= ranks_with_rounds;

@@ -1,5 +1,7 @@
 #include "client/shard_calls.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -61,18 +63,17 @@ absl::StatusOr<uint64_t> SeedAnchor(v1::Aggregator::Stub* stub,
   return response.anchor_round();
 }
 
-absl::StatusOr<uint64_t> FetchAnchor(v1::Aggregator::Stub* stub,
-                                     const std::string& job,
-                                     const std::string& worker_id,
-                                     absl::Span<float> range,
-                                     absl::Time deadline) {
+absl::StatusOr<uint64_t> FetchAnchorChunks(
+    v1::Aggregator::Stub* stub, const std::string& job,
+    const std::string& worker_id, size_t elements, absl::Time deadline,
+    absl::FunctionRef<absl::Status(common::Range, const std::string&)> visit) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   v1::FetchRequest request;
   request.set_job(job);
   request.set_worker_id(worker_id);
   auto reader = stub->Fetch(&context, request);
-  const size_t chunks = common::NumChunks(range.size());
+  const size_t chunks = common::NumChunks(elements);
   std::vector<bool> have(chunks, false);
   size_t received = 0;
   uint64_t anchor_round = 0;
@@ -83,14 +84,16 @@ absl::StatusOr<uint64_t> FetchAnchor(v1::Aggregator::Stub* stub,
     if (chunk.chunk_index() >= chunks) {
       status = absl::InternalError(absl::StrCat(
           "fetch chunk ", chunk.chunk_index(), " out of ", chunks));
+    } else if (received > 0 && chunk.anchor_round() != anchor_round) {
+      status = absl::InternalError(absl::StrCat(
+          "fetch chunk ", chunk.chunk_index(), " is of anchor round ",
+          chunk.anchor_round(), ", the chunks before it of ", anchor_round));
     } else {
-      const common::Range r =
-          common::ChunkRange(range.size(), chunk.chunk_index());
+      const common::Range r = common::ChunkRange(elements, chunk.chunk_index());
       status =
           common::Validate(common::Codec::kFp32, chunk.payload(), r.size());
+      if (status.ok()) status = visit(r, chunk.payload());
       if (status.ok()) {
-        common::Decode(common::Codec::kFp32, chunk.payload(),
-                       range.subspan(r.begin, r.size()));
         anchor_round = chunk.anchor_round();
         if (!have[chunk.chunk_index()]) ++received;
         have[chunk.chunk_index()] = true;
@@ -106,6 +109,48 @@ absl::StatusOr<uint64_t> FetchAnchor(v1::Aggregator::Stub* stub,
                                             " of ", chunks, " anchor chunks"));
   }
   return anchor_round;
+}
+
+absl::StatusOr<uint64_t> FetchAnchor(v1::Aggregator::Stub* stub,
+                                     const std::string& job,
+                                     const std::string& worker_id,
+                                     absl::Span<float> range,
+                                     absl::Time deadline) {
+  return FetchAnchorChunks(stub, job, worker_id, range.size(), deadline,
+                           [&](common::Range r, const std::string& payload) {
+                             common::Decode(common::Codec::kFp32, payload,
+                                            range.subspan(r.begin, r.size()));
+                             return absl::OkStatus();
+                           });
+}
+
+absl::StatusOr<AnchorComparison> CompareAnchor(v1::Aggregator::Stub* stub,
+                                               const std::string& job,
+                                               const std::string& worker_id,
+                                               absl::Span<const float> range,
+                                               absl::Time deadline) {
+  AnchorComparison out;
+  std::vector<float> theirs;
+  CO2_ASSIGN_OR_RETURN(
+      out.anchor_round,
+      FetchAnchorChunks(
+          stub, job, worker_id, range.size(), deadline,
+          [&](common::Range r, const std::string& payload) {
+            theirs.resize(r.size());
+            common::Decode(common::Codec::kFp32, payload,
+                           absl::MakeSpan(theirs));
+            const absl::Span<const float> ours =
+                range.subspan(r.begin, r.size());
+            if (std::memcmp(theirs.data(), ours.data(),
+                            r.size() * sizeof(float)) == 0) {
+              return absl::OkStatus();
+            }
+            size_t i = 0;
+            while (std::memcmp(&theirs[i], &ours[i], sizeof(float)) == 0) ++i;
+            out.first_difference = std::min(out.first_difference, r.begin + i);
+            return absl::OkStatus();
+          }));
+  return out;
 }
 
 absl::StatusOr<absl::Duration> RenewLease(v1::Aggregator::Stub* stub,

@@ -6,14 +6,18 @@
 #ifndef CO2_CLIENT_SHARD_CALLS_H_
 #define CO2_CLIENT_SHARD_CALLS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "co2/v1/aggregator.grpc.pb.h"
+#include "common/layout.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -38,14 +42,36 @@ absl::StatusOr<uint64_t> SeedAnchor(v1::Aggregator::Stub* stub,
                                     absl::Span<const float> range,
                                     absl::Time deadline);
 
+// Streams the shard's anchor (`elements` long, its whole range) with Fetch
+// and hands each chunk, validated (size, NaN/Inf), to `visit` with its
+// element range; returns the anchor round. An error from `visit` cancels the
+// call and is returned; chunks of different anchor rounds are INTERNAL; a
+// stream that ends before every chunk arrived is DATA_LOSS.
+absl::StatusOr<uint64_t> FetchAnchorChunks(
+    v1::Aggregator::Stub* stub, const std::string& job,
+    const std::string& worker_id, size_t elements, absl::Time deadline,
+    absl::FunctionRef<absl::Status(common::Range, const std::string&)> visit);
+
 // Downloads the shard's anchor into `range` (the shard's whole range) with
-// Fetch; returns its round. Every chunk is validated (size, NaN/Inf) before
-// it is written; a stream that ends before every chunk arrived is DATA_LOSS.
+// Fetch; returns its round.
 absl::StatusOr<uint64_t> FetchAnchor(v1::Aggregator::Stub* stub,
                                      const std::string& job,
                                      const std::string& worker_id,
                                      absl::Span<float> range,
                                      absl::Time deadline);
+
+// The shard's anchor against `range` (the shard's whole range), bit for bit,
+// one chunk at a time (one chunk of scratch).
+struct AnchorComparison {
+  uint64_t anchor_round = 0;  // the round of the shard's anchor
+  // The first element (within the range) whose bits differ; SIZE_MAX if none.
+  size_t first_difference = SIZE_MAX;
+};
+absl::StatusOr<AnchorComparison> CompareAnchor(v1::Aggregator::Stub* stub,
+                                               const std::string& job,
+                                               const std::string& worker_id,
+                                               absl::Span<const float> range,
+                                               absl::Time deadline);
 
 // Renews this worker's lease on the shard; returns the lease the shard grants.
 absl::StatusOr<absl::Duration> RenewLease(v1::Aggregator::Stub* stub,

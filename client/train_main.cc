@@ -74,6 +74,13 @@ ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(60),
 ABSL_FLAG(bool, hash_params, true,
           "Hash the parameters after every round to check that all ranks agree "
           "(one pass over the model per round).");
+ABSL_FLAG(bool, verify_final_anchor, true,
+          "Each worker checks its final model against the shards' anchor at "
+          "the end and fails if it differs (one download of the model).");
+ABSL_FLAG(std::string, inject_fault, "",
+          "Testing (the fault suite): WORKER:WHAT fails that worker's first "
+          "process at one point; WHAT is kill_in_round=R, kill_before_finish, "
+          "kill_after_finish or flip_final_bit (client/trainer.h).");
 ABSL_FLAG(std::string, report, "", "Write the JSON report here.");
 ABSL_FLAG(std::string, run_dir, "", "Scratch directory (default: a fresh one in /tmp).");
 ABSL_FLAG(bool, progress, true, "Show the one-line progress display.");
@@ -138,6 +145,8 @@ co2::client::TrainerOptions ReadOptions() {
   o.group_timeout = absl::GetFlag(FLAGS_group_timeout);
   o.group_address = absl::GetFlag(FLAGS_group_address);
   o.hash_params = absl::GetFlag(FLAGS_hash_params);
+  o.verify_final_anchor = absl::GetFlag(FLAGS_verify_final_anchor);
+  o.inject_fault = absl::GetFlag(FLAGS_inject_fault);
   o.round_timeout = absl::GetFlag(FLAGS_round_timeout);
   o.report = absl::GetFlag(FLAGS_report);
   o.run_dir = absl::GetFlag(FLAGS_run_dir);

@@ -1,21 +1,25 @@
 #include "client/trainer.h"
 
+#include <signal.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/aggregator_client.h"
 #include "client/batches.h"
 #include "client/char_corpus.h"
 #include "client/co2_optimizer.h"
-#include "client/worker_metrics.h"
 #include "client/fashion_mnist.h"
 #include "client/flat_params.h"
 #include "client/intra_node_group.h"
@@ -23,8 +27,10 @@
 #include "client/run_report.h"
 #include "client/task_data.h"
 #include "client/torch_status.h"
+#include "client/worker_metrics.h"
 #include "common/codec.h"
 #include "common/job_config.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/tls_config.h"
 
@@ -103,7 +109,47 @@ GroupOptions MakeGroup(const TrainerOptions& o, int rank, int size,
   return g;
 }
 
+// inject_fault: dies as kill -9 would, with a log line saying where.
+[[noreturn]] void KillSelf(const std::string& where) {
+  CO2_LOG(WARNING) << "inject_fault: SIGKILL " << where;
+  std::fflush(nullptr);
+  raise(SIGKILL);
+  std::abort();
+}
+
 }  // namespace
+
+absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec) {
+  InjectedFault f;
+  if (spec.empty()) return f;
+  const std::pair<absl::string_view, absl::string_view> parts =
+      absl::StrSplit(spec, absl::MaxSplits(':', 1));
+  if (!absl::SimpleAtoi(parts.first, &f.worker) || f.worker < 0) {
+    return Bad("inject_fault", absl::StrCat("must be WORKER:WHAT, got '", spec,
+                                            "' (bad worker)"));
+  }
+  absl::string_view what = parts.second;
+  if (absl::ConsumePrefix(&what, "kill_in_round=")) {
+    f.kind = InjectedFault::Kind::kKillInRound;
+    if (!absl::SimpleAtoi(what, &f.round) || f.round < 0) {
+      return Bad(
+          "inject_fault",
+          absl::StrCat("kill_in_round needs a round >= 0, got '", spec, "'"));
+    }
+  } else if (what == "kill_before_finish") {
+    f.kind = InjectedFault::Kind::kKillBeforeFinish;
+  } else if (what == "kill_after_finish") {
+    f.kind = InjectedFault::Kind::kKillAfterFinish;
+  } else if (what == "flip_final_bit") {
+    f.kind = InjectedFault::Kind::kFlipFinalBit;
+  } else {
+    return Bad("inject_fault",
+               absl::StrCat("unknown fault in '", spec,
+                            "' (kill_in_round=R, kill_before_finish, "
+                            "kill_after_finish, flip_final_bit)"));
+  }
+  return f;
+}
 
 absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
   CO2_ASSIGN_OR_RETURN(Task task, ParseTask(o.task));
@@ -155,6 +201,7 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
                "shards (--aggregators); embedded shards are plaintext");
   }
   CO2_RETURN_IF_ERROR(common::ParseCodec(o.codec).status());
+  CO2_RETURN_IF_ERROR(ParseInjectedFault(o.inject_fault).status());
   CO2_ASSIGN_OR_RETURN(Algo algo, ParseAlgo(o.algo));
   CO2_ASSIGN_OR_RETURN(v1::JobConfig config, MakeJobConfig(o, algo));
   config.set_num_parameters(1);
@@ -198,6 +245,8 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
   const int rank = worker * o.local_ranks + local_rank;
   const bool leader = local_rank == 0;
   at::set_num_threads(o.threads);
+  CO2_ASSIGN_OR_RETURN(InjectedFault fault, ParseInjectedFault(o.inject_fault));
+  if (fault.worker != worker || o.rejoin) fault = InjectedFault();
 
   TaskData data;
   CO2_RETURN_IF_ERROR(LoadTaskData(o, task, rank, world, data));
@@ -283,6 +332,9 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
   opts.push_timeout = o.update_timeout;
   opts.uplink_codec = uplink;
   opts.hash_params = o.hash_params;
+  opts.verify_final_anchor = o.verify_final_anchor;
+  const int64_t total_rounds = (total_steps + o.tau - 1) / o.tau;
+  opts.rounds = static_cast<uint64_t>(total_rounds);
   CO2_ASSIGN_OR_RETURN(
       std::unique_ptr<Co2Optimizer> co2,
       Co2Optimizer::Create(opts, flat.get(), inner.get(), std::move(client),
@@ -291,7 +343,6 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
   const bool reporter = worker == 0 && leader;
   FILE* progress = nullptr;
   if (reporter) progress = std::fopen(ProgressPath(o.run_dir).c_str(), "a");
-  const int64_t total_rounds = (total_steps + o.tau - 1) / o.tau;
   RankReport report;
   report.worker = worker;
   report.local_rank = local_rank;
@@ -377,11 +428,29 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
       status = TorchExceptionToStatus("backward");
       break;
     }
+    if (fault.kind == InjectedFault::Kind::kKillInRound &&
+        step == std::min(total_steps, (fault.round + 1) * o.tau) - 1) {
+      KillSelf(absl::StrCat("in round ", fault.round, " before its boundary"));
+    }
     status = co2->Step();
     if (status.ok()) status = record_rounds();
   }
+  if (status.ok() && fault.kind == InjectedFault::Kind::kKillBeforeFinish) {
+    KillSelf("before Finish");
+  }
   if (status.ok()) status = co2->Finish();
   if (status.ok()) status = record_rounds();
+  if (status.ok() && fault.kind == InjectedFault::Kind::kKillAfterFinish) {
+    KillSelf("after Finish");
+  }
+  if (status.ok() && fault.kind == InjectedFault::Kind::kFlipFinalBit) {
+    uint32_t bits;
+    float* x = flat->params().data_ptr<float>();
+    std::memcpy(&bits, x, sizeof(bits));
+    bits ^= 1;
+    std::memcpy(x, &bits, sizeof(bits));
+    CO2_LOG(WARNING) << "inject_fault: flipped the lowest bit of parameter 0";
+  }
   if (progress != nullptr) std::fclose(progress);
   CO2_RETURN_IF_ERROR(status);
   report.train_s = absl::ToDoubleSeconds(absl::Now() - train_start);

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace co2::client {
@@ -78,6 +80,9 @@ struct TrainerOptions {
   // Hash the parameters after every round so that the report can show every
   // rank agrees; one pass over the model per round (off for benchmarks).
   bool hash_params = true;
+  // At the end, each worker checks its final anchor against the shards'
+  // (Co2OptimizerOptions::verify_final_anchor; one download of the model).
+  bool verify_final_anchor = true;
   absl::Duration round_timeout = absl::Seconds(60);  // embedded shards
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.
@@ -93,7 +98,30 @@ struct TrainerOptions {
   // Worker leaders serve Prometheus metrics (client/worker_metrics.h) on
   // port metrics_port + worker; 0 picks free ports, -1 serves none.
   int metrics_port = -1;
+  // Testing seam of the fault suite (tests/fault_training_test.sh):
+  // "WORKER:WHAT" makes that worker's first process (not a --rejoin) fail
+  // at one exact point. WHAT is kill_in_round=R (SIGKILL after the inner
+  // steps of round R, before its boundary), kill_before_finish (its last Δ
+  // pushed, the last update not applied), kill_after_finish (final anchor
+  // applied and verified, no report written) or flip_final_bit (one bit of
+  // its final model flipped after the check, before the report). "" = none.
+  std::string inject_fault;
 };
+
+// A parsed TrainerOptions::inject_fault.
+struct InjectedFault {
+  enum class Kind {
+    kNone,
+    kKillInRound,
+    kKillBeforeFinish,
+    kKillAfterFinish,
+    kFlipFinalBit
+  };
+  Kind kind = Kind::kNone;
+  int worker = -1;
+  int64_t round = 0;  // kKillInRound
+};
+absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec);
 
 // Checks ranges and names (INVALID_ARGUMENT naming the flag and value).
 absl::Status ValidateTrainerOptions(const TrainerOptions& options);

@@ -5,13 +5,14 @@
 #include "client/co2_optimizer.h"
 
 #include <stdlib.h>
-
 #include <torch/torch.h>
 
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,9 +22,13 @@
 #include "client/flat_params.h"
 #include "client/intra_node_group.h"
 #include "common/job_config.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/aggregator_server.h"
+#include "server/job_registry.h"
+#include "server/job_shard.h"
+#include "tests/wait_for.h"
 
 namespace co2::client {
 namespace {
@@ -47,6 +52,14 @@ class Shards {
     for (auto& s : servers_) s->Shutdown(absl::Seconds(1));
   }
   const std::vector<std::string>& addresses() const { return addresses_; }
+  // The round of shard `index`'s anchor of `job` (0 before the job exists).
+  uint64_t AnchorRound(int index, const std::string& job) const {
+    absl::StatusOr<server::JobShard*> shard =
+        servers_[index]->registry()->Find(job);
+    uint64_t round = 0;
+    if (shard.ok()) (*shard)->AnchorForTesting(&round);
+    return round;
+  }
 
  private:
   std::vector<std::unique_ptr<server::AggregatorServer>> servers_;
@@ -234,6 +247,7 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
     Co2OptimizerOptions options;
     options.algo = param.algo;
     options.tau = kTau;
+    options.rounds = kRounds;
     options.hash_params = true;
     auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
                                     std::move(*client), nullptr, nullptr);
@@ -398,63 +412,167 @@ TEST(Co2OptimizerTest, DdpAllReducesGradientsAcrossAllRanks) {
 }
 
 // ---------------------------------------------------------------------------
-// A worker that joins a running job (a restarted one) fetches A_s, applies
-// the update of round s − 1 at its first boundary and ends with the anchor
-// of the worker that never stopped.
+// A worker that joins a running job (a restarted one) fetches A_s and owes
+// the update of round s − 1, also when s − 1 is the job's last round and it
+// computes no round itself: whatever moment it joins at, it ends with the
+// closed-form final anchor, the same bits as the worker that never stopped,
+// and Finish's check against the shards passes. Both workers have c = 1, so
+// every round's mean is τ whoever takes part, and one thread interleaves
+// their inner steps (the one in the lower round goes first), so the moment
+// is exact: worker 1 joins after `join_after_steps` steps of worker 0, once
+// the shards closed every round worker 0 finished.
 
-TEST(Co2OptimizerTest, AWorkerJoiningARunningJobEndsWithTheSameAnchor) {
-  constexpr int kTau = 2;
-  constexpr int kRounds = 8;
-  constexpr int kJoinAfter = 3;  // rounds worker 0 trains alone
-  Shards shards(1);
-  ASSERT_EQ(shards.addresses().size(), 1u);
-  std::atomic<int> rounds_done{0};
-  std::atomic<bool> joined{false};
-  std::vector<std::string> errors(2);
-  std::vector<uint64_t> final_hash(2), start_round(2);
-  RunThreads(2, [&](int i) {
-    if (i == 1) {
-      while (rounds_done.load() < kJoinAfter) std::this_thread::yield();
-    }
-    torch::Tensor w = torch::zeros({1000}).requires_grad_(true);
-    auto flat = FlatParams::Create({w});
-    if (!flat.ok()) return void(errors[i] = flat.status().ToString());
-    torch::optim::SGD inner({w}, torch::optim::SGDOptions(1.0));
-    auto client = AggregatorClient::Connect(
-        MakeClientOptions(shards, "late", absl::StrCat("w", i), Algo::kCo2,
-                          0.5f, kTau),
-        (*flat)->ParamSpan());
-    if (i == 1) joined = true;
-    if (!client.ok()) return void(errors[i] = client.status().ToString());
+struct JoinCase {
+  const char* name;
+  int join_after_steps;  // of worker 0; -1: after worker 0 finished and left
+  uint64_t start_round;  // the round worker 1 starts at
+};
+
+void PrintTo(const JoinCase& c, std::ostream* os) { *os << c.name; }
+
+class JoinMomentTest : public ::testing::TestWithParam<JoinCase> {};
+
+constexpr int kJoinTau = 2;
+constexpr int kJoinRounds = 6;  // rounds 0..5
+
+TEST_P(JoinMomentTest, TheJoiningWorkerEndsOnTheFinalAnchor) {
+  const JoinCase param = GetParam();
+  constexpr int64_t kParams = 65536 + 1000;  // spans both shards
+  constexpr int kSteps = kJoinTau * kJoinRounds;
+  constexpr float kBeta = 0.5f;
+  Shards shards(2);
+  ASSERT_EQ(shards.addresses().size(), 2u);
+  const std::string job = absl::StrCat("join-", param.name);
+  const float expected =
+      ExpectedAnchors(Algo::kCo2, kBeta, kJoinTau, kJoinRounds).back();
+
+  struct Worker {
+    torch::Tensor w;
+    std::unique_ptr<FlatParams> flat;
+    std::unique_ptr<torch::optim::SGD> inner;
+    std::unique_ptr<Co2Optimizer> opt;
+    int steps = 0;  // inner steps taken, counted from round 0
+  };
+  auto connect = [&](int i, Worker& worker) -> absl::Status {
+    worker.w = torch::zeros({kParams}).requires_grad_(true);
+    CO2_ASSIGN_OR_RETURN(worker.flat, FlatParams::Create({worker.w}));
+    worker.inner = std::make_unique<torch::optim::SGD>(
+        std::vector<torch::Tensor>{worker.w}, torch::optim::SGDOptions(1.0));
+    CO2_ASSIGN_OR_RETURN(
+        std::unique_ptr<AggregatorClient> client,
+        AggregatorClient::Connect(
+            MakeClientOptions(shards, job, absl::StrCat("w", i), Algo::kCo2,
+                              kBeta, kJoinTau),
+            worker.flat->ParamSpan()));
     Co2OptimizerOptions options;
-    options.tau = kTau;
+    options.tau = kJoinTau;
+    options.rounds = kJoinRounds;
     options.update_timeout = absl::Seconds(10);  // fail, do not hang
-    auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
-                                    std::move(*client), nullptr, nullptr);
-    if (!opt.ok()) return void(errors[i] = opt.status().ToString());
-    start_round[i] = (*opt)->round();
-    const torch::Tensor c = torch::full({1000}, 0.5f + i);
-    for (int step = start_round[i] * kTau; step < kTau * kRounds; ++step) {
-      (*opt)->ZeroGrad();
-      (w * c).sum().backward();
-      absl::Status s = (*opt)->Step();
-      if (!s.ok()) return void(errors[i] = s.ToString());
-      if (i == 0 && step % kTau == kTau - 1) {
-        ++rounds_done;
-        // Wait for worker 1 to join before going on alone.
-        while (rounds_done.load() >= kJoinAfter && !joined.load()) {
-          std::this_thread::yield();
-        }
-      }
-    }
-    absl::Status s = (*opt)->Finish();
-    if (!s.ok()) return void(errors[i] = s.ToString());
-    final_hash[i] = (*opt)->ParamsHash();
-  });
-  EXPECT_EQ(errors[0], "");
-  EXPECT_EQ(errors[1], "");
-  EXPECT_GT(start_round[1], 0u) << "worker 1 did not join a running job";
-  EXPECT_EQ(final_hash[0], final_hash[1]);
+    CO2_ASSIGN_OR_RETURN(
+        worker.opt,
+        Co2Optimizer::Create(options, worker.flat.get(), worker.inner.get(),
+                             std::move(client), nullptr, nullptr));
+    worker.steps = static_cast<int>(worker.opt->round()) * kJoinTau;
+    return absl::OkStatus();
+  };
+  auto step = [&](Worker& worker) -> absl::Status {
+    worker.opt->ZeroGrad();
+    worker.w.sum().backward();
+    ++worker.steps;
+    return worker.opt->Step();
+  };
+  // The anchor round of shard `i` once every round worker 0 finished closed.
+  auto closed_through = [&](int rounds_done) {
+    const uint64_t want = rounds_done == 0 ? 0 : rounds_done + 1;
+    return co2::testing::WaitFor(
+        [&] {
+          for (int i = 0; i < 2; ++i) {
+            if (shards.AnchorRound(i, job) != want) return false;
+          }
+          return true;
+        },
+        absl::Seconds(10));
+  };
+
+  Worker w0, w1;
+  ASSERT_TRUE(connect(0, w0).ok());
+  const int join_after =
+      param.join_after_steps < 0 ? kSteps : param.join_after_steps;
+  while (w0.steps < join_after) ASSERT_TRUE(step(w0).ok());
+  if (param.join_after_steps < 0) {
+    ASSERT_TRUE(w0.opt->Finish().ok());
+    ASSERT_TRUE(closed_through(kJoinRounds));
+  } else {
+    ASSERT_TRUE(closed_through(w0.steps / kJoinTau));
+  }
+  const absl::Status joined = connect(1, w1);
+  ASSERT_TRUE(joined.ok()) << joined;
+  EXPECT_EQ(w1.opt->round(), param.start_round);
+  // Never block: the worker in the lower round steps first.
+  while (w0.steps < kSteps || w1.steps < kSteps) {
+    Worker& next =
+        w1.steps >= kSteps || (w0.steps < kSteps &&
+                               w0.steps / kJoinTau <= w1.steps / kJoinTau)
+            ? w0
+            : w1;
+    const absl::Status s = step(next);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  if (param.join_after_steps >= 0) {
+    const absl::Status s = w0.opt->Finish();
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  const absl::Status finished = w1.opt->Finish();
+  ASSERT_TRUE(finished.ok()) << finished;
+  EXPECT_TRUE(AllEqual(w1.flat->params(), expected));
+  EXPECT_TRUE(AllEqual(w0.flat->params(), expected));
+  EXPECT_EQ(w1.opt->ParamsHash(), w0.opt->ParamsHash());
+  EXPECT_EQ(w1.opt->anchor_round(), kJoinRounds + 1u);
+  EXPECT_EQ(w0.opt->anchor_round(), kJoinRounds + 1u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Moments, JoinMomentTest,
+    ::testing::Values(
+        JoinCase{"first_round", 1, 0},
+        JoinCase{"middle_round", 3 * kJoinTau + 1, 4},
+        JoinCase{"round_before_the_last", (kJoinRounds - 2) * kJoinTau + 1,
+                 kJoinRounds - 1},
+        JoinCase{"last_round", (kJoinRounds - 1) * kJoinTau + 1, kJoinRounds},
+        JoinCase{"during_finish", kJoinRounds* kJoinTau, kJoinRounds + 1},
+        JoinCase{"after_the_others_left", -1, kJoinRounds + 1}),
+    [](const ::testing::TestParamInfo<JoinCase>& info) {
+      return std::string(info.param.name);
+    });
+
+// VerifyAnchor tells a worker whose anchor is not the shards' which element
+// and which hashes differ, and an anchor of another round apart from one
+// with other bits.
+TEST(Co2OptimizerTest, VerifyAnchorNamesTheDifference) {
+  constexpr int64_t kParams = 65536 + 1000;
+  Shards shards(2);
+  ASSERT_EQ(shards.addresses().size(), 2u);
+  std::vector<float> anchor(kParams, 0.25f);
+  auto client = AggregatorClient::Connect(
+      MakeClientOptions(shards, "verify", "w0", Algo::kCo2, 0, 2),
+      absl::MakeSpan(anchor));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  EXPECT_TRUE((*client)->VerifyAnchor(anchor, 0, deadline).ok());
+
+  const absl::Status round = (*client)->VerifyAnchor(anchor, 3, deadline);
+  EXPECT_EQ(round.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(round.message(),
+              ::testing::HasSubstr("anchor of round 0, this worker that of "
+                                   "round 3 with the same bits"));
+
+  anchor[65536 + 7] = std::nextafter(0.25f, 1.0f);
+  const absl::Status bits = (*client)->VerifyAnchor(anchor, 0, deadline);
+  EXPECT_EQ(bits.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(bits.message(), ::testing::HasSubstr("shard 1"));
+  EXPECT_THAT(bits.message(),
+              ::testing::HasSubstr("first different at element 65543"));
+  EXPECT_THAT(bits.message(), ::testing::HasSubstr("FNV-1a of the range"));
 }
 
 // ---------------------------------------------------------------------------
@@ -474,6 +592,7 @@ TEST(Co2OptimizerTest, LeaderHoldsOnlyParamsGradsAnchorStateAndClientBuffers) {
   Co2OptimizerOptions options;
   options.algo = Algo::kCo2;
   options.tau = 2;
+  options.rounds = 2;
   auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
                                   std::move(*client), nullptr, nullptr);
   ASSERT_TRUE(opt.ok()) << opt.status();
@@ -510,7 +629,12 @@ TEST(Co2OptimizerTest, RejectsInconsistentSetups) {
                 .code(),
             absl::StatusCode::kInvalidArgument);
   options.tau = 2;
-  options.algo = Algo::kCo2;  // a leader without a client
+  options.algo = Algo::kCo2;  // without the job's rounds
+  auto no_rounds = Co2Optimizer::Create(options, flat->get(), &inner, nullptr,
+                                        nullptr, nullptr);
+  EXPECT_EQ(no_rounds.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(no_rounds.status().message(), ::testing::HasSubstr("rounds"));
+  options.rounds = 4;  // a leader without a client
   auto no_client = Co2Optimizer::Create(options, flat->get(), &inner, nullptr,
                                         nullptr, nullptr);
   EXPECT_EQ(no_client.status().code(), absl::StatusCode::kInvalidArgument);

@@ -20,6 +20,18 @@
 #                   shards by a veth pair; the link goes down for longer than
 #                   the keepalive (streams break) and comes back (needs
 #                   root); a worker left behind is restarted as above
+#   worker_kill_first_round, worker_kill_middle_round,
+#   worker_kill_round_before_last, worker_kill_last_round
+#                   a worker kills itself with SIGKILL at that exact round,
+#                   after its inner steps and before its boundary
+#                   (co2-train --inject_fault); the launcher restarts it
+#   worker_kill_before_finish
+#                   the same with its last Δ pushed, before Finish applies
+#                   the last update: it rejoins once the others are finishing
+#                   or gone
+#   worker_kill_after_finish
+#                   the same after Finish, before its report: it rejoins
+#                   after the others left, with no round to compute
 #
 # After each: training completes; every worker's final model hash equals the
 # hash of the anchor in the shards' checkpoints (co2-checkpoint); every
@@ -284,6 +296,29 @@ case $SCENARIO in
     grep -q "reconnecting" "$WORK"/run-fault/rank-*.log ||
       fail "no worker log says it reconnected"
     ;;
+  worker_kill_*)
+    # The victim dies at an exact point of its own run (no race with a
+    # poll); worker 0 is the one whose report gives the final accuracy.
+    case $SCENARIO in
+      worker_kill_first_round) victim=1 fault=kill_in_round=0 ;;
+      worker_kill_middle_round) victim=1 fault=kill_in_round=$((ROUNDS / 2)) ;;
+      worker_kill_round_before_last) victim=1 fault=kill_in_round=$((ROUNDS - 2)) ;;
+      # A deadline longer than the restart keeps the last round open until
+      # the victim is back: it rejoins at the round after it and computes
+      # nothing, the case where the last update is owed in Finish.
+      worker_kill_last_round) victim=0 fault=kill_in_round=$((ROUNDS - 1)) deadline=60s ;;
+      worker_kill_before_finish) victim=1 fault=kill_before_finish ;;
+      worker_kill_after_finish) victim=0 fault=kill_after_finish ;;
+      *) fail "unknown scenario '$SCENARIO'" ;;
+    esac
+    start_training fault --max_restarts=1 --inject_fault="$victim:$fault" \
+      --round_timeout="${deadline:-$ROUND_TIMEOUT}"
+    finish_training fault
+    grep -q "inject_fault: SIGKILL" "$WORK/run-fault/rank-$victim-0.log" ||
+      fail "worker $victim did not kill itself ($fault)"
+    grep -q "restarting it" "$WORK/train-fault.out" || fail "the launcher did not restart worker $victim"
+    log "worker $victim: $(grep -o 'starting at round [0-9]*' "$WORK/run-fault/rank-$victim-0.log" | tail -1) after $fault"
+    ;;
   worker_restart)
     start_training fault --max_restarts=1
     wait_round fault $((4 + RANDOM % 10))
@@ -327,7 +362,7 @@ case $SCENARIO in
       fail "no worker log says its stream broke and reconnected"
     ;;
   *)
-    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | worker_stop | link_cut)"
+    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | worker_stop | link_cut | worker_kill_*)"
     ;;
 esac
 log "disturbed run took $((SECONDS - START)) s"

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -138,6 +139,13 @@ TEST(RunReportTest, ARankRestartedAfterTheLastRoundReportsNone) {
   ASSERT_TRUE(summary.ok());
   EXPECT_FALSE(summary->params_identical);
   EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("final model"));
+  // Every rank with its hash, so that a user sees which one is off.
+  for (const RankReport& r : ranks) {
+    EXPECT_THAT(
+        summary->first_difference,
+        ::testing::HasSubstr(absl::StrCat("worker ", r.worker, " rank ",
+                                          r.local_rank, " ", r.final_hash)));
+  }
 }
 
 TEST(RunReportTest, CurveMatchesRoundsByNumber) {

@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
   if (!connected.ok()) return Fail(connected.status());
   cc::Co2OptimizerOptions options;
   options.tau = tau;
+  options.rounds =
+      rounds;  // the job's rounds: the last update is owed to every worker
   options.samples_per_step = batch;
   auto co2 = cc::Co2Optimizer::Create(options, flat->get(), &inner,
                                       std::move(*connected), nullptr, nullptr);

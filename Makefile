@@ -15,7 +15,7 @@ PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libgtest-dev libgmock-dev libbenchmark-dev libtorch-dev libgloo-dev \
   prometheus-cpp-dev prometheus dataset-fashion-mnist fortunes \
   iperf3 iproute2 gnuplot-nox \
-  clang libclang-rt-14-dev openssl
+  clang libclang-rt-14-dev openssl curl
 # LibTorch's CPU matrix products go through the system BLAS, which is
 # Debian's reference implementation unless an optimised one is installed:
 # OpenBLAS (its OpenMP build follows co2-train --threads) makes the demo's
@@ -70,7 +70,9 @@ test-all: build
 
 # Fashion-MNIST, 4 workers: CO2 and then DDP, final test accuracy side by side
 # (scripts/demo.sh; DEMO_ARGS adds co2-train flags to both runs).
-demo: build
+# Builds only co2-train (the tests and benchmarks are left for `make test`).
+demo: configure
+	cmake --build $(BUILD) -j $(JOBS) --target co2-train
 	scripts/demo.sh $(BUILD) $(DEMO_ARGS)
 
 bench: build

@@ -55,11 +55,7 @@ class AggregatorClient::Impl : public AnchorSource {
   explicit Impl(ClientOptions options) : options_(std::move(options)) {}
 
   ~Impl() {
-    {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
-    }
-    if (heartbeat_.joinable()) heartbeat_.join();
+    StopHeartbeat();
     // The stream threads may read the anchor (ReadAnchor): stop them while
     // anchor_mu_ exists.
     for (Shard& shard : shards_) shard.stream.reset();
@@ -299,6 +295,9 @@ class AggregatorClient::Impl : public AnchorSource {
   }
 
   absl::Status Leave(absl::Time deadline) {
+    // A lease renewed after the Leave would be refused: the worker is no
+    // longer a member, and the end of a job is no error.
+    StopHeartbeat();
     absl::Status result;
     for (uint32_t i = 0; i < shards_.size(); ++i) {
       grpc::ClientContext context;
@@ -438,6 +437,14 @@ class AggregatorClient::Impl : public AnchorSource {
   // Renews the leases of the shards joined so far, every lease / 3. A call
   // gets no longer than that interval, so that one unreachable shard (a cut
   // link answers nothing) cannot let the others' leases run out.
+  void StopHeartbeat() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
   void HeartbeatLoop() {
     absl::Duration interval = absl::Seconds(1);
     while (true) {

@@ -105,23 +105,24 @@ struct Progress {
   bool valid = false;
 };
 
-Progress ReadProgress(const std::string& path, double last_metric) {
-  Progress p;
+// Every progress line in the file, in order; a line's missing metric (-1)
+// is the last one before it.
+std::vector<Progress> ReadProgress(const std::string& path) {
+  std::vector<Progress> all;
   std::ifstream in(path);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
+  double last_metric = -1;
+  for (std::string line; std::getline(in, line);) {
     std::istringstream fields(line);
     Progress q;
     if (fields >> q.round >> q.total >> q.loss >> q.metric >> q.exposed >>
         q.elapsed) {
       if (q.metric >= 0) last_metric = q.metric;
+      q.metric = last_metric;
       q.valid = true;
-      p = q;
+      all.push_back(q);
     }
   }
-  if (p.valid && p.metric < 0) p.metric = last_metric;
-  return p;
+  return all;
 }
 
 std::string FormatMetric(const std::string& task, double metric) {
@@ -319,7 +320,7 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   size_t running = 0;
   for (const Child& c : children) running += c.running ? 1 : 0;
   bool interrupted = false;
-  double last_metric = -1;
+  size_t progress_seen = 0;  // lines of the progress file already shown
   while (failure.ok() && running > 0) {
     timespec timeout{0, 250 * 1000 * 1000};
     const int sig = sigtimedwait(&signals, nullptr, &timeout);
@@ -360,18 +361,27 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
             Tail(c.log, 12)));
       }
     }
-    const Progress p = ReadProgress(ProgressPath(o.run_dir), last_metric);
-    if (p.metric >= 0) last_metric = p.metric;
-    const std::string line = ProgressLine(o, p);
-    if (line != last_line) {
-      if (live) {
+    const std::vector<Progress> progress =
+        ReadProgress(ProgressPath(o.run_dir));
+    if (live) {
+      const std::string line =
+          ProgressLine(o, progress.empty() ? Progress() : progress.back());
+      if (line != last_line) {
         std::fprintf(user, "\r\033[K%s", line.c_str());
-      } else if (p.valid && (p.round == p.total || p.round % 10 == 0)) {
-        std::fprintf(user, "%s\n", line.c_str());
+        last_line = line;
       }
-      last_line = line;
-      std::fflush(user);
+    } else {
+      // Not a terminal: a line every 10 rounds and at the last, each one
+      // even when several rounds passed between two polls.
+      for (size_t i = progress_seen; i < progress.size(); ++i) {
+        const Progress& p = progress[i];
+        if (p.round == p.total || p.round % 10 == 0) {
+          std::fprintf(user, "%s\n", ProgressLine(o, p).c_str());
+        }
+      }
     }
+    progress_seen = progress.size();
+    std::fflush(user);
   }
   if (live) std::fprintf(user, "\n");
   std::fflush(user);

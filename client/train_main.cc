@@ -7,11 +7,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "client/launcher.h"
 #include "client/trainer.h"
+#include "common/flags_help.h"
 #include "common/malloc_settings.h"
 
 ABSL_FLAG(std::string, task, "fashion-mnist", "fashion-mnist | charlm");
@@ -88,6 +88,8 @@ ABSL_FLAG(bool, keep_run_dir, false, "Keep the scratch directory and logs.");
 ABSL_FLAG(int, metrics_port, -1,
           "Worker leaders serve /metrics on this port + their worker index "
           "(0: free ports; -1: off).");
+ABSL_FLAG(std::string, metrics_host, "0.0.0.0",
+          "The address worker /metrics listen on (127.0.0.1: this host only).");
 ABSL_FLAG(std::string, role, "launcher", "Internal: launcher | worker.");
 ABSL_FLAG(int, worker, 0, "Internal: this process's worker.");
 ABSL_FLAG(int, local_rank, 0, "Internal: this process's local rank.");
@@ -153,6 +155,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.progress = absl::GetFlag(FLAGS_progress);
   o.keep_run_dir = absl::GetFlag(FLAGS_keep_run_dir);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   o.rejoin = absl::GetFlag(FLAGS_rejoin);
   o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   return o;
@@ -166,9 +169,13 @@ int main(int argc, char** argv) {
   // defaults each was fresh pages, and the wide model's CPU step took 1.3 x
   // as long (docs/performance.md, section 1).
   co2::common::KeepLargeBuffersInHeap();
-  absl::SetProgramUsageMessage(
-      "Runs a local CO2 training experiment: co2-train --task=fashion-mnist "
-      "--algo=co2 --workers=4 --tau=8 --epochs=1 --report=run.json");
+  co2::common::SetUpFlagsHelp(
+      __FILE__,
+      "trains a model with CO2 (or ddp, localsgd, slowmo) on worker "
+      "processes it starts.\n"
+      "  co2-train --task=fashion-mnist --algo=co2 --workers=4 --tau=8 "
+      "--epochs=1 --report=run.json",
+      argc, argv);
   const std::vector<std::string> args(argv + 1, argv + argc);
   const std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
   if (positional.size() > 1) {

@@ -319,7 +319,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
     CO2_ASSIGN_OR_RETURN(
         metrics,
         WorkerMetrics::Serve(
-            absl::StrCat("0.0.0.0:",
+            absl::StrCat(o.metrics_host, ":",
                          o.metrics_port == 0 ? 0 : o.metrics_port + worker),
             o.job.empty() ? "co2-train" : o.job,
             absl::StrCat("worker-", worker)));
@@ -350,6 +350,9 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
   report.metric_name =
       task == Task::kFashionMnist ? "test_accuracy" : "val_perplexity";
   double round_loss = 0;
+  // Batch, forward and backward of the round's steps: with the optimizer's
+  // own compute (gradient averaging, inner step) the whole inner steps.
+  absl::Duration round_work;
   const absl::Time train_start = absl::Now();
   absl::Status status = absl::OkStatus();
   // Records the rounds the optimizer closed since the last call. The drain
@@ -362,7 +365,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
       if (metrics != nullptr) {
         WorkerRoundSample sample;
         sample.inner_steps = s.steps;
-        sample.compute = s.compute;
+        sample.compute = round_work + s.compute;
         sample.exposed_comm = s.exposed_comm;
         sample.push = s.push;
         sample.bytes_sent = s.bytes_sent;
@@ -374,6 +377,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
       r.steps = s.steps;
       r.loss = s.steps > 0 ? round_loss / s.steps : 0;
       round_loss = 0;
+      round_work = absl::ZeroDuration();
       r.compute_s = absl::ToDoubleSeconds(s.compute);
       r.exposed_comm_s = absl::ToDoubleSeconds(s.exposed_comm);
       r.boundary_s = absl::ToDoubleSeconds(s.boundary);
@@ -401,6 +405,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
       std::min(total_steps, static_cast<int64_t>(co2->round()) * o.tau);
   SkipBatches(o, data, rank, world, first_step);
   for (int64_t step = first_step; step < total_steps && status.ok(); ++step) {
+    const absl::Time step_start = absl::Now();
     absl::StatusOr<Batch> batch = NextBatch(o, data, rank, world, step);
     if (!batch.ok()) {
       status = batch.status();
@@ -432,6 +437,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
         step == std::min(total_steps, (fault.round + 1) * o.tau) - 1) {
       KillSelf(absl::StrCat("in round ", fault.round, " before its boundary"));
     }
+    round_work += absl::Now() - step_start;
     status = co2->Step();
     if (status.ok()) status = record_rounds();
   }

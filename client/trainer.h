@@ -98,6 +98,7 @@ struct TrainerOptions {
   // Worker leaders serve Prometheus metrics (client/worker_metrics.h) on
   // port metrics_port + worker; 0 picks free ports, -1 serves none.
   int metrics_port = -1;
+  std::string metrics_host = "0.0.0.0";  // the address /metrics listens on
   // Testing seam of the fault suite (tests/fault_training_test.sh):
   // "WORKER:WHAT" makes that worker's first process (not a --rejoin) fail
   // at one exact point. WHAT is kill_in_round=R (SIGKILL after the inner

@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Serve(
     const std::string& worker) {
   common::MetricsServerOptions options;
   options.address = address;
+  options.program = "co2-train";
   CO2_ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsServer> server,
                        common::MetricsServer::Start(options));
   return std::unique_ptr<WorkerMetrics>(

@@ -6,6 +6,10 @@
 //   co2_worker_rounds_total                counter    boundaries passed
 //   co2_worker_inner_step_seconds          histogram  one sample per inner
 //                                                     step: the round's mean
+//                                                     of a whole step (batch,
+//                                                     forward, backward,
+//                                                     gradient averaging,
+//                                                     optimizer step)
 //   co2_worker_exposed_comm_seconds        histogram  per round: the wait
 //                                                     for outer updates
 //   co2_worker_exposed_comm_seconds_total  counter    the sum of those waits
@@ -37,7 +41,8 @@ namespace co2::client {
 // What one round boundary of a worker leader measured.
 struct WorkerRoundSample {
   int inner_steps = 0;     // inner steps in the round
-  absl::Duration compute;  // their total time (with intra-node collectives)
+  absl::Duration compute;  // their whole time: batch, forward, backward,
+                           // intra-node collectives, optimizer step
   absl::Duration exposed_comm;  // waiting for outer updates (the exposed part)
   absl::Duration push;          // in AggregatorClient::Push
   uint64_t bytes_sent = 0;      // contribution payload bytes of the round

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -117,7 +118,11 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
 }
 
 MetricsServer::MetricsServer(const MetricsServerOptions& options)
-    : options_(options), registry_(std::make_shared<prometheus::Registry>()) {}
+    : options_(options),
+      registry_(std::make_shared<prometheus::Registry>()),
+      process_(options.program.empty()
+                   ? nullptr
+                   : std::make_unique<ProcessCollector>(options.program)) {}
 
 MetricsServer::~MetricsServer() {
   if (thread_.joinable()) {
@@ -180,7 +185,14 @@ void MetricsServer::HandleConnection(int fd) {
   } else if (path != "/metrics") {
     response = Response("404 Not Found", "metrics are at /metrics\n", head);
   } else {
-    response = Response("200 OK", MetricsText(*registry_), head);
+    std::vector<prometheus::MetricFamily> families = registry_->Collect();
+    if (process_ != nullptr) {
+      for (prometheus::MetricFamily& f : process_->Collect()) {
+        families.push_back(std::move(f));
+      }
+    }
+    response = Response("200 OK",
+                        prometheus::TextSerializer().Serialize(families), head);
   }
   size_t sent = 0;
   while (sent < response.size()) {

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/process_metrics.h"
 #include "prometheus/registry.h"
 
 namespace co2::common {
@@ -36,6 +37,10 @@ struct MetricsServerOptions {
   // Longest time one connection may take to send its request and read the
   // reply; a slower client is dropped.
   absl::Duration io_timeout = absl::Seconds(5);
+  // The binary's name: every scrape also returns the process's process_*
+  // metrics and co2_build_info (common/process_metrics.h), from the first
+  // second. Empty: the registry alone.
+  std::string program;
 };
 
 class MetricsServer {
@@ -60,6 +65,7 @@ class MetricsServer {
 
   const MetricsServerOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<ProcessCollector> process_;  // null without a program
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: the destructor wakes the thread through it
   int port_ = 0;

@@ -13,12 +13,36 @@
 #include "common/fnv_hash.h"
 #include "server/checkpoint_store.h"
 
+namespace {
+
+constexpr char kUsage[] =
+    "usage: co2-checkpoint FILE...\n"
+    "  Prints what co2-aggregator checkpoint files hold, one line per file:\n"
+    "  job, shard, element range, rounds closed, live members. Given the\n"
+    "  <job>.shard-<i>-of-<S>.ckpt files of all S shards of one job (from\n"
+    "  each shard's --checkpoint_dir), in shard order, it also prints the\n"
+    "  FNV-1a hash of the whole anchor (anchor_fnv1a=), the hash co2-train\n"
+    "  reports as each worker's final_hash.\n"
+    "  Exit status: 0 done; 1 a file fails verification or the files are not\n"
+    "  one job's shards in order; 2 usage error.\n";
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg.size() > 1 && arg[0] == '-') {
+      std::fprintf(stderr, "co2-checkpoint: unknown option '%s'\n%s",
+                   arg.c_str(), kUsage);
+      return 2;
+    }
+  }
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: co2-checkpoint FILE...\n"
-                 "  (the <job>.shard-<i>-of-<S>.ckpt files of --checkpoint_dir;\n"
-                 "  all S of one job, in shard order, also hash the anchor)\n");
+    std::fputs(kUsage, stderr);
     return 2;
   }
   std::vector<co2::server::LoadedCheckpoint> loaded;

@@ -10,8 +10,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/flags_help.h"
 #include "common/logging.h"
 #include "common/malloc_settings.h"
 #include "common/metrics_server.h"
@@ -139,10 +139,13 @@ absl::Status ReadSecurityFlags(co2::server::AggregatorServerOptions* options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "co2-aggregator --shard_index=i --num_shards=S [--port=50051]\n"
+  co2::common::SetUpFlagsHelp(
+      __FILE__,
+      "one shard of the CO2 aggregation service.\n"
+      "  co2-aggregator --shard_index=i --num_shards=S [--port=50051]\n"
       "  --tls_cert=F --tls_key=F [--tls_client_ca=F] [--job_tokens_file=F]\n"
-      "  or --insecure (plaintext, trusted networks only)");
+      "  or --insecure (plaintext, trusted networks only)",
+      argc, argv);
   absl::ParseCommandLine(argc, argv);
   // Before any thread: every round allocates and frees buffers of 1–32 MiB;
   // with glibc's defaults rounds took 1.15–1.4 × as long, with a slightly
@@ -203,6 +206,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<co2::server::ShardMetrics> shard_metrics;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
     co2::common::MetricsServerOptions metrics_options;
+    metrics_options.program = "co2-aggregator";
     metrics_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":",
                                            absl::GetFlag(FLAGS_metrics_port));
     auto started = co2::common::MetricsServer::Start(metrics_options);

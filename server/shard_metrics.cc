@@ -177,15 +177,30 @@ void ShardMetrics::OnPoll(const std::string& job, const ShardPollEvent& event) {
   active_workers_.Add(labels).Set(static_cast<double>(event.live_workers));
   open_round_.Add(labels).Set(static_cast<double>(event.open_round));
   open_round_age_.Add(labels).Set(absl::ToDoubleSeconds(event.open_round_age));
-  // Present (at 0) from the job's first Poll, so that rate() and the alert
-  // have a series before the first miss.
   prometheus::Counter& misses = quorum_misses_.Add(labels);
   if (event.new_quorum_misses > 0) {
     misses.Increment(static_cast<double>(event.new_quorum_misses));
   }
-  // Likewise the checkpoint histogram (observed in OnCheckpointWritten),
-  // so shards without --checkpoint_dir show an empty one.
-  if (!checkpoint_duration_.Has(labels)) CheckpointDuration(job);
+  if (!checkpoint_duration_.Has(labels)) RegisterJobSeries(job);
+}
+
+void ShardMetrics::RegisterJobSeries(const std::string& job) {
+  // Every per-job counter a panel or an alert reads exists, at 0, from the
+  // job's first Poll: rate() and increase() see a series before the first
+  // event, and a panel shows 0 rather than "No data". The checkpoint
+  // histogram too, so shards without --checkpoint_dir show an empty one.
+  const Labels labels = {{"co2_job", job}};
+  CheckpointDuration(job);
+  rounds_completed_.Add(labels);
+  contributions_.Add(labels);
+  late_chunks_.Add(labels);
+  duplicate_chunks_.Add(labels);
+  quorum_closes_.Add(labels);
+  for (int r = 0; r <= static_cast<int>(RejectReason::kOther); ++r) {
+    rejected_chunks_.Add({{"co2_job", job},
+                          {"reason", std::string(RejectReasonName(
+                                         static_cast<RejectReason>(r)))}});
+  }
 }
 
 void ShardMetrics::OnCheckpointWritten(const std::string& job,

@@ -78,6 +78,8 @@ class ShardMetrics : public ShardObserver {
 
   prometheus::Histogram& RoundDuration(const std::string& job);
   prometheus::Histogram& CheckpointDuration(const std::string& job);
+  // Creates the job's counters (and checkpoint histogram) at 0.
+  void RegisterJobSeries(const std::string& job);
 
   Counters& rounds_completed_;
   Histograms& round_duration_;

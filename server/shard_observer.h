@@ -32,7 +32,7 @@ enum class RejectReason {
   kNotMember,          // the worker is not a live member (lease expired?)
   kEvicted,            // the worker was evicted (FAILED_PRECONDITION)
   kResourceExhausted,  // a limit
-  kOther,
+  kOther,              // the last: ShardMetrics registers every reason up to it
 };
 
 // The reason for a status a JobShard returned from Contribute (not OK).

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "prometheus/counter.h"
 #include "tests/http_get.h"
@@ -43,6 +44,38 @@ TEST(MetricsServerTest, ServesTheRegistryOnAnEphemeralPort) {
   // The same text as MetricsText, which tests use without HTTP.
   EXPECT_TRUE(absl::StrContains(MetricsText(server->registry()),
                                 "co2_test_events_total{kind=\"a\"} 3"));
+}
+
+// A process with nothing recorded yet still says what it is and what it
+// uses: /metrics is never empty.
+TEST(MetricsServerTest, ServesProcessMetricsAndBuildInfoFromTheStart) {
+  MetricsServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.program = "co2-test";
+  auto server = MetricsServer::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto body =
+      testing::HttpGet((*server)->port(), "/metrics", absl::Seconds(10));
+  ASSERT_TRUE(body.ok()) << body.status();
+  for (const char* series :
+       {"# TYPE process_cpu_seconds_total counter", "process_open_fds ",
+        "process_max_fds ", "process_resident_memory_bytes ",
+        "process_virtual_memory_bytes ", "process_start_time_seconds ",
+        "co2_build_info{program=\"co2-test\",version=\"",
+        "protocol_version=\"2\",codecs=\"fp32,bf16,int8\"} 1"}) {
+    EXPECT_TRUE(absl::StrContains(*body, series)) << series << "\n" << *body;
+  }
+  // The start time is this process's: within a day of now.
+  const size_t at = body->find("\nprocess_start_time_seconds ");
+  ASSERT_NE(at, std::string::npos);
+  const double start = std::stod(body->substr(at + 28));
+  EXPECT_NEAR(start, absl::ToUnixSeconds(absl::Now()), 86400);
+  // Without a program: the registry alone.
+  std::unique_ptr<MetricsServer> bare = StartOnFreePort();
+  ASSERT_NE(bare, nullptr);
+  auto empty = testing::HttpGet(bare->port(), "/metrics", absl::Seconds(10));
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_FALSE(absl::StrContains(*empty, "process_")) << *empty;
 }
 
 TEST(MetricsServerTest, ABusyPortIsUnavailable) {

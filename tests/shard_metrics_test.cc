@@ -251,6 +251,28 @@ TEST_F(ShardMetricsTest, QuorumMissesAndLeases) {
   EXPECT_EQ(Get("co2_aggregator_active_workers"), 0);
 }
 
+TEST_F(ShardMetricsTest, EveryJobCounterExistsAtZeroFromTheFirstPoll) {
+  Create(2);
+  EXPECT_TRUE(std::isnan(Get("co2_aggregator_late_chunks_total")));
+  shard_->Poll();
+  for (const char* name : {"co2_aggregator_rounds_completed_total",
+                           "co2_aggregator_contributions_total",
+                           "co2_aggregator_late_chunks_total",
+                           "co2_aggregator_duplicate_chunks_total",
+                           "co2_aggregator_quorum_closes_total",
+                           "co2_aggregator_quorum_misses_total"}) {
+    EXPECT_EQ(Get(name), 0) << name;
+  }
+  for (const char* reason :
+       {"invalid_argument", "non_finite", "stale", "ahead", "not_member",
+        "evicted", "resource_exhausted", "other"}) {
+    EXPECT_EQ(Get("co2_aggregator_rejected_chunks_total",
+                  {{"co2_job", "job"}, {"reason", reason}}),
+              0)
+        << reason;
+  }
+}
+
 TEST_F(ShardMetricsTest, CheckpointDurationIsRegisteredBeforeTheFirstWrite) {
   Create(2);
   shard_->Poll();

@@ -122,7 +122,7 @@ void FuzzExchange(const std::string& bytes, uint8_t knobs) {
   auto job = FreshJob(knobs);
   if (request.has_open()) {
     (void)job->UplinkCodec(request.open().worker_id());
-    job->Subscribe(std::make_shared<NullSink>(),
+    (void)job->Subscribe(std::make_shared<NullSink>(),
                    request.open().replay_from_round());
     return;
   }

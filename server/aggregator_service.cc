@@ -15,6 +15,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "server/exchange_wire.h"
+#include "server/rpc_wire.h"
 #include "server/token_auth.h"
 
 namespace co2::server {
@@ -46,6 +47,20 @@ grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// A unary call: parses the request, runs `handle` on it, and finishes with
+// its status and, when OK, the response it filled in serialised into `out`.
+template <typename Request, typename Response, typename Handle>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
+                                const grpc::ByteBuffer& in,
+                                grpc::ByteBuffer* out, Handle handle) {
+  Request request;
+  Response response;
+  absl::Status status = ParseRequest(in, &request);
+  if (status.ok()) status = handle(request, &response);
+  if (status.ok()) *out = SerializeMessage(response);
+  return FinishUnary(context, status);
+}
+
 absl::Status DoJoin(const grpc::CallbackServerContext* context,
                     JobRegistry* registry, const v1::JoinRequest& request,
                     v1::JoinResponse* response) {
@@ -74,20 +89,22 @@ absl::Status DoJoin(const grpc::CallbackServerContext* context,
   return absl::OkStatus();
 }
 
-// Receives A_0 chunk by chunk from the worker that was told to seed.
-class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
+// Receives A_0 (or a re-seed) chunk by chunk from the worker told to seed.
+// All or nothing: a stream that ends before its last chunk, or with an
+// error, leaves none of its chunks counted, so the seeder can retry.
+class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   SeedReactor(const grpc::CallbackServerContext* context, JobRegistry* registry,
-              v1::SeedResponse* response)
+              grpc::ByteBuffer* response)
       : context_(context), registry_(registry), response_(response) {
-    StartRead(&chunk_);
+    StartRead(&body_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
       absl::Status complete = Complete();
       if (!complete.ok()) {
-        Finish(common::ToGrpcStatus(complete));
+        Fail(complete);
         return;
       }
       // The seed is acknowledged once the anchor is durable, so a shard that
@@ -99,16 +116,23 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
     }
     absl::Status status = Accept();
     if (!status.ok()) {
-      Finish(common::ToGrpcStatus(status));
+      Fail(status);
       return;
     }
-    StartRead(&chunk_);
+    StartRead(&body_);
   }
 
   void OnDone() override { delete this; }
 
  private:
+  // Ends the call with `status`; the chunks this stream sent no longer count.
+  void Fail(const absl::Status& status) {
+    if (job_ != nullptr) job_->AbandonSeed(attempt_);
+    Finish(common::ToGrpcStatus(status));
+  }
+
   absl::Status Accept() {
+    CO2_RETURN_IF_ERROR(ParseRequest(body_, &chunk_));
     if (job_ == nullptr) {
       CO2_ASSIGN_OR_RETURN(job_,
                            FindJob(context_, registry_, chunk_.job(),
@@ -117,7 +141,7 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
     }
     CO2_RETURN_IF_ERROR(job_->SeedChunk(worker_, chunk_.chunk_index(),
                                         chunk_.anchor_round(),
-                                        chunk_.payload()));
+                                        chunk_.payload(), &attempt_));
     anchor_round_ = chunk_.anchor_round();
     ++received_;
     return absl::OkStatus();
@@ -127,35 +151,36 @@ class SeedReactor : public grpc::ServerReadReactor<v1::AnchorChunk> {
     if (job_ == nullptr || received_ != job_->num_chunks()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "seed ended after ", received_, " chunks of ",
-          job_ == nullptr ? 0 : job_->num_chunks()));
+          job_ == nullptr ? 0 : job_->num_chunks(),
+          "; nothing of it was kept: send the whole seed again"));
     }
-    response_->set_anchor_round(anchor_round_);
+    v1::SeedResponse response;
+    response.set_anchor_round(anchor_round_);
+    *response_ = SerializeMessage(response);
     return absl::OkStatus();
   }
 
   const grpc::CallbackServerContext* const context_;
   JobRegistry* const registry_;
-  v1::SeedResponse* const response_;
+  grpc::ByteBuffer* const response_;
+  grpc::ByteBuffer body_;
   v1::AnchorChunk chunk_;
   JobShard* job_ = nullptr;
   std::string worker_;
+  uint64_t attempt_ = 0;  // this stream's seed (SeedState::Accept)
   uint32_t received_ = 0;
   uint64_t anchor_round_ = 0;  // of the chunks received (JobShard checks them)
 };
 
-// Streams a snapshot of the anchor, one chunk per write. The snapshot's
-// messages are shared with the other fetches of the same anchor and written
-// as they are; gRPC serialises one chunk per write in flight.
-class FetchReactor : public grpc::ServerWriteReactor<v1::AnchorChunk> {
+// Streams a snapshot of the anchor, one chunk per write. The snapshot is
+// shared with the other fetches of the same anchor, and each write's payload
+// slice aliases it (rpc_wire.h): a fetch costs no copy of the anchor.
+class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(const grpc::CallbackServerContext* context,
-               JobRegistry* registry, const v1::FetchRequest& request) {
-    absl::StatusOr<JobShard*> job =
-        FindJob(context, registry, request.job(), request.worker_id());
+               JobRegistry* registry, const grpc::ByteBuffer& request) {
     absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> snapshot =
-        job.ok() ? (*job)->Fetch(request.worker_id())
-                 : absl::StatusOr<std::shared_ptr<const AnchorSnapshot>>(
-                       job.status());
+        Snapshot(context, registry, request);
     if (!snapshot.ok()) {
       Finish(common::ToGrpcStatus(snapshot.status()));
       return;
@@ -175,16 +200,29 @@ class FetchReactor : public grpc::ServerWriteReactor<v1::AnchorChunk> {
   void OnDone() override { delete this; }
 
  private:
+  static absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> Snapshot(
+      const grpc::CallbackServerContext* context, JobRegistry* registry,
+      const grpc::ByteBuffer& body) {
+    v1::FetchRequest request;
+    CO2_RETURN_IF_ERROR(ParseRequest(body, &request));
+    CO2_ASSIGN_OR_RETURN(JobShard * job, FindJob(context, registry,
+                                                 request.job(),
+                                                 request.worker_id()));
+    return job->Fetch(request.worker_id());
+  }
+
   void WriteNext() {
     if (next_ == snapshot_->chunks.size()) {
       Finish(grpc::Status::OK);
       return;
     }
-    StartWrite(&snapshot_->chunks[next_++]);
+    in_flight_ = SerializeAnchorChunk(snapshot_, next_++);
+    StartWrite(&in_flight_);
   }
 
   std::shared_ptr<const AnchorSnapshot> snapshot_;
   size_t next_ = 0;
+  grpc::ByteBuffer in_flight_;  // lives until its OnWriteDone
 };
 
 // One worker's long-lived stream to this shard: reads contributions, writes
@@ -360,8 +398,7 @@ class ExchangeReactor
                                    open.worker_id()));
       worker_ = open.worker_id();
       CO2_RETURN_IF_ERROR(job_->UplinkCodec(worker_).status());
-      job_->Subscribe(outbox_, open.replay_from_round());
-      return absl::OkStatus();
+      return job_->Subscribe(outbox_, open.replay_from_round());
     }
     if (job_ == nullptr) {
       return absl::InvalidArgumentError(
@@ -383,18 +420,22 @@ class ExchangeReactor
 }  // namespace
 
 grpc::ServerUnaryReactor* AggregatorService::Join(
-    grpc::CallbackServerContext* context, const v1::JoinRequest* request,
-    v1::JoinResponse* response) {
-  return FinishUnary(context, DoJoin(context, registry_, *request, response));
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Unary<v1::JoinRequest, v1::JoinResponse>(
+      context, *request, response,
+      [&](const v1::JoinRequest& join, v1::JoinResponse* joined) {
+        return DoJoin(context, registry_, join, joined);
+      });
 }
 
-grpc::ServerReadReactor<v1::AnchorChunk>* AggregatorService::Seed(
-    grpc::CallbackServerContext* context, v1::SeedResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* AggregatorService::Seed(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   return new SeedReactor(context, registry_, response);
 }
 
-grpc::ServerWriteReactor<v1::AnchorChunk>* AggregatorService::Fetch(
-    grpc::CallbackServerContext* context, const v1::FetchRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* AggregatorService::Fetch(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
   return new FetchReactor(context, registry_, *request);
 }
 
@@ -404,29 +445,36 @@ AggregatorService::Exchange(grpc::CallbackServerContext* context) {
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Heartbeat(
-    grpc::CallbackServerContext* context, const v1::HeartbeatRequest* request,
-    v1::HeartbeatResponse* response) {
-  absl::StatusOr<JobShard*> job =
-      FindJob(context, registry_, request->job(), request->worker_id());
-  absl::Status status =
-      job.ok() ? (*job)->Heartbeat(request->worker_id()) : job.status();
-  if (status.ok()) {
-    response->set_lease_ms(static_cast<uint32_t>(
-        absl::ToInt64Milliseconds(registry_->options().shard.lease)));
-    response->set_open_round((*job)->stats().rounds_closed);
-  }
-  return FinishUnary(context, status);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      context, *request, response,
+      [&](const v1::HeartbeatRequest& beat,
+          v1::HeartbeatResponse* renewed) -> absl::Status {
+        CO2_ASSIGN_OR_RETURN(JobShard * job, FindJob(context, registry_,
+                                                     beat.job(),
+                                                     beat.worker_id()));
+        CO2_RETURN_IF_ERROR(job->Heartbeat(beat.worker_id()));
+        renewed->set_lease_ms(static_cast<uint32_t>(
+            absl::ToInt64Milliseconds(registry_->options().shard.lease)));
+        renewed->set_open_round(job->stats().rounds_closed);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Leave(
-    grpc::CallbackServerContext* context, const v1::LeaveRequest* request,
-    v1::LeaveResponse* /*response*/) {
-  absl::StatusOr<JobShard*> job =
-      FindJob(context, registry_, request->job(), request->worker_id());
-  absl::Status status =
-      job.ok() ? (*job)->Leave(request->worker_id()) : job.status();
-  if (status.ok()) registry_->Wake();  // a round may now be complete
-  return FinishUnary(context, status);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+    grpc::ByteBuffer* response) {
+  return Unary<v1::LeaveRequest, v1::LeaveResponse>(
+      context, *request, response,
+      [&](const v1::LeaveRequest& leave, v1::LeaveResponse*) -> absl::Status {
+        CO2_ASSIGN_OR_RETURN(JobShard * job, FindJob(context, registry_,
+                                                     leave.job(),
+                                                     leave.worker_id()));
+        CO2_RETURN_IF_ERROR(job->Leave(leave.worker_id()));
+        registry_->Wake();  // a round may now be complete
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace co2::server

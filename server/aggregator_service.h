@@ -14,14 +14,16 @@ namespace co2::server {
 // Ids (job, worker) longer than this are rejected with INVALID_ARGUMENT.
 inline constexpr size_t kMaxIdLength = 128;
 
-// The callback service, with Exchange on the raw (ByteBuffer) API so that
-// payloads cross it without protobuf copies (see exchange_wire.h).
-using AggregatorCallbackService = v1::Aggregator::WithCallbackMethod_Join<
-    v1::Aggregator::WithCallbackMethod_Seed<
-        v1::Aggregator::WithCallbackMethod_Fetch<
+// The callback service, every method on the raw (ByteBuffer) API: the
+// service parses each request itself, so that a malformed body is answered
+// INVALID_ARGUMENT (rpc_wire.h), and Exchange and Fetch payloads cross it
+// without protobuf copies (exchange_wire.h, rpc_wire.h).
+using AggregatorCallbackService = v1::Aggregator::WithRawCallbackMethod_Join<
+    v1::Aggregator::WithRawCallbackMethod_Seed<
+        v1::Aggregator::WithRawCallbackMethod_Fetch<
             v1::Aggregator::WithRawCallbackMethod_Exchange<
-                v1::Aggregator::WithCallbackMethod_Heartbeat<
-                    v1::Aggregator::WithCallbackMethod_Leave<
+                v1::Aggregator::WithRawCallbackMethod_Heartbeat<
+                    v1::Aggregator::WithRawCallbackMethod_Leave<
                         v1::Aggregator::Service>>>>>>;
 
 class AggregatorService final : public AggregatorCallbackService {
@@ -29,22 +31,22 @@ class AggregatorService final : public AggregatorCallbackService {
   explicit AggregatorService(JobRegistry* registry) : registry_(registry) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
-                                 const v1::JoinRequest* request,
-                                 v1::JoinResponse* response) override;
-  grpc::ServerReadReactor<v1::AnchorChunk>* Seed(
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Seed(
       grpc::CallbackServerContext* context,
-      v1::SeedResponse* response) override;
-  grpc::ServerWriteReactor<v1::AnchorChunk>* Fetch(
+      grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Fetch(
       grpc::CallbackServerContext* context,
-      const v1::FetchRequest* request) override;
+      const grpc::ByteBuffer* request) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const v1::HeartbeatRequest* request,
-                                      v1::HeartbeatResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
-                                  const v1::LeaveRequest* request,
-                                  v1::LeaveResponse* response) override;
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
 
  private:
   JobRegistry* const registry_;

@@ -42,11 +42,15 @@ absl::StatusOr<int> WriteFile(const std::string& path,
         out.Append(view.anchor.data(), view.anchor.size() * sizeof(float)));
     CO2_RETURN_IF_ERROR(
         out.Append(view.momentum.data(), view.momentum.size() * sizeof(float)));
-    if (view.update != nullptr) {
-      std::string scratch;
-      for (uint32_t i = 0; i < view.update->num_chunks(); ++i) {
+    std::vector<const KeptUpdate*> updates;
+    if (view.update != nullptr) updates.push_back(view.update);
+    updates.insert(updates.end(), view.earlier_updates.begin(),
+                   view.earlier_updates.end());
+    std::string scratch;
+    for (const KeptUpdate* update : updates) {
+      for (uint32_t i = 0; i < update->num_chunks(); ++i) {
         CO2_ASSIGN_OR_RETURN(std::string_view chunk,
-                             view.update->Payload(i, &scratch));
+                             update->Payload(i, &scratch));
         CO2_RETURN_IF_ERROR(out.Append(chunk.data(), chunk.size()));
       }
     }
@@ -105,6 +109,15 @@ absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
     for (uint32_t i = 0; i < view.update->num_chunks(); ++i) {
       header.add_update_chunk_bytes(
           static_cast<uint32_t>(view.update->PayloadBytes(i)));
+    }
+  }
+  header.clear_earlier_updates();
+  for (const KeptUpdate* update : view.earlier_updates) {
+    v1::CheckpointUpdate* earlier = header.add_earlier_updates();
+    earlier->set_round(update->round());
+    earlier->set_contributors(update->contributors());
+    for (uint32_t i = 0; i < update->num_chunks(); ++i) {
+      earlier->add_chunk_bytes(static_cast<uint32_t>(update->PayloadBytes(i)));
     }
   }
   const std::string path = PathFor(header.job(), header.shard_index(),
@@ -166,6 +179,9 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(const std::string& path) 
   const size_t n = h.range_end() - h.range_begin();
   size_t update_bytes = 0;
   for (uint32_t size : h.update_chunk_bytes()) update_bytes += size;
+  for (const v1::CheckpointUpdate& earlier : h.earlier_updates()) {
+    for (uint32_t size : earlier.chunk_bytes()) update_bytes += size;
+  }
   const size_t body = bytes.size() - sizeof(stored_crc) - offset;
   if (h.range_end() < h.range_begin() || body != 2 * n * sizeof(float) + update_bytes) {
     return DataLoss(path, absl::StrCat("body of ", body, " bytes does not match a range of ",
@@ -181,6 +197,13 @@ absl::StatusOr<LoadedCheckpoint> CheckpointStore::Load(const std::string& path) 
   for (uint32_t size : h.update_chunk_bytes()) {
     loaded.update_chunks.emplace_back(bytes.data() + offset, size);
     offset += size;
+  }
+  for (const v1::CheckpointUpdate& earlier : h.earlier_updates()) {
+    std::vector<std::string>& chunks = loaded.earlier_update_chunks.emplace_back();
+    for (uint32_t size : earlier.chunk_bytes()) {
+      chunks.emplace_back(bytes.data() + offset, size);
+      offset += size;
+    }
   }
   return loaded;
 }

@@ -5,7 +5,8 @@
 // torn or corrupted file is detected on load (DATA_LOSS) instead of used.
 //
 // File: "CO2CKPT1" | u32 header length | ShardCheckpointHeader | anchor fp32 |
-// momentum fp32 | encoded last update chunks | u32 CRC-32 of all before it.
+// momentum fp32 | encoded last update chunks | the chunks of the earlier
+// updates kept for replay, oldest first | u32 CRC-32 of all before it.
 //
 // Write hands back the update it wrote as a StoredUpdate: read through the
 // file's descriptor, it outlives the file being replaced by the next
@@ -38,6 +39,8 @@ struct CheckpointView {
   absl::Span<const float> momentum;
   // The last update, read chunk by chunk; null before the first round closed.
   const KeptUpdate* update = nullptr;
+  // The updates before it that the shard keeps for replay, oldest first.
+  std::vector<const KeptUpdate*> earlier_updates;
 };
 
 // A checkpoint file that could not be used.
@@ -51,6 +54,8 @@ struct LoadedCheckpoint {
   std::vector<float> anchor;
   std::vector<float> momentum;
   std::vector<std::string> update_chunks;
+  // The chunks of each of header.earlier_updates, in its order.
+  std::vector<std::vector<std::string>> earlier_update_chunks;
 };
 
 class CheckpointStore {

@@ -160,7 +160,8 @@ absl::StatusOr<common::Codec> JobShard::UplinkCodec(
 
 absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index,
                                  uint64_t anchor_round,
-                                 const std::string& payload) {
+                                 const std::string& payload,
+                                 uint64_t* attempt) {
   if (chunk_index >= num_chunks()) {
     return absl::InvalidArgumentError(
         absl::StrCat("seed chunk_index ", chunk_index,
@@ -176,7 +177,7 @@ absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index
   }
   CO2_ASSIGN_OR_RETURN(
       const bool last,
-      seed_.Accept(worker, chunk_index, anchor_round, num_chunks()));
+      seed_.Accept(worker, chunk_index, anchor_round, num_chunks(), attempt));
   common::Decode(common::Codec::kFp32, payload,
                  absl::MakeSpan(anchor_).subspan(chunk.begin, chunk.size()));
   if (last) {
@@ -191,6 +192,11 @@ absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index
     }
   }
   return absl::OkStatus();
+}
+
+void JobShard::AbandonSeed(uint64_t attempt) {
+  absl::MutexLock lock(&mu_);
+  if (!anchor_ready_) seed_.Abandon(attempt);
 }
 
 void JobShard::FinishReseedLocked() {
@@ -221,9 +227,19 @@ absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> JobShard::Fetch(
   absl::MutexLock lock(&mu_);
   if (members_.Find(worker) == nullptr) return members_.NotMember(worker);
   if (!anchor_ready_) {
+    if (seed_.seeder() == worker) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker \"", worker, "\" was told to seed job \"", job_,
+          "\" on shard ", options_.shard_index,
+          ": it uploads the anchor with Seed and cannot fetch it"));
+    }
     return absl::UnavailableError(absl::StrCat(
-        "job \"", job_, "\" has no anchor yet (being seeded by \"",
-        seed_.seeder(), "\"); retry"));
+        "job \"", job_, "\" has no anchor on shard ", options_.shard_index,
+        " yet (",
+        seed_.seeder().empty()
+            ? std::string("no worker is seeding it: the next to join does")
+            : absl::StrCat("being seeded by worker \"", seed_.seeder(), "\""),
+        "); retry"));
   }
   if (!UnsteppedAnchorWholeLocked()) {
     return absl::UnavailableError(absl::StrCat(
@@ -303,9 +319,19 @@ absl::Status JobShard::ContributeUnobserved(const std::string& worker,
   return absl::OkStatus();
 }
 
-void JobShard::Subscribe(const std::shared_ptr<UpdateSink>& sink,
-                         uint64_t from_round) {
+absl::Status JobShard::Subscribe(const std::shared_ptr<UpdateSink>& sink,
+                                 uint64_t from_round) {
   absl::MutexLock lock(&mu_);
+  const uint64_t oldest =
+      updates_.OldestRound().value_or(rounds_.open_round());
+  if (from_round < oldest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replay_from_round ", from_round, " is older than the oldest update "
+        "shard ", options_.shard_index, " holds for job \"", job_,
+        "\" (round ", oldest, "; open round ", rounds_.open_round(),
+        "): the updates before round ", oldest,
+        " are gone; join without resume_round and fetch the anchor"));
+  }
   sinks_.Add(sink);
   // Under the lock, so that nothing a Poll sends later comes before these:
   // the published updates, the chunks of a closed round waiting for its
@@ -321,6 +347,7 @@ void JobShard::Subscribe(const std::shared_ptr<UpdateSink>& sink,
   if (!streamed.empty() && streamed.front()->round() >= from_round) {
     sink->Send(std::make_shared<const UpdateChunks>(streamed));
   }
+  return absl::OkStatus();
 }
 
 int JobShard::Poll() {

@@ -166,20 +166,27 @@ class JobShard {
   // `anchor_round`: 0 (A_0) from a worker told must_seed; for a re-seed
   // (must_reseed) the round of the worker's anchor, the same in every chunk.
   // Only the worker told to seed, chunks in order; the anchor is ready after
-  // the last one. A re-seeded shard opens round anchor_round − max_staleness
-  // (0 if that is negative) with zero momentum and gap, and
-  // logs and reports the re-seed.
+  // the last one. `attempt` names the Seed stream (see SeedState::Accept):
+  // chunk 0 of a new stream starts the seed over. A re-seeded shard opens
+  // round anchor_round − max_staleness (0 if that is negative) with zero
+  // momentum and gap, and logs and reports the re-seed.
   absl::Status SeedChunk(const std::string& worker, uint32_t chunk_index,
-                         uint64_t anchor_round, const std::string& payload)
-      ABSL_LOCKS_EXCLUDED(mu_);
+                         uint64_t anchor_round, const std::string& payload,
+                         uint64_t* attempt = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // The Seed stream of `attempt` ended before its last chunk (cancelled,
+  // broken, or a chunk refused): none of its chunks count, and the seeder's
+  // next Seed starts afresh. Nothing to do once the anchor is ready.
+  void AbandonSeed(uint64_t attempt) ABSL_LOCKS_EXCLUDED(mu_);
   // Calls `done` (on the poller thread, or at once without checkpoints) when
   // the state as of now is in a durable checkpoint; with UNAVAILABLE if the
   // shard is destroyed first.
   void NotifyWhenDurable(std::function<void(absl::Status)> done)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The whole current anchor; marks `worker` as entering the round it names.
-  // Fetches of the same anchor share one snapshot. UNAVAILABLE while no
-  // anchor is seeded, and while part of the anchor has moved on (streaming)
+  // Fetches of the same anchor share one snapshot. UNAVAILABLE while another
+  // worker seeds the anchor (or none does yet), FAILED_PRECONDITION for the
+  // worker told to seed it (it must Seed, a retry cannot succeed), and
+  // UNAVAILABLE while part of the anchor has moved on (streaming)
   // if no worker was waiting to fetch when the round's first chunks were
   // stepped (the shard then keeps no copy of their old values).
   absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> Fetch(
@@ -194,11 +201,14 @@ class JobShard {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Registers a sink (held weakly) and replays to it, before any later
-  // update, the cached updates of rounds >= from_round (those kept in a
+  // update, the kept updates of rounds >= from_round (those kept in a
   // checkpoint are read chunk by chunk as they are sent) and the chunks of
   // the open round streamed so far. Calls the sink with the lock held.
-  void Subscribe(const std::shared_ptr<UpdateSink>& sink, uint64_t from_round)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // FAILED_PRECONDITION, naming the oldest round held, when from_round is
+  // older than that (the open round when none is held): an update the
+  // caller asked for is gone, and it cannot follow without fetching.
+  absl::Status Subscribe(const std::shared_ptr<UpdateSink>& sink,
+                         uint64_t from_round) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Expires leases and closes the open round if it can close; runs the outer
   // step, writes the checkpoint and then publishes to the sinks; streams the

@@ -46,6 +46,11 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
                                                  m.counted_last_round());
   }
   if (!checkpoint.update_chunks.empty()) {
+    // The earlier updates first: the cache holds them oldest first.
+    CO2_ASSIGN_OR_RETURN(
+        std::vector<std::shared_ptr<const UpdateChunks>> earlier,
+        RestoreEarlierUpdates(checkpoint, shard->step_));
+    for (auto& update : earlier) shard->updates_.AddPublished(std::move(update));
     CO2_ASSIGN_OR_RETURN(std::shared_ptr<const UpdateChunks> update,
                          RestoreLastUpdate(checkpoint, shard->step_));
     shard->updates_.AddPublished(std::move(update));
@@ -119,9 +124,14 @@ v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
 
 absl::StatusOr<std::shared_ptr<const StoredUpdate>> JobShard::WriteCheckpoint(
     const v1::ShardCheckpointHeader& header) {
-  const std::optional<KeptUpdate> last = updates_.Last();
+  // Every update kept for replay, so that a restarted shard replays as many
+  // rounds as this one would.
+  const std::vector<KeptUpdate> kept = updates_.All();
+  std::vector<const KeptUpdate*> earlier;
+  for (size_t i = 0; i + 1 < kept.size(); ++i) earlier.push_back(&kept[i]);
   return WriteShardCheckpoint(*options_.checkpoints, header, anchor_, momentum_,
-                              last.has_value() ? &*last : nullptr);
+                              kept.empty() ? nullptr : &kept.back(),
+                              std::move(earlier));
 }
 
 }  // namespace co2::server

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/codec.h"
+#include "common/status_macros.h"
 
 namespace co2::server {
 namespace {
@@ -42,7 +43,8 @@ class ZeroFloats {
 absl::StatusOr<std::shared_ptr<const StoredUpdate>> WriteShardCheckpoint(
     const CheckpointStore& store, const v1::ShardCheckpointHeader& header,
     absl::Span<const float> anchor, absl::Span<const float> momentum,
-    const KeptUpdate* last_update) {
+    const KeptUpdate* last_update,
+    std::vector<const KeptUpdate*> earlier_updates) {
   CheckpointView view;
   view.header = &header;
   view.anchor = anchor;
@@ -53,6 +55,7 @@ absl::StatusOr<std::shared_ptr<const StoredUpdate>> WriteShardCheckpoint(
   }
   view.momentum = momentum.empty() ? zeros.span() : momentum;
   view.update = last_update;
+  view.earlier_updates = std::move(earlier_updates);
   return store.Write(view);
 }
 
@@ -82,25 +85,65 @@ absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
         h.job(), absl::StrCat("has ", checkpoint.update_chunks.size(),
                               " update chunks, expected ", expected_chunks));
   }
+  for (int i = 0; i < h.earlier_updates_size(); ++i) {
+    const size_t chunks =
+        static_cast<size_t>(i) < checkpoint.earlier_update_chunks.size()
+            ? checkpoint.earlier_update_chunks[i].size()
+            : 0;
+    if (chunks != num_chunks) {
+      return CheckpointDataLoss(
+          h.job(), absl::StrCat("has ", chunks, " chunks of the update of round ",
+                                h.earlier_updates(i).round(), ", expected ",
+                                num_chunks));
+    }
+  }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
-    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step) {
-  const v1::ShardCheckpointHeader& h = checkpoint.header;
+namespace {
+
+// The update of `round` from its encoded `chunks` (moved out), as the
+// messages `step` makes.
+absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreUpdate(
+    const v1::ShardCheckpointHeader& h, uint64_t round, uint32_t contributors,
+    std::vector<std::string>& chunks, const ChunkedOuterStep& step) {
   const common::Codec codec = common::Codec(h.config().downlink_codec());
   auto update = std::make_shared<UpdateChunks>();
   for (uint32_t i = 0; i < step.num_chunks(); ++i) {
     const common::Range r = common::ChunkRange(step.elements(), i);
-    std::string& bytes = checkpoint.update_chunks[i];
+    std::string& bytes = chunks[i];
     absl::Status valid = common::Validate(codec, bytes, r.size());
     if (!valid.ok()) {
       return CheckpointDataLoss(h.job(), std::string(valid.message()));
     }
-    update->push_back(step.Message(h.rounds_closed() - 1, i,
-                                   h.update_contributors(), std::move(bytes)));
+    update->push_back(step.Message(round, i, contributors, std::move(bytes)));
   }
   return update;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
+    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step) {
+  const v1::ShardCheckpointHeader& h = checkpoint.header;
+  return RestoreUpdate(h, h.rounds_closed() - 1, h.update_contributors(),
+                       checkpoint.update_chunks, step);
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const UpdateChunks>>>
+RestoreEarlierUpdates(LoadedCheckpoint& checkpoint,
+                      const ChunkedOuterStep& step) {
+  const v1::ShardCheckpointHeader& h = checkpoint.header;
+  std::vector<std::shared_ptr<const UpdateChunks>> updates;
+  for (int i = 0; i < h.earlier_updates_size(); ++i) {
+    const v1::CheckpointUpdate& earlier = h.earlier_updates(i);
+    CO2_ASSIGN_OR_RETURN(
+        std::shared_ptr<const UpdateChunks> update,
+        RestoreUpdate(h, earlier.round(), earlier.contributors(),
+                      checkpoint.earlier_update_chunks[i], step));
+    updates.push_back(std::move(update));
+  }
+  return updates;
 }
 
 absl::Status JournalDataLoss(const std::string& path, uint32_t chunk_index,

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -27,15 +28,17 @@
 
 namespace co2::server {
 
-// Writes `header` with A, m and the last update (none before the first
-// round closed). An empty `momentum` (β = 0 keeps none) is written as zeros
-// that cost no memory. RESOURCE_EXHAUSTED if those cannot be mapped; else
-// what CheckpointStore::Write returns: the update as written, readable
-// from the file.
+// Writes `header` with A, m, the last update (none before the first round
+// closed) and the earlier updates kept for replay (oldest first). An empty
+// `momentum` (β = 0 keeps none) is written as zeros that cost no memory.
+// RESOURCE_EXHAUSTED if those cannot be mapped; else what
+// CheckpointStore::Write returns: the last update as written, readable from
+// the file.
 absl::StatusOr<std::shared_ptr<const StoredUpdate>> WriteShardCheckpoint(
     const CheckpointStore& store, const v1::ShardCheckpointHeader& header,
     absl::Span<const float> anchor, absl::Span<const float> momentum,
-    const KeptUpdate* last_update);
+    const KeptUpdate* last_update,
+    std::vector<const KeptUpdate*> earlier_updates = {});
 
 // DATA_LOSS "checkpoint of job "<job>": <what>".
 absl::Status CheckpointDataLoss(const std::string& job,
@@ -43,7 +46,7 @@ absl::Status CheckpointDataLoss(const std::string& job,
 
 // DATA_LOSS when `checkpoint` does not fit shard `shard_index`, which owns
 // `range` in `num_chunks` chunks: another range, vectors of another size,
-// or update chunks of another count.
+// or update chunks of another count (of the last or an earlier update).
 absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
                                  common::Range range, uint32_t shard_index,
                                  uint32_t num_chunks);
@@ -54,6 +57,11 @@ absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
 // encoding.
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
     LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step);
+// The same for the earlier updates the checkpoint keeps for replay, oldest
+// first (none in a checkpoint that keeps only the last).
+absl::StatusOr<std::vector<std::shared_ptr<const UpdateChunks>>>
+RestoreEarlierUpdates(LoadedCheckpoint& checkpoint,
+                      const ChunkedOuterStep& step);
 
 // DATA_LOSS "round journal <path>: chunk <i>: <what>".
 absl::Status JournalDataLoss(const std::string& path, uint32_t chunk_index,

@@ -50,6 +50,12 @@ std::optional<KeptUpdate> UpdateCache::Last() const {
   return std::nullopt;
 }
 
+std::vector<KeptUpdate> UpdateCache::All() const {
+  std::vector<KeptUpdate> all = published_;
+  for (const Unpublished& pending : unpublished_) all.push_back(pending.update);
+  return all;
+}
+
 std::optional<uint64_t> UpdateCache::OldestRound() const {
   if (!published_.empty()) return published_.front().round();
   if (!unpublished_.empty()) return unpublished_.front().update.round();

@@ -71,6 +71,8 @@ class UpdateCache {
   // The update of the last closed round, published or not; nullopt if none.
   // A copy, so that it outlives MakeRoomForNext while it is the next gap.
   std::optional<KeptUpdate> Last() const;
+  // Every update held, published or not, oldest first (the last is Last()).
+  std::vector<KeptUpdate> All() const;
   // The round of the oldest update held; nullopt if none.
   std::optional<uint64_t> OldestRound() const;
   // The published updates of rounds >= from_round, oldest first.

@@ -19,15 +19,17 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "server/aggregator_server.h"
+#include "tests/expect_status.h"
 
 namespace co2 {
 namespace {
 
 using grpc::StatusCode;
+using testing::ExpectStatus;
 
 constexpr size_t kParams = 1000;  // one shard of one chunk
 
-class AggregatorErrorsTest : public testing::Test {
+class AggregatorErrorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     server::AggregatorServerOptions options;
@@ -98,13 +100,13 @@ class AggregatorErrorsTest : public testing::Test {
     return request;
   }
 
-  // Opens an Exchange stream, sends `requests`, and returns how it ended.
-  // In lockstep, waits for the update of each request's round before sending
-  // the next, counting them in *updates.
+  // Opens an Exchange stream replaying from `replay_from`, sends `requests`,
+  // and returns how it ended. In lockstep, waits for the update of each
+  // request's round before sending the next, counting them in *updates.
   grpc::Status Exchange(const std::string& job, const std::string& worker,
                         const std::vector<v1::ExchangeRequest>& requests,
                         bool send_open = true, int* updates = nullptr,
-                        bool lockstep = false) {
+                        bool lockstep = false, uint64_t replay_from = 0) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     auto stream = stub_->Exchange(&context);
@@ -112,6 +114,7 @@ class AggregatorErrorsTest : public testing::Test {
       v1::ExchangeRequest open;
       open.mutable_open()->set_job(job);
       open.mutable_open()->set_worker_id(worker);
+      open.mutable_open()->set_replay_from_round(replay_from);
       stream->Write(open);
     }
     v1::OuterUpdate update;
@@ -136,13 +139,6 @@ class AggregatorErrorsTest : public testing::Test {
   std::unique_ptr<v1::Aggregator::Stub> stub_;
 };
 
-void ExpectStatus(const grpc::Status& s, StatusCode code,
-                  const std::string& message_part) {
-  EXPECT_EQ(s.error_code(), code) << s.error_message();
-  EXPECT_NE(s.error_message().find(message_part), std::string::npos)
-      << "message: " << s.error_message() << "\nexpected to contain: "
-      << message_part;
-}
 
 TEST_F(AggregatorErrorsTest, JoinValidatesEveryField) {
   ExpectStatus(Join("", "w", Config()), StatusCode::INVALID_ARGUMENT,
@@ -198,7 +194,7 @@ TEST_F(AggregatorErrorsTest, SeedAndFetchFollowTheSeederProtocol) {
     v1::AnchorChunk chunk;
     while (reader->Read(&chunk)) {
     }
-    ExpectStatus(reader->Finish(), StatusCode::UNAVAILABLE, "no anchor yet");
+    ExpectStatus(reader->Finish(), StatusCode::UNAVAILABLE, "no anchor on shard 0 yet");
   }
   ExpectStatus(Seed("j", "b"), StatusCode::FAILED_PRECONDITION,
                "was not asked to seed");
@@ -251,12 +247,23 @@ TEST_F(AggregatorErrorsTest, StaleRoundsAreAbortedAndFutureOnesRefused) {
   ASSERT_TRUE(lockstep.ok()) << lockstep.error_message() << " closed "
       << (*server_->registry()->Find("j"))->stats().rounds_closed;
   EXPECT_EQ(updates, 3);
-  ExpectStatus(Exchange("j", "a", {Contribution(0, Fp32(1))}),
+  // Streams that need no replay open at the open round.
+  ExpectStatus(Exchange("j", "a", {Contribution(0, Fp32(1))}, true, nullptr,
+                        false, 3),
                StatusCode::ABORTED, "round 0 is stale: open round is 3");
-  ExpectStatus(Exchange("j", "a", {Contribution(9, Fp32(1))}),
+  ExpectStatus(Exchange("j", "a", {Contribution(9, Fp32(1))}, true, nullptr,
+                        false, 3),
                StatusCode::FAILED_PRECONDITION, "round 9 is ahead");
   // A resend of the last closed round is folded, not an error.
-  EXPECT_TRUE(Exchange("j", "a", {Contribution(2, Fp32(1))}).ok());
+  EXPECT_TRUE(
+      Exchange("j", "a", {Contribution(2, Fp32(1))}, true, nullptr, false, 3)
+          .ok());
+  // The shard keeps the updates of rounds 1 and 2; round 0's is gone.
+  ExpectStatus(Exchange("j", "a", {}, true, nullptr, false, 1),
+               StatusCode::OK, "");
+  ExpectStatus(Exchange("j", "a", {}), StatusCode::FAILED_PRECONDITION,
+               "replay_from_round 0 is older than the oldest update shard 0 "
+               "holds for job \"j\" (round 1; open round 3)");
 }
 
 TEST_F(AggregatorErrorsTest, GarbageBytesDoNotHurtTheServer) {

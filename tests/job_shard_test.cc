@@ -47,7 +47,7 @@ TEST_F(JobShardTest, LocalSgdAnchorIsTheMeanOfTheWorkers) {
   // α = 1, β = 0, no penalty, no clip: U = −mean Δ, so A moves by −mean Δ.
   JoinAndSeed({"a", "b"});
   auto sink = std::make_shared<RecordingSink>();
-  shard_->Subscribe(sink, 0);
+  EXPECT_TRUE(shard_->Subscribe(sink, 0).ok());
   EXPECT_TRUE(sink->replayed.empty());
   for (uint64_t r = 0; r < 3; ++r) {
     ASSERT_TRUE(shard_->Contribute("a", Contribution(r, 1.0f)).ok());
@@ -160,7 +160,7 @@ std::unique_ptr<JobShard> ThreeRounds(const CheckpointStore* store,
     EXPECT_TRUE(shard->Join(w, MomentumConfig(), common::Codec::kFp32).ok());
   }
   EXPECT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1.5f)).ok());
-  shard->Subscribe(sink, 0);
+  EXPECT_TRUE(shard->Subscribe(sink, 0).ok());
   RunRounds(*shard, 0, 3);
   return shard;
 }
@@ -177,7 +177,7 @@ TEST(JobShardCheckpointTest, ASentUpdateIsKeptInItsCheckpointNotInMemory) {
   // A reconnecting worker is replayed the last max_staleness + 1 rounds,
   // read back from their checkpoints: the bytes it would have been sent.
   auto reconnected = std::make_shared<SendingSink>();
-  shard->Subscribe(reconnected, 0);
+  EXPECT_TRUE(shard->Subscribe(reconnected, 1).ok());
   const std::vector<KeptUpdate>& replay = reconnected->replayed;
   ASSERT_EQ(replay.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
@@ -258,7 +258,7 @@ TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
   JobShard& shard = *restored;
   // The update of the last closed round is replayed to reconnecting workers.
   auto sink = std::make_shared<RecordingSink>();
-  shard.Subscribe(sink, 2);
+  EXPECT_TRUE(shard.Subscribe(sink, 2).ok());
   EXPECT_EQ(sink->replayed, std::vector<uint64_t>{2});
   // Workers rejoin where they were and continue.
   for (const char* w : {"a", "b"}) {
@@ -494,8 +494,8 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
   JobShard* const reference = pair.reference.get();
   ChunkSink* const streamed = pair.streamed.get();
   ChunkSink* const whole = pair.whole.get();
-  streaming->Subscribe(pair.streamed, 0);
-  reference->Subscribe(pair.whole, 0);
+  EXPECT_TRUE(streaming->Subscribe(pair.streamed, 0).ok());
+  EXPECT_TRUE(reference->Subscribe(pair.whole, 0).ok());
 
   std::vector<float> delta(n);
   for (uint64_t r = 0; r < 4; ++r) {
@@ -552,7 +552,7 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
               << "chunk " << k;
         }
         auto reconnected = std::make_shared<ChunkSink>();
-        streaming->Subscribe(reconnected, 2);
+        EXPECT_TRUE(streaming->Subscribe(reconnected, 2).ok());
         ASSERT_EQ(reconnected->chunks.size(), 1u);
         EXPECT_EQ(reconnected->chunks[0]->round(), 2u);
         EXPECT_EQ(reconnected->chunks[0]->chunk_index(), 0u);
@@ -587,8 +587,8 @@ TEST(JobShardStreamTest, AStreamedRoundClosesAtItsDeadlineWithQuorum) {
     ASSERT_TRUE(shard->Contribute("a", ChunkContribution(0, 1, a)).ok());
     EXPECT_EQ(shard->Poll(), 0);
   }
-  pair.streaming->Subscribe(pair.streamed, 0);
-  pair.reference->Subscribe(pair.whole, 0);
+  EXPECT_TRUE(pair.streaming->Subscribe(pair.streamed, 0).ok());
+  EXPECT_TRUE(pair.reference->Subscribe(pair.whole, 0).ok());
   ASSERT_EQ(pair.streamed->chunks.size(), 1u) << "chunk 0 went out at once";
   EXPECT_TRUE(pair.whole->chunks.empty());
   pair.clock.Advance(absl::Seconds(2));  // past the deadline: a is quorum
@@ -627,7 +627,7 @@ TEST(JobShardStreamTest, WithCheckpointsAChunkGoesOutOnceItIsJournaled) {
   const std::vector<float> values(n, 1.0f);
   SeedAll(*shard, "w", values);
   auto sink = std::make_shared<ChunkSink>();
-  shard->Subscribe(sink, 0);
+  EXPECT_TRUE(shard->Subscribe(sink, 0).ok());
   ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 0, values, 2)).ok());
   EXPECT_EQ(shard->Poll(), 0);
   ASSERT_EQ(sink->chunks.size(), 1u) << "chunk 0 went out before the close";
@@ -677,8 +677,8 @@ TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
     }
     SeedAll(*shard, "a", anchor);
   }
-  original->Subscribe(sent, 0);
-  reference->Subscribe(expected, 0);
+  EXPECT_TRUE(original->Subscribe(sent, 0).ok());
+  EXPECT_TRUE(reference->Subscribe(expected, 0).ok());
   const auto contribute = [&](JobShard& shard, char w, uint64_t r, uint32_t c) {
     return shard.Contribute(
         std::string(1, w),
@@ -712,7 +712,7 @@ TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
   ASSERT_NE(restored, nullptr);
   JobShard& shard = *restored;
   auto reconnected = std::make_shared<ChunkSink>();
-  shard.Subscribe(reconnected, 1);
+  EXPECT_TRUE(shard.Subscribe(reconnected, 1).ok());
   ASSERT_EQ(reconnected->chunks.size(), 2u) << "round 1's chunks 0 and 1";
   for (const auto& chunk : reconnected->chunks) {
     EXPECT_EQ(chunk->payload(), sent->Payload(1, chunk->chunk_index()));
@@ -768,7 +768,7 @@ TEST(JobShardStreamTest, AChunkWhoseJournalFailsWaitsForItsRoundsCheckpoint) {
   const std::vector<float> values(n, 1.0f);
   SeedAll(*shard, "w", values);
   auto sink = std::make_shared<ChunkSink>();
-  shard->Subscribe(sink, 0);
+  EXPECT_TRUE(shard->Subscribe(sink, 0).ok());
   ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 0, values)).ok());
   EXPECT_EQ(shard->Poll(), 0);
   EXPECT_TRUE(sink->chunks.empty()) << "sent before it was durable";
@@ -791,7 +791,7 @@ TEST(JobShardStreamTest, AStreamStartedBeforeACloseIsDurableGetsEveryChunk) {
   const std::vector<float> values(n, 1.0f);
   SeedAll(*shard, "w", values);
   auto early = std::make_shared<ChunkSink>();
-  shard->Subscribe(early, 0);
+  EXPECT_TRUE(shard->Subscribe(early, 0).ok());
   ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 0, values)).ok());
   shard->Poll();
   ASSERT_EQ(early->chunks.size(), 1u) << "chunk 0 streamed";
@@ -805,7 +805,7 @@ TEST(JobShardStreamTest, AStreamStartedBeforeACloseIsDurableGetsEveryChunk) {
   EXPECT_EQ(shard->Poll(), 0);
   EXPECT_EQ(shard->stats().checkpoint_failures, 1u);
   auto late = std::make_shared<ChunkSink>();
-  shard->Subscribe(late, 0);
+  EXPECT_TRUE(shard->Subscribe(late, 0).ok());
   ASSERT_EQ(late->chunks.size(), 1u) << "chunk 0, streamed before the close";
   EXPECT_EQ(late->chunks[0]->chunk_index(), 0u);
   ASSERT_EQ(std::remove(blocker.c_str()), 0);
@@ -851,7 +851,7 @@ TEST(JobShardCheckpointTest, UpdateIsHeldUntilItsCheckpointIsDurable) {
   ASSERT_TRUE(shard->Join("a", Config(1), common::Codec::kFp32).ok());
   ASSERT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1)).ok());
   auto sink = std::make_shared<RecordingSink>();
-  shard->Subscribe(sink, 0);
+  EXPECT_TRUE(shard->Subscribe(sink, 0).ok());
   ASSERT_TRUE(shard->Contribute("a", Contribution(0, 1)).ok());
   EXPECT_EQ(shard->Poll(), 0);
   EXPECT_TRUE(sink->rounds.empty()) << "update released before it was durable";
@@ -908,7 +908,7 @@ TEST(JobShardReseedTest, ResumingWorkerReseedsALostShardAtItsAnchorRound) {
   // Rounds continue from there; momentum restarted from zero, so with
   // α = 1, β = 0 the update is exactly −mean Δ.
   auto sink = std::make_shared<RecordingSink>();
-  shard->Subscribe(sink, 5);
+  EXPECT_TRUE(shard->Subscribe(sink, 5).ok());
   ASSERT_TRUE(shard->Contribute("a", Contribution(5, 1.0f)).ok());
   ASSERT_TRUE(shard->Contribute("b", Contribution(5, 3.0f)).ok());
   EXPECT_EQ(shard->Poll(), 1);

@@ -13,7 +13,8 @@ tests=(layout_test codec_test payload_pieces_test wire_frames_test
        stored_update_test kept_update_test update_cache_test
        chunked_outer_step_test update_replay_test
        shard_metrics_test metrics_server_test shard_ordinal_test
-       health_server_test aggregator_errors_test aggregator_e2e_test
+       health_server_test aggregator_errors_test wire_contract_test
+       rpc_wire_test seed_state_test aggregator_e2e_test
        fault_shard_restart_test limits_test tls_test)
 mkdir -p "$build"
 build=$(cd "$build" && pwd)

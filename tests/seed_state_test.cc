@@ -44,6 +44,28 @@ TEST(SeedStateTest, ASeederThatRejoinsOrLeavesStartsOver) {
   EXPECT_TRUE(seed.OfferSeed("b"));
 }
 
+TEST(SeedStateTest, ASeedStreamIsAllOrNothing) {
+  SeedState seed;
+  ASSERT_TRUE(seed.OfferSeed("a"));
+  uint64_t broken = 0;
+  ASSERT_FALSE(Last(seed.Accept("a", 0, 0, 2, &broken)));
+  EXPECT_NE(broken, 0u);
+  seed.Abandon(broken);
+  uint64_t retry = 0;
+  EXPECT_EQ(seed.Accept("a", 1, 0, 2, &retry).status().message(),
+            "seed chunk_index 1 out of order: expected 0")
+      << "nothing of the abandoned stream counts";
+  ASSERT_FALSE(Last(seed.Accept("a", 0, 0, 2, &retry)));
+  // A stream overtaken by a newer one of the same worker no longer counts,
+  // and its end does not undo the newer one.
+  uint64_t old = 0;
+  ASSERT_FALSE(Last(seed.Accept("a", 0, 0, 2, &old)));
+  EXPECT_EQ(seed.Accept("a", 1, 0, 2, &retry).status().code(),
+            absl::StatusCode::kAborted);
+  seed.Abandon(retry);
+  EXPECT_TRUE(Last(seed.Accept("a", 1, 0, 2, &old)));
+}
+
 TEST(SeedStateTest, AResumingWorkerReseedsAtOneRound) {
   SeedState seed;
   ASSERT_TRUE(seed.OfferSeed("fresh"));

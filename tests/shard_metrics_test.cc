@@ -82,8 +82,8 @@ TEST_F(ShardMetricsTest, RoundsBytesAndTheOuterStep) {
   Create(2);
   auto sink1 = std::make_shared<RecordingSink>();
   auto sink2 = std::make_shared<RecordingSink>();
-  shard_->Subscribe(sink1, 0);
-  shard_->Subscribe(sink2, 0);
+  EXPECT_TRUE(shard_->Subscribe(sink1, 0).ok());
+  EXPECT_TRUE(shard_->Subscribe(sink2, 0).ok());
   for (uint64_t r = 0; r < 3; ++r) {
     clock_.Advance(absl::Seconds(3));
     ASSERT_TRUE(shard_->Contribute("a", Contribution(r, 1.0f)).ok());

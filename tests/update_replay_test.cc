@@ -35,6 +35,11 @@ class UpdateReplayTest : public ::testing::Test {
   void SetUp() override {
     char pattern[] = "/tmp/co2-replay-XXXXXX";
     dir_ = mkdtemp(pattern);
+    StartServer();
+  }
+
+  // Starts the shard on a free port, from the checkpoints in dir_.
+  void StartServer() {
     server::AggregatorServerOptions options;
     options.address = "127.0.0.1:0";
     options.registry.checkpoint_dir = dir_;
@@ -150,6 +155,27 @@ class UpdateReplayTest : public ::testing::Test {
     return received;
   }
 
+  // A stream replaying from round 1 is sent the updates of rounds 1 and 2
+  // of the three `sent`, field by field.
+  void ExpectReplayOfRoundsOneAndTwo(const std::vector<v1::OuterUpdate>& sent) {
+    const uint32_t chunks = common::NumChunks(kParams);
+    grpc::Status status;
+    const std::vector<v1::OuterUpdate> replayed =
+        Reconnect(1, 2 * chunks, &status);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(replayed.size(), 2u * chunks);
+    for (size_t i = 0; i < replayed.size(); ++i) {
+      const v1::OuterUpdate& want = sent[chunks + i];
+      EXPECT_EQ(replayed[i].round(), want.round()) << i;
+      EXPECT_EQ(replayed[i].anchor_round(), want.anchor_round()) << i;
+      EXPECT_EQ(replayed[i].chunk_index(), want.chunk_index()) << i;
+      EXPECT_EQ(replayed[i].num_chunks(), want.num_chunks()) << i;
+      EXPECT_EQ(replayed[i].contributors(), want.contributors()) << i;
+      EXPECT_EQ(replayed[i].codec(), want.codec()) << i;
+      EXPECT_TRUE(replayed[i].payload() == want.payload()) << "chunk " << i;
+    }
+  }
+
   std::string dir_;
   std::unique_ptr<server::AggregatorServer> server_;
   std::unique_ptr<v1::Aggregator::Stub> stub_;
@@ -167,22 +193,50 @@ TEST_F(UpdateReplayTest, AReconnectingWorkerGetsTheBytesItMissed) {
   testing::WaitFor([&] { return (*job)->stats().rounds_closed >= 3; },
                    absl::Seconds(20));
   ASSERT_EQ((*job)->stats().rounds_closed, 3u);
-  grpc::Status status;
   // max_staleness = 1: the last two rounds are kept for replay.
-  const std::vector<v1::OuterUpdate> replayed =
-      Reconnect(0, 2 * chunks, &status);
-  EXPECT_TRUE(status.ok()) << status.error_message();
-  ASSERT_EQ(replayed.size(), 2u * chunks);
-  for (size_t i = 0; i < replayed.size(); ++i) {
-    const v1::OuterUpdate& want = sent[chunks + i];
-    EXPECT_EQ(replayed[i].round(), want.round()) << i;
-    EXPECT_EQ(replayed[i].anchor_round(), want.anchor_round()) << i;
-    EXPECT_EQ(replayed[i].chunk_index(), want.chunk_index()) << i;
-    EXPECT_EQ(replayed[i].num_chunks(), want.num_chunks()) << i;
-    EXPECT_EQ(replayed[i].contributors(), want.contributors()) << i;
-    EXPECT_EQ(replayed[i].codec(), want.codec()) << i;
-    EXPECT_TRUE(replayed[i].payload() == want.payload()) << "chunk " << i;
-  }
+  ExpectReplayOfRoundsOneAndTwo(sent);
+}
+
+// Rounds close whole: Train returns once the last round's checkpoint is
+// durable (its update is sent only then).
+class RestartReplayTest : public UpdateReplayTest {
+ protected:
+  bool StreamUpdates() const override { return false; }
+};
+
+TEST_F(RestartReplayTest, ARestartedShardReplaysTheLastTwoUpdatesAndNoOlder) {
+  JoinAndSeed();
+  const std::vector<v1::OuterUpdate> sent = Train(3);
+  const uint32_t chunks = common::NumChunks(kParams);
+  ASSERT_EQ(sent.size(), 3u * chunks);
+  server_.reset();
+  StartServer();
+  // The worker resumes at round 3: the shard holds the updates of rounds 1
+  // and 2, as it did before the restart.
+  v1::JoinRequest join;
+  join.set_job("j");
+  join.set_worker_id("a");
+  *join.mutable_config() = common::DefaultJobConfig(kParams, 1);
+  join.mutable_config()->set_min_workers(1);
+  join.set_uplink_codec(v1::CODEC_FP32);
+  join.set_resume_round(3);
+  v1::JoinResponse joined;
+  const grpc::Status rejoined = stub_->Join(Context().get(), join, &joined);
+  ASSERT_TRUE(rejoined.ok()) << rejoined.error_message();
+  EXPECT_EQ(joined.open_round(), 3u);
+  ASSERT_EQ(joined.oldest_update_round(), 1u);
+  ExpectReplayOfRoundsOneAndTwo(sent);
+  grpc::Status status;
+  // Round 0's update is gone: asked for, it is refused, never skipped.
+  const std::vector<v1::OuterUpdate> none = Reconnect(0, 1, &status);
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+      << status.error_message();
+  EXPECT_NE(status.error_message().find(
+                "replay_from_round 0 is older than the oldest update shard 0 "
+                "holds for job \"j\" (round 1"),
+            std::string::npos)
+      << status.error_message();
 }
 
 // Rounds close whole: Train then returns only once the last update is

@@ -131,7 +131,14 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                                "Fraction of this shard's outer-momentum "
                                "elements changed by clipping in the last "
                                "outer step.",
-                               registry, shard_index)) {}
+                               registry, shard_index)),
+      jobs_(Family(prometheus::BuildGauge(), "co2_aggregator_jobs",
+                   "Jobs this shard holds.", registry, shard_index)
+                .Add({})),
+      workers_(Family(prometheus::BuildGauge(), "co2_aggregator_workers",
+                      "Workers holding a live lease, over every job.", registry,
+                      shard_index)
+                   .Add({})) {}
 
 void ShardMetrics::OnContribution(const std::string& job, common::Codec codec,
                                   size_t bytes, bool late, bool duplicate) {
@@ -177,6 +184,14 @@ void ShardMetrics::OnPoll(const std::string& job, const ShardPollEvent& event) {
   active_workers_.Add(labels).Set(static_cast<double>(event.live_workers));
   open_round_.Add(labels).Set(static_cast<double>(event.open_round));
   open_round_age_.Add(labels).Set(absl::ToDoubleSeconds(event.open_round_age));
+  {
+    absl::MutexLock lock(&mu_);
+    live_by_job_[job] = event.live_workers;
+    size_t workers = 0;
+    for (const auto& [name, live] : live_by_job_) workers += live;
+    jobs_.Set(static_cast<double>(live_by_job_.size()));
+    workers_.Set(static_cast<double>(workers));
+  }
   prometheus::Counter& misses = quorum_misses_.Add(labels);
   if (event.new_quorum_misses > 0) {
     misses.Increment(static_cast<double>(event.new_quorum_misses));

@@ -20,6 +20,8 @@
 //   co2_aggregator_reseeds_total                   state lost, re-seeded
 //                                                  from a worker (reason)
 // Gauges:
+//   co2_aggregator_jobs                            jobs held (from start: 0)
+//   co2_aggregator_workers                         live leases, every job
 //   co2_aggregator_active_workers                  live leases
 //   co2_aggregator_open_round                      round accepting chunks
 //   co2_aggregator_open_round_age_seconds          since it opened
@@ -35,9 +37,13 @@
 #ifndef CO2_SERVER_SHARD_METRICS_H_
 #define CO2_SERVER_SHARD_METRICS_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -101,6 +107,11 @@ class ShardMetrics : public ShardObserver {
   Gauges& gap_penalty_mean_;
   Gauges& momentum_norm_;
   Gauges& clipped_fraction_;
+  prometheus::Gauge& jobs_;
+  prometheus::Gauge& workers_;
+  absl::Mutex mu_;
+  // Live workers of each job at its last Poll.
+  std::map<std::string, size_t> live_by_job_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace co2::server

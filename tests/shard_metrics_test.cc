@@ -251,6 +251,19 @@ TEST_F(ShardMetricsTest, QuorumMissesAndLeases) {
   EXPECT_EQ(Get("co2_aggregator_active_workers"), 0);
 }
 
+// An idle shard says it holds no job and no worker, from its start.
+TEST_F(ShardMetricsTest, JobsAndWorkersAreGaugedFromTheStart) {
+  EXPECT_EQ(Value(registry_, "co2_aggregator_jobs", {}), 0);
+  EXPECT_EQ(Value(registry_, "co2_aggregator_workers", {}), 0);
+  Create(2);
+  shard_->Poll();
+  EXPECT_EQ(Value(registry_, "co2_aggregator_jobs", {}), 1);
+  EXPECT_EQ(Value(registry_, "co2_aggregator_workers", {}), 2);
+  clock_.Advance(absl::Seconds(30));  // both leases expire
+  shard_->Poll();
+  EXPECT_EQ(Value(registry_, "co2_aggregator_workers", {}), 0);
+}
+
 TEST_F(ShardMetricsTest, EveryJobCounterExistsAtZeroFromTheFirstPoll) {
   Create(2);
   EXPECT_TRUE(std::isnan(Get("co2_aggregator_late_chunks_total")));

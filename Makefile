@@ -9,7 +9,7 @@ CTEST_ARGS ?=
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 
-# Every Debian package the project needs (design.md §7).
+# Every Debian package the project needs.
 PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libabsl-dev zlib1g-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libtorch-dev libgloo-dev \

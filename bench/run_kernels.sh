@@ -5,7 +5,7 @@
 #   REPS=5 MIN_TIME=0.2 OUT=... bench/run_kernels.sh build-bench
 # Each benchmark runs REPS times, interleaved at random with the others, and
 # the report keeps the medians; GB/s counts every byte read and written
-# (design.md §9) over the process's CPU time.
+# over the process's CPU time.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}

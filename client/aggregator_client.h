@@ -15,7 +15,7 @@
 //
 // Shard state loss: the worker lends its anchor (TrackAnchor); if a shard
 // restarts without the job's state, the stream re-seeds it from this
-// worker's anchor (design.md §5), so only the outer momentum is lost.
+// worker's anchor (docs/reliability.md), so only the outer momentum is lost.
 #ifndef CO2_CLIENT_AGGREGATOR_CLIENT_H_
 #define CO2_CLIENT_AGGREGATOR_CLIENT_H_
 

@@ -1,6 +1,6 @@
 // Co2Optimizer: wraps any LibTorch optimizer (AdamW, SGD, ...) so that the
-// process trains as one local rank of one worker of a CO2 job (design.md §3),
-// or of one of the baselines run by the same code:
+// process trains as one local rank of one worker of a CO2 job
+// (docs/algorithm.md), or of one of the baselines run by the same code:
 //   co2       τ inner steps, then push Δ = A − x without waiting for its
 //             average; apply the one-round-stale update U (waiting only if it
 //             has not arrived, and recording the wait); x ← A.

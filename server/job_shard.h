@@ -80,8 +80,8 @@ struct JobShardOptions {
   // the round has sent it, and send its update at once, while the rest of
   // the round still arrives (the downlink overlaps the uplink). With
   // checkpoints each such chunk is first appended to the round journal and
-  // synced (design §9: nothing is sent before it is durable). Same bits
-  // either way.
+  // synced (nothing is sent before it is durable: docs/reliability.md). Same
+  // bits either way.
   bool stream_updates = true;
   // How soon a failed checkpoint write is retried (its update waits).
   absl::Duration checkpoint_retry = absl::Seconds(1);

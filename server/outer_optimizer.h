@@ -1,10 +1,10 @@
-// The CO2 outer step (design.md §3, steps 3-6) as pure arithmetic on spans of
-// one shard's range: staleness gap penalty, heavy-ball or Nesterov outer
-// momentum, outer-momentum clipping and the outer update U. Reductions (mean
-// |g|, rms(m)) are taken per block of common::kBlockElements counted from the
-// start of the spans; shard ranges are block-aligned, so the result does not
-// depend on the number of shards. Every common::KernelIsa variant gives the
-// same bits. Stateless; any thread.
+// The CO2 outer step (docs/algorithm.md, "Shard", steps 2-6) as pure
+// arithmetic on spans of one shard's range: staleness gap penalty, heavy-ball
+// or Nesterov outer momentum, outer-momentum clipping and the outer update U.
+// Reductions (mean |g|, rms(m)) are taken per block of common::kBlockElements
+// counted from the start of the spans; shard ranges are block-aligned, so the
+// result does not depend on the number of shards. Every common::KernelIsa
+// variant gives the same bits. Stateless; any thread.
 #ifndef CO2_SERVER_OUTER_OPTIMIZER_H_
 #define CO2_SERVER_OUTER_OPTIMIZER_H_
 

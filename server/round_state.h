@@ -7,7 +7,7 @@
 // memory is at most two fp32 copies of the shard, whatever the number of
 // workers.
 //
-// Rules (design.md §3, §5, §9):
+// Rules (docs/algorithm.md, "Round rules"):
 //  - Accepted rounds are r − 1, r and r + 1 (r = open round). A chunk of r − 1
 //    (a straggler's) is folded into r; older is ABORTED; newer than r + 1 is
 //    FAILED_PRECONDITION.

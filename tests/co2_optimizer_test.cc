@@ -118,7 +118,7 @@ void RunThreads(int n, const std::function<void(int)>& body) {
 
 // ---------------------------------------------------------------------------
 // 1 worker, τ = 1, α = 1, β = 0, localsgd: the same trajectory as the
-// unwrapped optimizer (design.md §9).
+// unwrapped optimizer.
 
 struct MlpImpl : torch::nn::Module {
   MlpImpl() {

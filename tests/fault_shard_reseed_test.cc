@@ -1,8 +1,8 @@
 // A shard restarts without the job's state in the middle of training: its
 // checkpoint removed, or damaged. The workers rejoin, one of them re-seeds the
 // shard from the anchor it holds, and training continues with the outer
-// momentum restarted from zero (design.md §5). Every worker ends with the
-// shards' anchor bit for bit, rounds stay contiguous, and the shard reports
+// momentum restarted from zero (docs/reliability.md). Every worker ends with
+// the shards' anchor bit for bit, rounds stay contiguous, and the shard reports
 // the re-seed with its reason; a damaged file is set aside, not deleted.
 #include <dirent.h>
 #include <stdlib.h>

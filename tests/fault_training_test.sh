@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fault injection into real multi-process training (issue 8, design.md §5):
+# Fault injection into real multi-process training (docs/reliability.md):
 # co2-train (launcher + 2 worker processes, Fashion-MNIST) against 2 real
 # co2-aggregator shard processes with checkpoints. One scenario per call:
 #

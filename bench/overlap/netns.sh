@@ -13,7 +13,7 @@
 # worker's eth0: its uplink; egress of the switch port p<i>: its downlink).
 # The aggregator's link is not shaped: the shards stand for a service
 # provisioned for all workers at once, so the bottleneck is each worker's
-# own link, as in design.md §8. No delay is added: this kernel has no netem.
+# own link. No delay is added: this kernel has no netem.
 
 OV_PREFIX=${OV_PREFIX:-co2ov}
 OV_AGG_ADDR=10.99.0.100

@@ -7,7 +7,7 @@ co2's final drain (one wait for the last update, once per run: a long run
 amortises it; ratio_with_drain keeps it). Every ratio is to the mean of the
 two no-communication runs (first and last) of the same link setting.
 
-The model (design.md §8): a round moves P·b bytes each way over a worker's
+The model (docs/performance.md §1): a round moves P·b bytes each way over a worker's
 link, c = P·b/bandwidth. The shards stream the update: a chunk of U_r leaves
 as soon as every worker's chunk of Δ_r has arrived, so the download runs
 under the upload, and a round's update is whole once the upload is done

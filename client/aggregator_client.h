@@ -113,7 +113,8 @@ class AggregatorClient {
   // by chunk through Fetch (P·4 bytes down, one chunk of scratch): OK when
   // every shard holds the anchor of `anchor_round` and its bits equal this
   // worker's range. Otherwise DATA_LOSS naming the shard, both anchor rounds,
-  // the first element that differs and both FNV-1a hashes of the range.
+  // the first element that differs and both FNV-1a hashes of the range (to
+  // hash it, a mismatching shard's range is downloaded once more, whole).
   // Call it before Leave (a shard serves Fetch to members only).
   absl::Status VerifyAnchor(absl::Span<const float> anchor,
                             uint64_t anchor_round, absl::Time deadline);

@@ -262,17 +262,18 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
       }
     }
   }
-  for (const RankReport& r : ranks) {
-    if (out.params_identical && r.final_hash != ranks[0].final_hash) {
-      out.params_identical = false;
-      std::vector<std::string> hashes;
-      for (const RankReport& q : ranks) {
-        hashes.push_back(absl::StrCat("worker ", q.worker, " rank ",
-                                      q.local_rank, " ", q.final_hash));
-      }
-      out.first_difference =
-          absl::StrCat("final models differ: ", absl::StrJoin(hashes, ", "));
+  const bool finals_differ = std::any_of(
+      ranks.begin(), ranks.end(),
+      [&](const RankReport& r) { return r.final_hash != ranks[0].final_hash; });
+  if (out.params_identical && finals_differ) {
+    out.params_identical = false;
+    std::vector<std::string> hashes;
+    for (const RankReport& r : ranks) {
+      hashes.push_back(absl::StrCat("worker ", r.worker, " rank ", r.local_rank,
+                                    " ", r.final_hash));
     }
+    out.first_difference =
+        absl::StrCat("final models differ: ", absl::StrJoin(hashes, ", "));
   }
   if (ranks_with_rounds > 0) out.final_loss /= ranks_with_rounds;
   if (leaders > 0) {

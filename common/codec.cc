@@ -328,6 +328,10 @@ void Decode(Codec codec, std::string_view bytes, absl::Span<float> out) {
   DecodeWith(WholeRun(codec, bytes, out.size()), Store{}, out);
 }
 
+void Decode(const EncodedRun& run, absl::Span<float> out) {
+  DecodeWith(run, Store{}, out);
+}
+
 void AccumulateDecoded(Codec codec, std::string_view bytes, float weight,
                        absl::Span<float> acc) {
   AccumulateDecoded(WholeRun(codec, bytes, acc.size()), weight, acc);

@@ -82,8 +82,9 @@ std::optional<size_t> FirstNonFiniteSum(Codec codec, std::string_view bytes,
                                         float weight,
                                         absl::Span<const float> acc);
 
-// The same two for a run, which must have passed ValidateRun; acc has
+// The same for a run, which must have passed ValidateRun; out, acc have
 // run.count elements, and the index returned is within the run.
+void Decode(const EncodedRun& run, absl::Span<float> out);
 void AccumulateDecoded(const EncodedRun& run, float weight,
                        absl::Span<float> acc);
 std::optional<size_t> FirstNonFiniteSum(const EncodedRun& run, float weight,

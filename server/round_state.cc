@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cassert>
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -20,37 +19,20 @@ absl::string_view AsAbsl(std::string_view s) {
   return absl::string_view(s.data(), s.size());
 }
 
-// x[i] ← x[i] / divisor, divided in double: Σ w may exceed fp32's range, and
-// a quotient of fp32 values rounded via double is the correctly rounded fp32
-// one (the rank-valued mean (N − 1) / 2 comes out exact). In groups of eight
-// with a fixed-count inner loop, the shape GCC's -O2 vectoriser takes
-// (common/codec_kernels.inc): packed divisions, the same bits as one by one.
-void DivideInPlace(float* __restrict__ x, size_t n, double divisor) {
-  constexpr size_t kGroup = 8;
-  size_t i = 0;
-  for (; i + kGroup <= n; i += kGroup) {
-    for (size_t j = 0; j < kGroup; ++j) {
-      x[i + j] = static_cast<float>(static_cast<double>(x[i + j]) / divisor);
-    }
-  }
-  for (; i < n; ++i) {
-    x[i] = static_cast<float>(static_cast<double>(x[i]) / divisor);
-  }
-}
-
 }  // namespace
 
 // How the state is kept:
 //  - Two accumulator slots alternate by round parity, so rounds open and
 //    open + 1 never share one. A slot's buffer exists only from its round's
-//    first chunk until that round closes: Close divides it in place (the mean)
-//    and moves it into the ClosedRound, so between rounds (and for r + 1 until
+//    first chunk until that round closes: Close frees each chunk's as it
+//    writes its mean into the ClosedRound, so between rounds (and for r + 1 until
 //    a worker gets ahead) the shard holds no accumulator it does not use.
 //  - Accumulation uses the weight rounded to fp32, and the weight sums add
-//    that same fp32 value (in double), so Σ w·Δ / Σ w is exact for equal
-//    weights and integer deltas.
+//    that same fp32 value, both exactly (server/exact_sum.h): the sums are
+//    the same bits in any order of arrival, and Σ w·Δ / Σ w is exact for
+//    equal weights and integer deltas.
 //  - A round never closes without a complete contribution, and a complete
-//    contribution has a weight >= FLT_MIN on every chunk, so no chunk has a
+//    contribution has a weight >= kMinWeight on every chunk, so no chunk has a
 //    weight sum of 0 at close. The guard in Close (mean 0 for such a chunk)
 //    is defensive only: it keeps a broken invariant from producing NaN.
 //  - Contribution weight (ClosedRound::total_weight) is the weight a worker
@@ -84,7 +66,7 @@ RoundState::RoundState(const RoundOptions& options, common::Clock* clock)
       num_chunks_(
           static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
       open_(options.first_round) {
-  for (int s = 0; s < 2; ++s) weight_sum_[s].assign(num_chunks_, 0.0);
+  for (int s = 0; s < 2; ++s) weight_sum_[s].assign(num_chunks_, ExactScalar());
   taken_.Reset(num_chunks_);
   senders_.assign(num_chunks_, 0);
 }
@@ -149,12 +131,12 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
     return absl::InvalidArgumentError(
         absl::StrCat("weight must be finite and > 0, got ", weight));
   }
-  // The accumulators apply the weight in fp32: outside fp32's normal range it
-  // would round to 0 or inf.
-  if (weight < FLT_MIN || weight > FLT_MAX) {
+  // The accumulators apply the weight in fp32 and add it to an exact sum of
+  // limited range (server/exact_sum.h).
+  if (weight < kMinWeight || static_cast<float>(weight) >= kExactSumMaxTerm) {
     return absl::InvalidArgumentError(
-        absl::StrCat("weight ", weight, " is outside the fp32 range [", FLT_MIN,
-                     ", ", FLT_MAX, "]"));
+        absl::StrCat("weight ", weight, " is outside the range [", kMinWeight,
+                     ", ", kExactSumMaxTerm, ")"));
   }
   const absl::StatusOr<common::Codec> known =
       common::CodecFromWire(static_cast<int>(codec));
@@ -225,35 +207,30 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
                                     common::Pieces payload, float w) {
   const common::Range range =
       common::ChunkRange(options_.shard_elements, chunk_index);
-  const absl::Span<float> acc =
-      absl::MakeSpan(AccumulatorOf(slot, chunk_index));
-  double& sum = weight_sum_[slot][chunk_index];
-  // Checked before anything is added: a float sum cannot be rolled back
-  // exactly, and one Inf would poison the round for every worker.
-  // The payload is read in place, part by part (common/payload_pieces.h).
-  CO2_RETURN_IF_ERROR(common::ForEachPart(
-      codec, payload, range.size(), [&](const common::EncodedRun& run) {
-        const std::optional<size_t> bad = common::FirstNonFiniteSum(
-            run, w, acc.subspan(run.first, run.count));
-        if (!bad) return absl::OkStatus();
-        const size_t element = run.first + *bad;
-        return absl::InvalidArgumentError(absl::StrCat(
-            "element ", element, " of the chunk (shard element ",
-            range.begin + element, ") is not finite once weight ", w,
-            " times it is added to the round's sum (fp32 overflow: the "
-            "contribution's values are too large); chunk rejected"));
-      }));
-  common::AccumulatePieces(codec, payload, w, acc);
-  sum += w;
+  // All or nothing: a term out of the exact sum's range changes nothing.
+  const absl::Status added =
+      AccumulatorOf(slot, chunk_index).Add(codec, payload, w);
+  if (!added.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        added.message(), " (chunk element 0 is shard element ", range.begin,
+        "); chunk rejected"));
+  }
+  // In range: the weight was checked by AddChunk, and the weight sum has as
+  // many terms as the accumulator.
+  const absl::Status weighed = weight_sum_[slot][chunk_index].Add(w);
+  assert(weighed.ok());
+  (void)weighed;
   return absl::OkStatus();
 }
 
-std::vector<float>& RoundState::AccumulatorOf(int slot, uint32_t chunk_index) {
-  std::vector<std::vector<float>>& chunks = acc_[slot];
+ExactSum& RoundState::AccumulatorOf(int slot, uint32_t chunk_index) {
+  std::vector<std::unique_ptr<ExactSum>>& chunks = acc_[slot];
   if (chunks.empty()) chunks.resize(num_chunks_);
-  std::vector<float>& acc = chunks[chunk_index];
-  if (acc.empty()) acc.assign(ChunkElements(chunk_index), 0.0f);
-  return acc;
+  std::unique_ptr<ExactSum>& acc = chunks[chunk_index];
+  if (acc == nullptr) {
+    acc = std::make_unique<ExactSum>(ChunkElements(chunk_index));
+  }
+  return *acc;
 }
 
 std::optional<ClosedRound> RoundState::TryClose() {
@@ -325,16 +302,15 @@ void RoundState::RestoreTakenChunk(uint32_t chunk_index,
 }
 
 std::vector<float> RoundState::TakeMean(int slot, uint32_t chunk_index) {
-  std::vector<float> acc = std::move(AccumulatorOf(slot, chunk_index));
-  acc_[slot][chunk_index].clear();  // moved-from: valid but unspecified
-  double& sum = weight_sum_[slot][chunk_index];
-  if (sum > 0) {
-    DivideInPlace(acc.data(), acc.size(), sum);
-  } else {
-    std::fill(acc.begin(), acc.end(), 0.0f);
+  std::vector<float> mean(ChunkElements(chunk_index), 0.0f);
+  ExactScalar& sum = weight_sum_[slot][chunk_index];
+  const double weight = sum.Value();
+  if (weight > 0) {
+    AccumulatorOf(slot, chunk_index).Divide(weight, absl::MakeSpan(mean));
   }
-  sum = 0;
-  return acc;
+  acc_[slot][chunk_index].reset();
+  sum = ExactScalar();
+  return mean;
 }
 
 ClosedRound RoundState::Close(uint32_t contributors, double total_weight,

@@ -2,10 +2,11 @@
 // streaming accumulation of contributions, and when a round may close.
 // Pure logic with an injectable clock and no I/O; it owns the accumulators of
 // the open round r and of r + 1, one per chunk (allocated at the chunk's
-// first contribution, handed to the caller when the round closes, so that
-// the caller can free them one by one), and the per-chunk weight sums: its
-// memory is at most two fp32 copies of the shard, whatever the number of
-// workers.
+// first contribution, freed as the round's means are handed to the caller),
+// and the per-chunk weight sums. The sums are exact (server/exact_sum.h), so
+// a round's mean is the same bits in any order of arrival; an accumulator
+// takes 16 bytes per element, so its memory is at most eight fp32 copies of
+// the shard (two rounds), whatever the number of workers.
 //
 // Rules (docs/algorithm.md, "Round rules"):
 //  - Accepted rounds are r − 1, r and r + 1 (r = open round). A chunk of r − 1
@@ -29,6 +30,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -41,8 +43,13 @@
 #include "common/clock.h"
 #include "common/codec.h"
 #include "common/payload_pieces.h"
+#include "server/exact_sum.h"
 
 namespace co2::server {
+
+// The smallest weight a contribution may have: 2^−20, so that the exact sum
+// (units of 2^−60) keeps at least 40 bits of every weight and of Σ w.
+inline constexpr double kMinWeight = 0x1p-20;
 
 struct RoundOptions {
   size_t shard_elements = 0;  // n, this shard's range size
@@ -76,8 +83,8 @@ struct ClosedRound {
   double total_weight = 0;    // Σ weights of those complete contributions
   bool quorum_close = false;  // closed at the deadline, not by completeness
   // D_r, the weighted mean, chunk by chunk (mean[c] covers
-  // common::ChunkRange(n, c)): the round's accumulators, divided in place and
-  // handed over, so that each is freed as soon as the caller is done with it.
+  // common::ChunkRange(n, c)), each a vector of its own, so that each is
+  // freed as soon as the caller is done with it.
   // Empty for the chunks taken ahead (TakeCompleteChunks).
   std::vector<std::vector<float>> mean;
 };
@@ -104,8 +111,9 @@ class RoundState {
   // common::Validate for the chunk's element count (see ChunkElements()).
   // NOT_FOUND for a worker that is not live; ABORTED / FAILED_PRECONDITION for
   // rounds out of the window; INVALID_ARGUMENT for a chunk index out of range,
-  // a weight that is not finite and > 0, or values so large that weight × Δ
-  // would make the round's sum overflow fp32 (then nothing is counted).
+  // a weight that is not finite or outside [kMinWeight, kExactSumMaxTerm), or a
+  // value whose product with the weight is outside the exact sum's range
+  // (then nothing is counted).
   absl::StatusOr<ChunkOutcome> AddChunk(std::string_view worker, uint64_t round,
                                         uint32_t chunk_index,
                                         common::Codec codec,
@@ -196,16 +204,16 @@ class RoundState {
   static int Slot(uint64_t round) { return static_cast<int>(round & 1); }
   // The accumulator of chunk `chunk_index` in `slot`, allocated (zeroed) if
   // the chunk has none.
-  std::vector<float>& AccumulatorOf(int slot, uint32_t chunk_index);
-  // acc[slot][chunk c] += w · decode(payload).
-  // INVALID_ARGUMENT, with nothing added, if a sum would overflow fp32.
+  ExactSum& AccumulatorOf(int slot, uint32_t chunk_index);
+  // acc[slot][chunk c] += w · decode(payload), exactly.
+  // INVALID_ARGUMENT, with nothing added, if a term is out of range.
   absl::Status Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
                           common::Pieces payload, float w);
-  // Writes the mean of chunk `chunk_index` of `slot` in place and hands it
-  // over (zeros if it has no weight).
+  // The mean of chunk `chunk_index` of `slot` (zeros if it has no weight);
+  // frees its accumulator.
   std::vector<float> TakeMean(int slot, uint32_t chunk_index);
-  // Writes the mean of the open round in place, hands it over and advances
-  // the open round.
+  // Takes the means of the open round, hands them over and advances the open
+  // round.
   ClosedRound Close(uint32_t contributors, double total_weight,
                     bool quorum_close);
   // Whether `w` must contribute to the open round for it to be complete.
@@ -222,10 +230,10 @@ class RoundState {
 
   uint64_t open_ = 0;
   // Σ w·Δ per element, chunk by chunk, for rounds with Slot(round) == i; a
-  // chunk's is empty until its first contribution, and all are again once
-  // Close handed them over.
-  std::array<std::vector<std::vector<float>>, 2> acc_;
-  std::array<std::vector<double>, 2> weight_sum_;   // Σ w per chunk
+  // chunk's is null until its first contribution, and again once its mean
+  // was taken.
+  std::array<std::vector<std::unique_ptr<ExactSum>>, 2> acc_;
+  std::array<std::vector<ExactScalar>, 2> weight_sum_;  // Σ w per chunk
   std::array<bool, 2> has_chunk_ = {false, false};  // a chunk of that round
   std::optional<absl::Time> deadline_;              // of the open round
   bool miss_counted_ = false;                       // for the open round

@@ -19,8 +19,8 @@ namespace {
 constexpr double kMagic = 6755399441055744.0;
 // A term t is hs = t·2^(F−52) in units of the hi limb; hi = round(hs) and
 // lo = round((hs − hi)·2^52), so t·2^F = hi·2^52 + lo up to lo's rounding.
-constexpr double kToHi = 0x1p8;   // 2^(F − 52), F = 60
-constexpr double kToLo = 0x1p52;  // units of the hi limb in units of 2^−F
+constexpr double kToHi = 0x1p8;      // 2^(F − 52), F = 60
+constexpr double kToLo = 0x1p52;     // units of the hi limb in units of 2^−F
 constexpr double kHiLimit = 0x1p51;  // |hs| < 2^51 ⟺ |t| < kExactSumMaxTerm
 static_assert(kExactSumFractionBits == 60, "kToHi is 2^(F − 52)");
 static_assert(kExactSumMaxTerm == kHiLimit / kToHi, "the range of a term");
@@ -42,11 +42,10 @@ inline bool SplitTerm(double term, uint64_t* hi, uint64_t* lo) {
 // the carry of lo into hi is at most 2^11, so hi + carry cannot overflow.
 inline double ValueOf(uint64_t hi, uint64_t lo) {
   const int64_t l = static_cast<int64_t>(lo);
-  const int64_t carry = l >> 52;  // floor(l / 2^52)
+  const int64_t carry = l >> 52;                        // floor(l / 2^52)
   const int64_t rest = l - carry * (int64_t{1} << 52);  // in [0, 2^52)
   const int64_t h = static_cast<int64_t>(hi) + carry;
-  return (static_cast<double>(h) * kToLo + static_cast<double>(rest)) *
-         0x1p-60;
+  return (static_cast<double>(h) * kToLo + static_cast<double>(rest)) * 0x1p-60;
 }
 
 // The kernels, once per KernelIsa.

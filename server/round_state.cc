@@ -25,8 +25,8 @@ absl::string_view AsAbsl(std::string_view s) {
 //  - Two accumulator slots alternate by round parity, so rounds open and
 //    open + 1 never share one. A slot's buffer exists only from its round's
 //    first chunk until that round closes: Close frees each chunk's as it
-//    writes its mean into the ClosedRound, so between rounds (and for r + 1 until
-//    a worker gets ahead) the shard holds no accumulator it does not use.
+//    writes its mean into the ClosedRound, so between rounds (and for r + 1
+//    until a worker gets ahead) the shard holds no accumulator it does not use.
 //  - Accumulation uses the weight rounded to fp32, and the weight sums add
 //    that same fp32 value, both exactly (server/exact_sum.h): the sums are
 //    the same bits in any order of arrival, and Σ w·Δ / Σ w is exact for
@@ -211,9 +211,9 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
   const absl::Status added =
       AccumulatorOf(slot, chunk_index).Add(codec, payload, w);
   if (!added.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        added.message(), " (chunk element 0 is shard element ", range.begin,
-        "); chunk rejected"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(added.message(), " (chunk element 0 is shard element ",
+                     range.begin, "); chunk rejected"));
   }
   // In range: the weight was checked by AddChunk, and the weight sum has as
   // many terms as the accumulator.

@@ -75,8 +75,8 @@ TEST(ExactSumTest, AnyOrderAndAnyKernelGiveTheSameBits) {
       }
       const std::vector<uint32_t> bits = Bits(MeanOf(sum, weight.Value()));
       if (first.empty()) first = bits;
-      ASSERT_EQ(bits, first) << common::KernelIsaName(isa) << " trial "
-                             << trial;
+      ASSERT_EQ(bits, first)
+          << common::KernelIsaName(isa) << " trial " << trial;
     }
   }
 }
@@ -143,11 +143,11 @@ TEST(ExactSumTest, EncodedPayloadsAddTheirDecodedValues) {
       const size_t cut = codec == Codec::kInt8 ? bytes.size() : 4097;
       const std::string_view all(bytes);
       const std::string_view pieces[2] = {all.substr(0, cut), all.substr(cut)};
-      ASSERT_TRUE(encoded
-                      .Add(codec,
-                           common::Pieces(pieces, codec == Codec::kInt8 ? 1 : 2),
-                           t.w)
-                      .ok());
+      ASSERT_TRUE(
+          encoded
+              .Add(codec, common::Pieces(pieces, codec == Codec::kInt8 ? 1 : 2),
+                   t.w)
+              .ok());
       ASSERT_TRUE(decoded.Add(values, t.w).ok());
     }
     for (size_t i = 0; i < n; ++i) {
@@ -172,8 +172,7 @@ TEST(ExactSumTest, ATermOutOfRangeIsRejectedAndChangesNothing) {
   // Just inside the range, the sum is exact.
   x[2100] = std::nextafter(-8.0f, 0.0f);
   ASSERT_TRUE(sum.Add(x, 0x1p40f).ok());
-  EXPECT_EQ(sum.Value(2100),
-            3.0 + static_cast<double>(x[2100]) * 0x1p40);
+  EXPECT_EQ(sum.Value(2100), 3.0 + static_cast<double>(x[2100]) * 0x1p40);
   ExactScalar weight;
   EXPECT_EQ(weight.Add(kExactSumMaxTerm).code(),
             absl::StatusCode::kInvalidArgument);

@@ -528,9 +528,8 @@ TEST_F(RoundStateTest, TermsOutOfTheExactRangeAreRejectedBeforeCounting) {
   EXPECT_THAT(alone.status().message(),
               HasSubstr("worker \"a\" round 0 chunk 0"));
   ASSERT_TRUE(Send("a", 0, 0, Constant(1e12f)).ok());
-  absl::StatusOr<ChunkOutcome> sum = Send("b", 0, 0, [](size_t i) {
-    return i == 17 ? 1e13f : 1.0f;
-  });
+  absl::StatusOr<ChunkOutcome> sum =
+      Send("b", 0, 0, [](size_t i) { return i == 17 ? 1e13f : 1.0f; });
   EXPECT_EQ(sum.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(sum.status().message(),
               HasSubstr("worker \"b\" round 0 chunk 0: element 17"));
@@ -543,10 +542,10 @@ TEST_F(RoundStateTest, TermsOutOfTheExactRangeAreRejectedBeforeCounting) {
   EXPECT_FALSE(resend->duplicate);
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
-  ExpectMean(Flat(*closed),
-             Constant(static_cast<float>(
-                 (static_cast<double>(1e12f) + static_cast<double>(-5e11f)) /
-                 2)));
+  ExpectMean(
+      Flat(*closed),
+      Constant(static_cast<float>(
+          (static_cast<double>(1e12f) + static_cast<double>(-5e11f)) / 2)));
 }
 
 // The proof of order independence on a shard: the same contributions (five
@@ -600,8 +599,7 @@ TEST_F(RoundStateTest, AnyArrivalOrderGivesTheSameBits) {
     ASSERT_TRUE(closed.has_value());
     std::vector<float> flat;
     for (uint32_t c = 0; c < state_->num_chunks(); ++c) {
-      const std::vector<float>& m =
-          mean[c].empty() ? closed->mean[c] : mean[c];
+      const std::vector<float>& m = mean[c].empty() ? closed->mean[c] : mean[c];
       flat.insert(flat.end(), m.begin(), m.end());
     }
     ASSERT_EQ(flat.size(), n);

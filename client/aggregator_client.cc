@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 
+#include "absl/base/casts.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -231,21 +233,43 @@ class AggregatorClient::Impl : public AnchorSource {
     }
     const common::Codec codec =
         common::Codec(options_.job_config.downlink_codec());
+    const uint64_t anchor_round =
+        round + 1 + options_.job_config.max_staleness();
     // a += 1·decode(u) in one pass, no temporary: 1·x is exactly x, so this
-    // is the shard's decode-then-add and both hold the same bits.
-    for (Shard& shard : shards_) {
+    // is the shard's decode-then-add and both hold the same bits. Each
+    // chunk's digest is taken right after, while it is in cache.
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      Shard& shard = shards_[i];
       const std::vector<ReceivedUpdate>& chunks = shard.stream->UpdateChunks();
+      std::optional<size_t> mismatch;
       for (size_t c = 0; c < chunks.size(); ++c) {
         const common::Range r = common::ChunkRange(shard.range.size(), c);
-        common::AccumulatePieces(
-            codec, chunks[c].payload, 1.0f,
-            anchor.subspan(shard.range.begin + r.begin, r.size()));
+        const absl::Span<float> values =
+            anchor.subspan(shard.range.begin + r.begin, r.size());
+        common::AccumulatePieces(codec, chunks[c].payload, 1.0f, values);
+        if (corrupt_next_update_ && !values.empty()) {
+          corrupt_next_update_ = false;
+          values[0] = absl::bit_cast<float>(absl::bit_cast<uint32_t>(values[0]) ^
+                                            1u);
+        }
+        if (chunks[c].anchor_digest != 0 && !mismatch.has_value() &&
+            common::AnchorDigest(values) != chunks[c].anchor_digest) {
+          mismatch = c;
+        }
       }
       shard.stream->ReleaseUpdate(round);
+      if (mismatch.has_value()) {
+        CO2_RETURN_IF_ERROR(HealAnchor(i, *mismatch, anchor_round, anchor));
+      }
     }
     absl::MutexLock lock(&mu_);
     ++stats_.updates_received;
-    return round + 1 + options_.job_config.max_staleness();
+    return anchor_round;
+  }
+
+  void CorruptNextUpdateForTesting() {
+    absl::MutexLock anchor_lock(&anchor_mu_);
+    corrupt_next_update_ = true;
   }
 
   absl::Status VerifyAnchor(absl::Span<const float> anchor,
@@ -338,6 +362,54 @@ class AggregatorClient::Impl : public AnchorSource {
     *request.mutable_config() = options_.job_config;
     request.set_uplink_codec(v1::Codec(options_.uplink_codec));
     return request;
+  }
+
+  // Shard `i`'s range of `anchor` differed from its digest after the update
+  // that made `anchor_round` (first at chunk `chunk`): counts and logs it and
+  // fetches the range again. DATA_LOSS if the shard has another anchor round
+  // by now (it closed the next round meanwhile): what this worker holds is
+  // then known wrong and cannot be mended from the shard.
+  absl::Status HealAnchor(uint32_t i, size_t chunk, uint64_t anchor_round,
+                          absl::Span<float> anchor)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(anchor_mu_) {
+    Shard& shard = shards_[i];
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.anchor_mismatches;
+    }
+    CO2_LOG(WARNING) << "worker " << options_.worker_id << ": the anchor of "
+                     << "round " << anchor_round << " differs from shard " << i
+                     << "'s digest (chunk " << chunk << ", elements from "
+                     << shard.range.begin +
+                            common::ChunkRange(shard.range.size(), chunk).begin
+                     << "); fetching the shard's range [" << shard.range.begin
+                     << ", " << shard.range.end << ") again";
+    absl::StatusOr<uint64_t> fetched = FetchAnchor(
+        shard.stub.get(), options_.job, options_.worker_id,
+        anchor.subspan(shard.range.begin, shard.range.size()),
+        absl::Now() + options_.rpc_timeout);
+    if (!fetched.ok()) {
+      return WithShard(
+          i, shard.address,
+          absl::DataLossError(absl::StrCat(
+              "the anchor of round ", anchor_round,
+              " differs from the shard's digest and fetching it again "
+              "failed: ",
+              fetched.status().ToString())));
+    }
+    if (*fetched != anchor_round) {
+      return WithShard(
+          i, shard.address,
+          absl::DataLossError(absl::StrCat(
+              "the anchor of round ", anchor_round,
+              " differs from the shard's digest, and the shard holds the "
+              "anchor of round ",
+              *fetched, " by now: this worker cannot mend it; restart it")));
+    }
+    CO2_LOG(INFO) << "worker " << options_.worker_id << ": shard " << i
+                  << "'s range of the anchor of round " << anchor_round
+                  << " fetched again";
+    return absl::OkStatus();
   }
 
   // Join, retrying while the shard is unavailable (e.g. still starting).
@@ -489,6 +561,7 @@ class AggregatorClient::Impl : public AnchorSource {
   // Taken before a stream's lock, never after it.
   absl::Mutex anchor_mu_;
   absl::Span<const float> tracked_anchor_ ABSL_GUARDED_BY(anchor_mu_);
+  bool corrupt_next_update_ ABSL_GUARDED_BY(anchor_mu_) = false;
 };
 
 absl::StatusOr<std::unique_ptr<AggregatorClient>> AggregatorClient::Connect(
@@ -530,6 +603,9 @@ absl::Status AggregatorClient::VerifyAnchor(absl::Span<const float> anchor,
                                             uint64_t anchor_round,
                                             absl::Time deadline) {
   return impl_->VerifyAnchor(anchor, anchor_round, deadline);
+}
+void AggregatorClient::CorruptNextUpdateForTesting() {
+  impl_->CorruptNextUpdateForTesting();
 }
 absl::Status AggregatorClient::Leave(absl::Time deadline) {
   return impl_->Leave(deadline);

@@ -62,6 +62,9 @@ struct ClientStats {
   uint64_t bytes_received = 0;  // update payload bytes
   uint64_t broken_streams = 0;  // shard streams that broke and were retried
   uint64_t reconnects = 0;
+  // Shard ranges whose anchor, after an update, did not match the digest the
+  // shard sent with it (and were fetched again).
+  uint64_t anchor_mismatches = 0;
   absl::Duration push_wait;     // time Push waited for the previous send
   absl::Duration update_wait;   // time WaitForUpdate waited (exposed comm.)
 };
@@ -99,6 +102,13 @@ class AggregatorClient {
   // anchor += decode(update of `round`), which must be ready; frees the receive
   // buffer for the next round. Returns the round of the resulting anchor.
   // `anchor` must be the tracked anchor if TrackAnchor was called.
+  // Verifies each chunk of the result against the digest its shard sent
+  // (OuterUpdate.anchor_digest, hashed while the chunk is in cache): a shard
+  // range that differs is logged, counted (stats().anchor_mismatches) and
+  // fetched again from its shard, which heals it when the shard still holds
+  // that round's anchor; DATA_LOSS naming the shard and both rounds when it
+  // has moved on (or the Fetch's error), and then the anchor must not be
+  // used.
   absl::StatusOr<uint64_t> ApplyUpdate(uint64_t round, absl::Span<float> anchor);
 
   // Lends the client this worker's anchor A (P elements, the span that
@@ -118,6 +128,10 @@ class AggregatorClient {
   // Call it before Leave (a shard serves Fetch to members only).
   absl::Status VerifyAnchor(absl::Span<const float> anchor,
                             uint64_t anchor_round, absl::Time deadline);
+
+  // The next ApplyUpdate adds the update with the lowest bit of its first
+  // element flipped, as a fault in this worker's memory would.
+  void CorruptNextUpdateForTesting();
 
   // Leaves the job on every shard (best effort until `deadline`).
   absl::Status Leave(absl::Time deadline);

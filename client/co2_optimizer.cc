@@ -260,8 +260,12 @@ absl::Status Co2Optimizer::WaitForUpdate(uint64_t round, RoundStats& stats) {
   return absl::OkStatus();
 }
 
-absl::Status Co2Optimizer::ApplyUpdate(uint64_t round) {
-  return client_->ApplyUpdate(round, absl::MakeSpan(anchor_)).status();
+absl::Status Co2Optimizer::ApplyUpdate(uint64_t round, RoundStats& stats) {
+  const uint64_t before = client_->stats().anchor_mismatches;
+  const absl::Status applied =
+      client_->ApplyUpdate(round, absl::MakeSpan(anchor_)).status();
+  stats.anchor_mismatches += client_->stats().anchor_mismatches - before;
+  return applied;
 }
 
 std::optional<uint64_t> Co2Optimizer::OwedUpdate() const {
@@ -308,11 +312,11 @@ absl::Status Co2Optimizer::Boundary() {
         const std::optional<uint64_t> owed = OwedUpdate();
         if (owed) CO2_RETURN_IF_ERROR(WaitForUpdate(*owed, stats));
         CO2_RETURN_IF_ERROR(PushDelta(stats));
-        if (owed) CO2_RETURN_IF_ERROR(ApplyUpdate(*owed));
+        if (owed) CO2_RETURN_IF_ERROR(ApplyUpdate(*owed, stats));
       } else {
         CO2_RETURN_IF_ERROR(PushDelta(stats));
         CO2_RETURN_IF_ERROR(WaitForUpdate(round_, stats));
-        CO2_RETURN_IF_ERROR(ApplyUpdate(round_));
+        CO2_RETURN_IF_ERROR(ApplyUpdate(round_, stats));
       }
     }
     CO2_RETURN_IF_ERROR(CopyAnchorAndBroadcast());
@@ -343,7 +347,7 @@ absl::Status Co2Optimizer::Finish() {
     drain.round = round_;
     const absl::Time start = options_.clock->Now();
     if (leader_) status = WaitForUpdate(*owed, drain);
-    if (leader_ && status.ok()) status = ApplyUpdate(*owed);
+    if (leader_ && status.ok()) status = ApplyUpdate(*owed, drain);
     if (status.ok()) status = CopyAnchorAndBroadcast();
     if (status.ok()) anchor_round_ = round_ + 1;
     drain.boundary = options_.clock->Now() - start;

@@ -92,6 +92,9 @@ struct RoundStats {
   absl::Duration push;            // Push: encode Δ, hand it to the streams
   absl::Duration boundary;        // the whole boundary
   uint64_t bytes_sent = 0;        // payload bytes pushed this round
+  // Anchor ranges that differed from their shard's digest when this
+  // boundary applied an update, and were fetched again.
+  uint64_t anchor_mismatches = 0;
   uint64_t params_hash = 0;       // after the boundary, if hash_params
 };
 
@@ -166,7 +169,7 @@ class Co2Optimizer {
   // Leader: waits for the update of `round` (timed as exposed comm.).
   absl::Status WaitForUpdate(uint64_t round, RoundStats& stats);
   // Leader: A ← A + U of `round`.
-  absl::Status ApplyUpdate(uint64_t round);
+  absl::Status ApplyUpdate(uint64_t round, RoundStats& stats);
   // co2: the round whose update turns the anchor this worker holds into the
   // next one, if it is a round of the job.
   std::optional<uint64_t> OwedUpdate() const;

@@ -369,6 +369,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
         sample.exposed_comm = s.exposed_comm;
         sample.push = s.push;
         sample.bytes_sent = s.bytes_sent;
+        sample.anchor_mismatches = s.anchor_mismatches;
         sample.staleness = StalenessOf(algo);
         metrics->ObserveRound(sample);
       }

@@ -87,7 +87,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry,
       exposed_comm_total_(
           AddCounter(registry, "co2_worker_exposed_comm_seconds_total",
                      "Total time the trainer waited for outer updates.",
-                     WorkerLabels(job, worker))) {}
+                     WorkerLabels(job, worker))),
+      anchor_mismatches_(AddCounter(
+          registry, "co2_worker_anchor_mismatches_total",
+          "Shard ranges of the anchor that differed from the digest their "
+          "shard sent with an outer update, and were fetched again.",
+          WorkerLabels(job, worker))) {}
 
 void WorkerMetrics::ObserveRound(const WorkerRoundSample& sample) {
   rounds_.Increment();
@@ -102,6 +107,7 @@ void WorkerMetrics::ObserveRound(const WorkerRoundSample& sample) {
   push_.Observe(absl::ToDoubleSeconds(sample.push));
   bytes_sent_.Increment(static_cast<double>(sample.bytes_sent));
   staleness_.Set(static_cast<double>(sample.staleness));
+  anchor_mismatches_.Increment(static_cast<double>(sample.anchor_mismatches));
 }
 
 void WorkerMetrics::ObserveInnerStep(absl::Duration step) {

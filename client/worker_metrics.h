@@ -17,6 +17,11 @@
 //   co2_worker_bytes_sent_total            counter    contribution payload
 //   co2_worker_staleness_rounds            gauge      round computed − round
 //                                                     of the update applied
+//   co2_worker_anchor_mismatches_total     counter    anchor ranges that
+//                                                     differed from their
+//                                                     shard's digest after an
+//                                                     update (and were fetched
+//                                                     again)
 //
 // Torch-free, so any trainer can link it. Serve() starts a MetricsServer of its
 // own; the constructor records into a borrowed registry instead (tests, or a
@@ -47,6 +52,7 @@ struct WorkerRoundSample {
   absl::Duration push;          // in AggregatorClient::Push
   uint64_t bytes_sent = 0;      // contribution payload bytes of the round
   uint64_t staleness = 0;       // rounds between the update applied and now
+  uint64_t anchor_mismatches = 0;  // anchor ranges fetched again (digest)
 };
 
 class WorkerMetrics {
@@ -84,6 +90,7 @@ class WorkerMetrics {
   prometheus::Counter& bytes_sent_;
   prometheus::Gauge& staleness_;
   prometheus::Counter& exposed_comm_total_;
+  prometheus::Counter& anchor_mismatches_;
 };
 
 }  // namespace co2::client

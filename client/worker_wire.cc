@@ -90,6 +90,9 @@ absl::StatusOr<ReceivedUpdate> ParseOuterUpdate(grpc::ByteBuffer* buffer) {
                type == WireFormatLite::WIRETYPE_VARINT) {
       ok = reader.ReadVarint(&value);
       update.codec = static_cast<int>(static_cast<int32_t>(value));
+    } else if (field == v1::OuterUpdate::kAnchorDigestFieldNumber &&
+               type == WireFormatLite::WIRETYPE_FIXED64) {
+      ok = reader.ReadFixed64(&update.anchor_digest);
     } else if (field == v1::OuterUpdate::kPayloadFieldNumber &&
                type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
       ok = reader.ReadLengthDelimited(&update.payload);

@@ -78,6 +78,7 @@ struct ReceivedUpdate {
   uint64_t round = 0;
   uint32_t chunk_index = 0;
   int codec = 0;  // a co2.v1.Codec wire value
+  uint64_t anchor_digest = 0;  // 0: none sent
   std::vector<std::string_view> payload;
   std::vector<grpc::Slice> slices;
 };

@@ -1,6 +1,7 @@
 #include "common/fnv_hash.h"
 
 #include <cstddef>
+#include <cstring>
 
 namespace co2::common {
 
@@ -10,6 +11,42 @@ uint64_t Fnv1a(absl::Span<const float> values, uint64_t hash) {
   for (size_t i = 0; i < n; ++i) {
     hash ^= bytes[i];
     hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+uint64_t AnchorDigest(absl::Span<const float> values) {
+  constexpr uint64_t kPrime = 1099511628211ull;
+  constexpr size_t kLanes = 4;
+  uint64_t lanes[kLanes] = {kFnv1aOffset, kFnv1aOffset, kFnv1aOffset,
+                            kFnv1aOffset};
+  const char* bytes = reinterpret_cast<const char*>(values.data());
+  const size_t n = values.size() * sizeof(float);
+  const size_t words = n / 8;
+  size_t i = 0;
+  for (; i + kLanes <= words; i += kLanes) {
+    for (size_t j = 0; j < kLanes; ++j) {
+      uint64_t word;
+      std::memcpy(&word, bytes + 8 * (i + j), 8);
+      lanes[j] = (lanes[j] ^ word) * kPrime;
+    }
+  }
+  for (; i < words; ++i) {
+    uint64_t word;
+    std::memcpy(&word, bytes + 8 * i, 8);
+    lanes[i % kLanes] = (lanes[i % kLanes] ^ word) * kPrime;
+  }
+  if (n % 8 != 0) {
+    uint64_t word = 0;
+    std::memcpy(&word, bytes + 8 * words, n % 8);
+    lanes[words % kLanes] = (lanes[words % kLanes] ^ word) * kPrime;
+  }
+  uint64_t hash = kFnv1aOffset;
+  for (const uint64_t lane : lanes) {
+    for (int b = 0; b < 8; ++b) {
+      hash ^= (lane >> (8 * b)) & 0xFF;
+      hash *= kPrime;
+    }
   }
   return hash;
 }

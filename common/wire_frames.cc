@@ -37,19 +37,21 @@ size_t LengthDelimitedHeaderSize(int field, size_t size) {
 
 grpc::ByteBuffer FrameWithPayload(std::string head, int payload_field,
                                   std::string_view payload,
-                                  std::shared_ptr<const void> owner) {
+                                  std::shared_ptr<const void> owner,
+                                  std::string tail) {
   if (payload.empty()) {
-    grpc::Slice only(head);
+    grpc::Slice only(head + tail);
     return grpc::ByteBuffer(&only, 1);
   }
   AppendLengthDelimitedHeader(payload_field, payload.size(), &head);
-  grpc::Slice slices[2] = {
+  grpc::Slice slices[3] = {
       grpc::Slice(head),
       grpc::Slice(const_cast<char*>(payload.data()), payload.size(),
                   &ReleaseOwner,
                   new std::shared_ptr<const void>(std::move(owner))),
+      grpc::Slice(tail),
   };
-  return grpc::ByteBuffer(slices, 2);
+  return grpc::ByteBuffer(slices, tail.empty() ? 2 : 3);
 }
 
 bool TakeSlices(grpc::ByteBuffer* buffer, std::vector<grpc::Slice>* slices,

@@ -38,9 +38,11 @@ size_t LengthDelimitedHeaderSize(int field, size_t size);
 // its slice aliases it and holds `owner`, which must keep it alive and
 // unchanged, until gRPC releases the slice. An empty payload is left out, as
 // protobuf leaves out an empty bytes field.
+// `tail`, the serialised fields numbered above the payload's, follows it.
 grpc::ByteBuffer FrameWithPayload(std::string head, int payload_field,
                                   std::string_view payload,
-                                  std::shared_ptr<const void> owner);
+                                  std::shared_ptr<const void> owner,
+                                  std::string tail = {});
 
 // Moves the slices out of `buffer` (leaving it empty) into `slices`, and
 // views of their bytes into `pieces`. The views point into the slices'

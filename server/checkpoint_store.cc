@@ -105,10 +105,12 @@ absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
   v1::ShardCheckpointHeader header = *view.header;
   header.set_format_version(kFormatVersion);
   header.clear_update_chunk_bytes();
+  header.clear_update_chunk_digests();
   if (view.update != nullptr) {
     for (uint32_t i = 0; i < view.update->num_chunks(); ++i) {
       header.add_update_chunk_bytes(
           static_cast<uint32_t>(view.update->PayloadBytes(i)));
+      header.add_update_chunk_digests(view.update->AnchorDigest(i));
     }
   }
   header.clear_earlier_updates();
@@ -118,6 +120,7 @@ absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
     earlier->set_contributors(update->contributors());
     for (uint32_t i = 0; i < update->num_chunks(); ++i) {
       earlier->add_chunk_bytes(static_cast<uint32_t>(update->PayloadBytes(i)));
+      earlier->add_chunk_digests(update->AnchorDigest(i));
     }
   }
   const std::string path = PathFor(header.job(), header.shard_index(),

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/fnv_hash.h"
 #include "common/layout.h"
 
 namespace co2::server {
@@ -71,7 +72,7 @@ ChunkedOuterStep::ChunkedOuterStep(const v1::JobConfig& config,
 
 std::shared_ptr<const v1::OuterUpdate> ChunkedOuterStep::Message(
     uint64_t round, uint32_t chunk_index, uint32_t contributors,
-    std::string payload) const {
+    std::string payload, uint64_t anchor_digest) const {
   auto msg = std::make_shared<v1::OuterUpdate>();
   msg->set_round(round);
   msg->set_anchor_round(round + 1 + max_staleness_);
@@ -80,6 +81,7 @@ std::shared_ptr<const v1::OuterUpdate> ChunkedOuterStep::Message(
   msg->set_codec(downlink_);
   msg->set_contributors(contributors);
   msg->set_payload(std::move(payload));
+  msg->set_anchor_digest(anchor_digest);
   return msg;
 }
 
@@ -153,10 +155,12 @@ std::shared_ptr<const v1::OuterUpdate> RoundStep::Step(uint32_t chunk_index,
   }
   // A += 1·decode(U) in one pass: what the workers apply
   // (AggregatorClient::ApplyUpdate), so both hold the same bits.
-  common::AccumulateDecoded(codec, payload, 1.0f,
-                            buffers_.anchor.subspan(r.begin, r.size()));
+  // The digest reads the chunk just written, while it is in cache.
+  const absl::Span<float> anchor = buffers_.anchor.subspan(r.begin, r.size());
+  common::AccumulateDecoded(codec, payload, 1.0f, anchor);
   chunks_[chunk_index] =
-      step_.Message(round_, chunk_index, contributors, std::move(payload));
+      step_.Message(round_, chunk_index, contributors, std::move(payload),
+                    common::AnchorDigest(anchor));
   return chunks_[chunk_index];
 }
 

@@ -4,7 +4,8 @@
 // reductions are per block and chunks are whole blocks, so this is the step
 // on the whole range, with no range-sized temporaries. The anchor adds
 // exactly the bits the workers decode, so anchors stay bit-identical on both
-// sides.
+// sides, and each message carries the digest of its chunk's anchor after
+// the update, which workers check theirs against.
 //
 // ChunkedOuterStep holds only the job's constants and makes the messages;
 // const after construction, any thread. RoundStep (below) runs one round's
@@ -63,12 +64,15 @@ class ChunkedOuterStep {
   size_t elements() const { return elements_; }
   uint32_t num_chunks() const { return num_chunks_; }
 
-  // The message carrying chunk `chunk_index` of the update of `round`.
   common::Codec codec() const { return codec_; }
+  // The message carrying chunk `chunk_index` of the update of `round`, with
+  // the digest of the chunk's anchor after it (common::AnchorDigest; 0 if
+  // not known).
   std::shared_ptr<const v1::OuterUpdate> Message(uint64_t round,
                                                  uint32_t chunk_index,
                                                  uint32_t contributors,
-                                                 std::string payload) const;
+                                                 std::string payload,
+                                                 uint64_t anchor_digest) const;
 
  private:
   const OuterConfig outer_;

@@ -67,8 +67,9 @@ absl::Status ParseContribution(WireReader reader, ExchangeMessage* message) {
 grpc::ByteBuffer SerializeUpdate(
     std::shared_ptr<const v1::OuterUpdate> update) {
   // Every field but the payload (set one by one: copying the message would
-  // copy the payload); payload is the highest-numbered field, so the head
-  // and then the payload are the message's own encoding.
+  // copy the payload): those numbered below it ahead of it and
+  // anchor_digest after it, so that the frame is the message's own
+  // encoding.
   v1::OuterUpdate fields;
   fields.set_round(update->round());
   fields.set_anchor_round(update->anchor_round());
@@ -76,10 +77,12 @@ grpc::ByteBuffer SerializeUpdate(
   fields.set_num_chunks(update->num_chunks());
   fields.set_codec(update->codec());
   fields.set_contributors(update->contributors());
+  v1::OuterUpdate tail;
+  tail.set_anchor_digest(update->anchor_digest());
   const std::string_view payload = update->payload();
-  return common::FrameWithPayload(fields.SerializeAsString(),
-                                  v1::OuterUpdate::kPayloadFieldNumber, payload,
-                                  std::move(update));
+  return common::FrameWithPayload(
+      fields.SerializeAsString(), v1::OuterUpdate::kPayloadFieldNumber, payload,
+      std::move(update), tail.SerializeAsString());
 }
 
 absl::StatusOr<ExchangeMessage> ParseExchangeRequest(grpc::ByteBuffer* buffer) {

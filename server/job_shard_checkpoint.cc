@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/synchronization/mutex.h"
+#include "common/fnv_hash.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "server/job_shard.h"
@@ -88,8 +89,9 @@ absl::Status JobShard::RestoreJournalLocked() {
           ChunkSender{sender.worker_id(), sender.contribution_weight()});
     }
     rounds_.RestoreTakenChunk(h.chunk_index(), senders);
-    std::shared_ptr<const v1::OuterUpdate> update = step_.Message(
-        round, h.chunk_index(), h.contributors(), std::move(chunk.update));
+    std::shared_ptr<const v1::OuterUpdate> update =
+        step_.Message(round, h.chunk_index(), h.contributors(),
+                      std::move(chunk.update), common::AnchorDigest(chunk.anchor));
     round_step.Restore(h.chunk_index(), update);
     updates_.AddStreamed(std::move(update));
   }

@@ -17,6 +17,11 @@ void KeptUpdate::Store(std::shared_ptr<const StoredUpdate> stored) {
     auto fields = std::make_shared<v1::OuterUpdate>(*chunks_->front());
     fields->clear_payload();
     fields_ = std::move(fields);
+    auto digests = std::make_shared<std::vector<uint64_t>>();
+    for (const auto& chunk : *chunks_) {
+      digests->push_back(chunk->anchor_digest());
+    }
+    digests_ = std::move(digests);
   }
   stored_ = std::move(stored);
   chunks_ = nullptr;
@@ -25,6 +30,11 @@ void KeptUpdate::Store(std::shared_ptr<const StoredUpdate> stored) {
 size_t KeptUpdate::PayloadBytes(uint32_t chunk) const {
   return chunks_ != nullptr ? (*chunks_)[chunk]->payload().size()
                             : stored_->chunk_bytes(chunk);
+}
+
+uint64_t KeptUpdate::AnchorDigest(uint32_t chunk) const {
+  return chunks_ != nullptr ? (*chunks_)[chunk]->anchor_digest()
+                            : (*digests_)[chunk];
 }
 
 absl::StatusOr<std::string_view> KeptUpdate::Payload(
@@ -39,6 +49,7 @@ absl::StatusOr<std::shared_ptr<const v1::OuterUpdate>> KeptUpdate::Chunk(
   if (chunks_ != nullptr) return (*chunks_)[chunk];
   auto message = std::make_shared<v1::OuterUpdate>(*fields_);
   message->set_chunk_index(chunk);
+  message->set_anchor_digest((*digests_)[chunk]);
   CO2_RETURN_IF_ERROR(stored_->Read(chunk, message->mutable_payload()));
   return message;
 }

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "co2/v1/aggregator.pb.h"
@@ -40,6 +41,8 @@ class KeptUpdate {
   void Store(std::shared_ptr<const StoredUpdate> stored);
 
   size_t PayloadBytes(uint32_t chunk) const;
+  // Chunk `chunk`'s OuterUpdate.anchor_digest.
+  uint64_t AnchorDigest(uint32_t chunk) const;
   // Chunk `chunk`'s encoded payload: in place while in memory, else read
   // into `scratch`, which the view then points into. StoredUpdate::Read's
   // errors.
@@ -58,8 +61,9 @@ class KeptUpdate {
   std::shared_ptr<const UpdateChunks> chunks_;  // null once stored
   std::shared_ptr<const StoredUpdate> stored_;  // null while in memory
   // Once stored: chunk 0's message without its payload, the fields every
-  // chunk's message shares.
+  // chunk's message shares, and every chunk's anchor digest.
   std::shared_ptr<const v1::OuterUpdate> fields_;
+  std::shared_ptr<const std::vector<uint64_t>> digests_;
 };
 
 }  // namespace co2::server

@@ -106,7 +106,9 @@ namespace {
 // messages `step` makes.
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreUpdate(
     const v1::ShardCheckpointHeader& h, uint64_t round, uint32_t contributors,
-    std::vector<std::string>& chunks, const ChunkedOuterStep& step) {
+    std::vector<std::string>& chunks,
+    const google::protobuf::RepeatedField<uint64_t>& digests,
+    const ChunkedOuterStep& step) {
   const common::Codec codec = common::Codec(h.config().downlink_codec());
   auto update = std::make_shared<UpdateChunks>();
   for (uint32_t i = 0; i < step.num_chunks(); ++i) {
@@ -116,7 +118,10 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreUpdate(
     if (!valid.ok()) {
       return CheckpointDataLoss(h.job(), std::string(valid.message()));
     }
-    update->push_back(step.Message(round, i, contributors, std::move(bytes)));
+    const uint64_t digest =
+        static_cast<int>(i) < digests.size() ? digests[static_cast<int>(i)] : 0;
+    update->push_back(
+        step.Message(round, i, contributors, std::move(bytes), digest));
   }
   return update;
 }
@@ -127,7 +132,7 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
     LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step) {
   const v1::ShardCheckpointHeader& h = checkpoint.header;
   return RestoreUpdate(h, h.rounds_closed() - 1, h.update_contributors(),
-                       checkpoint.update_chunks, step);
+                       checkpoint.update_chunks, h.update_chunk_digests(), step);
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<const UpdateChunks>>>
@@ -140,7 +145,8 @@ RestoreEarlierUpdates(LoadedCheckpoint& checkpoint,
     CO2_ASSIGN_OR_RETURN(
         std::shared_ptr<const UpdateChunks> update,
         RestoreUpdate(h, earlier.round(), earlier.contributors(),
-                      checkpoint.earlier_update_chunks[i], step));
+                      checkpoint.earlier_update_chunks[i],
+                      earlier.chunk_digests(), step));
     updates.push_back(std::move(update));
   }
   return updates;

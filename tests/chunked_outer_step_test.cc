@@ -70,7 +70,7 @@ TEST(ChunkedOuterStepTest, MessagesNameTheRoundTheyMakeAndTheChunk) {
   ChunkedOuterStep step(StepConfig(n, 0, v1::CODEC_BF16), n);
   EXPECT_EQ(step.num_chunks(), 2u);
   EXPECT_EQ(step.elements(), n);
-  auto m = step.Message(7, 1, 3, "bytes");
+  auto m = step.Message(7, 1, 3, "bytes", 42);
   EXPECT_EQ(m->round(), 7u);
   EXPECT_EQ(m->anchor_round(), 7u + 1 + 2);  // U_r makes A_{r+1+s}
   EXPECT_EQ(m->chunk_index(), 1u);
@@ -208,7 +208,7 @@ TEST(ChunkedOuterStepTest, AGapChunkThatCannotBeReadBackIsZero) {
   // The reference: the same last update with chunk 2 zeroed, in memory.
   auto zeroed = std::make_shared<UpdateChunks>(*first.update);
   (*zeroed)[2] =
-      step.Message(0, 2, 2, std::string((*zeroed)[2]->payload().size(), '\0'));
+      step.Message(0, 2, 2, std::string((*zeroed)[2]->payload().size(), '\0'), 0);
   std::vector<float> ref_anchor = anchor, ref_momentum = momentum;
   const KeptUpdate ref_last(zeroed);
   closed.round = 1;

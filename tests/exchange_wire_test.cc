@@ -22,16 +22,17 @@ TEST(ExchangeWireTest, SerializedUpdateIsTheMessageAndSharesItsPayload) {
   update->set_codec(v1::CODEC_BF16);
   update->set_contributors(5);
   update->set_payload(std::string(300000, 'u'));
+  update->set_anchor_digest(0x0123456789ABCDEFull);
   const grpc::ByteBuffer buffer = SerializeUpdate(update);
   std::vector<grpc::Slice> slices;
   EXPECT_EQ(BufferBytes(buffer, &slices), update->SerializeAsString());
-  ASSERT_EQ(slices.size(), 2u);
+  ASSERT_EQ(slices.size(), 3u);
   EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()),
             update->payload().data());
 }
 
 TEST(ExchangeWireTest, KnowsEveryFieldOfOuterUpdate) {
-  EXPECT_EQ(v1::OuterUpdate::descriptor()->field_count(), 7)
+  EXPECT_EQ(v1::OuterUpdate::descriptor()->field_count(), 8)
       << "SerializeUpdate copies OuterUpdate's fields one by one: add the "
          "new field there and to the test above";
 }

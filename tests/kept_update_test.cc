@@ -17,6 +17,7 @@ std::shared_ptr<const v1::OuterUpdate> Message(uint64_t round, uint32_t chunk,
   message->set_chunk_index(chunk);
   message->set_contributors(3);
   message->set_payload(std::move(payload));
+  message->set_anchor_digest(1000 + chunk);
   return message;
 }
 
@@ -66,6 +67,8 @@ TEST(KeptUpdateTest, StoredItReleasesTheMessagesAndReadsTheFile) {
     EXPECT_EQ((*chunk)->contributors(), 3u);
     EXPECT_EQ((*chunk)->chunk_index(), c);
     EXPECT_EQ((*chunk)->payload(), c == 0 ? "abc" : "defg");
+    EXPECT_EQ((*chunk)->anchor_digest(), 1000u + c);
+    EXPECT_EQ(kept.AnchorDigest(c), 1000u + c);
   }
 }
 

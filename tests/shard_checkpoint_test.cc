@@ -43,7 +43,7 @@ UpdateChunks Update(const ChunkedOuterStep& step, common::Codec codec) {
     std::vector<float> values(r.size(), c + 0.5f);
     std::string bytes(common::EncodedSize(codec, r.size()), '\0');
     common::Encode(codec, values, absl::MakeSpan(bytes.data(), bytes.size()));
-    update.push_back(step.Message(4, c, 3, bytes));
+    update.push_back(step.Message(4, c, 3, bytes, 100 + c));
   }
   return update;
 }
@@ -77,6 +77,7 @@ TEST(ShardCheckpointTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
     EXPECT_EQ(m.chunk_index(), c);
     EXPECT_EQ(m.contributors(), 3u);
     EXPECT_EQ(m.payload(), update[c]->payload());
+    EXPECT_EQ(m.anchor_digest(), 100u + c) << "kept in the checkpoint";
   }
 }
 

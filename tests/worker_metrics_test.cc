@@ -35,6 +35,7 @@ TEST(WorkerMetricsTest, ARoundBecomesItsSeries) {
   sample.push = absl::Milliseconds(5);
   sample.bytes_sent = 4096;
   sample.staleness = 1;
+  sample.anchor_mismatches = 1;
   metrics.ObserveRound(sample);
   metrics.ObserveRound(sample);
   const std::string text = common::MetricsText(registry);
@@ -42,6 +43,7 @@ TEST(WorkerMetricsTest, ARoundBecomesItsSeries) {
   EXPECT_TRUE(Has(text, "co2_worker_rounds_total" + labels + " 2")) << text;
   EXPECT_TRUE(Has(text, "co2_worker_bytes_sent_total" + labels + " 8192"));
   EXPECT_TRUE(Has(text, "co2_worker_staleness_rounds" + labels + " 1"));
+  EXPECT_TRUE(Has(text, "co2_worker_anchor_mismatches_total" + labels + " 2"));
   // One sample per inner step, each the round's mean step time (0.1 s).
   EXPECT_TRUE(Has(text, "co2_worker_inner_step_seconds_count" + labels + " 8"));
   EXPECT_NEAR(Sample(text, "co2_worker_inner_step_seconds_sum" + labels), 0.8,

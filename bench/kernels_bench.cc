@@ -17,6 +17,8 @@
 
 #include "absl/types/span.h"
 #include "common/codec.h"
+#include "common/payload_pieces.h"
+#include "server/exact_sum.h"
 #include "server/outer_optimizer.h"
 
 namespace {
@@ -75,6 +77,29 @@ void BM_Accumulate(benchmark::State& state, Codec codec) {
     benchmark::ClobberMemory();
   }
   SetBytes(state, payload.size() + 2 * n * sizeof(float));
+}
+
+// What a shard does per received chunk: sum += w · decode(payload), exactly
+// (server/exact_sum.h). Bytes: the payload read plus both int64 limbs of
+// every element read and written (16 bytes each way per element).
+void BM_ExactAccumulate(benchmark::State& state, Codec codec) {
+  const size_t n = Elements(state);
+  const std::string payload = EncodedRandom(codec, n, 1);
+  const std::string_view piece(payload);
+  co2::server::ExactSum sum(n);
+  uint32_t terms = 0;
+  for (auto _ : state) {
+    if (++terms == co2::server::kExactSumMaxTerms) {  // a fresh round
+      state.PauseTiming();
+      sum = co2::server::ExactSum(n);
+      terms = 1;
+      state.ResumeTiming();
+    }
+    benchmark::DoNotOptimize(
+        sum.Add(codec, co2::common::Pieces(&piece, 1), 0.5f).ok());
+    benchmark::ClobberMemory();
+  }
+  SetBytes(state, payload.size() + 4 * n * sizeof(uint64_t));
 }
 
 // The shard's check before it accumulates a chunk: would acc + w · decode(p)
@@ -172,6 +197,9 @@ BENCHMARK(BM_Memcpy)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Accumulate, fp32, Codec::kFp32)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Accumulate, bf16, Codec::kBf16)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Accumulate, int8, Codec::kInt8)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_ExactAccumulate, fp32, Codec::kFp32)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_ExactAccumulate, bf16, Codec::kBf16)->Apply(Sizes);
+BENCHMARK_CAPTURE(BM_ExactAccumulate, int8, Codec::kInt8)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_OverflowCheck, fp32, Codec::kFp32)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_OverflowCheck, bf16, Codec::kBf16)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_OverflowCheck, int8, Codec::kInt8)->Apply(Sizes);

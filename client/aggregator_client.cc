@@ -51,6 +51,10 @@ class AggregatorClient::Impl : public AnchorSource {
     common::Range range;
     bool must_seed = false;
     uint64_t anchor_round = 0;
+    // The round of the anchor range HealAnchor fetched when the shard had
+    // moved past the round being healed: the updates up to that anchor are
+    // in it already, and ApplyUpdate only checks their digests.
+    uint64_t healed_to_round = 0;
     std::unique_ptr<ShardStream> stream;
   };
 
@@ -242,11 +246,14 @@ class AggregatorClient::Impl : public AnchorSource {
       Shard& shard = shards_[i];
       const std::vector<ReceivedUpdate>& chunks = shard.stream->UpdateChunks();
       std::optional<size_t> mismatch;
+      const bool included = anchor_round <= shard.healed_to_round;
       for (size_t c = 0; c < chunks.size(); ++c) {
         const common::Range r = common::ChunkRange(shard.range.size(), c);
         const absl::Span<float> values =
             anchor.subspan(shard.range.begin + r.begin, r.size());
-        common::AccumulatePieces(codec, chunks[c].payload, 1.0f, values);
+        if (!included) {
+          common::AccumulatePieces(codec, chunks[c].payload, 1.0f, values);
+        }
         if (corrupt_next_update_ && !values.empty()) {
           corrupt_next_update_ = false;
           values[0] = absl::bit_cast<float>(absl::bit_cast<uint32_t>(values[0]) ^
@@ -366,9 +373,11 @@ class AggregatorClient::Impl : public AnchorSource {
 
   // Shard `i`'s range of `anchor` differed from its digest after the update
   // that made `anchor_round` (first at chunk `chunk`): counts and logs it and
-  // fetches the range again. DATA_LOSS if the shard has another anchor round
-  // by now (it closed the next round meanwhile): what this worker holds is
-  // then known wrong and cannot be mended from the shard.
+  // fetches the range again. The shard may hold a later anchor by then (it
+  // closed the next round meanwhile, at most max_staleness + 1 rounds on):
+  // that range is then ahead of the rest, and the updates it includes are
+  // not added again (Shard::healed_to_round). DATA_LOSS if the fetch fails
+  // or returns an older anchor or one further ahead.
   absl::Status HealAnchor(uint32_t i, size_t chunk, uint64_t anchor_round,
                           absl::Span<float> anchor)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(anchor_mu_) {
@@ -397,18 +406,20 @@ class AggregatorClient::Impl : public AnchorSource {
               "failed: ",
               fetched.status().ToString())));
     }
-    if (*fetched != anchor_round) {
+    const uint64_t ahead = options_.job_config.max_staleness() + 1;
+    if (*fetched < anchor_round || *fetched > anchor_round + ahead) {
       return WithShard(
           i, shard.address,
           absl::DataLossError(absl::StrCat(
               "the anchor of round ", anchor_round,
               " differs from the shard's digest, and the shard holds the "
               "anchor of round ",
-              *fetched, " by now: this worker cannot mend it; restart it")));
+              *fetched, ": this worker cannot mend it; restart it")));
     }
+    shard.healed_to_round = *fetched;
     CO2_LOG(INFO) << "worker " << options_.worker_id << ": shard " << i
-                  << "'s range of the anchor of round " << anchor_round
-                  << " fetched again";
+                  << "'s range fetched again, the anchor of round "
+                  << *fetched;
     return absl::OkStatus();
   }
 

@@ -105,10 +105,11 @@ class AggregatorClient {
   // Verifies each chunk of the result against the digest its shard sent
   // (OuterUpdate.anchor_digest, hashed while the chunk is in cache): a shard
   // range that differs is logged, counted (stats().anchor_mismatches) and
-  // fetched again from its shard, which heals it when the shard still holds
-  // that round's anchor; DATA_LOSS naming the shard and both rounds when it
-  // has moved on (or the Fetch's error), and then the anchor must not be
-  // used.
+  // fetched again from its shard. If the shard closed a round meanwhile,
+  // that range holds a later anchor until the updates it includes arrive
+  // (they are then checked, not added again). DATA_LOSS naming the shard and
+  // both rounds if the fetch fails or the shard's anchor is not within
+  // max_staleness + 1 rounds ahead; the anchor must not be used then.
   absl::StatusOr<uint64_t> ApplyUpdate(uint64_t round, absl::Span<float> anchor);
 
   // Lends the client this worker's anchor A (P elements, the span that

@@ -16,10 +16,12 @@ uint64_t Fnv1a(absl::Span<const float> values, uint64_t hash) {
 }
 
 uint64_t AnchorDigest(absl::Span<const float> values) {
+  // FNV-1a's 64-bit parameters as published (the offset basis is
+  // 0xcbf29ce484222325).
   constexpr uint64_t kPrime = 1099511628211ull;
+  constexpr uint64_t kBasis = 14695981039346656037ull;
   constexpr size_t kLanes = 4;
-  uint64_t lanes[kLanes] = {kFnv1aOffset, kFnv1aOffset, kFnv1aOffset,
-                            kFnv1aOffset};
+  uint64_t lanes[kLanes] = {kBasis, kBasis, kBasis, kBasis};
   const char* bytes = reinterpret_cast<const char*>(values.data());
   const size_t n = values.size() * sizeof(float);
   const size_t words = n / 8;
@@ -41,7 +43,7 @@ uint64_t AnchorDigest(absl::Span<const float> values) {
     std::memcpy(&word, bytes + 8 * words, n % 8);
     lanes[words % kLanes] = (lanes[words % kLanes] ^ word) * kPrime;
   }
-  uint64_t hash = kFnv1aOffset;
+  uint64_t hash = kBasis;
   for (const uint64_t lane : lanes) {
     for (int b = 0; b < 8; ++b) {
       hash ^= (lane >> (8 * b)) & 0xFF;

@@ -19,10 +19,11 @@ inline constexpr uint64_t kFnv1aOffset = 1469598103934665603ull;
 uint64_t Fnv1a(absl::Span<const float> values, uint64_t hash = kFnv1aOffset);
 
 // The anchor digest of co2.v1.OuterUpdate.anchor_digest: FNV-1a's step
-// (h = (h ^ word) · 1099511628211, from kFnv1aOffset) over the values' bytes
+// (h = (h ^ word) · 1099511628211, from FNV-1a's published 64-bit offset
+// basis 14695981039346656037) over the values' bytes
 // taken as little-endian 64-bit words (the last one padded with zero bytes
-// for an odd count), word i into lane i mod 4, then Fnv1a of the four lanes'
-// 32 bytes (little-endian). Four lanes of 8-byte words run at memory speed,
+// for an odd count), word i into lane i mod 4, then byte-wise FNV-1a (from
+// the same basis) of the four lanes' 32 bytes (little-endian). Four lanes of 8-byte words run at memory speed,
 // where byte-wise FNV-1a does not; a change of any one word always changes
 // the digest (each step is a bijection of the lane).
 uint64_t AnchorDigest(absl::Span<const float> values);

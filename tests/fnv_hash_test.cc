@@ -1,5 +1,6 @@
 #include "common/fnv_hash.h"
 
+#include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -22,6 +23,26 @@ TEST(Fnv1aTest, ChainingOverPiecesHashesTheWhole) {
   std::vector<float> other = whole;
   other[999] = -other[999];
   EXPECT_NE(Fnv1a(other), Fnv1a(all));
+}
+
+// The digest as aggregator.proto spells it (computed independently, in
+// Python, for 0.5, 1.5, ..., 10.5: five words and a padded sixth).
+TEST(AnchorDigestTest, MatchesTheProtoDefinition) {
+  std::vector<float> values;
+  for (int i = 0; i < 11; ++i) values.push_back(i + 0.5f);
+  EXPECT_EQ(AnchorDigest(values), 0xe1dcda91ccd7449eull);
+}
+
+TEST(AnchorDigestTest, AnyOneChangedBitChangesIt) {
+  std::vector<float> values(1001, 0.25f);
+  const uint64_t digest = AnchorDigest(values);
+  for (size_t i : {size_t{0}, size_t{7}, size_t{500}, size_t{1000}}) {
+    std::vector<float> changed = values;
+    changed[i] = std::nextafter(changed[i], 1.0f);
+    EXPECT_NE(AnchorDigest(changed), digest) << "element " << i;
+  }
+  EXPECT_NE(AnchorDigest(absl::MakeConstSpan(values).subspan(0, 1000)),
+            digest);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
+#include "tests/wait_for.h"
 
 namespace co2::testing {
 namespace {
@@ -135,6 +136,54 @@ TEST(ReproducibleE2eTest, AnAnchorCorruptedInMemoryIsHealedInTheSameRound) {
               0)
         << "round " << r << ": the worker's anchor is the shards'";
   }
+  EXPECT_TRUE((*client)->Leave(absl::Now() + kTimeout).ok());
+}
+
+// The shard may close the next round before the worker fetches its range
+// again: the range is then the later anchor, and the update it includes is
+// checked when it arrives, not added twice.
+TEST(ReproducibleE2eTest, AHealWhileTheShardMovesOnSkipsTheUpdateItHolds) {
+  E2eSpec spec;
+  spec.params = 2 * common::kChunkElements;
+  spec.shards = 2;
+  spec.workers = 1;
+  const v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
+  Cluster cluster(spec.shards);
+  std::vector<float> anchor = InitialAnchor(spec.params);
+  auto client = client::AggregatorClient::Connect(
+      WorkerOptions(cluster.addresses(), "ahead", config, 0),
+      absl::MakeSpan(anchor));
+  ASSERT_TRUE(client.ok()) << client.status();
+  const absl::Time deadline = absl::Now() + kTimeout;
+  ASSERT_TRUE(
+      (*client)->Push(0, RandomDelta(spec.params, 0, 0), 1.0, deadline).ok());
+  ASSERT_TRUE((*client)->WaitForUpdate(0, deadline).ok());
+  // Round 1 closes (the anchor of round 3) before update 0 is applied.
+  ASSERT_TRUE(
+      (*client)->Push(1, RandomDelta(spec.params, 0, 1), 1.0, deadline).ok());
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        uint64_t round = 0;
+        cluster.Anchor("ahead", &round);
+        return round == 3;
+      },
+      kTimeout));
+  (*client)->CorruptNextUpdateForTesting();
+  absl::StatusOr<uint64_t> applied =
+      (*client)->ApplyUpdate(0, absl::MakeSpan(anchor));
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(*applied, 2u);
+  EXPECT_EQ((*client)->stats().anchor_mismatches, 1u);
+  ASSERT_TRUE((*client)->WaitForUpdate(1, deadline).ok());
+  applied = (*client)->ApplyUpdate(1, absl::MakeSpan(anchor));
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ((*client)->stats().anchor_mismatches, 1u) << "checked, not added";
+  uint64_t round = 0;
+  const std::vector<float> shards = cluster.Anchor("ahead", &round);
+  ASSERT_EQ(round, 3u);
+  EXPECT_EQ(std::memcmp(shards.data(), anchor.data(),
+                        anchor.size() * sizeof(float)),
+            0);
   EXPECT_TRUE((*client)->Leave(absl::Now() + kTimeout).ok());
 }
 

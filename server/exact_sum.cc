@@ -48,23 +48,25 @@ inline double ValueOf(uint64_t hi, uint64_t lo) {
   return (static_cast<double>(h) * kToLo + static_cast<double>(rest)) * 0x1p-60;
 }
 
+enum class Op { kStore, kAdd, kTakeBack };
+
 // The kernels, once per KernelIsa.
 #define CO2_KERNELS_FILE "server/exact_sum_kernels.inc"
 #include "common/per_isa_kernels.inc"
 #undef CO2_KERNELS_FILE
 
-template <bool kAdd>
+template <Op kOp>
 bool AddTermsWithActiveIsa(const char* x, size_t n, double w, uint64_t* hi,
                            uint64_t* lo) {
   switch (common::ActiveKernelIsa()) {
 #if defined(__x86_64__)
     case common::KernelIsa::kSse2:
-      return sse2::Kernels::AddTerms<kAdd>(x, n, w, hi, lo);
+      return sse2::Kernels::AddTerms<kOp>(x, n, w, hi, lo);
     case common::KernelIsa::kAvx2:
-      return avx2::Kernels::AddTerms<kAdd>(x, n, w, hi, lo);
+      return avx2::Kernels::AddTerms<kOp>(x, n, w, hi, lo);
 #endif
     default:
-      return portable::Kernels::AddTerms<kAdd>(x, n, w, hi, lo);
+      return portable::Kernels::AddTerms<kOp>(x, n, w, hi, lo);
   }
 }
 
@@ -96,15 +98,21 @@ absl::Status ExactScalar::Add(double term) {
 
 double ExactScalar::Value() const { return ValueOf(hi_, lo_); }
 
-ExactSum::ExactSum(size_t elements) : hi_(elements, 0), lo_(elements, 0) {}
+// The limbs are left uninitialised: the first Add stores its terms instead
+// of adding them, which saves writing zeros and reading them back.
+ExactSum::ExactSum(size_t elements)
+    : size_(elements),
+      hi_(new uint64_t[elements]),
+      lo_(new uint64_t[elements]) {}
 
 bool ExactSum::AddRun(const float* x, size_t first, size_t n, float w,
                       int sign) {
   const char* bytes = reinterpret_cast<const char*>(x);
-  return sign > 0 ? AddTermsWithActiveIsa<true>(bytes, n, w, &hi_[first],
-                                                &lo_[first])
-                  : AddTermsWithActiveIsa<false>(bytes, n, w, &hi_[first],
-                                                 &lo_[first]);
+  uint64_t* hi = &hi_[first];
+  uint64_t* lo = &lo_[first];
+  if (sign < 0) return AddTermsWithActiveIsa<Op::kTakeBack>(bytes, n, w, hi, lo);
+  if (terms_ == 0) return AddTermsWithActiveIsa<Op::kStore>(bytes, n, w, hi, lo);
+  return AddTermsWithActiveIsa<Op::kAdd>(bytes, n, w, hi, lo);
 }
 
 bool ExactSum::AddEncodedRun(const common::EncodedRun& run, float w, int sign,
@@ -160,9 +168,13 @@ absl::Status ExactSum::Add(common::Codec codec, common::Pieces payload,
     ++terms_;
     return absl::OkStatus();
   }
-  for (const common::EncodedRun& run : added) {
-    size_t unused;
-    AddEncodedRun(run, w, -1, &unused);
+  // A first term was stored, not added: with terms_ still 0 the limbs are
+  // unused, as before.
+  if (terms_ > 0) {
+    for (const common::EncodedRun& run : added) {
+      size_t unused;
+      AddEncodedRun(run, w, -1, &unused);
+    }
   }
   if (status.code() != absl::StatusCode::kOutOfRange) return status;
   return absl::InvalidArgumentError(absl::StrCat(
@@ -180,11 +192,17 @@ absl::Status ExactSum::Add(absl::Span<const float> x, float w) {
 
 void ExactSum::Divide(double divisor, absl::Span<float> out) const {
   assert(out.size() == size());
+  if (terms_ == 0) {
+    std::fill(out.begin(), out.end(), 0.0f);
+    return;
+  }
   for (size_t i = 0; i < out.size(); ++i) {
     out[i] = static_cast<float>(ValueOf(hi_[i], lo_[i]) / divisor);
   }
 }
 
-double ExactSum::Value(size_t i) const { return ValueOf(hi_[i], lo_[i]); }
+double ExactSum::Value(size_t i) const {
+  return terms_ == 0 ? 0.0 : ValueOf(hi_[i], lo_[i]);
+}
 
 }  // namespace co2::server

@@ -22,7 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -58,8 +58,10 @@ class ExactSum {
  public:
   explicit ExactSum(size_t elements);  // all zero
 
-  size_t size() const { return hi_.size(); }
+  size_t size() const { return size_; }
   uint32_t terms() const { return terms_; }
+  // Back to all zero (keeps the memory).
+  void Clear() { terms_ = 0; }
 
   // sum[i] += w · decode(payload)[i]. `payload` must have passed validation
   // for size() elements of `codec`. All or nothing: INVALID_ARGUMENT naming
@@ -83,8 +85,10 @@ class ExactSum {
   bool AddEncodedRun(const common::EncodedRun& run, float w, int sign,
                      size_t* bad);
 
-  std::vector<uint64_t> hi_;
-  std::vector<uint64_t> lo_;
+  size_t size_;
+  // Meaningful once terms_ > 0.
+  std::unique_ptr<uint64_t[]> hi_;
+  std::unique_ptr<uint64_t[]> lo_;
   uint32_t terms_ = 0;
 };
 

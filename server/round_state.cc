@@ -24,9 +24,11 @@ absl::string_view AsAbsl(std::string_view s) {
 // How the state is kept:
 //  - Two accumulator slots alternate by round parity, so rounds open and
 //    open + 1 never share one. A slot's buffer exists only from its round's
-//    first chunk until that round closes: Close frees each chunk's as it
-//    writes its mean into the ClosedRound, so between rounds (and for r + 1
-//    until a worker gets ahead) the shard holds no accumulator it does not use.
+//    first chunk until that round closes: Close takes each chunk's as it
+//    writes its mean into the ClosedRound. A full chunk's accumulator is then
+//    kept (spare_) for the next chunk that needs one: memory the kernel
+//    hands out afresh is zeroed page by page, on every round, which costs
+//    more than the sum itself.
 //  - Accumulation uses the weight rounded to fp32, and the weight sums add
 //    that same fp32 value, both exactly (server/exact_sum.h): the sums are
 //    the same bits in any order of arrival, and Σ w·Δ / Σ w is exact for
@@ -227,8 +229,14 @@ ExactSum& RoundState::AccumulatorOf(int slot, uint32_t chunk_index) {
   std::vector<std::unique_ptr<ExactSum>>& chunks = acc_[slot];
   if (chunks.empty()) chunks.resize(num_chunks_);
   std::unique_ptr<ExactSum>& acc = chunks[chunk_index];
-  if (acc == nullptr) {
-    acc = std::make_unique<ExactSum>(ChunkElements(chunk_index));
+  if (acc != nullptr) return *acc;
+  const size_t elements = ChunkElements(chunk_index);
+  if (!spare_.empty() && spare_.back()->size() == elements) {
+    acc = std::move(spare_.back());
+    spare_.pop_back();
+    acc->Clear();
+  } else {
+    acc = std::make_unique<ExactSum>(elements);
   }
   return *acc;
 }
@@ -308,7 +316,11 @@ std::vector<float> RoundState::TakeMean(int slot, uint32_t chunk_index) {
   if (weight > 0) {
     AccumulatorOf(slot, chunk_index).Divide(weight, absl::MakeSpan(mean));
   }
-  acc_[slot][chunk_index].reset();
+  std::unique_ptr<ExactSum>& acc = acc_[slot][chunk_index];
+  if (acc != nullptr && acc->size() == common::kChunkElements) {
+    spare_.push_back(std::move(acc));
+  }
+  acc.reset();
   sum = ExactScalar();
   return mean;
 }

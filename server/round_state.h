@@ -2,11 +2,12 @@
 // streaming accumulation of contributions, and when a round may close.
 // Pure logic with an injectable clock and no I/O; it owns the accumulators of
 // the open round r and of r + 1, one per chunk (allocated at the chunk's
-// first contribution, freed as the round's means are handed to the caller),
-// and the per-chunk weight sums. The sums are exact (server/exact_sum.h), so
-// a round's mean is the same bits in any order of arrival; an accumulator
-// takes 16 bytes per element, so its memory is at most eight fp32 copies of
-// the shard (two rounds), whatever the number of workers.
+// first contribution; once the round's means are handed to the caller they
+// are kept for reuse by later rounds), and the per-chunk weight sums. The
+// sums are exact (server/exact_sum.h), so a round's mean is the same bits in
+// any order of arrival; an accumulator takes 16 bytes per element, so their
+// memory is at most eight fp32 copies of the shard (two rounds), whatever
+// the number of workers.
 //
 // Rules (docs/algorithm.md, "Round rules"):
 //  - Accepted rounds are r − 1, r and r + 1 (r = open round). A chunk of r − 1
@@ -234,6 +235,9 @@ class RoundState {
   // was taken.
   std::array<std::vector<std::unique_ptr<ExactSum>>, 2> acc_;
   std::array<std::vector<ExactScalar>, 2> weight_sum_;  // Σ w per chunk
+  // Accumulators of full chunks whose means were taken, for reuse: at most
+  // as many as two rounds had at once.
+  std::vector<std::unique_ptr<ExactSum>> spare_;
   std::array<bool, 2> has_chunk_ = {false, false};  // a chunk of that round
   std::optional<absl::Time> deadline_;              // of the open round
   bool miss_counted_ = false;                       // for the open round

@@ -26,7 +26,8 @@ namespace co2::server {
 // Why a contribution chunk was refused (the `reason` label of the metric).
 enum class RejectReason {
   kInvalidArgument,    // malformed: chunk index, size, codec, weight
-  kNonFinite,          // a NaN or Inf element (INVALID_ARGUMENT on the wire)
+  kNonFinite,          // a NaN or Inf element, or one too large for the
+                       // exact sum (INVALID_ARGUMENT on the wire)
   kStale,              // round older than the open round − 1 (ABORTED)
   kAhead,              // round newer than the open round + 1
   kNotMember,          // the worker is not a live member (lease expired?)

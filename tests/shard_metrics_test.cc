@@ -180,12 +180,13 @@ TEST_F(ShardMetricsTest, EvictedWorkersChunksHaveTheirOwnReason) {
   EXPECT_TRUE(std::isnan(reason("ahead"))) << "an eviction counted as ahead";
 }
 
-TEST_F(ShardMetricsTest, OverflowingChunksAreRejectedLikeNaN) {
+TEST_F(ShardMetricsTest, OutOfRangeChunksAreRejectedLikeNaN) {
   Create(2);
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 3e38f)).ok());
-  // Finite, but 3e38 + 3e38 is not: refused before it reaches the sum.
+  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1e12f)).ok());
+  // Finite, but past the exact sum's range (2^43 per term): refused before
+  // it reaches the sum.
   for (int i = 0; i < 3; ++i) {
-    const absl::Status s = shard_->Contribute("b", Contribution(0, 3e38f));
+    const absl::Status s = shard_->Contribute("b", Contribution(0, 1e13f));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find("worker \"b\" round 0 chunk 0"),
               std::string::npos)

@@ -15,7 +15,7 @@ PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libgtest-dev libgmock-dev libbenchmark-dev libtorch-dev libgloo-dev \
   prometheus-cpp-dev prometheus dataset-fashion-mnist fortunes \
   iperf3 iproute2 gnuplot-nox \
-  clang libclang-rt-14-dev openssl curl
+  clang libclang-rt-14-dev openssl libssl-dev curl
 # LibTorch's CPU matrix products go through the system BLAS, which is
 # Debian's reference implementation unless an optimised one is installed:
 # OpenBLAS (its OpenMP build follows co2-train --threads) makes the demo's

@@ -19,6 +19,7 @@
 #include "common/logging.h"
 #include "common/payload_pieces.h"
 #include "common/status_macros.h"
+#include "common/tls_probe.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/security/credentials.h"
@@ -337,6 +338,7 @@ class AggregatorClient::Impl : public AnchorSource {
     request.set_worker_id(options_.worker_id);
     *request.mutable_config() = options_.job_config;
     request.set_uplink_codec(v1::Codec(options_.uplink_codec));
+    request.set_rejoin(options_.rejoin);
     return request;
   }
 
@@ -344,12 +346,28 @@ class AggregatorClient::Impl : public AnchorSource {
   absl::Status Join(uint32_t index, Shard& shard, absl::Time deadline) {
     const v1::JoinRequest request = JoinRequest();
     v1::JoinResponse response;
+    bool probed = false;
     CO2_RETURN_IF_ERROR(
         RetryUnavailable(deadline, [&](absl::Time call_deadline) {
           grpc::ClientContext context;
           SetDeadline(&context, call_deadline);
-          return common::FromGrpcStatus(
+          absl::Status status = common::FromGrpcStatus(
               shard.stub->Join(&context, request, &response));
+          if (status.code() == absl::StatusCode::kUnavailable &&
+              options_.tls.enabled() && !probed) {
+            // gRPC says UNAVAILABLE for a shard that is down and for one
+            // that refuses this worker's TLS alike; only the first is worth
+            // waiting for.
+            probed = true;
+            absl::Status tls = common::ProbeTlsHandshake(
+                shard.address, options_.tls,
+                std::min(options_.rpc_timeout, absl::Seconds(5)));
+            if (tls.code() == absl::StatusCode::kUnauthenticated ||
+                tls.code() == absl::StatusCode::kInvalidArgument) {
+              return tls;
+            }
+          }
+          return status;
         }));
     CO2_ASSIGN_OR_RETURN(shard.range, common::ShardRangeFor(
                                           anchor_size(), shards_size(), index));

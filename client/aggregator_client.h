@@ -42,6 +42,10 @@ struct ClientOptions {
   // The job's settings; must match every other worker's. num_parameters and
   // num_shards are filled in by Connect from the anchor and addresses.
   v1::JobConfig job_config;
+  // This worker restarted without its state into a job it was a member of
+  // (JoinRequest.rejoin): it may join the job after it finished, to end on
+  // its final anchor.
+  bool rejoin = false;
   common::Codec uplink_codec = common::Codec::kFp32;
   // TLS to the shards: ca_file verifies them; cert_file + key_file for mTLS.
   // Empty: plaintext (in-process and loopback tests only).

@@ -135,6 +135,11 @@ absl::Status Co2Optimizer::Init() {
           StalenessOf(options_.algo), ", the job has ",
           config.max_staleness()));
     }
+    if (config.rounds() != 0 && config.rounds() != options_.rounds) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Co2Optimizer: options.rounds is ", options_.rounds,
+          " but the job's JobConfig.rounds is ", config.rounds()));
+    }
     if (config.num_parameters() != p) {
       return absl::FailedPreconditionError(absl::StrCat(
           "Co2Optimizer: the job has ", config.num_parameters(),

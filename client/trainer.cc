@@ -281,6 +281,9 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
     co.job = o.job.empty() ? "co2-train" : o.job;
     co.worker_id = absl::StrCat("worker-", worker);
     CO2_ASSIGN_OR_RETURN(co.job_config, MakeJobConfig(o, algo));
+    co.job_config.set_rounds(
+        static_cast<uint64_t>((total_steps + o.tau - 1) / o.tau));
+    co.rejoin = o.rejoin;
     co.uplink_codec = uplink;
     co.tls.ca_file = o.aggregator_ca;
     co.tls.cert_file = o.aggregator_cert;

@@ -3,7 +3,7 @@
 #   <prefix>/include/{client,common}/*.h, co2/v1/*.pb.h   the units' headers
 #   <prefix>/lib/libco2_*.a                                 one archive per unit
 #   <prefix>/lib/cmake/co2/co2Config.cmake, co2Targets.cmake
-#   <prefix>/bin/co2-aggregator, co2-train
+#   <prefix>/bin/co2-aggregator, co2-train, co2-checkpoint, co2-admin
 #
 # A trainer writes find_package(co2 CONFIG REQUIRED) and links co2::client, an
 # INTERFACE target over the client units; the units themselves are exported
@@ -22,7 +22,7 @@ endif()
 # The units a trainer links, closed under their co2 dependencies.
 set(co2_install_units
   co2_proto co2_logging co2_clock co2_layout co2_codec co2_payload_pieces co2_fnv_hash
-  co2_grpc_status co2_tls_config co2_job_config co2_wire_frames co2_worker_wire co2_send_buffers
+  co2_grpc_status co2_tls_config co2_tls_probe co2_job_config co2_wire_frames co2_worker_wire co2_send_buffers
   co2_shard_calls co2_shard_stream co2_aggregator_client
   co2_torch_status co2_flat_params co2_gloo_group co2_intra_node_group
   co2_optimizer co2_data_shard co2_fashion_mnist co2_batches)
@@ -71,7 +71,7 @@ install(TARGETS co2_client ${co2_install_units}
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
   LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS co2-aggregator co2-train
+install(TARGETS co2-aggregator co2-train co2-checkpoint co2-admin
   RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(EXPORT co2Targets
   NAMESPACE co2::

@@ -7,6 +7,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "server/admin_service.h"
 #include "server/aggregator_service.h"
 
 namespace co2::server {
@@ -17,6 +18,12 @@ absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
   server->registry_ =
       std::make_unique<JobRegistry>(options.registry, options.clock);
   server->service_ = std::make_unique<AggregatorService>(server->registry_.get());
+  server->admin_ = std::make_unique<AdminService>(server->registry_.get());
+  if (!options.tokens.admin.empty() && options.tokens.empty()) {
+    return absl::InvalidArgumentError(
+        "an admin token needs job tokens: a shard without them checks no "
+        "token and takes admin calls from every client");
+  }
   std::shared_ptr<grpc::ServerCredentials> credentials =
       grpc::InsecureServerCredentials();
   if (options.tls.enabled()) {
@@ -35,6 +42,7 @@ absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.address, credentials, &server->port_);
   builder.RegisterService(server->service_.get());
+  builder.RegisterService(server->admin_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);

@@ -21,6 +21,7 @@ class Server;
 
 namespace co2::server {
 
+class AdminService;
 class AggregatorService;
 
 struct AggregatorServerOptions {
@@ -40,6 +41,7 @@ struct AggregatorServerOptions {
   // plaintext unless --insecure.
   common::TlsOptions tls;
   // Bearer tokens checked on every call (needs tls); empty = none checked.
+  // tokens.admin (needs job tokens) opens the admin service (co2-admin).
   JobTokens tokens;
   common::Clock* clock = common::Clock::Real();  // borrowed
 };
@@ -66,6 +68,7 @@ class AggregatorServer {
 
   std::unique_ptr<JobRegistry> registry_;
   std::unique_ptr<AggregatorService> service_;
+  std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

@@ -31,7 +31,7 @@ absl::Status ValidateId(absl::string_view what, const std::string& id) {
 }
 
 // `context` authenticated the call; its bearer token must be for `job`.
-absl::StatusOr<JobShard*> FindJob(const grpc::CallbackServerContext* context,
+absl::StatusOr<std::shared_ptr<JobShard>> FindJob(const grpc::CallbackServerContext* context,
                                   JobRegistry* registry, const std::string& job,
                                   const std::string& worker) {
   CO2_RETURN_IF_ERROR(ValidateId("job", job));
@@ -70,12 +70,14 @@ absl::Status DoJoin(const grpc::CallbackServerContext* context,
   CO2_RETURN_IF_ERROR(ValidateId("worker_id", request.worker_id()));
   CO2_RETURN_IF_ERROR(CheckJobAccess(*context, request.job()));
   const v1::JobConfig config = registry->WithDefaults(request.config());
-  CO2_ASSIGN_OR_RETURN(JobShard * job, registry->GetOrCreate(request.job(), config));
+  CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job,
+                       registry->GetOrCreate(request.job(), config, request.rejoin()));
   CO2_ASSIGN_OR_RETURN(JoinResult joined,
                        job->Join(request.worker_id(), config, uplink,
                                  request.has_resume_round()
                                      ? std::optional<uint64_t>(request.resume_round())
-                                     : std::nullopt));
+                                     : std::nullopt,
+                                 request.rejoin()));
   response->set_shard_index(registry->options().shard_index);
   response->set_range_begin(job->range().begin);
   response->set_range_end(job->range().end);
@@ -165,7 +167,7 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   grpc::ByteBuffer* const response_;
   grpc::ByteBuffer body_;
   v1::AnchorChunk chunk_;
-  JobShard* job_ = nullptr;
+  std::shared_ptr<JobShard> job_;
   std::string worker_;
   uint64_t attempt_ = 0;  // this stream's seed (SeedState::Accept)
   uint32_t received_ = 0;
@@ -205,7 +207,7 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       const grpc::ByteBuffer& body) {
     v1::FetchRequest request;
     CO2_RETURN_IF_ERROR(ParseRequest(body, &request));
-    CO2_ASSIGN_OR_RETURN(JobShard * job, FindJob(context, registry,
+    CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry,
                                                  request.job(),
                                                  request.worker_id()));
     return job->Fetch(request.worker_id());
@@ -413,7 +415,7 @@ class ExchangeReactor
   JobRegistry* const registry_;
   const std::shared_ptr<Outbox> outbox_;
   grpc::ByteBuffer request_;
-  JobShard* job_ = nullptr;
+  std::shared_ptr<JobShard> job_;
   std::string worker_;
 };
 
@@ -451,7 +453,7 @@ grpc::ServerUnaryReactor* AggregatorService::Heartbeat(
       context, *request, response,
       [&](const v1::HeartbeatRequest& beat,
           v1::HeartbeatResponse* renewed) -> absl::Status {
-        CO2_ASSIGN_OR_RETURN(JobShard * job, FindJob(context, registry_,
+        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_,
                                                      beat.job(),
                                                      beat.worker_id()));
         CO2_RETURN_IF_ERROR(job->Heartbeat(beat.worker_id()));
@@ -468,7 +470,7 @@ grpc::ServerUnaryReactor* AggregatorService::Leave(
   return Unary<v1::LeaveRequest, v1::LeaveResponse>(
       context, *request, response,
       [&](const v1::LeaveRequest& leave, v1::LeaveResponse*) -> absl::Status {
-        CO2_ASSIGN_OR_RETURN(JobShard * job, FindJob(context, registry_,
+        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_,
                                                      leave.job(),
                                                      leave.worker_id()));
         CO2_RETURN_IF_ERROR(job->Leave(leave.worker_id()));

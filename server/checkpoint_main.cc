@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "common/fnv_hash.h"
 #include "server/checkpoint_store.h"
+#include "server/job_lifecycle.h"
 
 namespace {
 
@@ -54,11 +55,12 @@ int main(int argc, char** argv) {
       return 1;
     }
     const co2::v1::ShardCheckpointHeader& h = checkpoint->header;
-    std::printf("file=%s job=%s shard=%u/%u range=[%llu,%llu) rounds_closed=%llu members=%d\n",
+    std::printf("file=%s job=%s shard=%u/%u range=[%llu,%llu) rounds_closed=%llu members=%d state=%s\n",
                 argv[i], h.job().c_str(), h.shard_index(), h.config().num_shards(),
                 static_cast<unsigned long long>(h.range_begin()),
                 static_cast<unsigned long long>(h.range_end()),
-                static_cast<unsigned long long>(h.rounds_closed()), h.members_size());
+                static_cast<unsigned long long>(h.rounds_closed()), h.members_size(),
+                std::string(co2::server::JobStateName(h.state())).c_str());
     loaded.push_back(*std::move(checkpoint));
   }
   const co2::v1::ShardCheckpointHeader& first = loaded[0].header;

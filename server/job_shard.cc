@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -55,7 +56,8 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
                    : std::make_unique<RoundJournal>(
                          options.checkpoints->JournalPathFor(
                              job_, options.shard_index, config.num_shards()))),
-      report_(job_, options.observer, clock) {}
+      report_(job_, options.observer, clock),
+      lifecycle_(config.rounds(), options.abandon_after, clock->Now()) {}
 
 JobShard::~JobShard() {
   std::vector<std::function<void(absl::Status)>> waiters;
@@ -83,9 +85,22 @@ uint32_t JobShard::num_chunks() const { return step_.num_chunks(); }
 absl::StatusOr<JoinResult> JobShard::Join(const std::string& worker,
                                           const v1::JobConfig& config,
                                           common::Codec uplink,
-                                          std::optional<uint64_t> resume_round) {
+                                          std::optional<uint64_t> resume_round,
+                                          bool rejoin) {
   CO2_RETURN_IF_ERROR(common::CheckSameJobConfig(config_, config));
   absl::MutexLock lock(&mu_);
+  if (retired_) {
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_, "\" was just retired on shard ", options_.shard_index,
+        "; join again"));
+  }
+  const bool abandoned = lifecycle_.state() == v1::JOB_STATE_ABANDONED;
+  CO2_RETURN_IF_ERROR(lifecycle_.AdmitJoin(job_, rejoin, clock_->Now()));
+  if (abandoned) {
+    checkpoint_dirty_ = true;
+    CO2_LOG(INFO) << "job " << job_ << ": abandoned -> open (worker " << worker
+                  << " joined at round " << rounds_.open_round() << ")";
+  }
   if (members_.IsEvicted(worker)) return members_.NotMember(worker);
   const bool lost_state = !anchor_ready_ && resume_round.has_value();
   if (lost_state && seed_.ReseedingByOther(worker)) {
@@ -286,6 +301,11 @@ absl::Status JobShard::ContributeUnobserved(const std::string& worker,
         " differs from the codec worker \"", worker, "\" joined with (",
         std::string(common::CodecName(member->uplink)), ")"));
   }
+  if (config_.rounds() > 0 && c.round >= config_.rounds()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "contribution to round ", c.round, ", past the job's last round ",
+        config_.rounds() - 1, " (JobConfig.rounds = ", config_.rounds(), ")"));
+  }
   if (!valid.ok()) {
     return RejectLocked(worker, *member,
                         absl::Status(valid.code(),
@@ -351,6 +371,10 @@ absl::Status JobShard::Subscribe(const std::shared_ptr<UpdateSink>& sink,
 }
 
 int JobShard::Poll() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (retired_) return 0;
+  }
   if (options_.checkpoints == nullptr) return PollInMemory();
   const int published = PublishDurably();
   StreamDurably();
@@ -361,8 +385,64 @@ void JobShard::AdvanceLocked() {
   ExpireLeasesLocked();
   while (CloseRoundLocked()) {
   }
-  report_.Polled(members_.size(), rounds_.open_round(), anchor_ready_,
-                 rounds_.quorum_misses());
+  UpdateLifecycleLocked();
+  if (lifecycle_.open()) {
+    report_.Polled(members_.size(), rounds_.open_round(), anchor_ready_,
+                   rounds_.quorum_misses());
+  }
+}
+
+void JobShard::UpdateLifecycleLocked() {
+  const v1::JobState before = lifecycle_.state();
+  if (!lifecycle_.Update(rounds_closed_, members_.size(), clock_->Now())) {
+    return;
+  }
+  checkpoint_dirty_ = true;
+  CO2_LOG(INFO) << "job " << job_ << ": " << JobStateName(before) << " -> "
+                << JobStateName(lifecycle_.state()) << " at round "
+                << rounds_.open_round() << " on shard " << options_.shard_index;
+  if (!lifecycle_.open()) report_.Closed();
+}
+
+v1::JobSummary JobShard::Summary() const {
+  absl::MutexLock lock(&mu_);
+  v1::JobSummary summary;
+  summary.set_job(job_);
+  summary.set_state(lifecycle_.state());
+  summary.set_open_round(rounds_.open_round());
+  summary.set_rounds(config_.rounds());
+  summary.set_live_workers(static_cast<uint32_t>(members_.size()));
+  summary.set_seconds_in_state(
+      absl::ToDoubleSeconds(clock_->Now() - lifecycle_.since()));
+  summary.set_in_memory(true);
+  return summary;
+}
+
+bool JobShard::RetireIfExpired(absl::Duration retention) {
+  absl::MutexLock lock(&mu_);
+  if (lifecycle_.open() || clock_->Now() - lifecycle_.since() < retention) {
+    return false;
+  }
+  if (options_.checkpoints != nullptr &&
+      (checkpoint_dirty_ || updates_.has_unpublished())) {
+    return false;
+  }
+  retired_ = true;
+  return true;
+}
+
+absl::Status JobShard::RetireForDelete() {
+  absl::MutexLock lock(&mu_);
+  if (lifecycle_.open() && members_.size() > 0) {
+    std::vector<std::string> live;
+    for (const auto& [worker, member] : members_.live()) live.push_back(worker);
+    std::sort(live.begin(), live.end());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", job_, "\" is open with ", live.size(), " live worker(s) (",
+        absl::StrJoin(live, ", "), "); stop them first"));
+  }
+  retired_ = true;
+  return absl::OkStatus();
 }
 
 int JobShard::PollInMemory() {
@@ -426,7 +506,7 @@ int JobShard::PublishDurably() {
     anchor_durable_ = true;
     ++stats_.checkpoints_written;
     stats_.last_checkpoint_duration = absl::Now() - start;
-    if (options_.observer != nullptr) {
+    if (options_.observer != nullptr && lifecycle_.open()) {
       options_.observer->OnCheckpointWritten(job_,
                                              stats_.last_checkpoint_duration);
     }
@@ -520,6 +600,7 @@ absl::Status JobShard::WriteJournal(uint64_t round,
 absl::Time JobShard::NextDeadline() const {
   absl::MutexLock lock(&mu_);
   absl::Time next = rounds_.Deadline().value_or(absl::InfiniteFuture());
+  next = std::min(next, lifecycle_.NextDeadline());
   if (updates_.has_unpublished()) next = std::min(next, checkpoint_retry_at_);
   return std::min(next, members_.NextExpiry());
 }

@@ -50,6 +50,7 @@
 #include "server/checkpoint_store.h"
 #include "server/chunked_outer_step.h"
 #include "server/contribution_payload.h"
+#include "server/job_lifecycle.h"
 #include "server/kept_update.h"
 #include "server/outer_optimizer.h"
 #include "server/round_journal.h"
@@ -91,6 +92,9 @@ struct JobShardOptions {
   // Why this job has no state if a resuming worker finds it without an
   // anchor (logged and counted at the re-seed); set per job by JobRegistry.
   ReseedReason reseed_reason = ReseedReason::kMissing;
+  // An OPEN job with no live worker for this long, rounds left, is
+  // ABANDONED (server/job_lifecycle.h).
+  absl::Duration abandon_after = absl::Minutes(10);
 };
 
 struct JoinResult {
@@ -150,11 +154,15 @@ class JobShard {
   // told to re-seed it (must_reseed), replacing a fresh seeder of A_0 that
   // has not finished; other resuming workers get UNAVAILABLE until the
   // re-seed completes. FAILED_PRECONDITION for a config that differs from
-  // the job's; RESOURCE_EXHAUSTED past max_workers.
+  // the job's; RESOURCE_EXHAUSTED past max_workers. A FINISHED job takes
+  // only a `rejoin` (JobLifecycle::AdmitJoin); an ABANDONED one becomes
+  // OPEN. UNAVAILABLE once the shard is retired (join again: the registry
+  // holds the job's successor).
   absl::StatusOr<JoinResult> Join(const std::string& worker,
                                   const v1::JobConfig& config,
                                   common::Codec uplink,
-                                  std::optional<uint64_t> resume_round = {})
+                                  std::optional<uint64_t> resume_round = {},
+                                  bool rejoin = false)
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Heartbeat(const std::string& worker) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Leave(const std::string& worker) ABSL_LOCKS_EXCLUDED(mu_);
@@ -221,6 +229,16 @@ class JobShard {
   absl::Time NextDeadline() const ABSL_LOCKS_EXCLUDED(mu_);
 
   JobShardStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The job as co2-admin lists it (in_memory set).
+  v1::JobSummary Summary() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Retires the shard if it is not OPEN, has not been for `retention`, and
+  // its state is in its checkpoint (nothing left to write; always without
+  // checkpoints): later Joins get UNAVAILABLE and Poll does nothing. The
+  // registry then forgets it. True if retired.
+  bool RetireIfExpired(absl::Duration retention) ABSL_LOCKS_EXCLUDED(mu_);
+  // Retires the shard for a deletion; FAILED_PRECONDITION naming the live
+  // workers of an OPEN job that has any.
+  absl::Status RetireForDelete() ABSL_LOCKS_EXCLUDED(mu_);
   // The anchor and its round, for tests comparing with workers.
   std::vector<float> AnchorForTesting(uint64_t* anchor_round) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -247,8 +265,12 @@ class JobShard {
   absl::Status RejectLocked(const std::string& worker, ShardMember& member,
                             const absl::Status& invalid)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Expires leases and closes the rounds that can close.
+  // Expires leases, closes the rounds that can close and moves the job
+  // along its lifecycle.
   void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lifecycle's part of AdvanceLocked: logs a change and makes it
+  // durable; a job that leaves OPEN leaves the metrics.
+  void UpdateLifecycleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CloseRoundLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Poll without checkpoints: closed rounds and complete chunks go out at
   // once.
@@ -355,6 +377,10 @@ class JobShard {
   uint64_t restored_quorum_misses_ ABSL_GUARDED_BY(mu_) = 0;
   // Rounds and polls, told to the observer.
   ShardReporter report_ ABSL_GUARDED_BY(mu_);
+  JobLifecycle lifecycle_ ABSL_GUARDED_BY(mu_);
+  // Retired (RetireIfExpired, RetireForDelete): the registry no longer
+  // holds the shard; it only finishes the calls in flight.
+  bool retired_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace co2::server

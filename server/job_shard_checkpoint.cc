@@ -33,6 +33,8 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
   shard->anchor_ready_ = true;
   shard->rounds_closed_ = h.rounds_closed();
   shard->restored_quorum_misses_ = h.quorum_misses();
+  shard->lifecycle_ = JobLifecycle(h.config().rounds(), options.abandon_after,
+                                   clock->Now(), h.state());
   const absl::Time lease_expiry = clock->Now() + options.lease;
   for (const v1::CheckpointMember& m : h.members()) {
     absl::StatusOr<common::Codec> uplink = common::CodecFromWire(m.uplink_codec());
@@ -110,6 +112,7 @@ v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
   header.set_range_end(range_.end);
   header.set_rounds_closed(rounds_closed_);
   header.set_quorum_misses(restored_quorum_misses_ + rounds_.quorum_misses());
+  header.set_state(lifecycle_.state());
   if (const std::optional<KeptUpdate> update = updates_.Last()) {
     header.set_update_contributors(update->contributors());
   }

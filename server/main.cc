@@ -16,6 +16,7 @@
 #include "common/malloc_settings.h"
 #include "common/metrics_server.h"
 #include "common/status_macros.h"
+#include "common/tls_config.h"
 #include "server/aggregator_server.h"
 #include "server/health_server.h"
 #include "server/shard_metrics.h"
@@ -38,6 +39,14 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "every round, before its update is released; jobs found there are "
           "restored at start). Empty: no checkpoints.");
 ABSL_FLAG(int, max_workers, 1024, "Workers per job.");
+ABSL_FLAG(absl::Duration, abandon_after, absl::Minutes(10),
+          "A job with rounds left and no live worker for this long is "
+          "abandoned: it leaves the rounds, metrics and alerts; a worker that "
+          "joins it again resumes it.");
+ABSL_FLAG(absl::Duration, job_retention, absl::Hours(1),
+          "How long a finished or abandoned job stays in memory; its "
+          "checkpoint stays on disk, and a finished job's name stays taken "
+          "until `co2-admin delete`.");
 // Operations (docs/operations.md).
 ABSL_FLAG(int, metrics_port, 9464,
           "Port of the Prometheus /metrics endpoint on --host (0 picks a "
@@ -81,6 +90,10 @@ ABSL_FLAG(std::string, job_tokens_file, "",
 ABSL_FLAG(std::string, token, "",
           "One bearer token for every job (visible in ps; prefer "
           "--job_tokens_file). Needs TLS.");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "File holding the bearer token of the admin service (co2-admin: "
+          "list and delete jobs). Needs --job_tokens_file or --token; "
+          "without tokens the shard takes admin calls from any client.");
 ABSL_FLAG(bool, insecure, false,
           "Serve plaintext gRPC with no authentication. Only for a trusted, "
           "isolated network; without it the shard refuses to start with no "
@@ -126,7 +139,19 @@ absl::Status ReadSecurityFlags(co2::server::AggregatorServerOptions* options) {
                          co2::server::LoadJobTokensFile(tokens_file));
   } else if (!token.empty()) {
     options->tokens.any_job = token;
-  } else {
+  }
+  const std::string admin_file = absl::GetFlag(FLAGS_admin_token_file);
+  if (!admin_file.empty()) {
+    if (options->tokens.empty()) {
+      return absl::InvalidArgumentError(
+          "--admin_token_file needs --job_tokens_file or --token: a shard "
+          "without job tokens checks no token and takes admin calls from "
+          "every client");
+    }
+    CO2_ASSIGN_OR_RETURN(options->tokens.admin,
+                         co2::common::ReadTokenFile(admin_file));
+  }
+  if (options->tokens.empty()) {
     CO2_LOG(WARNING) << "no bearer tokens (--job_tokens_file / --token): any "
                      << "client that completes the TLS handshake"
                      << (tls.require_client_cert ? " with a client certificate"
@@ -189,6 +214,8 @@ int main(int argc, char** argv) {
   options.registry.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   options.registry.shard.lease = absl::GetFlag(FLAGS_lease);
   options.registry.shard.max_workers = absl::GetFlag(FLAGS_max_workers);
+  options.registry.shard.abandon_after = absl::GetFlag(FLAGS_abandon_after);
+  options.registry.retention = absl::GetFlag(FLAGS_job_retention);
   options.registry.default_min_workers = absl::GetFlag(FLAGS_min_workers);
   options.registry.default_round_timeout = absl::GetFlag(FLAGS_round_timeout);
 

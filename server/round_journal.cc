@@ -98,16 +98,17 @@ absl::Status RoundJournal::Append(uint64_t round,
 }
 
 absl::Status RoundJournal::Clear() {
-  if (fd_ < 0) {
-    // Not opened by this process: a journal an earlier one left is emptied.
-    if (::truncate(path_.c_str(), 0) != 0 && errno != ENOENT) {
-      return ErrnoStatus("cannot truncate", path_, errno);
-    }
-    return absl::OkStatus();
+  if (fd_ >= 0) {
+    if (empty_) return absl::OkStatus();
+    ::close(fd_);
+    fd_ = -1;
+    empty_ = true;
   }
-  if (empty_) return absl::OkStatus();
-  CO2_RETURN_IF_ERROR(Truncate());
-  if (::fsync(fd_) != 0) return ErrnoStatus("cannot fsync", path_, errno);
+  // No directory sync: a journal that comes back after a crash holds a
+  // round the checkpoint has closed, which Load ignores.
+  if (::unlink(path_.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus("cannot remove", path_, errno);
+  }
   return absl::OkStatus();
 }
 

@@ -68,7 +68,8 @@ class RoundJournal {
   // it was synced, save perhaps a record cut short, which Load ignores; the
   // owner must not append to this round again.
   absl::Status Append(uint64_t round, absl::Span<const JournalChunk> chunks);
-  // Empties the file, if there is one: a checkpoint now holds its chunks.
+  // Removes the file, if there is one: a checkpoint now holds its chunks
+  // (the next Append creates it again).
   absl::Status Clear();
 
   // The chunks of `round` in the journal at `path`, in the order appended;

@@ -38,6 +38,29 @@ auto& Family(Builder builder, const char* name, const char* help,
       .Register(registry);
 }
 
+// Removes every child of `family` labelled co2_job="job"; `bucket_args` are
+// what Add needs to find a histogram's child.
+template <typename Metric, typename... BucketArgs>
+void RemoveJob(prometheus::Family<Metric>& family, const std::string& job,
+               const BucketArgs&... bucket_args) {
+  std::vector<Labels> children;
+  for (const prometheus::MetricFamily& collected : family.Collect()) {
+    for (const prometheus::ClientMetric& metric : collected.metric) {
+      Labels labels;
+      bool ours = false;
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        if (label.name == "shard") continue;  // the constant label
+        if (label.name == "co2_job") ours = label.value == job;
+        labels[label.name] = label.value;
+      }
+      if (ours) children.push_back(std::move(labels));
+    }
+  }
+  for (const Labels& labels : children) {
+    family.Remove(&family.Add(labels, bucket_args...));
+  }
+}
+
 }  // namespace
 
 ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
@@ -133,7 +156,9 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                                "outer step.",
                                registry, shard_index)),
       jobs_(Family(prometheus::BuildGauge(), "co2_aggregator_jobs",
-                   "Jobs this shard holds.", registry, shard_index)
+                   "Open jobs on this shard (finished and abandoned ones "
+                   "are not counted).",
+                   registry, shard_index)
                 .Add({})),
       workers_(Family(prometheus::BuildGauge(), "co2_aggregator_workers",
                       "Workers holding a live lease, over every job.", registry,
@@ -216,6 +241,28 @@ void ShardMetrics::RegisterJobSeries(const std::string& job) {
                           {"reason", std::string(RejectReasonName(
                                          static_cast<RejectReason>(r)))}});
   }
+}
+
+void ShardMetrics::OnJobClosed(const std::string& job) {
+  for (Counters* family :
+       {&rounds_completed_, &contributions_, &contribution_chunks_,
+        &late_chunks_, &duplicate_chunks_, &rejected_chunks_, &bytes_in_,
+        &bytes_out_, &quorum_closes_, &quorum_misses_, &reseeds_}) {
+    RemoveJob(*family, job);
+  }
+  for (Gauges* family :
+       {&active_workers_, &open_round_, &open_round_age_, &round_contributors_,
+        &gap_penalty_mean_, &momentum_norm_, &clipped_fraction_}) {
+    RemoveJob(*family, job);
+  }
+  RemoveJob(round_duration_, job, RoundBuckets());
+  RemoveJob(checkpoint_duration_, job, CheckpointBuckets());
+  absl::MutexLock lock(&mu_);
+  live_by_job_.erase(job);
+  size_t workers = 0;
+  for (const auto& [name, live] : live_by_job_) workers += live;
+  jobs_.Set(static_cast<double>(live_by_job_.size()));
+  workers_.Set(static_cast<double>(workers));
 }
 
 void ShardMetrics::OnCheckpointWritten(const std::string& job,

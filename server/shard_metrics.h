@@ -20,7 +20,7 @@
 //   co2_aggregator_reseeds_total                   state lost, re-seeded
 //                                                  from a worker (reason)
 // Gauges:
-//   co2_aggregator_jobs                            jobs held (from start: 0)
+//   co2_aggregator_jobs                            open jobs (from start: 0)
 //   co2_aggregator_workers                         live leases, every job
 //   co2_aggregator_active_workers                  live leases
 //   co2_aggregator_open_round                      round accepting chunks
@@ -69,6 +69,9 @@ class ShardMetrics : public ShardObserver {
   void OnCheckpointWritten(const std::string& job,
                            absl::Duration duration) override;
   void OnReseeded(const std::string& job, ReseedReason reason) override;
+  // Removes every series of the job, and the job from the jobs and workers
+  // gauges.
+  void OnJobClosed(const std::string& job) override;
 
   // OnCheckpointWritten under a name for callers outside the observer
   // interface (a checkpoint writer that holds the ShardMetrics itself).

@@ -99,6 +99,9 @@ class ShardObserver {
   // The job's state on this shard was lost and a worker re-seeded it.
   virtual void OnReseeded(const std::string& /*job*/,
                           ReseedReason /*reason*/) {}
+  // The job left OPEN (finished or abandoned): it no longer has rounds,
+  // workers or alerts. Its series come back if it opens again (OnPoll).
+  virtual void OnJobClosed(const std::string& /*job*/) {}
 };
 
 }  // namespace co2::server

@@ -13,6 +13,10 @@ ShardReporter::ShardReporter(std::string job, ShardObserver* observer,
 
 void ShardReporter::RoundOpened() { round_opened_ = clock_->Now(); }
 
+void ShardReporter::Closed() {
+  if (observer_ != nullptr) observer_->OnJobClosed(job_);
+}
+
 void ShardReporter::RoundClosed(const ClosedRound& closed,
                                 const OuterStepStats& step, size_t elements) {
   const absl::Time now = clock_->Now();

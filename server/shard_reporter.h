@@ -37,6 +37,8 @@ class ShardReporter {
   // `quorum_misses` counts every miss so far; the new ones are reported.
   void Polled(size_t live_workers, uint64_t open_round, bool anchor_ready,
               uint64_t quorum_misses);
+  // The job left OPEN (finished or abandoned).
+  void Closed();
 
  private:
   const std::string job_;

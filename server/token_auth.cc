@@ -113,6 +113,15 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
   }
   auto job_it = auth_metadata.find(common::kJobHeader);
   auto auth_it = auth_metadata.find(common::kAuthorizationHeader);
+  if (path != auth_metadata.end() &&
+      absl::StartsWith(absl::string_view(path->second.data(), path->second.size()),
+                       "/co2.v1.AggregatorAdmin/")) {
+    return ProcessAdmin(auth_it == auth_metadata.end()
+                            ? absl::string_view()
+                            : absl::string_view(auth_it->second.data(),
+                                                auth_it->second.size()),
+                        context, consumed_auth_metadata);
+  }
   if (auth_it == auth_metadata.end()) {
     return Unauthenticated(
         "no bearer token: this aggregator requires `authorization: Bearer "
@@ -150,6 +159,42 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
       std::make_pair(std::string(common::kAuthorizationHeader),
                      std::string(auth_it->second.data(), auth_it->second.size())));
   return grpc::Status::OK;
+}
+
+grpc::Status TokenAuthProcessor::ProcessAdmin(
+    absl::string_view authorization, grpc::AuthContext* context,
+    OutputMetadata* consumed_auth_metadata) const {
+  if (tokens_.admin.empty()) {
+    return Unauthenticated(
+        "admin calls are disabled on this shard: start it with "
+        "--admin_token_file");
+  }
+  if (!absl::StartsWith(authorization, common::kBearerPrefix) ||
+      !SecretEquals(authorization.substr(sizeof(common::kBearerPrefix) - 1),
+                    tokens_.admin)) {
+    return Unauthenticated(
+        "admin calls need the shard's admin token (--admin_token_file) as "
+        "`authorization: Bearer <token>`");
+  }
+  context->AddProperty(kAuthAdminProperty, "1");
+  consumed_auth_metadata->insert(
+      std::make_pair(std::string(common::kAuthorizationHeader),
+                     std::string(authorization)));
+  return grpc::Status::OK;
+}
+
+absl::Status CheckAdminAccess(const grpc::ServerContextBase& context) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr) return absl::OkStatus();
+  if (!auth->FindPropertyValues(kAuthAdminProperty).empty()) {
+    return absl::OkStatus();
+  }
+  if (auth->FindPropertyValues(kAuthJobProperty).empty()) {
+    return absl::OkStatus();  // no tokens on this server
+  }
+  return absl::PermissionDeniedError(
+      "a job's bearer token does not allow admin calls; use the shard's "
+      "admin token (--admin_token_file)");
 }
 
 absl::Status CheckJobAccess(const grpc::ServerContextBase& context,

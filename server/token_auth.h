@@ -8,7 +8,9 @@
 // handler runs. Because the processor sees headers only, the service then
 // calls CheckJobAccess with the job the request body names: a token for job A
 // can never act on job B (PERMISSION_DENIED). The standard health service
-// (grpc.health.v1) is exempt so that probes work without a token.
+// (grpc.health.v1) is exempt so that probes work without a token. The admin
+// service (co2.v1.AggregatorAdmin) takes only the admin token, with no job
+// header; without one configured, admin calls are refused.
 //
 // Tokens require TLS: gRPC does not run an AuthMetadataProcessor on plaintext
 // listeners, and a token in clear text would be worth nothing.
@@ -32,11 +34,17 @@ namespace co2::server {
 
 // The AuthContext property holding the job a call's token was accepted for.
 inline constexpr char kAuthJobProperty[] = "co2-job";
+// The AuthContext property set on a call that carried the admin token.
+inline constexpr char kAuthAdminProperty[] = "co2-admin";
 
 struct JobTokens {
   absl::flat_hash_map<std::string, std::string> per_job;  // job → token
   std::string any_job;  // accepted for jobs without their own; empty = none
+  // For the admin service only (--admin_token_file); empty: admin calls are
+  // refused. Needs job tokens: a shard without them checks no token at all.
+  std::string admin;
 
+  // No job token: the shard checks no tokens.
   bool empty() const { return per_job.empty() && any_job.empty(); }
 };
 
@@ -62,6 +70,11 @@ class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
                        OutputMetadata* response_metadata) override;
 
  private:
+  // A call to the admin service with `authorization` (empty if absent).
+  grpc::Status ProcessAdmin(absl::string_view authorization,
+                            grpc::AuthContext* context,
+                            OutputMetadata* consumed_auth_metadata) const;
+
   const JobTokens tokens_;
 };
 
@@ -69,6 +82,9 @@ class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
 // tokens (no job recorded); PERMISSION_DENIED naming both jobs otherwise.
 absl::Status CheckJobAccess(const grpc::ServerContextBase& context,
                             const std::string& job);
+// OK when the call carried the admin token, or when the server checks no
+// tokens; PERMISSION_DENIED otherwise.
+absl::Status CheckAdminAccess(const grpc::ServerContextBase& context);
 
 }  // namespace co2::server
 

@@ -54,7 +54,7 @@ class Shards {
   const std::vector<std::string>& addresses() const { return addresses_; }
   // The round of shard `index`'s anchor of `job` (0 before the job exists).
   uint64_t AnchorRound(int index, const std::string& job) const {
-    absl::StatusOr<server::JobShard*> shard =
+    absl::StatusOr<std::shared_ptr<server::JobShard>> shard =
         servers_[index]->registry()->Find(job);
     uint64_t round = 0;
     if (shard.ok()) (*shard)->AnchorForTesting(&round);

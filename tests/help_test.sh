@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every binary answers --help on stdout with exit status 0: its usage and its
 # own flags with their defaults; co2-checkpoint refuses an unknown option
-# with exit status 2.
+# and co2-admin an unknown command with exit status 2.
 #
 # Usage: help_test.sh BUILD_DIR
 set -euo pipefail
@@ -27,6 +27,8 @@ expect "$BUILD/client/co2-train" "co2-train --task=fashion-mnist" \
   'default: "0.0.0.0"'
 expect "$BUILD/server/co2-checkpoint" "usage: co2-checkpoint FILE..." \
   "anchor_fnv1a="
+expect "$BUILD/server/co2-admin" "co2-admin [--aggregators=H:P,...]" \
+  "list | delete JOB" "--admin_token_file" 'default: "localhost:50051"'
 
 # docs/usage.md's table of co2-train flags gives the binary's defaults.
 "$BUILD/client/co2-train" --help | /usr/bin/python3 -c '
@@ -67,4 +69,7 @@ if said < 40:
 status=0
 "$BUILD/server/co2-checkpoint" --bogus >/dev/null 2>&1 || status=$?
 (( status == 2 )) || fail "co2-checkpoint --bogus exited with $status, not 2"
+status=0
+"$BUILD/server/co2-admin" frobnicate >/dev/null 2>&1 || status=$?
+(( status == 2 )) || fail "co2-admin frobnicate exited with $status, not 2"
 echo PASS

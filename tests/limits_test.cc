@@ -147,7 +147,7 @@ class LimitsTest : public testing::Test {
   server::JobShard* Job(const std::string& name) {
     auto job = server_->registry()->Find(name);
     EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? *job : nullptr;
+    return job.ok() ? job->get() : nullptr;
   }
 
   std::unique_ptr<server::AggregatorServer> server_;

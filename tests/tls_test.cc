@@ -18,6 +18,7 @@
 #include "co2/v1/aggregator.grpc.pb.h"
 #include "common/job_config.h"
 #include "common/tls_config.h"
+#include "common/tls_probe.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -236,6 +237,44 @@ TEST_F(TlsTest, MtlsRefusesClientCertificatesFromAnotherCa) {
   EXPECT_TRUE(Join(Stub(ClientTls("client")).get()).ok());
 }
 
+// A TLS failure that no retry can mend ends Connect at once with its reason
+// (not a 30 s wait ending in "tcp handshaker shutdown"); a shard that is down
+// is still waited for.
+TEST_F(TlsTest, PermanentTlsFailuresFailFastSayingWhy) {
+  auto connect = [&](const common::TlsOptions& tls) {
+    std::vector<float> anchor(kParams);
+    client::ClientOptions options;
+    options.addresses = {address_};
+    options.worker_id = "worker-0";
+    options.job_config = Config();
+    options.tls = tls;
+    options.connect_timeout = absl::Minutes(5);
+    return client::AggregatorClient::Connect(options, absl::MakeSpan(anchor))
+        .status();
+  };
+  auto expect_refused = [](const absl::Status& status,
+                           const std::string& part) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+    EXPECT_NE(status.message().find(part), std::string::npos)
+        << status << "\nexpected to contain: " << part;
+  };
+  StartServer(/*mtls=*/true);
+  expect_refused(connect(ClientTls("client", "other-ca")),
+                 "the shard's certificate failed verification");
+  expect_refused(connect(ClientTls("other-client")),
+                 "did not accept this client's certificate");
+  expect_refused(connect(ClientTls("")), "requires a client certificate");
+  EXPECT_TRUE(connect(ClientTls("client")).ok());
+
+  EXPECT_TRUE(
+      common::ProbeTlsHandshake(address_, ClientTls("client"), absl::Seconds(5))
+          .ok());
+  server_.reset();
+  const absl::Status down = common::ProbeTlsHandshake(
+      address_, ClientTls("client"), absl::Seconds(5));
+  EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
+}
+
 server::JobTokens Tokens() {
   server::JobTokens tokens;
   tokens.per_job["job-a"] = "secret-a";
@@ -290,6 +329,37 @@ TEST_F(TlsTest, AnyJobTokenOpensEveryJobWithoutItsOwn) {
   // A job with its own token needs that one.
   ExpectStatus(Join(Stub(tls, "service-token", "job-a").get()),
                StatusCode::UNAUTHENTICATED, "job-a");
+}
+
+// The admin service takes the admin token and nothing else; a shard
+// without one refuses every admin call.
+TEST_F(TlsTest, AdminCallsNeedTheAdminToken) {
+  auto list = [&](const std::string& token) {
+    auto credentials =
+        common::MakeChannelCredentials(ClientTls("client"), token, "job-a");
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    auto stub = v1::AggregatorAdmin::NewStub(
+        grpc::CreateChannel(address_, *credentials));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::ListJobsResponse response;
+    return stub->ListJobs(&context, v1::ListJobsRequest(), &response);
+  };
+  server::JobTokens tokens = Tokens();
+  StartServer(/*mtls=*/true, tokens);
+  ExpectStatus(list("secret-a"), StatusCode::UNAUTHENTICATED,
+               "admin calls are disabled on this shard");
+  server_.reset();
+  tokens.admin = "admin-secret";
+  StartServer(/*mtls=*/true, tokens);
+  ExpectStatus(list("secret-a"), StatusCode::UNAUTHENTICATED,
+               "need the shard's admin token");
+  ExpectStatus(list(""), StatusCode::UNAUTHENTICATED,
+               "need the shard's admin token");
+  EXPECT_TRUE(list("admin-secret").ok());
+  // The admin token opens no job.
+  ExpectStatus(Join(Stub(ClientTls("client"), "admin-secret", "job-a").get()),
+               StatusCode::UNAUTHENTICATED, "not valid for job \"job-a\"");
 }
 
 TEST_F(TlsTest, FullRoundThroughAggregatorClientWithMtlsAndToken) {

@@ -188,7 +188,8 @@ TEST_F(UpdateReplayTest, AReconnectingWorkerGetsTheBytesItMissed) {
   ASSERT_EQ(sent.size(), 3u * chunks);
   // Round 2's chunks may all have been streamed before it closed; until it
   // does, round 0 is still one of the last two closed rounds.
-  absl::StatusOr<server::JobShard*> job = server_->registry()->Find("j");
+  absl::StatusOr<std::shared_ptr<server::JobShard>> job =
+      server_->registry()->Find("j");
   ASSERT_TRUE(job.ok()) << job.status();
   testing::WaitFor([&] { return (*job)->stats().rounds_closed >= 3; },
                    absl::Seconds(20));

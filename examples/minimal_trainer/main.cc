@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   client.worker_id = worker;
   client.job_config = co2::common::DefaultJobConfig(0, 0);  // α, β, Λ, clip
   client.job_config.set_tau(tau);
+  client.job_config.set_rounds(rounds);  // the job finishes after them
   auto connected = cc::AggregatorClient::Connect(client, (*flat)->ParamSpan());
   if (!connected.ok()) return Fail(connected.status());
   cc::Co2OptimizerOptions options;

@@ -13,10 +13,11 @@
 # whole-round reference of docs/performance.md §1), KEEP=1 keeps the scratch
 # directory with every log and rank report.
 #
-# The script runs in its own session, whose scheduler autogroup gets nice
-# NICE: with autogroups, per-process nice does not count against other
-# sessions, and on a shared machine other sessions' builds would otherwise
-# take most of the CPU that the workers' step time is measured on.
+# The script runs in its own process session (setsid), whose scheduler
+# autogroup gets nice NICE: with autogroups, per-process nice does not count
+# against other process sessions, and on a shared machine other users'
+# builds would otherwise take most of the CPU that the workers' step time is
+# measured on.
 set -euo pipefail
 if [ -z "${CO2_OVERLAP_SESSION:-}" ]; then
   # Not a process group leader here, so setsid execs in place: $! is the

@@ -1,4 +1,4 @@
-// aggregator_bench (issue 6, part 2): how fast S co2-aggregator shards on
+// aggregator_bench: how fast S co2-aggregator shards on
 // loopback take N workers' rounds of P fp32 deltas, next to the transport
 // limit (iperf3 moving the same bytes over the same N·S streams) and to what
 // a user would run instead (a Gloo ring all-reduce of the same P floats across

@@ -1,4 +1,4 @@
-// bytes_bench (issue 6, part 4): bytes per training sample that DDP and CO2
+// bytes_bench: bytes per training sample that DDP and CO2
 // (fp32, bf16, int8 uplink) put on the network, at the τ used, and the
 // reduction factor. Each figure is computed from the model size and measured
 // in a short run:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Aggregator throughput and memory (issue 6, part 2; docs/performance.md):
+# Aggregator throughput and memory (docs/performance.md §2):
 # S co2-aggregator shards on loopback take N workers' rounds of P fp32
 # deltas, next to iperf3 (same bytes, same N·S streams) and a Gloo
 # all-reduce of the same P floats across N processes, in the same run; then

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Aggregator throughput over links (issue 6, part 2; docs/performance.md):
+# Aggregator throughput over links (docs/performance.md §2):
 # the benchmark of run_aggregator.sh, but with every worker (and Gloo rank)
 # in its own network namespace behind a tc-tbf-shaped link (both
 # directions) and the S shards in another, unshaped, as in

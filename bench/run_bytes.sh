@@ -1,6 +1,6 @@
 #!/bin/bash
 # Bytes per training sample, ddp against co2 with fp32, bf16 and int8
-# uplinks, at τ = 8 and 12 (issue 6, part 4; docs/performance.md). Writes
+# uplinks, at τ = 8 and 12 (docs/performance.md §4). Writes
 # bench/results/bytes.json.
 #   bench/run_bytes.sh [BUILD_DIR]       (default build; ~10 s)
 # When BUILD_DIR/client/co2-train (or $CO2_TRAIN) exists, a short

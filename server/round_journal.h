@@ -1,5 +1,5 @@
 // RoundJournal: the chunks of the open round that a shard with checkpoints
-// steps and sends before the round closes. Design §9 releases an update only
+// steps and sends before the round closes. A shard releases an update only
 // once the state it leaves is durable, and a round's checkpoint is written at
 // its close; so each chunk stepped ahead of that is appended here first, with
 // what its step changed (its chunk of A and of m, and its encoded update) and

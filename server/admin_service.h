@@ -9,12 +9,16 @@
 
 #include "co2/v1/aggregator.grpc.pb.h"
 #include "server/job_registry.h"
+#include "server/refused_calls.h"
 
 namespace co2::server {
 
 class AdminService final : public v1::AggregatorAdmin::CallbackService {
  public:
-  explicit AdminService(JobRegistry* registry) : registry_(registry) {}
+  explicit AdminService(JobRegistry* registry)
+      : registry_(registry),
+        refused_(registry->options().shard_index,
+                 registry->options().shard.observer, common::Clock::Real()) {}
 
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
                                      const v1::ListJobsRequest* request,
@@ -25,6 +29,7 @@ class AdminService final : public v1::AggregatorAdmin::CallbackService {
 
  private:
   JobRegistry* const registry_;
+  RefusedCalls refused_;  // logs and counts calls refused for credentials
 };
 
 }  // namespace co2::server

@@ -30,13 +30,19 @@ absl::Status ValidateId(absl::string_view what, const std::string& id) {
   return absl::OkStatus();
 }
 
-// `context` authenticated the call; its bearer token must be for `job`.
-absl::StatusOr<std::shared_ptr<JobShard>> FindJob(const grpc::CallbackServerContext* context,
-                                  JobRegistry* registry, const std::string& job,
-                                  const std::string& worker) {
+// The call's credentials must be good for `job` (a refusal is logged and
+// counted by `refused`).
+absl::Status Authorize(const grpc::CallbackServerContext* context,
+                       RefusedCalls* refused, const std::string& job) {
+  return refused->Check(CheckJobAccess(*context, job), context->peer());
+}
+
+absl::StatusOr<std::shared_ptr<JobShard>> FindJob(
+    const grpc::CallbackServerContext* context, JobRegistry* registry,
+    RefusedCalls* refused, const std::string& job, const std::string& worker) {
   CO2_RETURN_IF_ERROR(ValidateId("job", job));
   CO2_RETURN_IF_ERROR(ValidateId("worker_id", worker));
-  CO2_RETURN_IF_ERROR(CheckJobAccess(*context, job));
+  CO2_RETURN_IF_ERROR(Authorize(context, refused, job));
   return registry->Find(job);
 }
 
@@ -62,13 +68,14 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
 }
 
 absl::Status DoJoin(const grpc::CallbackServerContext* context,
-                    JobRegistry* registry, const v1::JoinRequest& request,
+                    JobRegistry* registry, RefusedCalls* refused,
+                    const v1::JoinRequest& request,
                     v1::JoinResponse* response) {
   CO2_ASSIGN_OR_RETURN(common::Codec uplink,
                        common::CodecFromWire(request.uplink_codec()));
   CO2_RETURN_IF_ERROR(ValidateId("job", request.job()));
   CO2_RETURN_IF_ERROR(ValidateId("worker_id", request.worker_id()));
-  CO2_RETURN_IF_ERROR(CheckJobAccess(*context, request.job()));
+  CO2_RETURN_IF_ERROR(Authorize(context, refused, request.job()));
   const v1::JobConfig config = registry->WithDefaults(request.config());
   CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job,
                        registry->GetOrCreate(request.job(), config, request.rejoin()));
@@ -97,8 +104,11 @@ absl::Status DoJoin(const grpc::CallbackServerContext* context,
 class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   SeedReactor(const grpc::CallbackServerContext* context, JobRegistry* registry,
-              grpc::ByteBuffer* response)
-      : context_(context), registry_(registry), response_(response) {
+              RefusedCalls* refused, grpc::ByteBuffer* response)
+      : context_(context),
+        registry_(registry),
+        refused_(refused),
+        response_(response) {
     StartRead(&body_);
   }
 
@@ -137,7 +147,7 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     CO2_RETURN_IF_ERROR(ParseRequest(body_, &chunk_));
     if (job_ == nullptr) {
       CO2_ASSIGN_OR_RETURN(job_,
-                           FindJob(context_, registry_, chunk_.job(),
+                           FindJob(context_, registry_, refused_, chunk_.job(),
                                    chunk_.worker_id()));
       worker_ = chunk_.worker_id();
     }
@@ -164,6 +174,7 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   const grpc::CallbackServerContext* const context_;
   JobRegistry* const registry_;
+  RefusedCalls* const refused_;
   grpc::ByteBuffer* const response_;
   grpc::ByteBuffer body_;
   v1::AnchorChunk chunk_;
@@ -180,9 +191,10 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   FetchReactor(const grpc::CallbackServerContext* context,
-               JobRegistry* registry, const grpc::ByteBuffer& request) {
+               JobRegistry* registry, RefusedCalls* refused,
+               const grpc::ByteBuffer& request) {
     absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> snapshot =
-        Snapshot(context, registry, request);
+        Snapshot(context, registry, refused, request);
     if (!snapshot.ok()) {
       Finish(common::ToGrpcStatus(snapshot.status()));
       return;
@@ -204,10 +216,10 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  private:
   static absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> Snapshot(
       const grpc::CallbackServerContext* context, JobRegistry* registry,
-      const grpc::ByteBuffer& body) {
+      RefusedCalls* refused, const grpc::ByteBuffer& body) {
     v1::FetchRequest request;
     CO2_RETURN_IF_ERROR(ParseRequest(body, &request));
-    CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry,
+    CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry, refused,
                                                  request.job(),
                                                  request.worker_id()));
     return job->Fetch(request.worker_id());
@@ -239,9 +251,10 @@ class ExchangeReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ExchangeReactor(const grpc::CallbackServerContext* context,
-                  JobRegistry* registry)
+                  JobRegistry* registry, RefusedCalls* refused)
       : context_(context),
         registry_(registry),
+        refused_(refused),
         outbox_(std::make_shared<Outbox>(this)) {
     StartRead(&request_);
   }
@@ -396,7 +409,7 @@ class ExchangeReactor
       }
       const v1::ExchangeOpen& open = *request.open;
       CO2_ASSIGN_OR_RETURN(job_,
-                           FindJob(context_, registry_, open.job(),
+                           FindJob(context_, registry_, refused_, open.job(),
                                    open.worker_id()));
       worker_ = open.worker_id();
       CO2_RETURN_IF_ERROR(job_->UplinkCodec(worker_).status());
@@ -413,6 +426,7 @@ class ExchangeReactor
 
   const grpc::CallbackServerContext* const context_;
   JobRegistry* const registry_;
+  RefusedCalls* const refused_;
   const std::shared_ptr<Outbox> outbox_;
   grpc::ByteBuffer request_;
   std::shared_ptr<JobShard> job_;
@@ -427,23 +441,23 @@ grpc::ServerUnaryReactor* AggregatorService::Join(
   return Unary<v1::JoinRequest, v1::JoinResponse>(
       context, *request, response,
       [&](const v1::JoinRequest& join, v1::JoinResponse* joined) {
-        return DoJoin(context, registry_, join, joined);
+        return DoJoin(context, registry_, &refused_, join, joined);
       });
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* AggregatorService::Seed(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new SeedReactor(context, registry_, response);
+  return new SeedReactor(context, registry_, &refused_, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* AggregatorService::Fetch(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  return new FetchReactor(context, registry_, *request);
+  return new FetchReactor(context, registry_, &refused_, *request);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 AggregatorService::Exchange(grpc::CallbackServerContext* context) {
-  return new ExchangeReactor(context, registry_);
+  return new ExchangeReactor(context, registry_, &refused_);
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Heartbeat(
@@ -453,7 +467,7 @@ grpc::ServerUnaryReactor* AggregatorService::Heartbeat(
       context, *request, response,
       [&](const v1::HeartbeatRequest& beat,
           v1::HeartbeatResponse* renewed) -> absl::Status {
-        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_,
+        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_, &refused_,
                                                      beat.job(),
                                                      beat.worker_id()));
         CO2_RETURN_IF_ERROR(job->Heartbeat(beat.worker_id()));
@@ -470,7 +484,7 @@ grpc::ServerUnaryReactor* AggregatorService::Leave(
   return Unary<v1::LeaveRequest, v1::LeaveResponse>(
       context, *request, response,
       [&](const v1::LeaveRequest& leave, v1::LeaveResponse*) -> absl::Status {
-        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_,
+        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_, &refused_,
                                                      leave.job(),
                                                      leave.worker_id()));
         CO2_RETURN_IF_ERROR(job->Leave(leave.worker_id()));

@@ -8,6 +8,7 @@
 
 #include "co2/v1/aggregator.grpc.pb.h"
 #include "server/job_registry.h"
+#include "server/refused_calls.h"
 
 namespace co2::server {
 
@@ -28,7 +29,10 @@ using AggregatorCallbackService = v1::Aggregator::WithRawCallbackMethod_Join<
 
 class AggregatorService final : public AggregatorCallbackService {
  public:
-  explicit AggregatorService(JobRegistry* registry) : registry_(registry) {}
+  explicit AggregatorService(JobRegistry* registry)
+      : registry_(registry),
+        refused_(registry->options().shard_index,
+                 registry->options().shard.observer, common::Clock::Real()) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,
@@ -50,6 +54,7 @@ class AggregatorService final : public AggregatorCallbackService {
 
  private:
   JobRegistry* const registry_;
+  RefusedCalls refused_;  // logs and counts calls refused for credentials
 };
 
 }  // namespace co2::server

@@ -155,6 +155,13 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                                "elements changed by clipping in the last "
                                "outer step.",
                                registry, shard_index)),
+      refused_calls_(Family(prometheus::BuildCounter(),
+                            "co2_aggregator_refused_calls_total",
+                            "Calls refused for their credentials: a bearer "
+                            "token the shard does not accept "
+                            "(unauthenticated) or one for another job "
+                            "(permission_denied).",
+                            registry, shard_index)),
       jobs_(Family(prometheus::BuildGauge(), "co2_aggregator_jobs",
                    "Open jobs on this shard (finished and abandoned ones "
                    "are not counted).",
@@ -163,7 +170,10 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
       workers_(Family(prometheus::BuildGauge(), "co2_aggregator_workers",
                       "Workers holding a live lease, over every job.", registry,
                       shard_index)
-                   .Add({})) {}
+                   .Add({})) {
+  refused_calls_.Add({{"code", "unauthenticated"}});
+  refused_calls_.Add({{"code", "permission_denied"}});
+}
 
 void ShardMetrics::OnContribution(const std::string& job, common::Codec codec,
                                   size_t bytes, bool late, bool duplicate) {
@@ -241,6 +251,14 @@ void ShardMetrics::RegisterJobSeries(const std::string& job) {
                           {"reason", std::string(RejectReasonName(
                                          static_cast<RejectReason>(r)))}});
   }
+}
+
+void ShardMetrics::OnCallRefused(absl::StatusCode code) {
+  refused_calls_
+      .Add({{"code", code == absl::StatusCode::kPermissionDenied
+                         ? "permission_denied"
+                         : "unauthenticated"}})
+      .Increment();
 }
 
 void ShardMetrics::OnJobClosed(const std::string& job) {

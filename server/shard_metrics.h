@@ -19,6 +19,8 @@
 //   co2_aggregator_quorum_misses_total             deadline without quorum
 //   co2_aggregator_reseeds_total                   state lost, re-seeded
 //                                                  from a worker (reason)
+//   co2_aggregator_refused_calls_total             refused credentials
+//                                                  (code), from start: 0
 // Gauges:
 //   co2_aggregator_jobs                            open jobs (from start: 0)
 //   co2_aggregator_workers                         live leases, every job
@@ -72,6 +74,7 @@ class ShardMetrics : public ShardObserver {
   // Removes every series of the job, and the job from the jobs and workers
   // gauges.
   void OnJobClosed(const std::string& job) override;
+  void OnCallRefused(absl::StatusCode code) override;
 
   // OnCheckpointWritten under a name for callers outside the observer
   // interface (a checkpoint writer that holds the ShardMetrics itself).
@@ -110,6 +113,7 @@ class ShardMetrics : public ShardObserver {
   Gauges& gap_penalty_mean_;
   Gauges& momentum_norm_;
   Gauges& clipped_fraction_;
+  Counters& refused_calls_;
   prometheus::Gauge& jobs_;
   prometheus::Gauge& workers_;
   absl::Mutex mu_;

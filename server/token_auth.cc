@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -31,10 +32,6 @@ bool SecretEquals(absl::string_view a, absl::string_view b) {
     diff |= x ^ y;
   }
   return diff == 0;
-}
-
-grpc::Status Unauthenticated(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, message);
 }
 
 }  // namespace
@@ -104,88 +101,112 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
                                          grpc::AuthContext* context,
                                          OutputMetadata* consumed_auth_metadata,
                                          OutputMetadata* /*response_metadata*/) {
+  auto header = [&](const char* name) {
+    auto it = auth_metadata.find(name);
+    return it == auth_metadata.end()
+               ? std::optional<absl::string_view>()
+               : absl::string_view(it->second.data(), it->second.size());
+  };
+  const absl::string_view path = header(":path").value_or("");
   // Probes (Kubernetes, grpc_health_probe) carry no token.
-  auto path = auth_metadata.find(":path");
-  if (path != auth_metadata.end() &&
-      absl::StartsWith(absl::string_view(path->second.data(), path->second.size()),
-                       "/grpc.health.v1.Health/")) {
+  if (absl::StartsWith(path, "/grpc.health.v1.Health/")) {
     return grpc::Status::OK;
   }
-  auto job_it = auth_metadata.find(common::kJobHeader);
-  auto auth_it = auth_metadata.find(common::kAuthorizationHeader);
-  if (path != auth_metadata.end() &&
-      absl::StartsWith(absl::string_view(path->second.data(), path->second.size()),
-                       "/co2.v1.AggregatorAdmin/")) {
-    return ProcessAdmin(auth_it == auth_metadata.end()
-                            ? absl::string_view()
-                            : absl::string_view(auth_it->second.data(),
-                                                auth_it->second.size()),
-                        context, consumed_auth_metadata);
+  const std::optional<absl::string_view> authorization =
+      header(common::kAuthorizationHeader);
+  const absl::Status verdict =
+      absl::StartsWith(path, "/co2.v1.AggregatorAdmin/")
+          ? CheckAdminToken(authorization, context)
+          : CheckJobToken(authorization, header(common::kJobHeader), context);
+  // The token stops here; handlers never see it.
+  if (authorization.has_value()) {
+    consumed_auth_metadata->insert(
+        std::make_pair(std::string(common::kAuthorizationHeader),
+                       std::string(*authorization)));
   }
-  if (auth_it == auth_metadata.end()) {
-    return Unauthenticated(
+  // A refused call still reaches the service, which refuses it where it
+  // knows the peer's address to log and count (CheckJobAccess,
+  // CheckAdminAccess); no handler acts before that check.
+  if (!verdict.ok()) {
+    context->AddProperty(kAuthRefusedProperty, std::string(verdict.message()));
+  }
+  return grpc::Status::OK;
+}
+
+absl::Status TokenAuthProcessor::CheckJobToken(
+    std::optional<absl::string_view> authorization,
+    std::optional<absl::string_view> job_header,
+    grpc::AuthContext* context) const {
+  if (!authorization.has_value()) {
+    return absl::UnauthenticatedError(
         "no bearer token: this aggregator requires `authorization: Bearer "
         "<token>` (ClientOptions.token)");
   }
-  if (job_it == auth_metadata.end() || job_it->second.empty()) {
-    return Unauthenticated(
+  if (!job_header.has_value() || job_header->empty()) {
+    return absl::UnauthenticatedError(
         "no `co2-job` header naming the job the bearer token is for");
   }
-  const absl::string_view authorization(auth_it->second.data(),
-                                        auth_it->second.size());
-  const std::string job(job_it->second.data(), job_it->second.size());
-  if (!absl::StartsWith(authorization, common::kBearerPrefix)) {
-    return Unauthenticated(
+  const std::string job(*job_header);
+  if (!absl::StartsWith(*authorization, common::kBearerPrefix)) {
+    return absl::UnauthenticatedError(
         "the authorization header is not of the form `Bearer <token>`");
   }
   const absl::string_view token =
-      authorization.substr(sizeof(common::kBearerPrefix) - 1);
+      authorization->substr(sizeof(common::kBearerPrefix) - 1);
   auto expected = tokens_.per_job.find(job);
   const std::string* want = expected != tokens_.per_job.end()
                                 ? &expected->second
                                 : (tokens_.any_job.empty() ? nullptr
                                                            : &tokens_.any_job);
   if (want == nullptr) {
-    return Unauthenticated(
+    return absl::UnauthenticatedError(
         absl::StrCat("no token is configured for job \"", job, "\""));
   }
   if (!SecretEquals(token, *want)) {
-    return Unauthenticated(
+    return absl::UnauthenticatedError(
         absl::StrCat("the bearer token is not valid for job \"", job, "\""));
   }
   context->AddProperty(kAuthJobProperty, job);
-  // The token stops here; handlers never see it.
-  consumed_auth_metadata->insert(
-      std::make_pair(std::string(common::kAuthorizationHeader),
-                     std::string(auth_it->second.data(), auth_it->second.size())));
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
-grpc::Status TokenAuthProcessor::ProcessAdmin(
-    absl::string_view authorization, grpc::AuthContext* context,
-    OutputMetadata* consumed_auth_metadata) const {
+absl::Status TokenAuthProcessor::CheckAdminToken(
+    std::optional<absl::string_view> authorization,
+    grpc::AuthContext* context) const {
   if (tokens_.admin.empty()) {
-    return Unauthenticated(
+    return absl::UnauthenticatedError(
         "admin calls are disabled on this shard: start it with "
         "--admin_token_file");
   }
-  if (!absl::StartsWith(authorization, common::kBearerPrefix) ||
-      !SecretEquals(authorization.substr(sizeof(common::kBearerPrefix) - 1),
+  if (!authorization.has_value() ||
+      !absl::StartsWith(*authorization, common::kBearerPrefix) ||
+      !SecretEquals(authorization->substr(sizeof(common::kBearerPrefix) - 1),
                     tokens_.admin)) {
-    return Unauthenticated(
+    return absl::UnauthenticatedError(
         "admin calls need the shard's admin token (--admin_token_file) as "
         "`authorization: Bearer <token>`");
   }
   context->AddProperty(kAuthAdminProperty, "1");
-  consumed_auth_metadata->insert(
-      std::make_pair(std::string(common::kAuthorizationHeader),
-                     std::string(authorization)));
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
+
+namespace {
+
+// The refusal the processor recorded for this call, if any.
+absl::Status Refusal(const grpc::AuthContext& auth) {
+  const std::vector<grpc::string_ref> refused =
+      auth.FindPropertyValues(kAuthRefusedProperty);
+  if (refused.empty()) return absl::OkStatus();
+  return absl::UnauthenticatedError(
+      std::string(refused[0].data(), refused[0].size()));
+}
+
+}  // namespace
 
 absl::Status CheckAdminAccess(const grpc::ServerContextBase& context) {
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr) return absl::OkStatus();
+  CO2_RETURN_IF_ERROR(Refusal(*auth));
   if (!auth->FindPropertyValues(kAuthAdminProperty).empty()) {
     return absl::OkStatus();
   }
@@ -201,6 +222,7 @@ absl::Status CheckJobAccess(const grpc::ServerContextBase& context,
                             const std::string& job) {
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth == nullptr) return absl::OkStatus();
+  CO2_RETURN_IF_ERROR(Refusal(*auth));
   const std::vector<grpc::string_ref> jobs =
       auth->FindPropertyValues(kAuthJobProperty);
   if (jobs.empty()) return absl::OkStatus();  // no tokens on this server

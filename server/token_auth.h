@@ -2,10 +2,13 @@
 //
 // A client sends `authorization: Bearer <token>` and `co2-job: <job>` on every
 // call (common::MakeChannelCredentials). TokenAuthProcessor, installed on the
-// server's TLS credentials, accepts the call only if the token is the one
-// configured for that job (or the service-wide token) and records the job in
-// the call's AuthContext; everything else is UNAUTHENTICATED before any
-// handler runs. Because the processor sees headers only, the service then
+// server's TLS credentials, checks that the token is the one configured for
+// that job (or the service-wide token) and records in the call's AuthContext
+// the job, or why it refused the token. Every handler begins with
+// CheckJobAccess (or CheckAdminAccess), which answers a refused call
+// UNAUTHENTICATED before anything else, where the service can log and count
+// it with the peer's address (the processor never sees that). Because the
+// processor sees headers only, the service then
 // calls CheckJobAccess with the job the request body names: a token for job A
 // can never act on job B (PERMISSION_DENIED). The standard health service
 // (grpc.health.v1) is exempt so that probes work without a token. The admin
@@ -18,6 +21,7 @@
 #ifndef CO2_SERVER_TOKEN_AUTH_H_
 #define CO2_SERVER_TOKEN_AUTH_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -36,6 +40,8 @@ namespace co2::server {
 inline constexpr char kAuthJobProperty[] = "co2-job";
 // The AuthContext property set on a call that carried the admin token.
 inline constexpr char kAuthAdminProperty[] = "co2-admin";
+// The AuthContext property holding why a call's token was refused.
+inline constexpr char kAuthRefusedProperty[] = "co2-refused";
 
 struct JobTokens {
   absl::flat_hash_map<std::string, std::string> per_job;  // job → token
@@ -70,20 +76,24 @@ class TokenAuthProcessor : public grpc::AuthMetadataProcessor {
                        OutputMetadata* response_metadata) override;
 
  private:
-  // A call to the admin service with `authorization` (empty if absent).
-  grpc::Status ProcessAdmin(absl::string_view authorization,
-                            grpc::AuthContext* context,
-                            OutputMetadata* consumed_auth_metadata) const;
+  // UNAUTHENTICATED saying why, or OK after recording in `context` the job
+  // (CheckJobToken) or the admin right (CheckAdminToken) the token grants.
+  absl::Status CheckJobToken(std::optional<absl::string_view> authorization,
+                             std::optional<absl::string_view> job_header,
+                             grpc::AuthContext* context) const;
+  absl::Status CheckAdminToken(std::optional<absl::string_view> authorization,
+                               grpc::AuthContext* context) const;
 
   const JobTokens tokens_;
 };
 
-// OK when the call was authenticated for `job`, or when the server checks no
-// tokens (no job recorded); PERMISSION_DENIED naming both jobs otherwise.
+// UNAUTHENTICATED with the processor's reason for a refused token; OK when
+// the call was authenticated for `job`, or when the server checks no tokens
+// (no job recorded); PERMISSION_DENIED naming both jobs otherwise.
 absl::Status CheckJobAccess(const grpc::ServerContextBase& context,
                             const std::string& job);
-// OK when the call carried the admin token, or when the server checks no
-// tokens; PERMISSION_DENIED otherwise.
+// UNAUTHENTICATED for a refused token; OK when the call carried the admin
+// token, or when the server checks no tokens; PERMISSION_DENIED otherwise.
 absl::Status CheckAdminAccess(const grpc::ServerContextBase& context);
 
 }  // namespace co2::server

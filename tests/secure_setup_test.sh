@@ -2,8 +2,9 @@
 # Runs the secure setup of docs/operations.md ("By hand, secure": the sh block
 # after <!-- runbook: secure-setup -->) as it is written, in a fresh
 # directory where build/ and scripts/ are this tree's, and checks what it
-# printed: the job trained over mTLS with its token, every rank agrees, shard
-# 0 counted its rounds and the checkpoints hold the anchor. The shards are
+# printed: the job trained over mTLS with its token, every rank agrees, both
+# shards list it as finished through co2-admin (with the admin token), it
+# left shard 0's metrics, and the checkpoints hold it and its anchor. The shards are
 # stopped at the end, also on failure.
 #
 # Usage: secure_setup_test.sh BUILD_DIR
@@ -35,7 +36,14 @@ cat out
 (( status == 0 )) || { KEEP=1; fail "the runbook exited with $status (kept in $WORK)"; }
 grep -q "parameters identical on every rank after every boundary: yes" out ||
   fail "co2-train did not report every rank identical"
-grep -q '^co2_aggregator_rounds_completed_total{.*co2_job="example".*} 12$' out ||
-  fail "shard 0 did not count the job's 12 rounds"
+for port in 50051 50053; do
+  grep -Eq "^localhost:$port +example +finished +12/12 +0 " out ||
+    fail "co2-admin does not list job example as finished after 12 of 12 rounds on localhost:$port"
+done
+grep -q '^co2_aggregator_jobs{shard="0"} 0$' out ||
+  fail "shard 0 still counts the finished job among its open jobs"
+grep -q 'co2_job="example"' out && fail "the finished job is still in shard 0's metrics"
+[[ $(grep -c "rounds_closed=12 members=0 state=finished" out) == 2 ]] ||
+  fail "the checkpoints do not hold the finished job at round 12"
 grep -q "anchor_fnv1a=" out || fail "co2-checkpoint printed no anchor hash"
 echo PASS

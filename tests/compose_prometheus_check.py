@@ -5,7 +5,8 @@
 
 tests/compose_test.sh runs it inside the Prometheus container's network
 namespace. At --time (a moment the job was running):
-- `up` is 1 for every target of deploy/prometheus/prometheus.yml;
+- `up` is 1 for every target of deploy/prometheus/prometheus.yml, and each
+  target exports co2_build_info and the process_* metrics;
 - every PromQL expression of deploy/grafana/co2-dashboard.json (Grafana's
   variables replaced as Grafana would: $co2_job by JOB, $__rate_interval by
   four scrape intervals, $__range by the hour before) evaluates without
@@ -70,6 +71,16 @@ def main():
     for target in sorted(targets):
         check(up.get(target) == "1", f"up{{job={target[0]!r}, "
               f"instance={target[1]!r}}} = {up.get(target)}")
+
+    # What every process exports from its first second (common/
+    # process_metrics.h): its build and the process_* metrics.
+    for expr in ("co2_build_info", "process_start_time_seconds",
+                 "process_cpu_seconds_total", "process_resident_memory_bytes",
+                 "process_open_fds", "process_max_fds"):
+        got = {(s["metric"]["job"], s["metric"]["instance"])
+               for s in query(a.url, expr, a.time)}
+        check(targets <= got, f"{expr}: from {len(got & targets)} of "
+              f"{len(targets)} targets")
 
     # The dashboard.
     dashboard = json.load(open(os.path.join(

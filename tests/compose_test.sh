@@ -28,6 +28,7 @@
 #
 # Usage: tests/compose_test.sh [SOURCE_DIR]     (ctest: label long)
 #   CO2_KEEP_LOGS=1 keeps the logs of a passing run too.
+#   CO2_SKIP_BUILD=1 runs the images already built (no podman build).
 set -euo pipefail
 
 SRC=$(cd "${1:-$(dirname "$0")/..}" && pwd)
@@ -52,12 +53,12 @@ compose() {
 cleanup() {
   local status=$? ids
   trap - EXIT
-  if [[ $status -ne 0 && -S $SOCK ]]; then
-    for s in "${SERVICES[@]}"; do
-      echo "--- $s (last 20 lines)"
-      compose logs --no-color --tail=20 "$s" 2>&1 || true
-    done >"$WORK/tail.log" 2>&1
-    cat "$WORK/tail.log"
+  if [[ $status -ne 0 ]]; then
+    for c in $(timeout 30 podman ps -aq --filter \
+                 "label=com.docker.compose.project=$PROJECT" 2>/dev/null); do
+      echo "--- $(podman inspect --format '{{.Name}}' "$c" 2>/dev/null) (last 20 lines)"
+      timeout 30 podman logs --tail 20 "$c" 2>&1 || true
+    done
   fi
   log "tearing down $PROJECT"
   local start=$SECONDS
@@ -93,12 +94,19 @@ need_tools podman docker-compose curl nsenter /usr/bin/python3
 [[ $(id -u) -eq 0 ]] || { log "SKIP: needs root (rootful podman)"; exit 77; }
 podman_env "$WORK"
 
-ensure_base
-log "building the images (cached after tests/container_image_test.sh)"
-build_seconds=$(build_image "$CO2_IMAGE" "$SRC/deploy/docker/Dockerfile" "$SRC")
-build_seconds=$((build_seconds + $(build_image "$PROMETHEUS_IMAGE" \
-  "$SRC/deploy/prometheus/Dockerfile" "$SRC/deploy/prometheus")))
-log "images ready in ${build_seconds} s"
+if [[ -n ${CO2_SKIP_BUILD:-} ]]; then
+  build_seconds=0
+  for image in "$CO2_IMAGE" "$PROMETHEUS_IMAGE"; do
+    podman image exists "$image" || fail "CO2_SKIP_BUILD: no image $image"
+  done
+else
+  ensure_base
+  log "building the images (cached after tests/container_image_test.sh)"
+  build_seconds=$(build_image "$CO2_IMAGE" "$SRC/deploy/docker/Dockerfile" "$SRC")
+  build_seconds=$((build_seconds + $(build_image "$PROMETHEUS_IMAGE" \
+    "$SRC/deploy/prometheus/Dockerfile" "$SRC/deploy/prometheus")))
+  log "images ready in ${build_seconds} s"
+fi
 
 # podman's Docker-compatible API, for docker-compose; ends with the test.
 podman --runtime="$RUNTIME" system service --time=0 "unix://$SOCK" \

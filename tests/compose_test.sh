@@ -236,12 +236,13 @@ print(r["final_hash"], r.get("final_metrics", {}).get("test_accuracy", "-"))
 done
 
 # --- the shards' checkpoints ----------------------------------------------
-vol0=$(podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[aggregator-0]}")
+# As docs/operations.md tells a user: a one-off container of aggregator-0
+# (its volume) with shard 1's volume beside it.
 vol1=$(podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[aggregator-1]}")
-shards=$(pm run --rm --network none -v "$vol0:/s0:ro" -v "$vol1:/s1:ro" \
-           --entrypoint /usr/local/bin/co2-checkpoint "$CO2_IMAGE" \
-           /s0/checkpoints/compose.shard-0-of-2.ckpt \
-           /s1/checkpoints/compose.shard-1-of-2.ckpt 2>&1) ||
+shards=$(compose run --rm --no-deps -v "$vol1:/shard-1:ro" \
+           --entrypoint /usr/local/bin/co2-checkpoint aggregator-0 \
+           /var/lib/co2/checkpoints/compose.shard-0-of-2.ckpt \
+           /shard-1/checkpoints/compose.shard-1-of-2.ckpt 2>&1) ||
   fail "co2-checkpoint failed: $shards"
 anchor=$(tail -1 <<<"$shards" | grep -o 'anchor_fnv1a=[0-9a-f]*' | cut -d= -f2)
 [[ -n $anchor ]] || fail "co2-checkpoint printed no anchor hash: $shards"

@@ -55,10 +55,13 @@ cleanup() {
   local status=$? ids
   trap - EXIT
   if [[ $status -ne 0 ]]; then
+    local c name
     for c in $(timeout 30 podman ps -aq --filter \
                  "label=com.docker.compose.project=$PROJECT" 2>/dev/null); do
-      echo "--- $(podman inspect --format '{{.Name}}' "$c" 2>/dev/null) (last 20 lines)"
-      timeout 30 podman logs "$c" 2>&1 | tail -20 || true
+      name=$(podman inspect --format '{{.Name}}' "$c" 2>/dev/null) || continue
+      timeout 30 podman logs "$c" >"$WORK/$name.log" 2>&1 || true
+      echo "--- $name (last 20 lines)"
+      tail -n 20 "$WORK/$name.log"
     done
   fi
   log "tearing down $PROJECT"
@@ -236,12 +239,13 @@ print(r["final_hash"], r.get("final_metrics", {}).get("test_accuracy", "-"))
 done
 
 # --- the shards' checkpoints ----------------------------------------------
-# As docs/operations.md tells a user: a one-off container of aggregator-0
-# (its volume) with shard 1's volume beside it.
+# As docs/operations.md tells a user (docker run; `docker-compose run` is
+# refused by podman's API: "link is not supported").
+vol0=$(podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[aggregator-0]}")
 vol1=$(podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[aggregator-1]}")
-shards=$(compose run --rm --no-deps -v "$vol1:/shard-1:ro" \
-           --entrypoint /usr/local/bin/co2-checkpoint aggregator-0 \
-           /var/lib/co2/checkpoints/compose.shard-0-of-2.ckpt \
+shards=$(pm run --rm --network none -v "$vol0:/shard-0:ro" \
+           -v "$vol1:/shard-1:ro" --entrypoint /usr/local/bin/co2-checkpoint \
+           "$CO2_IMAGE" /shard-0/checkpoints/compose.shard-0-of-2.ckpt \
            /shard-1/checkpoints/compose.shard-1-of-2.ckpt 2>&1) ||
   fail "co2-checkpoint failed: $shards"
 anchor=$(tail -1 <<<"$shards" | grep -o 'anchor_fnv1a=[0-9a-f]*' | cut -d= -f2)

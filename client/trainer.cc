@@ -320,7 +320,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
         metrics,
         WorkerMetrics::Serve(
             absl::StrCat(o.metrics_host, ":",
-                         o.metrics_port == 0 ? 0 : o.metrics_port + worker),
+                         o.metrics_port),
             o.job.empty() ? "co2-train" : o.job,
             absl::StrCat("worker-", worker)));
   }

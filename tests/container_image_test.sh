@@ -105,7 +105,8 @@ start=$SECONDS
 shard_metrics=$(wait_metrics "$TAG-shard" 9464 '^co2_build_info')
 log "shard /metrics answered $((SECONDS - start)) s after start"
 for want in '^co2_build_info{.*program="co2-aggregator"' \
-            '^co2_aggregator_jobs 0$' '^co2_aggregator_workers 0$' \
+            '^co2_aggregator_jobs\({[^}]*}\)\? 0$' \
+            '^co2_aggregator_workers\({[^}]*}\)\? 0$' \
             '^process_cpu_seconds_total ' '^process_resident_memory_bytes ' \
             '^process_open_fds ' '^process_max_fds ' \
             '^process_start_time_seconds '; do

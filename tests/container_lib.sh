@@ -33,7 +33,7 @@ EOF
 }
 
 log() { echo "[$LOG_NAME $(date -u +%H:%M:%S)] $*"; }
-fail() { log "FAIL: $*"; exit 1; }
+fail() { log "FAIL: $*" >&2; exit 1; }
 
 # pm ARGS...: podman with the runtime, every call bounded by a deadline.
 pm() { timeout 300 podman --runtime="$RUNTIME" "$@"; }

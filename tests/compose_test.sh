@@ -58,7 +58,7 @@ cleanup() {
     local c name
     for c in $(timeout 30 podman ps -aq --filter \
                  "label=com.docker.compose.project=$PROJECT" 2>/dev/null); do
-      name=$(podman inspect --format '{{.Name}}' "$c" 2>/dev/null) || continue
+      name=$(timeout 30 podman inspect --format '{{.Name}}' "$c" 2>/dev/null) || continue
       timeout 30 podman logs "$c" >"$WORK/$name.log" 2>&1 || true
       echo "--- $name (last 20 lines)"
       tail -n 20 "$WORK/$name.log"
@@ -142,13 +142,13 @@ cid() {  # the container of a service (docker-compose ps -q takes seconds)
   timeout 60 podman ps -aq --filter "label=com.docker.compose.project=$PROJECT" \
     --filter "label=com.docker.compose.service=$1"
 }
-state() { podman inspect --format "{{.State.$2}}" "$1"; }
+state() { timeout 60 podman inspect --format "{{.State.$2}}" "$1"; }
 # in_ns CONTAINER CMD...: CMD (from the host) in CONTAINER's network namespace.
 in_ns() {
   local pid
   pid=$(state "$1" Pid) && [[ $pid -gt 0 ]] || return 1
   shift
-  nsenter -t "$pid" -n "$@"
+  timeout 300 nsenter -t "$pid" -n "$@"
 }
 # metric CONTAINER PORT NAME: the sum of NAME's samples on that /metrics.
 metric() {
@@ -179,12 +179,12 @@ log "killed shard 1 (pid $old_pid) after round ${r%.*}, $((SECONDS - job_start))
 deadline=$((SECONDS + 120))
 until [[ $(state "${C[aggregator-1]}" Status) == running &&
          $(state "${C[aggregator-1]}" Pid) != "$old_pid" ]] &&
-      podman logs "${C[aggregator-1]}" 2>&1 | grep -q "restored job compose"; do
+      timeout 60 podman logs "${C[aggregator-1]}" 2>&1 | grep -q "restored job compose"; do
   (( SECONDS < deadline )) ||
-    fail "shard 1 was not restarted from its checkpoint in 120 s: $(podman logs --tail 5 "${C[aggregator-1]}" 2>&1)"
+    fail "shard 1 was not restarted from its checkpoint in 120 s: $(timeout 60 podman logs --tail 5 "${C[aggregator-1]}" 2>&1)"
   sleep 0.5
 done
-log "shard 1 restarted (restart policy) and $(podman logs "${C[aggregator-1]}" 2>&1 |
+log "shard 1 restarted (restart policy) and $(timeout 60 podman logs "${C[aggregator-1]}" 2>&1 |
     grep -o 'restored job compose.*' | tail -1)"
 
 # --- the job ends ---------------------------------------------------------
@@ -209,17 +209,17 @@ for t in trainer-0 trainer-1; do
   compose logs --no-color "$t" >"$WORK/$t.log" 2>&1 || true
 done
 for s in aggregator-0 aggregator-1 prometheus; do
-  podman logs "${C[$s]}" >"$WORK/$s.log" 2>&1 || true
+  timeout 60 podman logs "${C[$s]}" >"$WORK/$s.log" 2>&1 || true
 done
 
 # Each trainer's rank report in the shared run volume: its final model hash;
 # worker 0's leader also evaluates the final model (test accuracy).
-run_vol=$(podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[trainer-0]}")
+run_vol=$(timeout 60 podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[trainer-0]}")
 declare -A HASH
 for i in 0 1; do
   t=trainer-$i
   code=$(state "${C[$t]}" ExitCode)
-  restarts=$(podman inspect --format '{{.RestartCount}}' "${C[$t]}")
+  restarts=$(timeout 60 podman inspect --format '{{.RestartCount}}' "${C[$t]}")
   [[ $code == 0 ]] || fail "$t exited with $code"
   [[ $restarts == 0 ]] || fail "$t was restarted $restarts time(s)"
   pm run --rm --network none -v "$run_vol:/r:ro" --entrypoint /bin/cat \
@@ -241,8 +241,8 @@ done
 # --- the shards' checkpoints ----------------------------------------------
 # As docs/operations.md tells a user (docker run; `docker-compose run` is
 # refused by podman's API: "link is not supported").
-vol0=$(podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[aggregator-0]}")
-vol1=$(podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[aggregator-1]}")
+vol0=$(timeout 60 podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[aggregator-0]}")
+vol1=$(timeout 60 podman inspect --format '{{range .Mounts}}{{.Name}}{{end}}' "${C[aggregator-1]}")
 shards=$(pm run --rm --network none -v "$vol0:/shard-0:ro" \
            -v "$vol1:/shard-1:ro" --entrypoint /usr/local/bin/co2-checkpoint \
            "$CO2_IMAGE" /shard-0/checkpoints/compose.shard-0-of-2.ckpt \

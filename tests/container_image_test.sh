@@ -79,7 +79,7 @@ log "runtime image: no compiler, no headers, no -dev package"
 # --- a shard as docker-compose.yml runs it --------------------------------
 metrics() {  # metrics CONTAINER PORT: its /metrics, read in its namespace
   local pid
-  pid=$(podman inspect --format '{{.State.Pid}}' "$1") || return 1
+  pid=$(timeout 60 podman inspect --format '{{.State.Pid}}' "$1") || return 1
   [[ $pid -gt 0 ]] || return 1
   nsenter -t "$pid" -n curl -sf --max-time 5 "http://127.0.0.1:$2/metrics"
 }
@@ -87,7 +87,7 @@ wait_metrics() {  # wait_metrics CONTAINER PORT PATTERN: until it appears
   local deadline=$((SECONDS + 30)) out
   until out=$(metrics "$1" "$2" 2>/dev/null) && grep -q "$3" <<<"$out"; do
     (( SECONDS < deadline )) ||
-      fail "$1: /metrics on $2 has no $3 after 30 s: $(podman logs "$1" 2>&1 | tail -5)"
+      fail "$1: /metrics on $2 has no $3 after 30 s: $(timeout 60 podman logs "$1" 2>&1 | tail -5)"
     sleep 0.2
   done
   printf '%s\n' "$out"
@@ -116,7 +116,7 @@ $shard_metrics"
 done
 log "idle shard /metrics: build info, jobs/workers 0, process_*"
 
-pid=$(podman inspect --format '{{.State.Pid}}' "$TAG-shard")
+pid=$(timeout 60 podman inspect --format '{{.State.Pid}}' "$TAG-shard")
 uids=$(awk '/^Uid:/ {print $2, $3, $4, $5}' "/proc/$pid/status")
 [[ $uids == "10001 10001 10001 10001" ]] ||
   fail "the shard runs as uid $uids, not the unprivileged 10001"
@@ -145,7 +145,7 @@ done
 log "waiting trainer /metrics: build info, process_*"
 
 # --- sizes ----------------------------------------------------------------
-size() { podman image inspect --format '{{.Size}}' "$1" |
+size() { timeout 60 podman image inspect --format '{{.Size}}' "$1" |
            awk '{printf "%.0f MB", $1 / 1e6}'; }
 log "image sizes: $CO2_IMAGE $(size "$CO2_IMAGE"), $PROMETHEUS_IMAGE" \
     "$(size "$PROMETHEUS_IMAGE"), debian:bookworm $(size debian:bookworm)"

@@ -25,6 +25,10 @@ PACKAGES += libopenblas0-openmp
 # and Debian's kubectl unless a kubectl is already on PATH (another vendor's
 # package owns /usr/bin/kubectl then, and the two cannot both be installed).
 PACKAGES += python3-yaml $(if $(shell command -v kubectl 2>/dev/null),,kubernetes-client)
+# The long container tests (tests/container_image_test.sh, compose_test.sh):
+# root podman with runc, iptables for its bridge network, mmdebstrap for the
+# debian:bookworm base where no registry can be reached.
+PACKAGES += podman runc iptables uidmap mmdebstrap
 # Installed without their Recommends: docker-compose's would pull in the
 # Docker engine, which nothing here runs (`docker-compose config` needs none).
 PACKAGES_NO_RECOMMENDS := docker-compose

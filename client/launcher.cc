@@ -296,6 +296,10 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
       c.args.push_back(absl::StrCat("--local_rank=", l));
       c.args.push_back(absl::StrCat("--run_dir=", o.run_dir));
       c.args.push_back(absl::StrCat("--job=", o.job));
+      // The workers share this host: each leader gets its own port.
+      if (o.metrics_port > 0) {
+        c.args.push_back(absl::StrCat("--metrics_port=", o.metrics_port + w));
+      }
       c.args.push_back(
           absl::StrCat("--aggregators=", absl::StrJoin(o.aggregators, ",")));
       children.push_back(std::move(c));

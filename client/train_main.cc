@@ -8,8 +8,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/launcher.h"
+#include "client/run_report.h"
 #include "client/trainer.h"
 #include "common/flags_help.h"
 #include "common/malloc_settings.h"
@@ -87,7 +89,8 @@ ABSL_FLAG(bool, progress, true, "Show the one-line progress display.");
 ABSL_FLAG(bool, keep_run_dir, false, "Keep the scratch directory and logs.");
 ABSL_FLAG(int, metrics_port, -1,
           "Worker leaders serve /metrics on this port + their worker index "
-          "(0: free ports; -1: off).");
+          "when the launcher starts them, on this port when started with "
+          "--role=worker (0: free ports; -1: off).");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0",
           "The address worker /metrics listen on (127.0.0.1: this host only).");
 ABSL_FLAG(std::string, role, "launcher", "Internal: launcher | worker.");
@@ -161,6 +164,26 @@ co2::client::TrainerOptions ReadOptions() {
   return o;
 }
 
+// A worker started on its own (a container, a Kubernetes pod) has no
+// launcher to summarise the run, and its logs are all its operator sees:
+// one line with what its rank report holds.
+void PrintWorkerResult(const std::string& run_dir, int worker, int local_rank) {
+  const absl::StatusOr<co2::client::RankReport> report =
+      co2::client::ReadRankReport(
+          co2::client::RankReportPath(run_dir, worker, local_rank));
+  if (!report.ok()) return;
+  std::printf("co2-train worker %d rank %d: done: %lld steps in %.1f s, "
+              "exposed communication %.2f s, final model %s",
+              worker, local_rank, static_cast<long long>(report->steps),
+              report->train_s, report->exposed_comm_s,
+              report->final_hash.c_str());
+  for (const auto& [name, value] : report->final_metrics) {
+    std::printf(", final %s %.4f", name.c_str(), value);
+  }
+  std::printf("\n");
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -195,6 +218,7 @@ int main(int argc, char** argv) {
                    local_rank, status.ToString().c_str());
       return 1;
     }
+    PrintWorkerResult(options.run_dir, worker, local_rank);
     return 0;
   }
   if (role != "launcher") {

@@ -248,6 +248,18 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
   CO2_ASSIGN_OR_RETURN(InjectedFault fault, ParseInjectedFault(o.inject_fault));
   if (fault.worker != worker || o.rejoin) fault = InjectedFault();
 
+  // Served from the start, before the data loads and the shards answer, so
+  // that a worker still waiting for them is seen (co2_build_info,
+  // process_*); the training series appear with the optimizer.
+  std::unique_ptr<WorkerMetrics> metrics;  // leaders with --metrics_port
+  if (leader && o.metrics_port >= 0) {
+    CO2_ASSIGN_OR_RETURN(
+        metrics, WorkerMetrics::Serve(
+                     absl::StrCat(o.metrics_host, ":", o.metrics_port),
+                     o.job.empty() ? "co2-train" : o.job,
+                     absl::StrCat("worker-", worker)));
+  }
+
   TaskData data;
   CO2_RETURN_IF_ERROR(LoadTaskData(o, task, rank, world, data));
   const int64_t total_steps = TotalSteps(o, data.steps_per_epoch);
@@ -317,16 +329,6 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
     }
   }
 
-  std::unique_ptr<WorkerMetrics> metrics;  // leaders with --metrics_port
-  if (leader && o.metrics_port >= 0) {
-    CO2_ASSIGN_OR_RETURN(
-        metrics,
-        WorkerMetrics::Serve(
-            absl::StrCat(o.metrics_host, ":",
-                         o.metrics_port == 0 ? 0 : o.metrics_port + worker),
-            o.job.empty() ? "co2-train" : o.job,
-            absl::StrCat("worker-", worker)));
-  }
   Co2OptimizerOptions opts;
   opts.algo = algo;
   opts.tau = o.tau;

@@ -96,7 +96,10 @@ struct TrainerOptions {
   bool progress = true;                // launcher: live one-line display
   bool keep_run_dir = false;           // launcher: keep logs for debugging
   // Worker leaders serve Prometheus metrics (client/worker_metrics.h) on
-  // port metrics_port + worker; 0 picks free ports, -1 serves none.
+  // port metrics_port; 0 picks a free port, -1 serves none. The launcher
+  // gives worker w the port metrics_port + w, so that the workers it starts
+  // on one host do not collide; a worker started by itself (a container, a
+  // pod) serves on metrics_port as given.
   int metrics_port = -1;
   std::string metrics_host = "0.0.0.0";  // the address /metrics listens on
   // Testing seam of the fault suite (tests/fault_training_test.sh):

@@ -5,7 +5,8 @@
 # - the base debian:bookworm(-slim) is built with mmdebstrap if it is missing
 #   (no registry needed), then the image and the Prometheus image of
 #   docker-compose.yml (deploy/prometheus/Dockerfile) are built;
-# - co2-aggregator, co2-train and co2-checkpoint start (`--help` exits 0);
+# - co2-aggregator, co2-train, co2-checkpoint and co2-admin start (`--help`
+#   exits 0 and lists the binary's own flags);
 # - a shard runs as docker-compose.yml runs it (read-only root, no
 #   capabilities, a volume at /var/lib/co2) as the unprivileged user 10001,
 #   can write its checkpoint volume, and its /metrics serves from the first
@@ -56,10 +57,11 @@ prom_seconds=$(build_image "$PROMETHEUS_IMAGE" \
 log "built $PROMETHEUS_IMAGE in ${prom_seconds} s"
 
 # --- the binaries start ---------------------------------------------------
-for bin in co2-aggregator co2-train co2-checkpoint; do
+for bin in co2-aggregator co2-train co2-checkpoint co2-admin; do
   out=$(pm run --rm --entrypoint "/usr/local/bin/$bin" "$CO2_IMAGE" --help 2>&1) ||
     fail "$bin --help exited non-zero: $(tail -5 <<<"$out")"
   grep -q "$bin" <<<"$out" || fail "$bin --help printed no usage: $out"
+  grep -q "No flags matched" <<<"$out" && fail "$bin --help lists none of its flags: $out"
   log "$bin --help: exit 0"
 done
 pm run --rm "$CO2_IMAGE" --help >/dev/null 2>&1 ||

@@ -21,14 +21,16 @@
 #include "prometheus/registry.h"
 #include "server/aggregator_server.h"
 #include "server/shard_metrics.h"
+#include "tests/job_shard_fixture.h"
 #include "tests/wait_for.h"
 
 namespace co2 {
 namespace {
 
 using grpc::StatusCode;
+using server::shard_test::Contribution;
+using server::shard_test::Fp32;
 
-constexpr size_t kParams = 1000;  // one shard of one chunk
 constexpr uint64_t kRounds = 2;
 
 std::string TempDir() {
@@ -36,18 +38,10 @@ std::string TempDir() {
   return mkdtemp(pattern);
 }
 
-v1::JobConfig Config(uint64_t rounds = kRounds) {
-  v1::JobConfig c = common::DefaultJobConfig(kParams, 1);
-  c.set_rounds(rounds);
+v1::JobConfig Config() {
+  v1::JobConfig c = common::DefaultJobConfig(server::shard_test::kParams, 1);
+  c.set_rounds(kRounds);
   return c;
-}
-
-std::string Fp32(float value) {
-  std::vector<float> v(kParams, value);
-  std::string bytes(kParams * sizeof(float), '\0');
-  common::Encode(common::Codec::kFp32, v,
-                 absl::MakeSpan(bytes.data(), bytes.size()));
-  return bytes;
 }
 
 bool Exists(const std::string& path) {
@@ -133,8 +127,10 @@ class JobLifecycleServiceTest : public ::testing::Test {
     return writer->Finish();
   }
 
-  // Contributes rounds [first, last] and reads their updates.
-  grpc::Status Train(const std::string& worker, uint64_t first, uint64_t last) {
+  // One Exchange stream: contributes rounds [first, last], reading each
+  // round's update when `read_updates`, and returns how the stream ended.
+  grpc::Status Exchange(const std::string& worker, uint64_t first,
+                        uint64_t last, bool read_updates) {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(Deadline()));
     auto stream = stub_->Exchange(&context);
@@ -143,42 +139,28 @@ class JobLifecycleServiceTest : public ::testing::Test {
     open.mutable_open()->set_worker_id(worker);
     open.mutable_open()->set_replay_from_round(first);
     stream->Write(open);
+    v1::OuterUpdate update;
     for (uint64_t round = first; round <= last; ++round) {
       v1::ExchangeRequest request;
-      v1::Contribution* c = request.mutable_contribution();
-      c->set_round(round);
-      c->set_codec(v1::CODEC_FP32);
-      c->set_weight(1.0);
-      c->set_payload(Fp32(0.5f));
+      *request.mutable_contribution() = Contribution(round, 0.5f);
       stream->Write(request);
-      v1::OuterUpdate update;
-      if (!stream->Read(&update) || update.round() != round) break;
+      if (read_updates &&
+          (!stream->Read(&update) || update.round() != round)) {
+        break;
+      }
     }
     stream->WritesDone();
+    while (!read_updates && stream->Read(&update)) {
+    }
     return stream->Finish();
   }
-
+  // Rounds [first, last], each update read.
+  grpc::Status Train(const std::string& worker, uint64_t first, uint64_t last) {
+    return Exchange(worker, first, last, /*read_updates=*/true);
+  }
+  // One contribution to `round`; the stream's end.
   grpc::Status Contribute(const std::string& worker, uint64_t round) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(Deadline()));
-    auto stream = stub_->Exchange(&context);
-    v1::ExchangeRequest open;
-    open.mutable_open()->set_job("job");
-    open.mutable_open()->set_worker_id(worker);
-    open.mutable_open()->set_replay_from_round(round);
-    stream->Write(open);
-    v1::ExchangeRequest request;
-    v1::Contribution* c = request.mutable_contribution();
-    c->set_round(round);
-    c->set_codec(v1::CODEC_FP32);
-    c->set_weight(1.0);
-    c->set_payload(Fp32(0.5f));
-    stream->Write(request);
-    stream->WritesDone();
-    v1::OuterUpdate update;
-    while (stream->Read(&update)) {
-    }
-    return stream->Finish();
+    return Exchange(worker, round, round, /*read_updates=*/false);
   }
 
   grpc::Status Leave(const std::string& worker) {

@@ -16,7 +16,6 @@
 #include <memory>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace co2::common {
@@ -120,7 +119,7 @@ std::string ExplainAlert(const std::string& errors, const TlsOptions& tls) {
   if (absl::StrContains(errors, "certificate expired")) {
     return absl::StrCat(theirs, " (", tls.cert_file, "): it has expired");
   }
-  return absl::StrCat("the shard ended the TLS handshake");
+  return "the shard ended the TLS handshake";
 }
 
 absl::Status ProbeOnce(const std::string& address, const TlsOptions& tls,

@@ -15,7 +15,7 @@ grpc::ServerUnaryReactor* AdminService::ListJobs(
     grpc::CallbackServerContext* context, const v1::ListJobsRequest* /*request*/,
     v1::ListJobsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status access = refused_.Check(CheckAdminAccess(*context),
+  absl::Status access = refused_->Check(CheckAdminAccess(*context),
                                        context->peer());
   if (access.ok()) {
     for (v1::JobSummary& job : registry_->List()) {
@@ -30,7 +30,7 @@ grpc::ServerUnaryReactor* AdminService::DeleteJob(
     grpc::CallbackServerContext* context, const v1::DeleteJobRequest* request,
     v1::DeleteJobResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = refused_.Check(CheckAdminAccess(*context),
+  absl::Status status = refused_->Check(CheckAdminAccess(*context),
                                        context->peer());
   if (status.ok() && request->job().empty()) {
     status = absl::InvalidArgumentError("DeleteJobRequest.job is empty");

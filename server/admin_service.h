@@ -15,10 +15,9 @@ namespace co2::server {
 
 class AdminService final : public v1::AggregatorAdmin::CallbackService {
  public:
-  explicit AdminService(JobRegistry* registry)
-      : registry_(registry),
-        refused_(registry->options().shard_index,
-                 registry->options().shard.observer, common::Clock::Real()) {}
+  // `registry` and `refused` are borrowed and must outlive the service.
+  AdminService(JobRegistry* registry, RefusedCalls* refused)
+      : registry_(registry), refused_(refused) {}
 
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
                                      const v1::ListJobsRequest* request,
@@ -29,7 +28,7 @@ class AdminService final : public v1::AggregatorAdmin::CallbackService {
 
  private:
   JobRegistry* const registry_;
-  RefusedCalls refused_;  // logs and counts calls refused for credentials
+  RefusedCalls* const refused_;  // logs and counts calls refused for credentials
 };
 
 }  // namespace co2::server

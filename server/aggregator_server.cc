@@ -17,8 +17,13 @@ absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
   std::unique_ptr<AggregatorServer> server(new AggregatorServer());
   server->registry_ =
       std::make_unique<JobRegistry>(options.registry, options.clock);
-  server->service_ = std::make_unique<AggregatorService>(server->registry_.get());
-  server->admin_ = std::make_unique<AdminService>(server->registry_.get());
+  server->refused_ = std::make_unique<RefusedCalls>(
+      options.registry.shard_index, options.registry.shard.observer,
+      options.clock);
+  server->service_ = std::make_unique<AggregatorService>(
+      server->registry_.get(), server->refused_.get());
+  server->admin_ = std::make_unique<AdminService>(server->registry_.get(),
+                                                  server->refused_.get());
   if (!options.tokens.admin.empty() && options.tokens.empty()) {
     return absl::InvalidArgumentError(
         "an admin token needs job tokens: a shard without them checks no "

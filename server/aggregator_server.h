@@ -23,6 +23,7 @@ namespace co2::server {
 
 class AdminService;
 class AggregatorService;
+class RefusedCalls;
 
 struct AggregatorServerOptions {
   std::string address = "0.0.0.0:0";  // host:port; port 0 picks a free one
@@ -67,6 +68,8 @@ class AggregatorServer {
   AggregatorServer() = default;
 
   std::unique_ptr<JobRegistry> registry_;
+  // Calls refused for their credentials, by either service (one log limit).
+  std::unique_ptr<RefusedCalls> refused_;
   std::unique_ptr<AggregatorService> service_;
   std::unique_ptr<AdminService> admin_;
   std::unique_ptr<grpc::Server> server_;

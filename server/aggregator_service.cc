@@ -441,23 +441,23 @@ grpc::ServerUnaryReactor* AggregatorService::Join(
   return Unary<v1::JoinRequest, v1::JoinResponse>(
       context, *request, response,
       [&](const v1::JoinRequest& join, v1::JoinResponse* joined) {
-        return DoJoin(context, registry_, &refused_, join, joined);
+        return DoJoin(context, registry_, refused_, join, joined);
       });
 }
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* AggregatorService::Seed(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  return new SeedReactor(context, registry_, &refused_, response);
+  return new SeedReactor(context, registry_, refused_, response);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* AggregatorService::Fetch(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) {
-  return new FetchReactor(context, registry_, &refused_, *request);
+  return new FetchReactor(context, registry_, refused_, *request);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 AggregatorService::Exchange(grpc::CallbackServerContext* context) {
-  return new ExchangeReactor(context, registry_, &refused_);
+  return new ExchangeReactor(context, registry_, refused_);
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Heartbeat(
@@ -467,7 +467,7 @@ grpc::ServerUnaryReactor* AggregatorService::Heartbeat(
       context, *request, response,
       [&](const v1::HeartbeatRequest& beat,
           v1::HeartbeatResponse* renewed) -> absl::Status {
-        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_, &refused_,
+        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_, refused_,
                                                      beat.job(),
                                                      beat.worker_id()));
         CO2_RETURN_IF_ERROR(job->Heartbeat(beat.worker_id()));
@@ -484,7 +484,7 @@ grpc::ServerUnaryReactor* AggregatorService::Leave(
   return Unary<v1::LeaveRequest, v1::LeaveResponse>(
       context, *request, response,
       [&](const v1::LeaveRequest& leave, v1::LeaveResponse*) -> absl::Status {
-        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_, &refused_,
+        CO2_ASSIGN_OR_RETURN(std::shared_ptr<JobShard> job, FindJob(context, registry_, refused_,
                                                      leave.job(),
                                                      leave.worker_id()));
         CO2_RETURN_IF_ERROR(job->Leave(leave.worker_id()));

@@ -29,10 +29,9 @@ using AggregatorCallbackService = v1::Aggregator::WithRawCallbackMethod_Join<
 
 class AggregatorService final : public AggregatorCallbackService {
  public:
-  explicit AggregatorService(JobRegistry* registry)
-      : registry_(registry),
-        refused_(registry->options().shard_index,
-                 registry->options().shard.observer, common::Clock::Real()) {}
+  // `registry` and `refused` are borrowed and must outlive the service.
+  AggregatorService(JobRegistry* registry, RefusedCalls* refused)
+      : registry_(registry), refused_(refused) {}
 
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
                                  const grpc::ByteBuffer* request,
@@ -54,7 +53,7 @@ class AggregatorService final : public AggregatorCallbackService {
 
  private:
   JobRegistry* const registry_;
-  RefusedCalls refused_;  // logs and counts calls refused for credentials
+  RefusedCalls* const refused_;  // logs and counts calls refused for credentials
 };
 
 }  // namespace co2::server

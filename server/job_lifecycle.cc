@@ -15,13 +15,7 @@ absl::Status JobLifecycle::AdmitJoin(absl::string_view job, bool rejoin,
                                      absl::Time now) {
   switch (state_) {
     case v1::JOB_STATE_FINISHED:
-      if (rejoin) return absl::OkStatus();
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job \"", job, "\" is finished: all its ", rounds_,
-          " rounds closed (the final round is ", rounds_ - 1,
-          ") and every worker left; its final anchor is in the shards' "
-          "checkpoints. Start a new job under another name, or delete this "
-          "one first (co2-admin delete) to use the name again"));
+      return rejoin ? absl::OkStatus() : FinishedJobError(job, rounds_);
     case v1::JOB_STATE_ABANDONED:
       Enter(v1::JOB_STATE_OPEN, now);
       return absl::OkStatus();
@@ -63,6 +57,15 @@ void JobLifecycle::Enter(v1::JobState state, absl::Time now) {
   state_ = state;
   since_ = now;
   empty_since_ = absl::InfiniteFuture();
+}
+
+absl::Status FinishedJobError(absl::string_view job, uint64_t rounds) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job \"", job, "\" is finished: all its ", rounds,
+      " rounds closed (the final round is ", rounds - 1,
+      ") and every worker left; its final anchor is in the shards' "
+      "checkpoints. Start a new job under another name, or delete this one "
+      "first (co2-admin delete) to use the name again"));
 }
 
 absl::string_view JobStateName(v1::JobState state) {

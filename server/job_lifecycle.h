@@ -60,6 +60,10 @@ class JobLifecycle {
 // "open", "finished", "abandoned" (logs and co2-admin).
 absl::string_view JobStateName(v1::JobState state);
 
+// The FAILED_PRECONDITION a fresh Join to finished job `job` of `rounds`
+// rounds gets: its final round, and what to do instead.
+absl::Status FinishedJobError(absl::string_view job, uint64_t rounds);
+
 }  // namespace co2::server
 
 #endif  // CO2_SERVER_JOB_LIFECYCLE_H_

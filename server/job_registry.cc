@@ -138,11 +138,7 @@ absl::StatusOr<std::shared_ptr<JobShard>> JobRegistry::GetOrCreate(
   if (retired != retired_.end()) {
     RetiredJob& r = retired->second;
     const bool finished = r.summary.state() == v1::JOB_STATE_FINISHED;
-    if (finished && !rejoin) {
-      return JobLifecycle(r.summary.rounds(), absl::ZeroDuration(),
-                          clock_->Now(), v1::JOB_STATE_FINISHED)
-          .AdmitJoin(job, /*rejoin=*/false, clock_->Now());
-    }
+    if (finished && !rejoin) return FinishedJobError(job, r.summary.rounds());
     if (r.has_checkpoint) {
       // Reading the checkpoint is the poller's work, not a reaction's.
       r.restore_requested = true;

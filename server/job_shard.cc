@@ -371,10 +371,6 @@ absl::Status JobShard::Subscribe(const std::shared_ptr<UpdateSink>& sink,
 }
 
 int JobShard::Poll() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (retired_) return 0;
-  }
   if (options_.checkpoints == nullptr) return PollInMemory();
   const int published = PublishDurably();
   StreamDurably();

@@ -233,8 +233,8 @@ class JobShard {
   v1::JobSummary Summary() const ABSL_LOCKS_EXCLUDED(mu_);
   // Retires the shard if it is not OPEN, has not been for `retention`, and
   // its state is in its checkpoint (nothing left to write; always without
-  // checkpoints): later Joins get UNAVAILABLE and Poll does nothing. The
-  // registry then forgets it. True if retired.
+  // checkpoints): later Joins get UNAVAILABLE, and the registry stops
+  // polling it and forgets it. True if retired.
   bool RetireIfExpired(absl::Duration retention) ABSL_LOCKS_EXCLUDED(mu_);
   // Retires the shard for a deletion; FAILED_PRECONDITION naming the live
   // workers of an OPEN job that has any.

@@ -222,10 +222,7 @@ void ShardMetrics::OnPoll(const std::string& job, const ShardPollEvent& event) {
   {
     absl::MutexLock lock(&mu_);
     live_by_job_[job] = event.live_workers;
-    size_t workers = 0;
-    for (const auto& [name, live] : live_by_job_) workers += live;
-    jobs_.Set(static_cast<double>(live_by_job_.size()));
-    workers_.Set(static_cast<double>(workers));
+    SetTotalsLocked();
   }
   prometheus::Counter& misses = quorum_misses_.Add(labels);
   if (event.new_quorum_misses > 0) {
@@ -277,6 +274,10 @@ void ShardMetrics::OnJobClosed(const std::string& job) {
   RemoveJob(checkpoint_duration_, job, CheckpointBuckets());
   absl::MutexLock lock(&mu_);
   live_by_job_.erase(job);
+  SetTotalsLocked();
+}
+
+void ShardMetrics::SetTotalsLocked() {
   size_t workers = 0;
   for (const auto& [name, live] : live_by_job_) workers += live;
   jobs_.Set(static_cast<double>(live_by_job_.size()));

@@ -92,6 +92,8 @@ class ShardMetrics : public ShardObserver {
   prometheus::Histogram& CheckpointDuration(const std::string& job);
   // Creates the job's counters (and checkpoint histogram) at 0.
   void RegisterJobSeries(const std::string& job);
+  // The jobs and workers gauges from live_by_job_.
+  void SetTotalsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Counters& rounds_completed_;
   Histograms& round_duration_;

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/tls_config.h"
@@ -32,6 +33,24 @@ bool SecretEquals(absl::string_view a, absl::string_view b) {
     diff |= x ^ y;
   }
   return diff == 0;
+}
+
+// The token of an `authorization: Bearer <token>` header; nullopt for a
+// header without the prefix.
+std::optional<absl::string_view> BearerToken(absl::string_view authorization) {
+  if (!absl::ConsumePrefix(&authorization, common::kBearerPrefix)) {
+    return std::nullopt;
+  }
+  return authorization;
+}
+
+// The refusal the processor recorded for this call, if any.
+absl::Status Refusal(const grpc::AuthContext& auth) {
+  const std::vector<grpc::string_ref> refused =
+      auth.FindPropertyValues(kAuthRefusedProperty);
+  if (refused.empty()) return absl::OkStatus();
+  return absl::UnauthenticatedError(
+      std::string(refused[0].data(), refused[0].size()));
 }
 
 }  // namespace
@@ -147,12 +166,11 @@ absl::Status TokenAuthProcessor::CheckJobToken(
         "no `co2-job` header naming the job the bearer token is for");
   }
   const std::string job(*job_header);
-  if (!absl::StartsWith(*authorization, common::kBearerPrefix)) {
+  const std::optional<absl::string_view> token = BearerToken(*authorization);
+  if (!token.has_value()) {
     return absl::UnauthenticatedError(
         "the authorization header is not of the form `Bearer <token>`");
   }
-  const absl::string_view token =
-      authorization->substr(sizeof(common::kBearerPrefix) - 1);
   auto expected = tokens_.per_job.find(job);
   const std::string* want = expected != tokens_.per_job.end()
                                 ? &expected->second
@@ -162,7 +180,7 @@ absl::Status TokenAuthProcessor::CheckJobToken(
     return absl::UnauthenticatedError(
         absl::StrCat("no token is configured for job \"", job, "\""));
   }
-  if (!SecretEquals(token, *want)) {
+  if (!SecretEquals(*token, *want)) {
     return absl::UnauthenticatedError(
         absl::StrCat("the bearer token is not valid for job \"", job, "\""));
   }
@@ -178,10 +196,9 @@ absl::Status TokenAuthProcessor::CheckAdminToken(
         "admin calls are disabled on this shard: start it with "
         "--admin_token_file");
   }
-  if (!authorization.has_value() ||
-      !absl::StartsWith(*authorization, common::kBearerPrefix) ||
-      !SecretEquals(authorization->substr(sizeof(common::kBearerPrefix) - 1),
-                    tokens_.admin)) {
+  const std::optional<absl::string_view> token =
+      authorization.has_value() ? BearerToken(*authorization) : std::nullopt;
+  if (!token.has_value() || !SecretEquals(*token, tokens_.admin)) {
     return absl::UnauthenticatedError(
         "admin calls need the shard's admin token (--admin_token_file) as "
         "`authorization: Bearer <token>`");
@@ -189,19 +206,6 @@ absl::Status TokenAuthProcessor::CheckAdminToken(
   context->AddProperty(kAuthAdminProperty, "1");
   return absl::OkStatus();
 }
-
-namespace {
-
-// The refusal the processor recorded for this call, if any.
-absl::Status Refusal(const grpc::AuthContext& auth) {
-  const std::vector<grpc::string_ref> refused =
-      auth.FindPropertyValues(kAuthRefusedProperty);
-  if (refused.empty()) return absl::OkStatus();
-  return absl::UnauthenticatedError(
-      std::string(refused[0].data(), refused[0].size()));
-}
-
-}  // namespace
 
 absl::Status CheckAdminAccess(const grpc::ServerContextBase& context) {
   std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();

@@ -127,25 +127,31 @@ absl::Status Co2Optimizer::Init() {
         leader_ ? " needs an aggregator client on the local leader"
                 : " takes no aggregator client on a non-leader local rank"));
   }
-  if (client_ != nullptr) {
-    const v1::JobConfig& config = client_->job_config();
-    if (config.max_staleness() != StalenessOf(options_.algo)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Co2Optimizer: ", AlgoName(options_.algo), " needs max_staleness ",
-          StalenessOf(options_.algo), ", the job has ",
-          config.max_staleness()));
+  if (client_ != nullptr &&
+      client_->job_config().max_staleness() != StalenessOf(options_.algo)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Co2Optimizer: ", AlgoName(options_.algo), " needs max_staleness ",
+        StalenessOf(options_.algo), ", the job has ",
+        client_->job_config().max_staleness()));
+  }
+  try {
+    if (!flat_->params().is_cpu()) staging_.resize(p);
+    if (client_ != nullptr) {
+      AnchorExchangeOptions eo;
+      eo.rounds = options_.rounds;
+      eo.samples_per_step = options_.samples_per_step;
+      eo.update_timeout = options_.update_timeout;
+      eo.push_timeout = options_.push_timeout;
+      eo.leave_timeout = options_.leave_timeout;
+      eo.uplink_codec = options_.uplink_codec;
+      eo.clock = options_.clock;
+      CO2_ASSIGN_OR_RETURN(
+          exchange_,
+          AnchorExchange::Create(eo, std::move(client_), HostParams()));
+      start_round_ = exchange_->start_round();
     }
-    if (config.rounds() != 0 && config.rounds() != options_.rounds) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Co2Optimizer: options.rounds is ", options_.rounds,
-          " but the job's JobConfig.rounds is ", config.rounds()));
-    }
-    if (config.num_parameters() != p) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Co2Optimizer: the job has ", config.num_parameters(),
-          " parameters, the model ", p));
-    }
-    start_round_ = client_->start_round();
+  } catch (...) {
+    return TorchExceptionToStatus("Co2Optimizer::Init");
   }
   // Local ranks learn the start round from their leader (exact in a float
   // for any run shorter than 2^24 rounds).
@@ -156,17 +162,6 @@ absl::Status Co2Optimizer::Init() {
   }
   round_ = start_round_;
   anchor_round_ = start_round_;
-  try {
-    if (!flat_->params().is_cpu()) staging_.resize(p);
-    if (uses_aggregator_ && leader_) {
-      absl::Span<float> x = HostParams();
-      anchor_.assign(x.begin(), x.end());
-    }
-  } catch (...) {
-    return TorchExceptionToStatus("Co2Optimizer::Init");
-  }
-  // A shard that loses the job's state is re-seeded from this anchor.
-  if (client_ != nullptr) CO2_RETURN_IF_ERROR(client_->TrackAnchor(anchor_));
   float* x = flat_->params().data_ptr<float>();
   if (local_ != nullptr && local_->size() > 1) {
     CO2_RETURN_IF_ERROR(local_->Broadcast(x, p, 0));
@@ -237,62 +232,27 @@ absl::Status Co2Optimizer::Step() {
   return absl::OkStatus();
 }
 
-absl::Status Co2Optimizer::PushDelta(RoundStats& stats) {
-  absl::Span<float> x = HostParams();
-  // Δ = A − x, in place: x is overwritten with the new anchor right after.
-  const float* a = anchor_.data();
-  float* d = x.data();
-  for (size_t i = 0; i < x.size(); ++i) d[i] = a[i] - d[i];
-  const double weight = steps_in_round_ * options_.samples_per_step;
-  const absl::Time pushed = options_.clock->Now();
-  CO2_RETURN_IF_ERROR(
-      client_->Push(round_, x, weight, pushed + options_.push_timeout));
-  stats.push += options_.clock->Now() - pushed;
-  stats.bytes_sent += common::EncodedSize(options_.uplink_codec, x.size());
-  return absl::OkStatus();
-}
-
-absl::Status Co2Optimizer::WaitForUpdate(uint64_t round, RoundStats& stats) {
-  const absl::Time t = options_.clock->Now();
-  absl::Status waited =
-      client_->WaitForUpdate(round, t + options_.update_timeout);
-  stats.exposed_comm += options_.clock->Now() - t;
-  if (!waited.ok()) {
-    return absl::Status(waited.code(),
-                        absl::StrCat("waiting for the update of round ", round,
-                                     ": ", waited.message()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Co2Optimizer::ApplyUpdate(uint64_t round) {
-  return client_->ApplyUpdate(round, absl::MakeSpan(anchor_)).status();
-}
-
-std::optional<uint64_t> Co2Optimizer::OwedUpdate() const {
-  // A_{r+1} = A_r + U of round r − 1, and round 0 has none (A_1 = A_0). A
-  // worker that joined a running job fetched A_s: it owes the update of
-  // round s − 1 like any other, also when s − 1 is the job's last round and
-  // it computes no round itself.
-  if (round_ == 0) return std::nullopt;
-  if (options_.rounds > 0 && round_ - 1 >= options_.rounds) return std::nullopt;
-  return round_ - 1;
-}
-
-absl::Status Co2Optimizer::CopyAnchorAndBroadcast() {
-  try {
-    if (leader_ && uses_aggregator_) {
-      if (staging_.empty()) {
-        absl::Span<float> x = flat_->ParamSpan();
-        std::memcpy(x.data(), anchor_.data(), x.size() * sizeof(float));
-      } else {
+absl::Status Co2Optimizer::ExchangeAndBroadcast(std::optional<uint64_t> owed,
+                                                RoundStats& stats) {
+  if (exchange_ != nullptr) {
+    absl::Status status = absl::OkStatus();
+    try {
+      absl::Span<float> x = HostParams();
+      ExchangeTimes times;
+      status = owed ? exchange_->Drain(*owed, x, times)
+                    : exchange_->Boundary(round_, steps_in_round_, x, times);
+      stats.exposed_comm += times.exposed_comm;
+      stats.push += times.push;
+      stats.bytes_sent += times.bytes_sent;
+      if (status.ok() && !staging_.empty()) {
         torch::NoGradGuard no_grad;
-        flat_->params().copy_(torch::from_blob(
-            anchor_.data(), {flat_->numel()}, torch::kFloat));
+        flat_->params().copy_(
+            torch::from_blob(x.data(), {flat_->numel()}, torch::kFloat));
       }
+    } catch (...) {
+      status = TorchExceptionToStatus("Co2Optimizer: x <- A");
     }
-  } catch (...) {
-    return TorchExceptionToStatus("Co2Optimizer: x <- A");
+    CO2_RETURN_IF_ERROR(status);
   }
   if (local_ != nullptr && local_->size() > 1) {
     CO2_RETURN_IF_ERROR(local_->Broadcast(flat_->params().data_ptr<float>(),
@@ -306,21 +266,7 @@ absl::Status Co2Optimizer::Boundary() {
   stats.round = round_;
   const absl::Time start = options_.clock->Now();
   if (uses_aggregator_) {
-    if (leader_) {
-      if (StalenessOf(options_.algo) == 1) {
-        // U of round r−1 normally arrived while this round computed. Δ_r is
-        // taken against A_r, so the update is applied only after the push.
-        const std::optional<uint64_t> owed = OwedUpdate();
-        if (owed) CO2_RETURN_IF_ERROR(WaitForUpdate(*owed, stats));
-        CO2_RETURN_IF_ERROR(PushDelta(stats));
-        if (owed) CO2_RETURN_IF_ERROR(ApplyUpdate(*owed));
-      } else {
-        CO2_RETURN_IF_ERROR(PushDelta(stats));
-        CO2_RETURN_IF_ERROR(WaitForUpdate(round_, stats));
-        CO2_RETURN_IF_ERROR(ApplyUpdate(round_));
-      }
-    }
-    CO2_RETURN_IF_ERROR(CopyAnchorAndBroadcast());
+    CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(std::nullopt, stats));
     anchor_round_ = round_ + 1;
   }
   stats.boundary = options_.clock->Now() - start;
@@ -340,40 +286,27 @@ absl::Status Co2Optimizer::Finish() {
   absl::Status status = absl::OkStatus();
   if (steps_in_round_ > 0) status = Boundary();
   const std::optional<uint64_t> owed =
-      options_.algo == Algo::kCo2 ? OwedUpdate() : std::nullopt;
-  if (status.ok() && owed) {
+      OwedUpdate(StalenessOf(options_.algo), options_.rounds, round_);
+  if (status.ok() && uses_aggregator_ && owed) {
     // The update of the last round is still in flight: apply it, so that
     // the final model is the final anchor on every worker.
     RoundStats drain;
     drain.round = round_;
     const absl::Time start = options_.clock->Now();
-    if (leader_) status = WaitForUpdate(*owed, drain);
-    if (leader_ && status.ok()) status = ApplyUpdate(*owed);
-    if (status.ok()) status = CopyAnchorAndBroadcast();
+    status = ExchangeAndBroadcast(owed, drain);
     if (status.ok()) anchor_round_ = round_ + 1;
     drain.boundary = options_.clock->Now() - start;
     if (status.ok() && options_.hash_params) drain.params_hash = ParamsHash();
     if (status.ok()) rounds_.push_back(drain);
   }
-  if (status.ok() && client_ != nullptr && options_.verify_final_anchor) {
-    status =
-        client_->VerifyAnchor(anchor_, anchor_round_,
-                              options_.clock->Now() + options_.update_timeout);
-    if (!status.ok()) {
-      status = absl::Status(
-          status.code(),
-          absl::StrCat("the final anchor (round ", anchor_round_,
-                       ") is not the shards': ", status.message()));
-    }
+  if (status.ok() && exchange_ != nullptr && options_.verify_final_anchor) {
+    status = exchange_->VerifyAnchor(anchor_round_);
   }
   if (!status.ok()) {
     broken_ = true;
     return status;
   }
-  if (client_ != nullptr) {
-    // Best effort: every update this worker needs has arrived already.
-    client_->Leave(options_.clock->Now() + options_.leave_timeout).IgnoreError();
-  }
+  if (exchange_ != nullptr) exchange_->Leave();
   finished_ = true;
   return absl::OkStatus();
 }
@@ -401,12 +334,13 @@ MemoryReport Co2Optimizer::Memory() const {
   const size_t p = static_cast<size_t>(flat_->numel());
   report.params = p * sizeof(float);
   report.grads = p * sizeof(float);
-  report.anchor = anchor_.size() * sizeof(float);
+  report.anchor =
+      exchange_ != nullptr ? exchange_->anchor().size() * sizeof(float) : 0;
   report.staging = staging_.size() * sizeof(float);
   report.optimizer_state = OptimizerStateBytes(*inner_);
-  if (client_ != nullptr) {
-    const auto downlink =
-        common::CodecFromWire(client_->job_config().downlink_codec());
+  if (exchange_ != nullptr) {
+    const auto downlink = common::CodecFromWire(
+        exchange_->client().job_config().downlink_codec());
     report.client_buffers =
         common::EncodedSize(options_.uplink_codec, p) +
         common::EncodedSize(downlink.ok() ? *downlink : common::Codec::kFp32,

@@ -35,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/aggregator_client.h"
+#include "client/anchor_exchange.h"
 #include "client/flat_params.h"
 #include "client/intra_node_group.h"
 #include "common/clock.h"
@@ -161,29 +162,23 @@ class Co2Optimizer {
 
   absl::Status Init();
   absl::Status Boundary();
-  // Leader: Δ = A − x into x, Push, with timing into `stats`.
-  absl::Status PushDelta(RoundStats& stats);
-  // Leader: waits for the update of `round` (timed as exposed comm.).
-  absl::Status WaitForUpdate(uint64_t round, RoundStats& stats);
-  // Leader: A ← A + U of `round`.
-  absl::Status ApplyUpdate(uint64_t round);
-  // co2: the round whose update turns the anchor this worker holds into the
-  // next one, if it is a round of the job.
-  std::optional<uint64_t> OwedUpdate() const;
-  // x ← A on the leader, then broadcast of x to the local ranks.
-  absl::Status CopyAnchorAndBroadcast();
+  // The leader's exchange of the round's boundary (or, with `owed`, the
+  // drain of that update), through the host copy of x when x lives on a
+  // device; then x is broadcast to the local ranks.
+  absl::Status ExchangeAndBroadcast(std::optional<uint64_t> owed,
+                                    RoundStats& stats);
   absl::Span<float> HostParams();
 
   const Co2OptimizerOptions options_;
   FlatParams* const flat_;
   torch::optim::Optimizer* const inner_;
-  std::unique_ptr<AggregatorClient> client_;
+  std::unique_ptr<AggregatorClient> client_;  // until Init hands it over
+  std::unique_ptr<AnchorExchange> exchange_;  // leader, aggregator algorithms
   IntraNodeGroup* const local_;
   IntraNodeGroup* const global_;
   const bool leader_;
   const bool uses_aggregator_;
 
-  std::vector<float> anchor_;   // A (leader, aggregator algorithms)
   std::vector<float> staging_;  // host copy of x when x lives on a device
   uint64_t start_round_ = 0;
   uint64_t round_ = 0;

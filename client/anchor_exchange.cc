@@ -1,5 +1,6 @@
 #include "client/anchor_exchange.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -84,8 +85,21 @@ absl::Status AnchorExchange::Push(uint64_t round, int steps,
 absl::Status AnchorExchange::WaitForUpdate(uint64_t round,
                                            ExchangeTimes& times) {
   const absl::Time t = options_.clock->Now();
-  absl::Status waited =
-      client_->WaitForUpdate(round, t + options_.update_timeout);
+  const absl::Time deadline = t + options_.update_timeout;
+  absl::Status waited;
+  while (true) {
+    const absl::Time slice =
+        options_.check_interrupt
+            ? std::min(deadline, options_.clock->Now() + options_.interrupt_poll)
+            : deadline;
+    waited = client_->WaitForUpdate(round, slice);
+    if (waited.code() != absl::StatusCode::kDeadlineExceeded ||
+        slice >= deadline) {
+      break;
+    }
+    waited = options_.check_interrupt();
+    if (!waited.ok()) break;
+  }
   times.exposed_comm += options_.clock->Now() - t;
   if (!waited.ok()) {
     return absl::Status(waited.code(),

@@ -17,6 +17,7 @@
 #define CO2_CLIENT_ANCHOR_EXCHANGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -50,6 +51,10 @@ struct AnchorExchangeOptions {
   // The codec the client was connected with (bytes-sent accounting).
   common::Codec uplink_codec = common::Codec::kFp32;
   common::Clock* clock = common::Clock::Real();  // borrowed
+  // Called every `interrupt_poll` while an update is awaited; a non-OK
+  // status ends the wait with it (a Python caller checks for Ctrl-C here).
+  std::function<absl::Status()> check_interrupt;
+  absl::Duration interrupt_poll = absl::Milliseconds(200);
 };
 
 // What one boundary cost, added to by Boundary and Drain.

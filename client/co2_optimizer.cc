@@ -47,31 +47,6 @@ size_t OptimizerStateBytes(const torch::optim::Optimizer& opt) {
 
 }  // namespace
 
-absl::StatusOr<Algo> ParseAlgo(absl::string_view name) {
-  if (name == "co2") return Algo::kCo2;
-  if (name == "ddp") return Algo::kDdp;
-  if (name == "localsgd") return Algo::kLocalSgd;
-  if (name == "slowmo") return Algo::kSlowMo;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown algorithm '", name, "' (expected co2, ddp, localsgd, slowmo)"));
-}
-
-absl::string_view AlgoName(Algo algo) {
-  switch (algo) {
-    case Algo::kCo2:
-      return "co2";
-    case Algo::kDdp:
-      return "ddp";
-    case Algo::kLocalSgd:
-      return "localsgd";
-    case Algo::kSlowMo:
-      return "slowmo";
-  }
-  return "?";
-}
-
-uint32_t StalenessOf(Algo algo) { return algo == Algo::kCo2 ? 1 : 0; }
-
 Co2Optimizer::Co2Optimizer(const Co2OptimizerOptions& options,
                            FlatParams* flat, torch::optim::Optimizer* inner,
                            std::unique_ptr<AggregatorClient> client,

@@ -35,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/aggregator_client.h"
+#include "client/algo.h"
 #include "client/anchor_exchange.h"
 #include "client/flat_params.h"
 #include "client/intra_node_group.h"
@@ -46,14 +47,6 @@ class Optimizer;
 }  // namespace torch::optim
 
 namespace co2::client {
-
-enum class Algo { kCo2, kDdp, kLocalSgd, kSlowMo };
-
-// "co2" | "ddp" | "localsgd" | "slowmo"; INVALID_ARGUMENT otherwise.
-absl::StatusOr<Algo> ParseAlgo(absl::string_view name);
-absl::string_view AlgoName(Algo algo);
-// The JobConfig.max_staleness an algorithm runs with (1 for co2, else 0).
-uint32_t StalenessOf(Algo algo);
 
 struct Co2OptimizerOptions {
   Algo algo = Algo::kCo2;

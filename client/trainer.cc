@@ -81,15 +81,7 @@ absl::StatusOr<v1::JobConfig> MakeJobConfig(const TrainerOptions& o,
   c.set_tau(o.tau);
   c.set_round_timeout_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(o.round_timeout)));
-  c.set_max_staleness(StalenessOf(algo));
-  if (algo == Algo::kLocalSgd) {  // a plain blocking average
-    c.set_alpha(1.0f);
-    c.set_beta(0.0f);
-  }
-  if (algo == Algo::kLocalSgd || algo == Algo::kSlowMo) {
-    c.set_gap_penalty(v1::GAP_PENALTY_NONE);
-    c.set_clip(v1::CLIP_NONE);
-  }
+  ApplyAlgo(algo, c);
   return c;
 }
 

@@ -1,0 +1,34 @@
+// The training algorithms co2 runs (docs/algorithm.md) and what each means
+// for a job's settings. Torch-free; pure functions, any thread.
+//   co2       τ inner steps, then push Δ without waiting for its average
+//             (staleness 1).
+//   localsgd  τ inner steps, then a blocking plain average (staleness 0,
+//             α = 1, β = 0).
+//   slowmo    as localsgd, with outer momentum (β > 0) on the aggregator.
+//   ddp       gradients all-reduced every step; no aggregator.
+#ifndef CO2_CLIENT_ALGO_H_
+#define CO2_CLIENT_ALGO_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "co2/v1/aggregator.pb.h"
+
+namespace co2::client {
+
+enum class Algo { kCo2, kDdp, kLocalSgd, kSlowMo };
+
+// "co2" | "ddp" | "localsgd" | "slowmo"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<Algo> ParseAlgo(absl::string_view name);
+absl::string_view AlgoName(Algo algo);
+// The JobConfig.max_staleness an algorithm runs with (1 for co2, else 0).
+uint32_t StalenessOf(Algo algo);
+// Sets what `algo` fixes in a job's config: max_staleness; for localsgd a
+// plain average (α = 1, β = 0); for localsgd and slowmo no gap penalty and
+// no clipping.
+void ApplyAlgo(Algo algo, v1::JobConfig& config);
+
+}  // namespace co2::client
+
+#endif  // CO2_CLIENT_ALGO_H_

@@ -46,9 +46,9 @@ absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
                      " is not supported (0 or 1)"));
   }
   if (config.rounds() != 0 && config.rounds() != options.rounds) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "AnchorExchange: rounds is ", options.rounds,
-        " but the job's JobConfig.rounds is ", config.rounds()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("AnchorExchange: rounds is ", options.rounds,
+                     " but the job's JobConfig.rounds is ", config.rounds()));
   }
   if (config.max_staleness() == 1 && options.rounds == 0) {
     return absl::InvalidArgumentError(
@@ -90,7 +90,8 @@ absl::Status AnchorExchange::WaitForUpdate(uint64_t round,
   while (true) {
     const absl::Time slice =
         options_.check_interrupt
-            ? std::min(deadline, options_.clock->Now() + options_.interrupt_poll)
+            ? std::min(deadline,
+                       options_.clock->Now() + options_.interrupt_poll)
             : deadline;
     waited = client_->WaitForUpdate(round, slice);
     if (waited.code() != absl::StatusCode::kDeadlineExceeded ||

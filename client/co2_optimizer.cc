@@ -104,10 +104,10 @@ absl::Status Co2Optimizer::Init() {
   }
   if (client_ != nullptr &&
       client_->job_config().max_staleness() != StalenessOf(options_.algo)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Co2Optimizer: ", AlgoName(options_.algo), " needs max_staleness ",
-        StalenessOf(options_.algo), ", the job has ",
-        client_->job_config().max_staleness()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: ", AlgoName(options_.algo),
+                     " needs max_staleness ", StalenessOf(options_.algo),
+                     ", the job has ", client_->job_config().max_staleness()));
   }
   try {
     if (!flat_->params().is_cpu()) staging_.resize(p);

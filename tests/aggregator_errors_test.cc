@@ -154,9 +154,14 @@ TEST_F(AggregatorErrorsTest, JoinValidatesEveryField) {
   ExpectStatus(Join("j", "w", bad), StatusCode::INVALID_ARGUMENT,
                "beta must be in [0, 1), got 2");
   v1::JobConfig shards = Config();
+  shards.set_num_parameters(3 * 65536);  // enough blocks for 3 shards
   shards.set_num_shards(3);
   ExpectStatus(Join("j", "w", shards), StatusCode::INVALID_ARGUMENT,
                "num_shards is 3");
+  v1::JobConfig blocks = Config();
+  blocks.set_num_shards(2);  // 1000 parameters: one block
+  ExpectStatus(Join("j", "w", blocks), StatusCode::INVALID_ARGUMENT,
+               "every shard needs a block");
 }
 
 TEST_F(AggregatorErrorsTest, JoinWithAnotherConfigIsAPreconditionFailure) {

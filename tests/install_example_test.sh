@@ -25,6 +25,15 @@ for f in lib/cmake/co2/co2Config.cmake lib/cmake/co2/co2Targets.cmake \
   [ -e "$tmp/prefix/$f" ] || fail "the install lacks $f"
 done
 
+if [ -x /usr/bin/python3 ] && [ -e "$build/python/co2/__init__.py" ]; then
+  echo "== import co2 from the prefix's dist-packages"
+  site=$(find "$tmp/prefix" -name '_core*.so' -path "*/co2/*" -printf '%h\n' | head -1)
+  [ -n "$site" ] || fail "the install lacks the Python package co2"
+  PYTHONPATH=$(dirname "$site") /usr/bin/python3 -c \
+    "import co2; assert co2.__file__.startswith('$tmp'), co2.__file__; print(co2.JobConfig())" \
+    || fail "import co2 from $site"
+fi
+
 echo "== configure and build examples/minimal_trainer against the prefix"
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)

@@ -30,6 +30,14 @@ class HostParams:
             self._device_flat = torch.empty(self.numel, dtype=torch.float32,
                                             device=self.device)
 
+    def _pairs(self, flat: torch.Tensor):
+        """(parameter, its slice of `flat` shaped like it), in order."""
+        offset = 0
+        for p in self._params:
+            n = p.numel()
+            yield p, flat[offset:offset + n].view_as(p)
+            offset += n
+
     @property
     def address(self) -> int:
         """The buffer's address, for the C++ client."""
@@ -39,20 +47,14 @@ class HostParams:
         """buffer ← the parameters (returns once the buffer holds them)."""
         with torch.no_grad():
             if not self._cuda:
-                offset = 0
-                for p in self._params:
-                    n = p.numel()
-                    self.buffer[offset:offset + n].copy_(p.reshape(-1))
-                    offset += n
+                for p, view in self._pairs(self.buffer):
+                    view.copy_(p)
                 return
             assert self._stream is not None and self._device_flat is not None
             self._stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self._stream):
-                offset = 0
-                for p in self._params:
-                    n = p.numel()
-                    self._device_flat[offset:offset + n].copy_(p.reshape(-1))
-                    offset += n
+                for p, view in self._pairs(self._device_flat):
+                    view.copy_(p)
                 self.buffer.copy_(self._device_flat, non_blocking=True)
             self._stream.synchronize()
 
@@ -60,22 +62,16 @@ class HostParams:
         """The parameters ← buffer (the training stream waits for the copy)."""
         with torch.no_grad():
             if not self._cuda:
-                offset = 0
-                for p in self._params:
-                    n = p.numel()
-                    p.copy_(self.buffer[offset:offset + n].view_as(p))
-                    offset += n
+                for p, view in self._pairs(self.buffer):
+                    p.copy_(view)
                 return
             assert self._stream is not None and self._device_flat is not None
             current = torch.cuda.current_stream(self.device)
             self._stream.wait_stream(current)
             with torch.cuda.stream(self._stream):
                 self._device_flat.copy_(self.buffer, non_blocking=True)
-                offset = 0
-                for p in self._params:
-                    n = p.numel()
-                    p.copy_(self._device_flat[offset:offset + n].view_as(p))
-                    offset += n
+                for p, view in self._pairs(self._device_flat):
+                    p.copy_(view)
             current.wait_stream(self._stream)
             # The pinned buffer is rewritten by the next gather or exchange:
             # the copy out of it must be done by then.

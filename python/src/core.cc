@@ -67,7 +67,8 @@ std::string EnumValueName(const FieldDescriptor* field, int number) {
   std::string prefix = absl::AsciiStrToUpper(type->name());
   if (type->name() == "GapPenalty") prefix = "GAP_PENALTY";
   std::string name = value->name();
-  if (absl::StartsWith(name, prefix + "_")) name = name.substr(prefix.size() + 1);
+  if (absl::StartsWith(name, prefix + "_"))
+    name = name.substr(prefix.size() + 1);
   return absl::AsciiStrToLower(name);
 }
 
@@ -81,9 +82,9 @@ int EnumValueNumber(const FieldDescriptor* field, const std::string& name) {
     if (candidate == name) return number;
     known.push_back(candidate);
   }
-  throw py::value_error(absl::StrCat("JobConfig.", field->name(), ": unknown value '",
-                                     name, "' (expected one of ",
-                                     absl::StrJoin(known, ", "), ")"));
+  throw py::value_error(
+      absl::StrCat("JobConfig.", field->name(), ": unknown value '", name,
+                   "' (expected one of ", absl::StrJoin(known, ", "), ")"));
 }
 
 // JobConfig <-> dict of every field, enums by their lower-case names.
@@ -123,19 +124,20 @@ v1::JobConfig FromDict(const py::dict& values) {
     const std::string name = py::cast<std::string>(key);
     const FieldDescriptor* f = descriptor->FindFieldByName(name);
     if (f == nullptr) {
-      throw py::value_error(absl::StrCat("JobConfig has no field '", name, "'"));
+      throw py::value_error(
+          absl::StrCat("JobConfig has no field '", name, "'"));
     }
     try {
       switch (f->cpp_type()) {
         case FieldDescriptor::CPPTYPE_UINT32:
         case FieldDescriptor::CPPTYPE_UINT64: {
           const long long v = py::cast<long long>(value);
-          const long long max =
-              f->cpp_type() == FieldDescriptor::CPPTYPE_UINT32 ? 0xffffffffLL
-                                                               : LLONG_MAX;
+          const long long max = f->cpp_type() == FieldDescriptor::CPPTYPE_UINT32
+                                    ? 0xffffffffLL
+                                    : LLONG_MAX;
           if (v < 0 || v > max) {
-            throw py::value_error(absl::StrCat("JobConfig.", name, " must be in [0, ",
-                                               max, "], got ", v));
+            throw py::value_error(absl::StrCat(
+                "JobConfig.", name, " must be in [0, ", max, "], got ", v));
           }
           if (f->cpp_type() == FieldDescriptor::CPPTYPE_UINT32) {
             reflection->SetUInt32(&config, f, static_cast<uint32_t>(v));
@@ -157,8 +159,9 @@ v1::JobConfig FromDict(const py::dict& values) {
       }
     } catch (const py::cast_error&) {
       throw py::value_error(absl::StrCat(
-          "JobConfig.", name, ": ", py::str(py::repr(value)).cast<std::string>(),
-          " is not a ", f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM ? "str" : "number"));
+          "JobConfig.", name, ": ",
+          py::str(py::repr(value)).cast<std::string>(), " is not a ",
+          f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM ? "str" : "number"));
     }
   }
   return config;
@@ -222,7 +225,8 @@ class Exchange {
     co.job_config = FromDict(config);
     Validate(co.job_config);
     absl::StatusOr<common::Codec> uplink = common::ParseCodec(uplink_codec);
-    if (!uplink.ok()) throw py::value_error(std::string(uplink.status().message()));
+    if (!uplink.ok())
+      throw py::value_error(std::string(uplink.status().message()));
     co.uplink_codec = *uplink;
     co.rejoin = rejoin;
     co.tls.ca_file = ca_file;
@@ -230,7 +234,8 @@ class Exchange {
     co.tls.key_file = key_file;
     if (!token_file.empty()) {
       absl::StatusOr<std::string> token = common::ReadTokenFile(token_file);
-      if (!token.ok()) throw py::value_error(std::string(token.status().message()));
+      if (!token.ok())
+        throw py::value_error(std::string(token.status().message()));
       co.token = *token;
     }
     co.connect_timeout = Seconds(connect_timeout);
@@ -250,8 +255,8 @@ class Exchange {
     auto initial = std::make_shared<std::vector<float>>(
         Buffer(x, numel).begin(), Buffer(x, numel).end());
     std::packaged_task<absl::StatusOr<std::unique_ptr<AnchorExchange>>()> task(
-        [co = std::move(co), eo, initial]() mutable
-        -> absl::StatusOr<std::unique_ptr<AnchorExchange>> {
+        [co = std::move(co), eo,
+         initial]() mutable -> absl::StatusOr<std::unique_ptr<AnchorExchange>> {
           auto client = AggregatorClient::Connect(std::move(co),
                                                   absl::MakeSpan(*initial));
           if (!client.ok()) return client.status();
@@ -280,7 +285,9 @@ class Exchange {
 
   uint64_t start_round() const { return exchange_->start_round(); }
   uint32_t staleness() const { return exchange_->staleness(); }
-  py::dict job_config() const { return ToDict(exchange_->client().job_config()); }
+  py::dict job_config() const {
+    return ToDict(exchange_->client().job_config());
+  }
 
   py::dict Boundary(uint64_t round, int steps, uintptr_t x, size_t numel) {
     client::ExchangeTimes times;
@@ -348,33 +355,37 @@ class Exchange {
 }  // namespace co2::python
 
 PYBIND11_MODULE(_core, m) {
-  using namespace co2;           // NOLINT: the module's one scope
-  using namespace co2::python;   // NOLINT
+  using namespace co2;          // NOLINT: the module's one scope
+  using namespace co2::python;  // NOLINT
   m.doc() = "co2's C++ client (internal; use the co2 package).";
-  m.def("default_job_config", [] { return ToDict(common::DefaultJobConfig(0, 0)); },
-        "The C++ defaults of every JobConfig field.");
-  m.def("job_config_round_trip",
-        [](const py::dict& values) { return ToDict(FromDict(values)); },
-        "dict -> JobConfig message -> dict (for tests).");
-  m.def("validate_job_config",
-        [](const py::dict& values) { Validate(FromDict(values)); },
-        "ValueError naming the first field out of range.");
-  m.def("apply_algo",
-        [](const std::string& algo, const py::dict& values) {
-          absl::StatusOr<client::Algo> parsed = client::ParseAlgo(algo);
-          if (!parsed.ok() || *parsed == client::Algo::kDdp) {
-            throw py::value_error(absl::StrCat(
-                "unknown algo '", algo, "' (expected co2, localsgd or slowmo)"));
-          }
-          v1::JobConfig config = FromDict(values);
-          client::ApplyAlgo(*parsed, config);
-          return ToDict(config);
-        },
-        "The JobConfig dict with what the algorithm fixes applied.");
-  m.def("owed_update",
-        [](uint32_t staleness, uint64_t rounds, uint64_t round) {
-          return client::OwedUpdate(staleness, rounds, round);
-        });
+  m.def(
+      "default_job_config",
+      [] { return ToDict(common::DefaultJobConfig(0, 0)); },
+      "The C++ defaults of every JobConfig field.");
+  m.def(
+      "job_config_round_trip",
+      [](const py::dict& values) { return ToDict(FromDict(values)); },
+      "dict -> JobConfig message -> dict (for tests).");
+  m.def(
+      "validate_job_config",
+      [](const py::dict& values) { Validate(FromDict(values)); },
+      "ValueError naming the first field out of range.");
+  m.def(
+      "apply_algo",
+      [](const std::string& algo, const py::dict& values) {
+        absl::StatusOr<client::Algo> parsed = client::ParseAlgo(algo);
+        if (!parsed.ok() || *parsed == client::Algo::kDdp) {
+          throw py::value_error(absl::StrCat(
+              "unknown algo '", algo, "' (expected co2, localsgd or slowmo)"));
+        }
+        v1::JobConfig config = FromDict(values);
+        client::ApplyAlgo(*parsed, config);
+        return ToDict(config);
+      },
+      "The JobConfig dict with what the algorithm fixes applied.");
+  m.def("owed_update", [](uint32_t staleness, uint64_t rounds, uint64_t round) {
+    return client::OwedUpdate(staleness, rounds, round);
+  });
   m.def("protocol_version", [] { return common::kProtocolVersion; });
   py::class_<Exchange>(m, "Exchange")
       .def(py::init<std::vector<std::string>, std::string, std::string,

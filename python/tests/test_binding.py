@@ -71,6 +71,13 @@ def test_bad_optimizer_arguments_are_value_errors():
                       aggregators=["127.0.0.1:1"], job="j")
 
 
+def test_more_shards_than_blocks_is_a_value_error_before_any_call():
+    w = torch.zeros(1000, requires_grad=True)
+    with pytest.raises(ValueError, match="num_shards 2 is more than the 1 block"):
+        co2.Optimizer([w], torch.optim.SGD([w], lr=0.1), tau=1, rounds=1,
+                      aggregators=["127.0.0.1:1", "127.0.0.1:2"], job="small")
+
+
 def test_algorithms_fix_their_settings():
     plain = _core.apply_algo("localsgd", co2.JobConfig(alpha=0.3, beta=0.5).to_dict())
     assert (plain["alpha"], plain["beta"], plain["max_staleness"]) == (1.0, 0.0, 0)

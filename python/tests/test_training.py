@@ -20,7 +20,14 @@ def workers(agg, job, n, *extra):
 
 def test_two_workers_learn_and_end_on_the_shards_anchor():
     with co2.local_aggregator(num_shards=2) as agg:
-        out = results(workers(agg, "two", 2, "--rounds", "20", "--tau", "4"))
+        procs = workers(agg, "two", 2, "--rounds", "20", "--tau", "4", "--wait_for_go")
+        # Both are members before either pushes round 0.
+        for p in procs:
+            wait_for_line(p, '"joined"')
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        out = results(procs)
     for r in out:
         assert "error" not in r, r
         first, last = sum(r["losses"][:8]) / 8, sum(r["losses"][-8:]) / 8

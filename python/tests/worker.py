@@ -59,7 +59,8 @@ def main() -> int:
         if args.wait_for_go:
             sys.stdin.readline()
         losses = []
-        for step in range(steps):
+        # A worker that joined a running job starts at the step of its round.
+        for step in range(opt.round * args.tau, steps):
             xb = x[step * args.batch:(step + 1) * args.batch]
             yb = y[step * args.batch:(step + 1) * args.batch]
             opt.zero_grad()

@@ -97,14 +97,29 @@ class AggregatorClient::Impl : public AnchorSource {
       absl::MutexLock lock(&mu_);
       joined_shards_ = i + 1;
     }
-    for (uint32_t i = 0; i < shards_.size(); ++i) {
-      Shard& shard = shards_[i];
-      absl::Status status = shard.must_seed ? Seed(shard, anchor, deadline)
-                                            : Fetch(shard, anchor, deadline);
-      CO2_RETURN_IF_ERROR(WithShard(i, shard.address, status));
+    if (options_.resume_round.has_value()) {
+      for (uint32_t i = 0; i < shards_.size(); ++i) {
+        if (shards_[i].must_seed) {
+          return WithShard(
+              i, shards_[i].address,
+              absl::FailedPreconditionError(absl::StrCat(
+                  "the shard does not hold job \"", options_.job,
+                  "\" any more, so it cannot resume at round ",
+                  *options_.resume_round,
+                  " (shards keep jobs across restarts with --checkpoint_dir)")));
+        }
+      }
+      start_round_ = *options_.resume_round;
+    } else {
+      for (uint32_t i = 0; i < shards_.size(); ++i) {
+        Shard& shard = shards_[i];
+        absl::Status status = shard.must_seed ? Seed(shard, anchor, deadline)
+                                              : Fetch(shard, anchor, deadline);
+        CO2_RETURN_IF_ERROR(WithShard(i, shard.address, status));
+      }
+      CO2_RETURN_IF_ERROR(AgreeOnAnchorRound(anchor, deadline));
+      start_round_ = shards_[0].anchor_round;
     }
-    CO2_RETURN_IF_ERROR(AgreeOnAnchorRound(anchor, deadline));
-    start_round_ = shards_[0].anchor_round;
     const uint64_t staleness = config.max_staleness();
     const uint64_t first_update =
         start_round_ >= staleness ? start_round_ - staleness : 0;
@@ -339,6 +354,7 @@ class AggregatorClient::Impl : public AnchorSource {
     *request.mutable_config() = options_.job_config;
     request.set_uplink_codec(v1::Codec(options_.uplink_codec));
     request.set_rejoin(options_.rejoin);
+    if (options_.resume_round) request.set_resume_round(*options_.resume_round);
     return request;
   }
 

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,11 @@ struct ClientOptions {
   // (JoinRequest.rejoin): it may join the job after it finished, to end on
   // its final anchor.
   bool rejoin = false;
+  // This worker stopped at a round boundary and resumes with the state it
+  // saved there (JoinRequest.resume_round): it takes part from this round,
+  // with the anchor given to Connect as that round's, and fetches nothing.
+  // The shards must hold the job (FAILED_PRECONDITION if one lost it).
+  std::optional<uint64_t> resume_round;
   common::Codec uplink_codec = common::Codec::kFp32;
   // TLS to the shards: ca_file verifies them; cert_file + key_file for mTLS.
   // Empty: plaintext (in-process and loopback tests only).
@@ -74,7 +80,8 @@ class AggregatorClient {
  public:
   // Joins every shard. `anchor` (size P) holds this worker's initial
   // parameters: a shard that tells this worker to seed gets them; otherwise
-  // the shard's anchor is fetched into `anchor`. Fails with the shard's status
+  // the shard's anchor is fetched into `anchor` (not with resume_round: then
+  // `anchor` is the resumed round's). Fails with the shard's status
   // (e.g. FAILED_PRECONDITION for a JobConfig mismatch) or DEADLINE_EXCEEDED
   // after connect_timeout.
   static absl::StatusOr<std::unique_ptr<AggregatorClient>> Connect(

@@ -82,8 +82,8 @@ absl::Status AnchorExchange::Push(uint64_t round, int steps,
   return absl::OkStatus();
 }
 
-absl::Status AnchorExchange::WaitForUpdate(uint64_t round,
-                                           ExchangeTimes& times) {
+absl::Status AnchorExchange::AwaitUpdate(uint64_t round,
+                                         ExchangeTimes& times) {
   const absl::Time t = options_.clock->Now();
   const absl::Time deadline = t + options_.update_timeout;
   absl::Status waited;
@@ -136,12 +136,12 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
     // against A_r, so the update is applied only after the push.
     const std::optional<uint64_t> owed =
         OwedUpdate(staleness_, options_.rounds, round);
-    if (owed) CO2_RETURN_IF_ERROR(WaitForUpdate(*owed, times));
+    if (owed) CO2_RETURN_IF_ERROR(AwaitUpdate(*owed, times));
     CO2_RETURN_IF_ERROR(Push(round, steps, x, times));
     if (owed) CO2_RETURN_IF_ERROR(Apply(*owed));
   } else {
     CO2_RETURN_IF_ERROR(Push(round, steps, x, times));
-    CO2_RETURN_IF_ERROR(WaitForUpdate(round, times));
+    CO2_RETURN_IF_ERROR(AwaitUpdate(round, times));
     CO2_RETURN_IF_ERROR(Apply(round));
   }
   CopyAnchorTo(x);
@@ -155,7 +155,7 @@ absl::Status AnchorExchange::Drain(uint64_t owed, absl::Span<float> x,
         absl::StrCat("AnchorExchange::Drain: ", x.size(),
                      " parameters, the job has ", anchor_.size()));
   }
-  CO2_RETURN_IF_ERROR(WaitForUpdate(owed, times));
+  CO2_RETURN_IF_ERROR(AwaitUpdate(owed, times));
   CO2_RETURN_IF_ERROR(Apply(owed));
   CopyAnchorTo(x);
   return absl::OkStatus();

@@ -89,6 +89,12 @@ class AnchorExchange {
   // Waits for and applies U of `owed`, then x ← A (the final anchor).
   absl::Status Drain(uint64_t owed, absl::Span<float> x, ExchangeTimes& times);
 
+  // Waits until U of `round` has arrived from every shard, without applying
+  // it (timed as exposed communication): once it has, every worker's
+  // contribution to `round` is in, and this worker may stop and later rejoin
+  // at round + 1 (the shards replay the update).
+  absl::Status AwaitUpdate(uint64_t round, ExchangeTimes& times);
+
   // Checks A bit for bit against the shards' anchor of `anchor_round`
   // (DATA_LOSS naming both hashes), then leaves the job (best effort).
   absl::Status VerifyAnchor(uint64_t anchor_round);
@@ -101,7 +107,6 @@ class AnchorExchange {
 
   absl::Status Push(uint64_t round, int steps, absl::Span<float> x,
                     ExchangeTimes& times);
-  absl::Status WaitForUpdate(uint64_t round, ExchangeTimes& times);
   absl::Status Apply(uint64_t round);
   void CopyAnchorTo(absl::Span<float> x) const;
 

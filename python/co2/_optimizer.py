@@ -153,41 +153,62 @@ class Optimizer:
         self.is_leader = self._group is None or dist.get_rank(self._group) == 0
         self._host = HostParams(self._params)
 
+        cfg = JobConfig() if config is None else JobConfig.from_dict(config.to_dict())
+        cfg.protocol_version = _core.protocol_version()
+        cfg.num_parameters = self._host.numel
+        cfg.num_shards = len(aggregators)
+        cfg.tau = tau
+        cfg.rounds = rounds
+        values = _core.apply_algo(algo, cfg.to_dict())
+        _core.validate_job_config(values)
+        self.config = JobConfig.from_dict(values)
+        self._join = dict(
+            addresses=list(aggregators), job=job, worker_id=worker_id or _default_worker_id(),
+            config=values, uplink_codec=uplink_codec, rounds=rounds,
+            samples_per_step=float(samples_per_step), ca_file=ca_file, cert_file=cert_file,
+            key_file=key_file, token_file=token_file, rejoin=rejoin,
+            connect_timeout=float(connect_timeout), update_timeout=float(update_timeout))
         self._exchange: Optional[Any] = None
-        start_round = 0
-        if self.is_leader:
-            cfg = JobConfig() if config is None else JobConfig.from_dict(config.to_dict())
-            cfg.protocol_version = _core.protocol_version()
-            cfg.num_parameters = self._host.numel
-            cfg.num_shards = len(aggregators)
-            cfg.tau = tau
-            cfg.rounds = rounds
-            values = _core.apply_algo(algo, cfg.to_dict())
-            _core.validate_job_config(values)
-            self.config = JobConfig.from_dict(values)
-            self._host.gather()
-            self._exchange = _core.Exchange(
-                addresses=list(aggregators), job=job,
-                worker_id=worker_id or _default_worker_id(), config=values,
-                uplink_codec=uplink_codec, rounds=rounds,
-                samples_per_step=float(samples_per_step), ca_file=ca_file,
-                cert_file=cert_file, key_file=key_file, token_file=token_file,
-                rejoin=rejoin, connect_timeout=float(connect_timeout),
-                update_timeout=float(update_timeout), x=self._host.address,
-                numel=self._host.numel)
-            self._host.scatter()
-            start_round = self._exchange.start_round
-        else:
-            self.config = None
-        start_round = self._broadcast_start(start_round)
-        self._round = start_round
-        self._anchor_round = start_round
+        self._connected = False
+        self._resume: Optional[Dict[str, Any]] = None
+        self._round = 0
+        self._anchor_round = 0
         self._steps = 0
         self._steps_in_round = 0
         self._exposed_comm = 0.0
         self._bytes_sent = 0
         self._broken = False
         self._finished = False
+
+    def connect(self) -> None:
+        """Joins the job (local rank 0) and sets the parameters to the
+        anchor every worker starts from. The first ``step()`` calls it; call
+        it earlier to fail early. After ``load_state_dict`` it resumes the
+        saved round with the saved anchor instead."""
+        if self._connected:
+            return
+        self._check_usable("connect")
+        try:
+            start_round = 0
+            if self.is_leader:
+                resume_round = None
+                if self._resume is not None:
+                    resume_round = self._resume["round"]
+                    self._host.buffer.copy_(self._resume["anchor"])
+                else:
+                    self._host.gather()
+                self._exchange = _core.Exchange(
+                    **self._join, resume_round=resume_round, x=self._host.address,
+                    numel=self._host.numel)
+                self._host.scatter()
+                start_round = self._exchange.start_round
+            start_round = self._broadcast_start(start_round)
+        except BaseException:
+            self._broken = True
+            raise
+        self._round = start_round
+        self._anchor_round = start_round
+        self._connected = True
 
     # --- the torch.optim surface ---
 
@@ -206,6 +227,7 @@ class Optimizer:
         Returns what the inner optimizer's step returns.
         """
         self._check_usable("step")
+        self.connect()
         if self.rounds and self._round >= self.rounds:
             raise Error("FAILED_PRECONDITION",
                         f"step in round {self._round}, past the job's last round {self.rounds - 1}")
@@ -233,6 +255,7 @@ class Optimizer:
         if self._finished:
             return
         self._check_usable("finish")
+        self.connect()
         try:
             if self._steps_in_round > 0:
                 self._boundary()
@@ -253,6 +276,70 @@ class Optimizer:
             self._broken = True
             raise
         self._finished = True
+
+    # --- checkpoints ---
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What this worker needs to resume after preemption: the inner
+        optimizer's state, the round, and the anchor the round starts from.
+
+        Call it at a round boundary (after the step that ended a round).
+        With co2, local rank 0 first waits for the update of the round it
+        pushed last, so that every worker's contribution to that round is in
+        and this worker may stop. Save it with the model's state as for any
+        optimizer; ``load_state_dict`` in a new process continues from it.
+        """
+        self._check_usable("state_dict")
+        self.connect()
+        if self._steps_in_round != 0:
+            raise Error("FAILED_PRECONDITION",
+                        f"state_dict in the middle of round {self._round} "
+                        f"({self._steps_in_round} of {self.tau} steps): call it after the step "
+                        f"that ends a round (every {self.tau} steps)")
+        anchor = None
+        if self._exchange is not None:
+            owed = _core.owed_update(self._staleness, self.rounds, self._round)
+            if owed is not None:
+                try:
+                    times = self._exchange.await_update(owed)
+                except BaseException:
+                    self._broken = True
+                    raise
+                self._exposed_comm += times["exposed_comm_s"]
+            anchor = torch.empty(self._host.numel, dtype=torch.float32)
+            self._exchange.copy_anchor(anchor.data_ptr(), anchor.numel())
+        return {
+            "inner": self._inner.state_dict(),
+            "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
+                    "rounds": self.rounds, "algo": self.algo, "anchor": anchor},
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes from ``state_dict()``: call it before the first step.
+
+        The inner optimizer's state is restored; the first step joins the job
+        at the saved round with the saved anchor (the shards must still hold
+        the job: a running service, or one restarted with --checkpoint_dir),
+        so a job whose workers all stopped there and resumed ends bit for bit
+        as if it had never stopped.
+        """
+        if self._connected:
+            raise Error("FAILED_PRECONDITION",
+                        "load_state_dict after the optimizer joined the job: call it "
+                        "before the first step")
+        saved = state["co2"]
+        for key, mine in (("tau", self.tau), ("rounds", self.rounds), ("algo", self.algo)):
+            if saved[key] != mine:
+                raise ValueError(f"the state was saved with {key}={saved[key]!r}, "
+                                 f"this optimizer has {key}={mine!r}")
+        if self.is_leader:
+            anchor = saved["anchor"]
+            if anchor is None or anchor.numel() != self._host.numel:
+                raise ValueError("the state holds no anchor for this model: save it on "
+                                 "local rank 0 and load it there")
+        self._inner.load_state_dict(state["inner"])
+        self._steps = saved["steps"]
+        self._resume = saved
 
     # --- what a user logs ---
 

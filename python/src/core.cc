@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -216,7 +217,8 @@ class Exchange {
            const std::string& uplink_codec, uint64_t rounds,
            double samples_per_step, const std::string& ca_file,
            const std::string& cert_file, const std::string& key_file,
-           const std::string& token_file, bool rejoin, double connect_timeout,
+           const std::string& token_file, bool rejoin,
+           std::optional<uint64_t> resume_round, double connect_timeout,
            double update_timeout, uintptr_t x, size_t numel) {
     client::ClientOptions co;
     co.addresses = std::move(addresses);
@@ -229,6 +231,7 @@ class Exchange {
       throw py::value_error(std::string(uplink.status().message()));
     co.uplink_codec = *uplink;
     co.rejoin = rejoin;
+    co.resume_round = resume_round;
     co.tls.ca_file = ca_file;
     co.tls.cert_file = cert_file;
     co.tls.key_file = key_file;
@@ -306,6 +309,17 @@ class Exchange {
     {
       py::gil_scoped_release release;
       status = exchange_->Drain(owed, Buffer(x, numel), times);
+    }
+    CheckInterruptible(status);
+    return Times(times);
+  }
+
+  py::dict AwaitUpdate(uint64_t round) {
+    client::ExchangeTimes times;
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = exchange_->AwaitUpdate(round, times);
     }
     CheckInterruptible(status);
     return Times(times);
@@ -391,13 +405,13 @@ PYBIND11_MODULE(_core, m) {
       .def(py::init<std::vector<std::string>, std::string, std::string,
                     const py::dict&, const std::string&, uint64_t, double,
                     const std::string&, const std::string&, const std::string&,
-                    const std::string&, bool, double, double, uintptr_t,
-                    size_t>(),
+                    const std::string&, bool, std::optional<uint64_t>, double,
+                    double, uintptr_t, size_t>(),
            py::arg("addresses"), py::arg("job"), py::arg("worker_id"),
            py::arg("config"), py::arg("uplink_codec"), py::arg("rounds"),
            py::arg("samples_per_step"), py::arg("ca_file"),
            py::arg("cert_file"), py::arg("key_file"), py::arg("token_file"),
-           py::arg("rejoin"), py::arg("connect_timeout"),
+           py::arg("rejoin"), py::arg("resume_round"), py::arg("connect_timeout"),
            py::arg("update_timeout"), py::arg("x"), py::arg("numel"))
       .def_property_readonly("start_round", &Exchange::start_round)
       .def_property_readonly("staleness", &Exchange::staleness)
@@ -406,6 +420,7 @@ PYBIND11_MODULE(_core, m) {
            py::arg("x"), py::arg("numel"))
       .def("drain", &Exchange::Drain, py::arg("owed"), py::arg("x"),
            py::arg("numel"))
+      .def("await_update", &Exchange::AwaitUpdate, py::arg("round"))
       .def("verify_anchor", &Exchange::VerifyAnchor, py::arg("anchor_round"))
       .def("leave", &Exchange::Leave)
       .def("copy_anchor", &Exchange::CopyAnchor, py::arg("out"),

@@ -20,14 +20,7 @@ def workers(agg, job, n, *extra):
 
 def test_two_workers_learn_and_end_on_the_shards_anchor():
     with co2.local_aggregator(num_shards=2) as agg:
-        procs = workers(agg, "two", 2, "--rounds", "20", "--tau", "4", "--wait_for_go")
-        # Both are members before either pushes round 0.
-        for p in procs:
-            wait_for_line(p, '"joined"')
-        for p in procs:
-            p.stdin.write("go\n")
-            p.stdin.flush()
-        out = results(procs)
+        out = _run_together(agg, "two", 2, "--rounds", "20", "--tau", "4")
     for r in out:
         assert "error" not in r, r
         first, last = sum(r["losses"][:8]) / 8, sum(r["losses"][-8:]) / 8
@@ -37,6 +30,34 @@ def test_two_workers_learn_and_end_on_the_shards_anchor():
         assert r["stats"]["bytes_sent"] > 0 and r["stats"]["bytes_received"] > 0
     # verify_final_anchor checked each worker against the shards bit for bit.
     assert out[0]["digest"] == out[1]["digest"]
+
+
+def _run_together(agg, job, n, *extra):
+    """n workers of one job, all members before any round closes."""
+    procs = workers(agg, job, n, "--wait_for_go", *extra)
+    for p in procs:
+        wait_for_line(p, '"joined"')
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    return results(procs)
+
+
+def test_a_job_stopped_at_round_10_and_resumed_ends_bit_identical(tmp_path):
+    common = ["--rounds", "20", "--tau", "4"]
+    with co2.local_aggregator(num_shards=2) as agg:
+        whole = _run_together(agg, "whole", 2, *common)
+    state = str(tmp_path / "w{worker}.pt")
+    with co2.local_aggregator(num_shards=2) as agg:
+        stopped = _run_together(agg, "resumed", 2, *common, "--stop_after_rounds", "10",
+                                "--state", state)
+        assert [r.get("stopped_at") for r in stopped] == [10, 10], stopped
+        # Every worker process is gone; the shards kept the job.
+        resumed = _run_together(agg, "resumed", 2, *common, "--resume", state)
+    for r in whole + resumed:
+        assert "error" not in r, r
+    assert resumed[0]["digest"] == resumed[1]["digest"]
+    assert resumed[0]["digest"] == whole[0]["digest"]
 
 
 def test_localsgd_at_tau_1_is_the_inner_optimizer_alone():

@@ -37,9 +37,17 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--update_timeout", type=float, default=60.0)
+    ap.add_argument("--stop_after_rounds", type=int, default=0,
+                    help="save the optimizer's state_dict to --state after this many "
+                         "rounds and stop without finishing (preemption)")
+    ap.add_argument("--resume", default="",
+                    help="rejoin and load the state_dict in this file ({worker}: the index)")
+    ap.add_argument("--state", default="", help="where to save it ({worker}: the index)")
     ap.add_argument("--wait_for_go", action="store_true",
                     help="after joining, wait for a line on stdin before training")
     args = ap.parse_args()
+    args.state = args.state.format(worker=args.worker)
+    args.resume = args.resume.format(worker=args.worker)
 
     torch.manual_seed(1234)  # the same initial model on every worker
     torch.set_num_threads(1)
@@ -55,6 +63,9 @@ def main() -> int:
                             aggregators=args.aggregators.split(","), job=args.job,
                             algo=args.algo, worker_id=f"worker-{args.worker}",
                             samples_per_step=args.batch, update_timeout=args.update_timeout)
+        if args.resume:
+            opt.load_state_dict(torch.load(args.resume))
+        opt.connect()
         print(json.dumps({"event": "joined", "start_round": opt.round}), flush=True)
         if args.wait_for_go:
             sys.stdin.readline()
@@ -68,6 +79,10 @@ def main() -> int:
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            if args.stop_after_rounds and step + 1 == args.stop_after_rounds * args.tau:
+                torch.save(opt.state_dict(), args.state)
+                print(json.dumps({"worker": args.worker, "stopped_at": opt.round}), flush=True)
+                return 0
         opt.finish()
         result.update(losses=losses, digest=params_digest(model), stats=opt.stats(),
                       anchor_round=opt.anchor_round)

@@ -61,8 +61,8 @@ def _co2_worker(rank: int, args, addresses, results) -> None:
                         aggregators=addresses, job="fashion-mnist", algo="co2",
                         worker_id=f"worker-{rank}", samples_per_step=args.batch,
                         config=co2.JobConfig(alpha=0.5, beta=0.0))
-    start = time.time()
-    # A worker that joins after others closed rounds starts at its round.
+    opt.connect()  # joins; a worker that joins after others closed rounds
+    start = time.time()  # starts at the job's round
     for s in range(opt.round * args.tau, steps):
         idx = mine[s * args.batch:(s + 1) * args.batch]
         opt.zero_grad()

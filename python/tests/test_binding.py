@@ -90,10 +90,12 @@ def test_a_server_refusal_arrives_as_co2_error_with_its_code():
         a = torch.zeros(100, requires_grad=True)
         first = co2.Optimizer([a], torch.optim.SGD([a], lr=0.1), tau=1, rounds=2,
                               aggregators=agg.addresses, job="refusal", worker_id="w0")
+        first.connect()
         b = torch.zeros(50, requires_grad=True)  # another model size
+        second = co2.Optimizer([b], torch.optim.SGD([b], lr=0.1), tau=1, rounds=2,
+                               aggregators=agg.addresses, job="refusal", worker_id="w1")
         with pytest.raises(co2.Error) as info:
-            co2.Optimizer([b], torch.optim.SGD([b], lr=0.1), tau=1, rounds=2,
-                          aggregators=agg.addresses, job="refusal", worker_id="w1")
+            second.connect()
         assert info.value.code == "FAILED_PRECONDITION"
         assert "num_parameters" in info.value.message
         del first
@@ -101,7 +103,11 @@ def test_a_server_refusal_arrives_as_co2_error_with_its_code():
 
 def test_no_shard_is_a_co2_error_not_a_hang():
     w = torch.zeros(4, requires_grad=True)
+    opt = co2.Optimizer([w], torch.optim.SGD([w], lr=0.1), tau=1, rounds=1,
+                        aggregators=["127.0.0.1:1"], job="nobody", connect_timeout=2)
     with pytest.raises(co2.Error) as info:
-        co2.Optimizer([w], torch.optim.SGD([w], lr=0.1), tau=1, rounds=1,
-                      aggregators=["127.0.0.1:1"], job="nobody", connect_timeout=2)
+        opt.connect()
     assert info.value.code in ("DEADLINE_EXCEEDED", "UNAVAILABLE")
+    # The optimizer is unusable after the error, and says so.
+    with pytest.raises(co2.Error, match="after an error"):
+        opt.step()

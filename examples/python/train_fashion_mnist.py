@@ -51,6 +51,7 @@ def _progress(done: int, total: int, label: str, start: float) -> None:
 
 
 def _co2_worker(rank: int, args, addresses, results) -> None:
+    co2.tune_malloc()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     x, y, mine, steps = _batches(args, rank)
@@ -80,6 +81,7 @@ def _co2_worker(rank: int, args, addresses, results) -> None:
 
 
 def _ddp_worker(rank: int, args, init_file: str, results) -> None:
+    co2.tune_malloc()  # the same allocator settings for both
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=args.workers)

@@ -19,5 +19,17 @@ from ._config import JobConfig
 from ._local import LocalAggregator, find_aggregator, local_aggregator
 from ._optimizer import Optimizer
 
+
+def tune_malloc() -> None:
+    """Sets glibc's malloc for a training process, as co2-train does: one
+    arena, and buffers up to 32 MiB kept in the heap instead of mapped and
+    unmapped every step. Torch frees and allocates its activations and
+    gradients every step; with glibc's defaults the kernel faults in and
+    zeroes their pages each time, which made the Fashion-MNIST CNN's step
+    3-4 x slower here (docs/python.md). Call it first in a training script;
+    the package never changes the allocator on its own."""
+    _core.keep_large_buffers_in_heap()
+
+
 __all__ = ["Error", "JobConfig", "LocalAggregator", "Optimizer", "find_aggregator",
-           "local_aggregator"]
+           "local_aggregator", "tune_malloc"]

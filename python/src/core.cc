@@ -33,6 +33,7 @@
 #include "common/codec.h"
 #include "common/grpc_status.h"
 #include "common/job_config.h"
+#include "common/malloc_settings.h"
 #include "common/tls_config.h"
 #include "google/protobuf/descriptor.h"
 
@@ -400,6 +401,8 @@ PYBIND11_MODULE(_core, m) {
   m.def("owed_update", [](uint32_t staleness, uint64_t rounds, uint64_t round) {
     return client::OwedUpdate(staleness, rounds, round);
   });
+  m.def("keep_large_buffers_in_heap", &common::KeepLargeBuffersInHeap,
+        "glibc malloc settings for a training process (common/malloc_settings.h).");
   m.def("protocol_version", [] { return common::kProtocolVersion; });
   py::class_<Exchange>(m, "Exchange")
       .def(py::init<std::vector<std::string>, std::string, std::string,

@@ -111,3 +111,12 @@ def test_no_shard_is_a_co2_error_not_a_hang():
     # The optimizer is unusable after the error, and says so.
     with pytest.raises(co2.Error, match="after an error"):
         opt.step()
+
+
+def test_help_shows_the_api():
+    import pydoc
+    text = pydoc.render_doc(co2.Optimizer)
+    for words in ("aggregators", "tau", "state_dict", "load_state_dict", "finish",
+                  "co2.Error"):
+        assert words in text, words
+    assert "alpha" in pydoc.render_doc(co2.JobConfig)

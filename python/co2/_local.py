@@ -82,16 +82,22 @@ def _stop(processes: Sequence[subprocess.Popen], grace: float) -> None:
 @contextlib.contextmanager
 def local_aggregator(num_shards: int = 1, *, checkpoint_dir: Optional[str] = None,
                      checkpoints: bool = False, round_timeout: str = "60s",
-                     extra_args: Sequence[str] = (), start_timeout: float = 30.0,
+                     tls_cert: str = "", tls_key: str = "", tls_client_ca: str = "",
+                     job_tokens_file: str = "", extra_args: Sequence[str] = (),
+                     start_timeout: float = 30.0,
                      binary: Optional[str] = None) -> Iterator[LocalAggregator]:
     """Starts ``num_shards`` co2-aggregator processes on free loopback ports
-    (plaintext, for one machine) and stops them on exit, also on an exception.
+    and stops them on exit, also on an exception. Plaintext unless
+    ``tls_cert`` is given (scripts/make-certs.sh makes the files).
 
     Args:
         num_shards: shards of the service.
         checkpoint_dir: where the shards keep their checkpoints; with
             ``checkpoints=True`` and no directory, a temporary one.
         round_timeout: the shards' --round_timeout.
+        tls_cert, tls_key: the shards' certificate and key (TLS).
+        tls_client_ca: with TLS, require client certificates signed by it (mTLS).
+        job_tokens_file: with TLS, the shards' per-job bearer tokens.
         extra_args: more co2-aggregator flags, for every shard.
         start_timeout: seconds a shard may take to listen.
         binary: the co2-aggregator to run (default: ``find_aggregator()``).
@@ -112,8 +118,16 @@ def local_aggregator(num_shards: int = 1, *, checkpoint_dir: Optional[str] = Non
         addresses = []
         for shard in range(num_shards):
             args = [binary, "--host=127.0.0.1", "--port=0", "--metrics_port=-1",
-                    "--insecure", f"--shard_index={shard}", f"--num_shards={num_shards}",
+                    f"--shard_index={shard}", f"--num_shards={num_shards}",
                     f"--round_timeout={round_timeout}"]
+            if tls_cert:
+                args += [f"--tls_cert={tls_cert}", f"--tls_key={tls_key}"]
+                if tls_client_ca:
+                    args.append(f"--tls_client_ca={tls_client_ca}")
+                if job_tokens_file:
+                    args.append(f"--job_tokens_file={job_tokens_file}")
+            else:
+                args.append("--insecure")
             if checkpoint_dir:
                 args.append(f"--checkpoint_dir={checkpoint_dir}")
             args.extend(extra_args)

@@ -169,6 +169,7 @@ class Optimizer:
             key_file=key_file, token_file=token_file, rejoin=rejoin,
             connect_timeout=float(connect_timeout), update_timeout=float(update_timeout))
         self._exchange: Optional[Any] = None
+        self._final_stats: Dict[str, Any] = {}
         self._connected = False
         self._resume: Optional[Dict[str, Any]] = None
         self._round = 0
@@ -272,6 +273,9 @@ class Optimizer:
                 if self._verify:
                     self._exchange.verify_anchor(self._anchor_round)
                 self._exchange.leave()
+                # The streams close now, while the shards are up.
+                self._final_stats = self._exchange.stats()
+                self._exchange = None
         except BaseException:
             self._broken = True
             raise
@@ -366,11 +370,11 @@ class Optimizer:
     @property
     def bytes_received(self) -> int:
         """Update payload bytes this worker received."""
-        return self._exchange.stats()["bytes_received"] if self._exchange else 0
+        return self._client_stats().get("bytes_received", 0)
 
     def stats(self) -> Dict[str, Any]:
         """Counters: round, steps, exposed_comm_s, bytes_sent, bytes_received, reconnects."""
-        client = self._exchange.stats() if self._exchange else {}
+        client = self._client_stats()
         return {
             "round": self._round,
             "steps": self._steps,
@@ -381,6 +385,11 @@ class Optimizer:
         }
 
     # --- internals ---
+
+    def _client_stats(self) -> Dict[str, Any]:
+        if self._exchange is not None:
+            return self._exchange.stats()
+        return self._final_stats
 
     def _check_usable(self, what: str) -> None:
         if self._finished:

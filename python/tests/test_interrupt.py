@@ -33,3 +33,20 @@ def test_ctrl_c_ends_a_wait_for_an_update():
     assert "KeyboardInterrupt" in stderr, stderr[-2000:]
     assert busy.returncode != 0
     assert took < 10, f"Ctrl-C took {took:.1f} s to end the wait"
+
+
+def test_dropping_an_optimizer_whose_shards_are_gone_does_not_wait_out_the_reconnect():
+    import gc
+
+    import torch
+    with co2.local_aggregator(num_shards=1) as agg:
+        w = torch.zeros(1000, requires_grad=True)
+        opt = co2.Optimizer([w], torch.optim.SGD([w], lr=0.1), tau=1, rounds=5,
+                            aggregators=agg.addresses, job="dropped", connect_timeout=60)
+        opt.connect()
+    # The shard is gone and the streams are reconnecting (for up to 60 s);
+    # dropping the optimizer stops them at once.
+    start = time.monotonic()
+    del opt
+    gc.collect()
+    assert time.monotonic() - start < 10

@@ -329,6 +329,19 @@ class AggregatorClient::Impl : public AnchorSource {
     return result;
   }
 
+  absl::Span<const float> residual() const { return residual_; }
+  absl::Status RestoreResidual(absl::Span<const float> residual) {
+    if (residual.size() != residual_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the residual has ", residual.size(), " elements; this worker's ",
+          std::string(common::CodecName(options_.uplink_codec)),
+          " uplink keeps ",
+          residual_.size()));
+    }
+    std::copy(residual.begin(), residual.end(), residual_.begin());
+    return absl::OkStatus();
+  }
+
   ClientStats stats() const {
     absl::MutexLock lock(&mu_);
     ClientStats s = stats_;
@@ -567,6 +580,13 @@ absl::Status AggregatorClient::VerifyAnchor(absl::Span<const float> anchor,
 }
 absl::Status AggregatorClient::Leave(absl::Time deadline) {
   return impl_->Leave(deadline);
+}
+absl::Span<const float> AggregatorClient::residual() const {
+  return impl_->residual();
+}
+absl::Status AggregatorClient::RestoreResidual(
+    absl::Span<const float> residual) {
+  return impl_->RestoreResidual(residual);
 }
 ClientStats AggregatorClient::stats() const { return impl_->stats(); }
 

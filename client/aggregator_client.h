@@ -130,6 +130,14 @@ class AggregatorClient {
   absl::Status VerifyAnchor(absl::Span<const float> anchor,
                             uint64_t anchor_round, absl::Time deadline);
 
+  // The uplink codec's error-feedback residual (P floats; empty for fp32):
+  // with the anchor and the round, what a worker saves to resume bit for
+  // bit (resume_round). Trainer thread only, like Push.
+  absl::Span<const float> residual() const;
+  // Replaces it after a resume; INVALID_ARGUMENT for a span of another size
+  // (a fp32 uplink has none: only an empty span).
+  absl::Status RestoreResidual(absl::Span<const float> residual);
+
   // Leaves the job on every shard (best effort until `deadline`).
   absl::Status Leave(absl::Time deadline);
 

@@ -80,6 +80,11 @@ class AnchorExchange {
   uint32_t staleness() const { return staleness_; }
   const std::vector<float>& anchor() const { return anchor_; }
   const AggregatorClient& client() const { return *client_; }
+  // The uplink's error-feedback residual (AggregatorClient::residual).
+  absl::Span<const float> residual() const { return client_->residual(); }
+  absl::Status RestoreResidual(absl::Span<const float> residual) {
+    return client_->RestoreResidual(residual);
+  }
 
   // The boundary of `round` after `steps` inner steps: x (size P) holds the
   // live parameters and, on success, the anchor that starts round + 1.

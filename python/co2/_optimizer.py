@@ -203,6 +203,10 @@ class Optimizer:
                     numel=self._host.numel)
                 self._host.scatter()
                 start_round = self._exchange.start_round
+                residual = self._resume.get("residual") if self._resume else None
+                if residual is not None:
+                    residual = residual.contiguous()
+                    self._exchange.restore_residual(residual.data_ptr(), residual.numel())
             start_round = self._broadcast_start(start_round)
         except BaseException:
             self._broken = True
@@ -285,7 +289,8 @@ class Optimizer:
 
     def state_dict(self) -> Dict[str, Any]:
         """What this worker needs to resume after preemption: the inner
-        optimizer's state, the round, and the anchor the round starts from.
+        optimizer's state, the round, the anchor the round starts from, and a
+        lossy uplink codec's error-feedback residual.
 
         Call it at a round boundary (after the step that ended a round).
         With co2, local rank 0 first waits for the update of the round it
@@ -312,10 +317,16 @@ class Optimizer:
                 self._exposed_comm += times["exposed_comm_s"]
             anchor = torch.empty(self._host.numel, dtype=torch.float32)
             self._exchange.copy_anchor(anchor.data_ptr(), anchor.numel())
+            residual = torch.empty(self._host.numel, dtype=torch.float32)
+            if self._exchange.copy_residual(residual.data_ptr(), residual.numel()) == 0:
+                residual = None  # a fp32 uplink keeps none
+        else:
+            residual = None
         return {
             "inner": self._inner.state_dict(),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
-                    "rounds": self.rounds, "algo": self.algo, "anchor": anchor},
+                    "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
+                    "residual": residual},
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:

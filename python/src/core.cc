@@ -349,6 +349,23 @@ class Exchange {
     std::copy(anchor.begin(), anchor.end(), Buffer(out, numel).begin());
   }
 
+  // Copies the error-feedback residual into `out`; its length (0: fp32).
+  size_t CopyResidual(uintptr_t out, size_t numel) const {
+    const absl::Span<const float> residual = exchange_->residual();
+    if (!residual.empty() && numel != residual.size()) {
+      throw py::value_error(absl::StrCat("the residual has ", residual.size(),
+                                         " elements, the buffer ", numel));
+    }
+    std::copy(residual.begin(), residual.end(), Buffer(out, numel).begin());
+    return residual.size();
+  }
+
+  void RestoreResidual(uintptr_t in, size_t numel) {
+    absl::Status status = exchange_->RestoreResidual(
+        absl::MakeConstSpan(reinterpret_cast<const float*>(in), numel));
+    if (!status.ok()) throw py::value_error(std::string(status.message()));
+  }
+
   py::dict Stats() const {
     const client::ClientStats s = exchange_->client().stats();
     py::dict d;
@@ -427,6 +444,10 @@ PYBIND11_MODULE(_core, m) {
       .def("verify_anchor", &Exchange::VerifyAnchor, py::arg("anchor_round"))
       .def("leave", &Exchange::Leave)
       .def("copy_anchor", &Exchange::CopyAnchor, py::arg("out"),
+           py::arg("numel"))
+      .def("copy_residual", &Exchange::CopyResidual, py::arg("out"),
+           py::arg("numel"))
+      .def("restore_residual", &Exchange::RestoreResidual, py::arg("data"),
            py::arg("numel"))
       .def("stats", &Exchange::Stats);
 }

@@ -43,8 +43,10 @@ def _run_together(agg, job, n, *extra):
     return results(procs)
 
 
-def test_a_job_stopped_at_round_10_and_resumed_ends_bit_identical(tmp_path):
-    common = ["--rounds", "20", "--tau", "4"]
+@pytest.mark.parametrize("codec", ["fp32", "int8"])
+def test_a_job_stopped_at_round_10_and_resumed_ends_bit_identical(tmp_path, codec):
+    # int8: the error-feedback residual is part of the saved state.
+    common = ["--rounds", "20", "--tau", "4", "--uplink_codec", codec]
     with co2.local_aggregator(num_shards=2) as agg:
         whole = _run_together(agg, "whole", 2, *common)
     state = str(tmp_path / "w{worker}.pt")

@@ -37,6 +37,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--update_timeout", type=float, default=60.0)
+    ap.add_argument("--uplink_codec", default="fp32")
     ap.add_argument("--stop_after_rounds", type=int, default=0,
                     help="save the optimizer's state_dict to --state after this many "
                          "rounds and stop without finishing (preemption)")
@@ -62,7 +63,8 @@ def main() -> int:
         opt = co2.Optimizer(model.parameters(), inner, tau=args.tau, rounds=args.rounds,
                             aggregators=args.aggregators.split(","), job=args.job,
                             algo=args.algo, worker_id=f"worker-{args.worker}",
-                            samples_per_step=args.batch, update_timeout=args.update_timeout)
+                            samples_per_step=args.batch, update_timeout=args.update_timeout,
+                            uplink_codec=args.uplink_codec)
         if args.resume:
             opt.load_state_dict(torch.load(args.resume))
         opt.connect()

@@ -335,8 +335,7 @@ class AggregatorClient::Impl : public AnchorSource {
       return absl::InvalidArgumentError(absl::StrCat(
           "the residual has ", residual.size(), " elements; this worker's ",
           std::string(common::CodecName(options_.uplink_codec)),
-          " uplink keeps ",
-          residual_.size()));
+          " uplink keeps ", residual_.size()));
     }
     std::copy(residual.begin(), residual.end(), residual_.begin());
     return absl::OkStatus();

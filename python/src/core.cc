@@ -431,8 +431,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("config"), py::arg("uplink_codec"), py::arg("rounds"),
            py::arg("samples_per_step"), py::arg("ca_file"),
            py::arg("cert_file"), py::arg("key_file"), py::arg("token_file"),
-           py::arg("rejoin"), py::arg("resume_round"), py::arg("connect_timeout"),
-           py::arg("update_timeout"), py::arg("x"), py::arg("numel"))
+           py::arg("rejoin"), py::arg("resume_round"),
+           py::arg("connect_timeout"), py::arg("update_timeout"), py::arg("x"),
+           py::arg("numel"))
       .def_property_readonly("start_round", &Exchange::start_round)
       .def_property_readonly("staleness", &Exchange::staleness)
       .def_property_readonly("job_config", &Exchange::job_config)

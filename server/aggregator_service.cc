@@ -246,16 +246,18 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 // update chunks every stream shares; each write's ByteBuffer aliases the
 // shared payload (exchange_wire.h), so a stream costs no copy of an update.
 // An update replayed from its checkpoint is read one chunk at a time, as its
-// turn comes: a reconnecting worker costs one chunk of memory, not a round.
+// turn comes, on the ReadThread (never in a reaction or under the shard's
+// lock): a reconnecting worker costs one chunk of memory, not a round.
 class ExchangeReactor
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   ExchangeReactor(const grpc::CallbackServerContext* context,
-                  JobRegistry* registry, RefusedCalls* refused)
+                  JobRegistry* registry, RefusedCalls* refused,
+                  ReadThread* reads)
       : context_(context),
         registry_(registry),
         refused_(refused),
-        outbox_(std::make_shared<Outbox>(this)) {
+        outbox_(std::make_shared<Outbox>(this, reads)) {
     StartRead(&request_);
   }
 
@@ -277,9 +279,11 @@ class ExchangeReactor
   void OnDone() override { delete this; }
 
  private:
-  class Outbox : public UpdateSink {
+  class Outbox : public UpdateSink,
+                 public std::enable_shared_from_this<Outbox> {
    public:
-    explicit Outbox(ExchangeReactor* reactor) : reactor_(reactor) {}
+    Outbox(ExchangeReactor* reactor, ReadThread* reads)
+        : reactor_(reactor), reads_(reads) {}
 
     void Send(std::shared_ptr<const UpdateChunks> update) override
         ABSL_LOCKS_EXCLUDED(mu_) {
@@ -318,6 +322,26 @@ class ExchangeReactor
       Take(step);
     }
 
+    // The ReadThread's result for the chunk at the front of the queue.
+    void ChunkRead(absl::StatusOr<std::shared_ptr<const v1::OuterUpdate>> read)
+        ABSL_LOCKS_EXCLUDED(mu_) {
+      Step step;
+      {
+        absl::MutexLock lock(&mu_);
+        reading_ = false;
+        if (!finishing_) {
+          if (read.ok()) {
+            queue_.front().message = *std::move(read);
+            queue_.front().kept.reset();
+          } else {
+            Stop(read.status());
+          }
+        }
+        step = NextLocked();
+      }
+      Take(step);
+    }
+
     // Finishes once the write in flight (if any) is done.
     void RequestFinish(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
       Step step;
@@ -338,16 +362,20 @@ class ExchangeReactor
       std::optional<KeptUpdate> kept;
       uint32_t chunk = 0;
     };
-    // What to do once the lock is released: start a write, finish, or
-    // nothing (a write is in flight, or the queue is empty).
+    // What to do once the lock is released: start a write, read a replayed
+    // chunk, finish, or nothing (a write or read is in flight, or the queue
+    // is empty).
     struct Step {
       const grpc::ByteBuffer* write = nullptr;
+      std::optional<KeptUpdate> read;  // ... chunk `read_chunk` of it
+      uint32_t read_chunk = 0;
       bool finish = false;
       absl::Status status;
     };
 
-    // No more writes: the stream finishes with `status` once the write in
-    // flight (which must live until its OnWriteDone) is done.
+    // No more writes: the stream finishes with `status` once the write or
+    // read in flight is done (a write's buffer must live until its
+    // OnWriteDone, and a read calls back into this stream).
     void Stop(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       finishing_ = true;
       status_ = std::move(status);
@@ -358,43 +386,53 @@ class ExchangeReactor
     // replayed chunk that cannot be read back ends the stream with the
     // error; the worker reconnects.
     Step NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (writing_) return {};
+      if (writing_ || reading_) return {};
       if (!finishing_ && !queue_.empty() && queue_.front().message == nullptr) {
-        QueuedChunk& next = queue_.front();
-        absl::StatusOr<std::shared_ptr<const v1::OuterUpdate>> read =
-            next.kept->Chunk(next.chunk);
-        if (read.ok()) {
-          next.message = *std::move(read);
-          next.kept.reset();
-        } else {
-          Stop(read.status());
-        }
+        reading_ = true;
+        Step step;
+        step.read = queue_.front().kept;
+        step.read_chunk = queue_.front().chunk;
+        return step;
       }
       if (finishing_) {
         if (finished_) return {};
         finished_ = true;
-        return {nullptr, true, status_};
+        Step step;
+        step.finish = true;
+        step.status = status_;
+        return step;
       }
       if (queue_.empty()) return {};
       writing_ = true;
       in_flight_ = SerializeUpdate(queue_.front().message);
-      return {&in_flight_, false, {}};
+      Step step;
+      step.write = &in_flight_;
+      return step;
     }
 
     void Take(const Step& step) {
       if (step.write != nullptr) {
         reactor_->StartWrite(step.write);
+      } else if (step.read) {
+        // The stream cannot finish while the read is in flight (reading_),
+        // so the reactor outlives it.
+        reads_->Post([self = shared_from_this(), kept = *step.read,
+                      chunk = step.read_chunk] {
+          self->ChunkRead(kept.Chunk(chunk));
+        });
       } else if (step.finish) {
         reactor_->Finish(common::ToGrpcStatus(step.status));
       }
     }
 
     ExchangeReactor* const reactor_;  // outlives every write it starts
+    ReadThread* const reads_;         // outlives the server
     absl::Mutex mu_;
     std::deque<QueuedChunk> queue_ ABSL_GUARDED_BY(mu_);
     // The write in flight (queue_.front()); lives until its OnWriteDone.
     grpc::ByteBuffer in_flight_ ABSL_GUARDED_BY(mu_);
     bool writing_ ABSL_GUARDED_BY(mu_) = false;
+    bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a ReadThread task pending
     bool finishing_ ABSL_GUARDED_BY(mu_) = false;
     bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
     absl::Status status_ ABSL_GUARDED_BY(mu_);
@@ -457,7 +495,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* AggregatorService::Fetch(
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>*
 AggregatorService::Exchange(grpc::CallbackServerContext* context) {
-  return new ExchangeReactor(context, registry_, refused_);
+  return new ExchangeReactor(context, registry_, refused_, &reads_);
 }
 
 grpc::ServerUnaryReactor* AggregatorService::Heartbeat(

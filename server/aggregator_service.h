@@ -1,13 +1,16 @@
 // AggregatorService: the co2.v1.Aggregator gRPC service of one shard, on the
 // callback API. It only validates requests and translates between the wire
-// and the JobRegistry / JobShard logic; no reaction blocks (the outer step
-// runs on the registry's poller thread). Thread-safe; the registry is
-// borrowed and must outlive the service.
+// and the JobRegistry / JobShard logic; no reaction blocks: the outer step
+// runs on the registry's poller thread, and a replayed update that is kept
+// only in its checkpoint is read on the service's ReadThread. Thread-safe;
+// the registry is borrowed and must outlive the service, which must outlive
+// the server's shutdown.
 #ifndef CO2_SERVER_AGGREGATOR_SERVICE_H_
 #define CO2_SERVER_AGGREGATOR_SERVICE_H_
 
 #include "co2/v1/aggregator.grpc.pb.h"
 #include "server/job_registry.h"
+#include "server/read_thread.h"
 #include "server/refused_calls.h"
 
 namespace co2::server {
@@ -54,6 +57,7 @@ class AggregatorService final : public AggregatorCallbackService {
  private:
   JobRegistry* const registry_;
   RefusedCalls* const refused_;  // logs and counts calls refused for credentials
+  ReadThread reads_;             // checkpoint reads for replays
 };
 
 }  // namespace co2::server

@@ -26,7 +26,7 @@
 // It is the logic behind the gRPC service (which validates and translates):
 // no gRPC types, only the co2.v1 messages it publishes. Thread-safe: every
 // public method may be called from any thread (one mutex). Sinks are called
-// without the lock held.
+// as UpdateSink states.
 #ifndef CO2_SERVER_JOB_SHARD_H_
 #define CO2_SERVER_JOB_SHARD_H_
 
@@ -211,7 +211,7 @@ class JobShard {
   // Registers a sink (held weakly) and replays to it, before any later
   // update, the kept updates of rounds >= from_round (those kept in a
   // checkpoint are read chunk by chunk as they are sent) and the chunks of
-  // the open round streamed so far. Calls the sink with the lock held.
+  // the open round streamed so far.
   // FAILED_PRECONDITION, naming the oldest round held, when from_round is
   // older than that (the open round when none is held): an update the
   // caller asked for is gone, and it cannot follow without fetching.

@@ -2,8 +2,8 @@
 // streams), held weakly: a stream that ends simply stops receiving, and is
 // forgotten the next time the live sinks are taken.
 //
-// Not thread-safe: the owner serialises calls (server::JobShard holds a
-// mutex, and calls the sinks without it).
+// UpdateSinks is not thread-safe: the owner (server::JobShard) serialises
+// calls under its mutex.
 #ifndef CO2_SERVER_UPDATE_SINKS_H_
 #define CO2_SERVER_UPDATE_SINKS_H_
 
@@ -17,6 +17,12 @@ namespace co2::server {
 
 // Receives the updates of every round that closes. Implemented by the Exchange
 // streams; held weakly, so a stream that ends simply stops receiving.
+//
+// The one lock rule: a sink's methods only queue what they are given. They
+// never block, never read a file and never call into the shard, because
+// JobShard::Subscribe calls them with the shard's mutex held (so that nothing
+// published later overtakes the replay); the poller's publishing calls them
+// without it.
 class UpdateSink {
  public:
   virtual ~UpdateSink() = default;

@@ -416,10 +416,9 @@ class ExchangeReactor
       } else if (step.read) {
         // The stream cannot finish while the read is in flight (reading_),
         // so the reactor outlives it.
-        reads_->Post([self = shared_from_this(), kept = *step.read,
-                      chunk = step.read_chunk] {
-          self->ChunkRead(kept.Chunk(chunk));
-        });
+        reads_->Post(
+            [self = shared_from_this(), kept = *step.read,
+             chunk = step.read_chunk] { self->ChunkRead(kept.Chunk(chunk)); });
       } else if (step.finish) {
         reactor_->Finish(common::ToGrpcStatus(step.status));
       }

@@ -43,7 +43,8 @@ TEST(ReadThreadTest, TheDestructorRunsWhatIsQueued) {
   {
     ReadThread reads;
     // The first task holds the thread until all are queued.
-    reads.Post([&] { release.WaitForNotificationWithTimeout(absl::Seconds(30)); });
+    reads.Post(
+        [&] { release.WaitForNotificationWithTimeout(absl::Seconds(30)); });
     for (int i = 0; i < 10; ++i) reads.Post([&] { ++ran; });
     release.Notify();
   }

@@ -287,45 +287,45 @@ class ExchangeReactor
 
     void Send(std::shared_ptr<const UpdateChunks> update) override
         ABSL_LOCKS_EXCLUDED(mu_) {
-      Step step;
+      Action action;
       {
         absl::MutexLock lock(&mu_);
         if (finishing_) return;
         for (const auto& chunk : *update) queue_.push_back({chunk, {}, 0});
-        step = NextLocked();
+        action = NextLocked();
       }
-      Take(step);
+      Take(action);
     }
 
     void Replay(const KeptUpdate& update) override ABSL_LOCKS_EXCLUDED(mu_) {
-      Step step;
+      Action action;
       {
         absl::MutexLock lock(&mu_);
         if (finishing_) return;
         for (uint32_t i = 0; i < update.num_chunks(); ++i) {
           queue_.push_back({nullptr, update, i});
         }
-        step = NextLocked();
+        action = NextLocked();
       }
-      Take(step);
+      Take(action);
     }
 
     void WriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu_) {
-      Step step;
+      Action action;
       {
         absl::MutexLock lock(&mu_);
         writing_ = false;
         queue_.pop_front();
         if (!ok) Stop(absl::CancelledError("worker stream broken"));
-        step = NextLocked();
+        action = NextLocked();
       }
-      Take(step);
+      Take(action);
     }
 
     // The ReadThread's result for the chunk at the front of the queue.
     void ChunkRead(absl::StatusOr<std::shared_ptr<const v1::OuterUpdate>> read)
         ABSL_LOCKS_EXCLUDED(mu_) {
-      Step step;
+      Action action;
       {
         absl::MutexLock lock(&mu_);
         reading_ = false;
@@ -337,21 +337,21 @@ class ExchangeReactor
             Stop(read.status());
           }
         }
-        step = NextLocked();
+        action = NextLocked();
       }
-      Take(step);
+      Take(action);
     }
 
     // Finishes once the write in flight (if any) is done.
     void RequestFinish(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
-      Step step;
+      Action action;
       {
         absl::MutexLock lock(&mu_);
         if (finishing_) return;
         Stop(std::move(status));
-        step = NextLocked();
+        action = NextLocked();
       }
-      Take(step);
+      Take(action);
     }
 
    private:
@@ -365,7 +365,7 @@ class ExchangeReactor
     // What to do once the lock is released: start a write, read a replayed
     // chunk, finish, or nothing (a write or read is in flight, or the queue
     // is empty).
-    struct Step {
+    struct Action {
       const grpc::ByteBuffer* write = nullptr;
       std::optional<KeptUpdate> read;  // ... chunk `read_chunk` of it
       uint32_t read_chunk = 0;
@@ -385,42 +385,42 @@ class ExchangeReactor
     // Decided under the lock, so that exactly one caller finishes. A
     // replayed chunk that cannot be read back ends the stream with the
     // error; the worker reconnects.
-    Step NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Action NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (writing_ || reading_) return {};
       if (!finishing_ && !queue_.empty() && queue_.front().message == nullptr) {
         reading_ = true;
-        Step step;
-        step.read = queue_.front().kept;
-        step.read_chunk = queue_.front().chunk;
-        return step;
+        Action action;
+        action.read = queue_.front().kept;
+        action.read_chunk = queue_.front().chunk;
+        return action;
       }
       if (finishing_) {
         if (finished_) return {};
         finished_ = true;
-        Step step;
-        step.finish = true;
-        step.status = status_;
-        return step;
+        Action action;
+        action.finish = true;
+        action.status = status_;
+        return action;
       }
       if (queue_.empty()) return {};
       writing_ = true;
       in_flight_ = SerializeUpdate(queue_.front().message);
-      Step step;
-      step.write = &in_flight_;
-      return step;
+      Action action;
+      action.write = &in_flight_;
+      return action;
     }
 
-    void Take(const Step& step) {
-      if (step.write != nullptr) {
-        reactor_->StartWrite(step.write);
-      } else if (step.read) {
+    void Take(const Action& action) {
+      if (action.write != nullptr) {
+        reactor_->StartWrite(action.write);
+      } else if (action.read) {
         // The stream cannot finish while the read is in flight (reading_),
         // so the reactor outlives it.
         reads_->Post(
-            [self = shared_from_this(), kept = *step.read,
-             chunk = step.read_chunk] { self->ChunkRead(kept.Chunk(chunk)); });
-      } else if (step.finish) {
-        reactor_->Finish(common::ToGrpcStatus(step.status));
+            [self = shared_from_this(), kept = *action.read,
+             chunk = action.read_chunk] { self->ChunkRead(kept.Chunk(chunk)); });
+      } else if (action.finish) {
+        reactor_->Finish(common::ToGrpcStatus(action.status));
       }
     }
 

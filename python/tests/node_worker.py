@@ -5,7 +5,6 @@ local rank 0 talks to the shards. Rank 0 prints one JSON line."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 
@@ -13,13 +12,8 @@ import torch
 import torch.distributed as dist
 
 import co2
+from digest import params_digest
 
-
-def digest(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main() -> int:
@@ -48,11 +42,11 @@ def main() -> int:
         torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
         opt.step()
         seen = [None] * dist.get_world_size()
-        dist.all_gather_object(seen, digest(model))
+        dist.all_gather_object(seen, params_digest(model))
         same_every_step &= len(set(seen)) == 1
     opt.finish()
     seen = [None] * dist.get_world_size()
-    dist.all_gather_object(seen, digest(model))
+    dist.all_gather_object(seen, params_digest(model))
     if rank == 0:
         print(json.dumps({"leader": opt.is_leader, "same_every_step": same_every_step,
                           "same_at_end": len(set(seen)) == 1, "round": opt.round,

@@ -5,7 +5,6 @@ tests check (losses, the final parameters' hash, counters, or the error)."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
@@ -16,13 +15,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples
 import fashion_mnist  # noqa: E402
 
 import co2  # noqa: E402
+from digest import params_digest  # noqa: E402
 
-
-def params_digest(model: torch.nn.Module) -> str:
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main() -> int:

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 DATA_DIR = os.environ.get("CO2_FASHION_MNIST", "/usr/share/datasets/fashion-mnist")
+# The training set's pixel mean and standard deviation (co2-train's too).
+MEAN, STD = 0.2860, 0.3530
 
 
 def _read_idx(path: str) -> np.ndarray:
@@ -22,11 +24,11 @@ def _read_idx(path: str) -> np.ndarray:
 
 
 def load(split: str = "train") -> Tuple[torch.Tensor, torch.Tensor]:
-    """Images (N, 1, 28, 28) scaled to [0, 1] and labels (N,) of one split."""
+    """Images (N, 1, 28, 28), normalised as co2-train does, and labels (N,)."""
     prefix = "train" if split == "train" else "t10k"
     images = _read_idx(os.path.join(DATA_DIR, f"{prefix}-images-idx3-ubyte.gz"))
     labels = _read_idx(os.path.join(DATA_DIR, f"{prefix}-labels-idx1-ubyte.gz"))
-    x = torch.from_numpy(images.astype(np.float32) / 255.0).unsqueeze(1)
+    x = torch.from_numpy((images.astype(np.float32) / 255.0 - MEAN) / STD).unsqueeze(1)
     y = torch.from_numpy(labels.astype(np.int64))
     return x, y
 

@@ -110,7 +110,7 @@ def _ddp_worker(rank: int, args, init_file: str, results) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=4, help="worker processes (2-4)")
-    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32, help="samples per worker and step")
     ap.add_argument("--tau", type=int, default=8, help="co2: inner steps per round")
     ap.add_argument("--co2_lr", type=float, default=4e-3)

@@ -41,7 +41,7 @@
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
 #include "client/aggregator_client.h"
-#include "client/intra_node_group.h"
+#include "client/process_group.h"
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
@@ -216,7 +216,7 @@ int RunGloo() {
   options.prefix = absl::GetFlag(FLAGS_job);
   options.address = absl::GetFlag(FLAGS_address);
   options.timeout = absl::Minutes(5);
-  auto group = client::CreateIntraNodeGroup(options);
+  auto group = client::CreateProcessGroup(options);
   if (!group.ok()) return Fail("gloo group", group.status());
   std::vector<float> buffer = MakeDelta(p, options.rank);
   WaitForGo();

@@ -30,7 +30,7 @@
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
 #include "client/aggregator_client.h"
-#include "client/intra_node_group.h"
+#include "client/process_group.h"
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
@@ -82,7 +82,7 @@ int RunGloo() {
   options.size = absl::GetFlag(FLAGS_workers);
   options.store_dir = absl::GetFlag(FLAGS_scratch);
   options.prefix = absl::GetFlag(FLAGS_prefix);
-  auto group = client::CreateIntraNodeGroup(options);
+  auto group = client::CreateProcessGroup(options);
   if (!group.ok()) {
     std::fprintf(stderr, "%s\n", group.status().ToString().c_str());
     return 1;

@@ -50,7 +50,7 @@ size_t OptimizerStateBytes(const torch::optim::Optimizer& opt) {
 Co2Optimizer::Co2Optimizer(const Co2OptimizerOptions& options,
                            FlatParams* flat, torch::optim::Optimizer* inner,
                            std::unique_ptr<AggregatorClient> client,
-                           IntraNodeGroup* local, IntraNodeGroup* global)
+                           ProcessGroup* local, ProcessGroup* global)
     : options_(options),
       flat_(flat),
       inner_(inner),
@@ -65,7 +65,7 @@ Co2Optimizer::~Co2Optimizer() = default;
 absl::StatusOr<std::unique_ptr<Co2Optimizer>> Co2Optimizer::Create(
     const Co2OptimizerOptions& options, FlatParams* flat,
     torch::optim::Optimizer* inner, std::unique_ptr<AggregatorClient> client,
-    IntraNodeGroup* local, IntraNodeGroup* global) {
+    ProcessGroup* local, ProcessGroup* global) {
   if (flat == nullptr || inner == nullptr) {
     return absl::InvalidArgumentError(
         "Co2Optimizer: flat parameters and inner optimizer are required");

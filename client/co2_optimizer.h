@@ -38,7 +38,7 @@
 #include "client/algo.h"
 #include "client/anchor_exchange.h"
 #include "client/flat_params.h"
-#include "client/intra_node_group.h"
+#include "client/process_group.h"
 #include "common/clock.h"
 #include "common/codec.h"
 
@@ -114,7 +114,7 @@ class Co2Optimizer {
   static absl::StatusOr<std::unique_ptr<Co2Optimizer>> Create(
       const Co2OptimizerOptions& options, FlatParams* flat,
       torch::optim::Optimizer* inner, std::unique_ptr<AggregatorClient> client,
-      IntraNodeGroup* local, IntraNodeGroup* global);
+      ProcessGroup* local, ProcessGroup* global);
   ~Co2Optimizer();
 
   Co2Optimizer(const Co2Optimizer&) = delete;
@@ -150,8 +150,8 @@ class Co2Optimizer {
  private:
   Co2Optimizer(const Co2OptimizerOptions& options, FlatParams* flat,
                torch::optim::Optimizer* inner,
-               std::unique_ptr<AggregatorClient> client, IntraNodeGroup* local,
-               IntraNodeGroup* global);
+               std::unique_ptr<AggregatorClient> client, ProcessGroup* local,
+               ProcessGroup* global);
 
   absl::Status Init();
   absl::Status Boundary();
@@ -167,8 +167,8 @@ class Co2Optimizer {
   torch::optim::Optimizer* const inner_;
   std::unique_ptr<AggregatorClient> client_;  // until Init hands it over
   std::unique_ptr<AnchorExchange> exchange_;  // leader, aggregator algorithms
-  IntraNodeGroup* const local_;
-  IntraNodeGroup* const global_;
+  ProcessGroup* const local_;
+  ProcessGroup* const global_;
   const bool leader_;
   const bool uses_aggregator_;
 

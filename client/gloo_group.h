@@ -1,8 +1,8 @@
-// GlooGroup: the CPU backend of IntraNodeGroup. Owns a gloo context whose
+// GlooGroup: the CPU backend of ProcessGroup. Owns a gloo context whose
 // pairs are TCP connections on GroupOptions::address (loopback unless the
 // group spans hosts or network namespaces); ranks find each other
 // through gloo's FileStore in GroupOptions::store_dir under the group's
-// prefix. Host pointers only. One thread at a time (see intra_node_group.h).
+// prefix. Host pointers only. One thread at a time (see process_group.h).
 //
 // This file (with gloo_group.cc) is the one place where gloo is called and
 // where its exceptions become absl::Status; it also offers the same file
@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/intra_node_group.h"
+#include "client/process_group.h"
 
 namespace gloo {
 class Context;
@@ -31,7 +31,7 @@ class Context;
 
 namespace co2::client {
 
-class GlooGroup final : public IntraNodeGroup {
+class GlooGroup final : public ProcessGroup {
  public:
   // Rendezvous and connect the full mesh, within options.timeout.
   static absl::StatusOr<std::unique_ptr<GlooGroup>> Create(

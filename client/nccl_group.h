@@ -1,8 +1,8 @@
-// NcclGroup: the GPU backend of IntraNodeGroup. Owns one NCCL communicator
+// NcclGroup: the GPU backend of ProcessGroup. Owns one NCCL communicator
 // and one CUDA stream on GroupOptions::device; data pointers are device
 // pointers on that device. Rank 0 creates the ncclUniqueId and publishes it
 // through the group's file store (store_dir, prefix); the others wait for it
-// within the timeout. One thread at a time (see intra_node_group.h).
+// within the timeout. One thread at a time (see process_group.h).
 //
 // The communicator is non-blocking: initialisation and every collective are
 // polled until done or until the timeout, at which point the communicator
@@ -23,7 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/intra_node_group.h"
+#include "client/process_group.h"
 
 // The handles behind ncclComm_t and cudaStream_t; their headers stay in the
 // .cc file.
@@ -70,7 +70,7 @@ class CudaStream {
   CUstream_st* stream_ = nullptr;
 };
 
-class NcclGroup final : public IntraNodeGroup {
+class NcclGroup final : public ProcessGroup {
  public:
   // FAILED_PRECONDITION "no CUDA device" when CUDA sees no device;
   // DEADLINE_EXCEEDED when the peers do not join within options.timeout.

@@ -22,7 +22,7 @@
 #include "client/co2_optimizer.h"
 #include "client/fashion_mnist.h"
 #include "client/flat_params.h"
-#include "client/intra_node_group.h"
+#include "client/process_group.h"
 #include "client/models.h"
 #include "client/run_report.h"
 #include "client/task_data.h"
@@ -266,15 +266,15 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
   CO2_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> inner,
                        MakeInner(o, model->parameters()));
 
-  std::unique_ptr<IntraNodeGroup> local, global;
+  std::unique_ptr<ProcessGroup> local, global;
   if (o.local_ranks > 1) {
-    CO2_ASSIGN_OR_RETURN(local, CreateIntraNodeGroup(MakeGroup(
+    CO2_ASSIGN_OR_RETURN(local, CreateProcessGroup(MakeGroup(
                                     o, local_rank, o.local_ranks,
                                     absl::StrCat("node-", worker))));
   }
   if (algo == Algo::kDdp && world > 1) {
     CO2_ASSIGN_OR_RETURN(
-        global, CreateIntraNodeGroup(
+        global, CreateProcessGroup(
                     MakeGroup(o, rank, world, "global", o.group_address)));
   }
   CO2_ASSIGN_OR_RETURN(common::Codec uplink, common::ParseCodec(o.codec));
@@ -313,8 +313,8 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
       // are required for every round: the rendezvous is the barrier. A
       // restarted worker joins a running job and skips it.
       CO2_ASSIGN_OR_RETURN(
-          std::unique_ptr<IntraNodeGroup> leaders,
-          CreateIntraNodeGroup(
+          std::unique_ptr<ProcessGroup> leaders,
+          CreateProcessGroup(
               MakeGroup(o, worker, o.workers, "leaders", o.group_address)));
       float token = 1;
       CO2_RETURN_IF_ERROR(leaders->AllReduceMean(&token, 1));

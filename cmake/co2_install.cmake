@@ -24,7 +24,7 @@ set(co2_install_units
   co2_proto co2_logging co2_clock co2_layout co2_codec co2_payload_pieces co2_fnv_hash
   co2_grpc_status co2_tls_config co2_tls_probe co2_job_config co2_wire_frames co2_worker_wire co2_send_buffers
   co2_shard_calls co2_shard_stream co2_aggregator_client co2_algo co2_anchor_exchange
-  co2_torch_status co2_flat_params co2_gloo_group co2_intra_node_group
+  co2_torch_status co2_flat_params co2_gloo_group co2_process_group
   co2_optimizer co2_data_shard co2_fashion_mnist co2_batches)
 if(TARGET co2_nccl_group)
   list(APPEND co2_install_units co2_nccl_group)
@@ -39,7 +39,7 @@ add_library(co2_client INTERFACE)
 add_library(co2::client ALIAS co2_client)
 set_target_properties(co2_client PROPERTIES EXPORT_NAME client)
 target_link_libraries(co2_client INTERFACE
-  co2_optimizer co2_aggregator_client co2_flat_params co2_intra_node_group
+  co2_optimizer co2_aggregator_client co2_flat_params co2_process_group
   co2_fashion_mnist co2_batches co2_data_shard co2_job_config co2_codec
   co2_logging)
 target_include_directories(co2_client INTERFACE

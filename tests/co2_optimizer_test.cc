@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/aggregator_client.h"
 #include "client/flat_params.h"
-#include "client/intra_node_group.h"
+#include "client/process_group.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
@@ -317,7 +317,7 @@ TEST(Co2OptimizerTest, LocalRanksAverageGradientsAndShareTheAnchor) {
     group_options.store_dir = store.path();
     group_options.prefix = "local";
     group_options.timeout = absl::Seconds(30);
-    auto group = CreateIntraNodeGroup(group_options);
+    auto group = CreateProcessGroup(group_options);
     if (!group.ok()) return void(out.error = group.status().ToString());
     torch::Tensor w = torch::zeros({kParams}).requires_grad_(true);
     auto flat = FlatParams::Create({w});
@@ -374,7 +374,7 @@ TEST(Co2OptimizerTest, DdpAllReducesGradientsAcrossAllRanks) {
     group_options.store_dir = store.path();
     group_options.prefix = "global";
     group_options.timeout = absl::Seconds(30);
-    auto group = CreateIntraNodeGroup(group_options);
+    auto group = CreateProcessGroup(group_options);
     if (!group.ok()) return void(out.error = group.status().ToString());
     // Different initial values: Create makes rank 0's the common start.
     torch::Tensor w = torch::full({kParams}, 10.0f * rank).requires_grad_(true);

@@ -1,4 +1,4 @@
-// GlooGroup / CreateIntraNodeGroup(kGloo): N real processes (fork) per
+// GlooGroup / CreateProcessGroup(kGloo): N real processes (fork) per
 // test, each one rank, checked against closed-form results. Children report
 // through their exit code (0 = pass) and explain failures on stderr; each
 // child arms alarm() so that a hang ends as SIGALRM, never as a stuck test.
@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/intra_node_group.h"
+#include "client/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -119,7 +119,7 @@ GroupOptions MakeOptions(const std::string& dir, int rank, int size,
 float Pattern(size_t i) { return static_cast<float>(i % 1000); }
 
 // rank k holds k + offset + Pattern(i); the mean is (N-1)/2 + offset + Pattern(i).
-int AllReduceAndCheck(IntraNodeGroup& group, size_t count, float offset) {
+int AllReduceAndCheck(ProcessGroup& group, size_t count, float offset) {
   std::vector<float> data(count);
   for (size_t i = 0; i < count; ++i) {
     data[i] = static_cast<float>(group.rank()) + offset + Pattern(i);
@@ -136,7 +136,7 @@ int AllReduceAndCheck(IntraNodeGroup& group, size_t count, float offset) {
 }
 
 // Root holds 0.5 * i + 7 + root, others garbage; afterwards all hold root's.
-int BroadcastAndCheck(IntraNodeGroup& group, size_t count, int root) {
+int BroadcastAndCheck(ProcessGroup& group, size_t count, int root) {
   auto root_value = [root](size_t i) {
     return 0.5f * static_cast<float>(i % 100000) + 7.0f + root;
   };
@@ -164,7 +164,7 @@ TEST_P(GlooGroupTest, AllReduceMeanIsClosedFormMean) {
   const std::string dir = dir_.path();
   const int n = this->n();
   const std::vector<int> codes = RunRanks(AllRanks(n), [&](int rank) {
-    auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n));
+    auto group = CreateProcessGroup(MakeOptions(dir, rank, n));
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     CHILD_CHECK((*group)->rank() == rank && (*group)->size() == n,
                 kWrongValue, "rank/size mismatch");
@@ -182,7 +182,7 @@ TEST_P(GlooGroupTest, BroadcastFromRootOneCopiesRootData) {
   const std::string dir = dir_.path();
   const int n = this->n();
   const std::vector<int> codes = RunRanks(AllRanks(n), [&](int rank) {
-    auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n));
+    auto group = CreateProcessGroup(MakeOptions(dir, rank, n));
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     int code = BroadcastAndCheck(**group, 777, /*root=*/1);
     if (code != kPass) return code;
@@ -199,7 +199,7 @@ TEST_P(GlooGroupTest, LargeBuffer) {
   const int n = this->n();
   constexpr size_t kCount = (size_t{1} << 20) + 3;  // > 1M floats, odd.
   const std::vector<int> codes = RunRanks(AllRanks(n), [&](int rank) {
-    auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n));
+    auto group = CreateProcessGroup(MakeOptions(dir, rank, n));
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     const int code = AllReduceAndCheck(**group, kCount, 1.0f);
     if (code != kPass) return code;
@@ -216,7 +216,7 @@ TEST_P(GlooGroupTest, DeadPeerFailsCollectiveWithinTimeout) {
   const std::vector<int> codes = RunRanks(
       AllRanks(n),
       [&](int rank) {
-        auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n, timeout));
+        auto group = CreateProcessGroup(MakeOptions(dir, rank, n, timeout));
         CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
         // Everyone is connected and healthy: an all-reduce is a barrier
         // (a broadcast is not: a receiver may finish before the others have
@@ -254,7 +254,7 @@ TEST_P(GlooGroupTest, StalledPeerFailsCollectiveAtTimeout) {
   const std::vector<int> codes = RunRanks(
       AllRanks(n),
       [&](int rank) {
-        auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n, timeout));
+        auto group = CreateProcessGroup(MakeOptions(dir, rank, n, timeout));
         CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
         const int code = AllReduceAndCheck(**group, 16, 0.0f);
         if (code != kPass) return code;
@@ -291,7 +291,7 @@ TEST_P(GlooGroupTest, MissingPeerFailsRendezvousWithinTimeout) {
       present,
       [&](int rank) {
         const absl::Time start = absl::Now();
-        auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n, timeout));
+        auto group = CreateProcessGroup(MakeOptions(dir, rank, n, timeout));
         const absl::Duration elapsed = absl::Now() - start;
         CHILD_CHECK(!group.ok(), kUnexpectedOk, "rendezvous succeeded");
         CHILD_CHECK(absl::IsDeadlineExceeded(group.status()), kWrongCode,
@@ -344,9 +344,9 @@ TEST(GlooGroupSingle, TwoGroupsShareStoreDirUnderDistinctPrefixes) {
     a.prefix = "grads";
     GroupOptions b = MakeOptions(path, rank, 2);
     b.prefix = "updates";
-    auto group_a = CreateIntraNodeGroup(a);
+    auto group_a = CreateProcessGroup(a);
     CHILD_CHECK(group_a.ok(), kCreateFailed, group_a.status().ToString());
-    auto group_b = CreateIntraNodeGroup(b);
+    auto group_b = CreateProcessGroup(b);
     CHILD_CHECK(group_b.ok(), kCreateFailed, group_b.status().ToString());
     int code = AllReduceAndCheck(**group_b, 10, 5.0f);
     if (code != kPass) return code;
@@ -364,7 +364,7 @@ TEST(GlooGroupSingle, PairsUseTheGivenAddress) {
     GroupOptions options = MakeOptions(path, rank, 2);
     options.prefix = "other-loopback";
     options.address = "127.0.0.2";
-    auto group = CreateIntraNodeGroup(options);
+    auto group = CreateProcessGroup(options);
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     return AllReduceAndCheck(**group, 10, 1.0f);
   });
@@ -375,7 +375,7 @@ TEST(GlooGroupSingle, PairsUseTheGivenAddress) {
         GroupOptions options = MakeOptions(path, rank, 2, absl::Seconds(2));
         options.prefix = "foreign";
         options.address = "192.0.2.1";
-        auto group = CreateIntraNodeGroup(options);
+        auto group = CreateProcessGroup(options);
         CHILD_CHECK(!group.ok(), kUnexpectedOk, "bound a foreign address");
         return kPass;
       },
@@ -387,7 +387,7 @@ TEST(GlooGroupOptions, RejectsInvalidOptions) {
   ScopedTempDir dir;
   auto expect_invalid = [](GroupOptions options) {
     EXPECT_TRUE(absl::IsInvalidArgument(
-        CreateIntraNodeGroup(options).status()));
+        CreateProcessGroup(options).status()));
     EXPECT_TRUE(absl::IsInvalidArgument(GlooGroup::Create(options).status()));
   };
   GroupOptions options = MakeOptions(dir.path(), 0, 2);

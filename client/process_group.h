@@ -1,18 +1,20 @@
-// IntraNodeGroup: the collectives that the L local processes of one worker
-// (one node) run together every inner step: an in-place mean all-reduce of
-// the gradients and a broadcast of the outer update from the local leader.
+// ProcessGroup: processes that run collectives together, as c10d's process
+// groups do: the L local processes of one worker every inner step (an
+// in-place mean all-reduce of the gradients, a broadcast of the anchor from
+// the local leader), every rank of a ddp job, or the workers' leaders at a
+// job's start.
 // It is torch-free: it works on raw float buffers (host memory for Gloo,
 // device memory for NCCL) that the caller owns and keeps alive for the call.
 //
 // Every call is collective: all ranks of the group must issue the same
 // calls, with the same counts, in the same order. A group is used by one
-// thread at a time. Every call (and the rendezvous in CreateIntraNodeGroup)
+// thread at a time. Every call (and the rendezvous in CreateProcessGroup)
 // ends within GroupOptions::timeout: a peer that died or never came yields
 // an error, not a hang. After a failed collective the group is broken (the
 // transport is in an unknown state) and every later call returns
 // FAILED_PRECONDITION; recreate the group under a new prefix.
-#ifndef CO2_CLIENT_INTRA_NODE_GROUP_H_
-#define CO2_CLIENT_INTRA_NODE_GROUP_H_
+#ifndef CO2_CLIENT_PROCESS_GROUP_H_
+#define CO2_CLIENT_PROCESS_GROUP_H_
 
 #include <cstddef>
 #include <memory>
@@ -55,9 +57,9 @@ struct GroupOptions {
 };
 
 // The collective seam; implemented by GlooGroup and NcclGroup.
-class IntraNodeGroup {
+class ProcessGroup {
  public:
-  virtual ~IntraNodeGroup() = default;
+  virtual ~ProcessGroup() = default;
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
@@ -102,9 +104,9 @@ inline absl::Status ValidateGroupOptions(const GroupOptions& options) {
 // bad options, DEADLINE_EXCEEDED when peers do not arrive within the
 // timeout, UNIMPLEMENTED for kNccl in a build without NCCL, and
 // FAILED_PRECONDITION for kNccl on a machine without a CUDA device.
-absl::StatusOr<std::unique_ptr<IntraNodeGroup>> CreateIntraNodeGroup(
+absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateProcessGroup(
     const GroupOptions& options);
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_INTRA_NODE_GROUP_H_
+#endif  // CO2_CLIENT_PROCESS_GROUP_H_

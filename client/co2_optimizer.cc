@@ -47,8 +47,8 @@ size_t OptimizerStateBytes(const torch::optim::Optimizer& opt) {
 
 }  // namespace
 
-Co2Optimizer::Co2Optimizer(const Co2OptimizerOptions& options,
-                           FlatParams* flat, torch::optim::Optimizer* inner,
+Co2Optimizer::Co2Optimizer(const Co2OptimizerOptions& options, FlatParams* flat,
+                           torch::optim::Optimizer* inner,
                            std::unique_ptr<AggregatorClient> client,
                            ProcessGroup* local, ProcessGroup* global)
     : options_(options),

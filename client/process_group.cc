@@ -34,8 +34,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateProcessGroup(
 #endif
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown backend ", static_cast<int>(options.backend)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown backend ", static_cast<int>(options.backend)));
 }
 
 }  // namespace co2::client

@@ -85,17 +85,16 @@ inline absl::Status ValidateGroupOptions(const GroupOptions& options) {
   if (options.store_dir.empty()) {
     return absl::InvalidArgumentError("store_dir is empty");
   }
-  if (options.prefix.empty() ||
-      options.prefix.find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefix must be non-empty and contain no '/', got '", options.prefix,
-        "'"));
+  if (options.prefix.empty() || options.prefix.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix must be non-empty and contain no '/', got '",
+                     options.prefix, "'"));
   }
   if (options.timeout <= absl::ZeroDuration() ||
       options.timeout == absl::InfiniteDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "timeout must be positive and finite, got ",
-        absl::FormatDuration(options.timeout)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("timeout must be positive and finite, got ",
+                     absl::FormatDuration(options.timeout)));
   }
   return absl::OkStatus();
 }

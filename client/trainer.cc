@@ -22,8 +22,8 @@
 #include "client/co2_optimizer.h"
 #include "client/fashion_mnist.h"
 #include "client/flat_params.h"
-#include "client/process_group.h"
 #include "client/models.h"
+#include "client/process_group.h"
 #include "client/run_report.h"
 #include "client/task_data.h"
 #include "client/torch_status.h"
@@ -268,9 +268,9 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
 
   std::unique_ptr<ProcessGroup> local, global;
   if (o.local_ranks > 1) {
-    CO2_ASSIGN_OR_RETURN(local, CreateProcessGroup(MakeGroup(
-                                    o, local_rank, o.local_ranks,
-                                    absl::StrCat("node-", worker))));
+    CO2_ASSIGN_OR_RETURN(
+        local, CreateProcessGroup(MakeGroup(o, local_rank, o.local_ranks,
+                                            absl::StrCat("node-", worker))));
   }
   if (algo == Algo::kDdp && world > 1) {
     CO2_ASSIGN_OR_RETURN(

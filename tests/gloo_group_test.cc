@@ -386,8 +386,7 @@ TEST(GlooGroupSingle, PairsUseTheGivenAddress) {
 TEST(GlooGroupOptions, RejectsInvalidOptions) {
   ScopedTempDir dir;
   auto expect_invalid = [](GroupOptions options) {
-    EXPECT_TRUE(absl::IsInvalidArgument(
-        CreateProcessGroup(options).status()));
+    EXPECT_TRUE(absl::IsInvalidArgument(CreateProcessGroup(options).status()));
     EXPECT_TRUE(absl::IsInvalidArgument(GlooGroup::Create(options).status()));
   };
   GroupOptions options = MakeOptions(dir.path(), 0, 2);

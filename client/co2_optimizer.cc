@@ -2,8 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <algorithm>
-#include <cstring>
 #include <optional>
 #include <utility>
 

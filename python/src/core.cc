@@ -26,6 +26,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "client/aggregator_client.h"
 #include "client/algo.h"
@@ -61,16 +62,19 @@ void Check(const absl::Status& status) {
   if (!status.ok()) Raise(status);
 }
 
-// An enum value's Python name: MOMENTUM_HEAVY_BALL -> "heavy_ball".
+// An enum value's Python name: MOMENTUM_HEAVY_BALL -> "heavy_ball". The
+// prefix is the one of the enum's zero value (MOMENTUM_UNSPECIFIED), which
+// every co2.v1 enum has, as proto3 style asks.
 std::string EnumValueName(const FieldDescriptor* field, int number) {
   const EnumDescriptor* type = field->enum_type();
   const auto* value = type->FindValueByNumber(number);
   if (value == nullptr) return absl::StrCat(number);
-  std::string prefix = absl::AsciiStrToUpper(type->name());
-  if (type->name() == "GapPenalty") prefix = "GAP_PENALTY";
+  const auto* zero = type->FindValueByNumber(0);
+  absl::string_view prefix;
+  if (zero != nullptr) prefix = zero->name();
+  if (!absl::ConsumeSuffix(&prefix, "UNSPECIFIED")) prefix = "";
   std::string name = value->name();
-  if (absl::StartsWith(name, prefix + "_"))
-    name = name.substr(prefix.size() + 1);
+  if (absl::StartsWith(name, prefix)) name = name.substr(prefix.size());
   return absl::AsciiStrToLower(name);
 }
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "server/aggregator_service.h"
-#include "server/token_auth.h"
+#include "server/call_auth.h"
 
 namespace co2::server {
 

@@ -1,7 +1,7 @@
 // AdminService: the co2.v1.AggregatorAdmin gRPC service of one shard: lists
 // the shard's jobs and deletes one, for operators (co2-admin). It validates,
 // checks that the call carries the admin token when the shard checks tokens
-// (server/token_auth.h), and translates to the JobRegistry; a deletion runs
+// (server/call_auth.h), and translates to the JobRegistry; a deletion runs
 // on the registry's poller thread and the reaction finishes from there.
 // Thread-safe; the registry is borrowed and must outlive the service.
 #ifndef CO2_SERVER_ADMIN_SERVICE_H_

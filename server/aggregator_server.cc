@@ -33,11 +33,7 @@ absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
       grpc::InsecureServerCredentials();
   if (options.tls.enabled()) {
     CO2_ASSIGN_OR_RETURN(credentials,
-                         common::MakeServerCredentials(options.tls));
-    if (!options.tokens.empty()) {
-      credentials->SetAuthMetadataProcessor(
-          std::make_shared<TokenAuthProcessor>(options.tokens));
-    }
+                         MakeShardCredentials(options.tls, options.tokens));
   } else if (!options.tokens.empty()) {
     return absl::InvalidArgumentError(
         "bearer tokens need TLS (a certificate and key): gRPC checks them "

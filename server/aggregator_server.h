@@ -13,7 +13,7 @@
 #include "common/clock.h"
 #include "common/tls_config.h"
 #include "server/job_registry.h"
-#include "server/token_auth.h"
+#include "server/call_auth.h"
 
 namespace grpc {
 class Server;

@@ -16,7 +16,7 @@
 #include "common/status_macros.h"
 #include "server/exchange_wire.h"
 #include "server/rpc_wire.h"
-#include "server/token_auth.h"
+#include "server/call_auth.h"
 
 namespace co2::server {
 namespace {

@@ -1,8 +1,9 @@
-// RefusedCalls: the calls a shard refuses for their credentials (a bearer
-// token it does not accept, or one for another job): each is counted through
-// the ShardObserver and logged with the peer's address, at most one line per
-// `interval` so that a client retrying with a wrong token cannot flood the
-// log (the next line says how many were left out).
+// RefusedCalls: the calls a shard refuses for their credentials (a client
+// certificate or bearer token it does not accept, or a token for another
+// job): each is counted through the ShardObserver and logged with the peer's
+// address, at most one line per `interval` so that a client retrying with
+// wrong credentials cannot flood the log (the next line says how many were
+// left out).
 //
 // Thread-safe.
 #ifndef CO2_SERVER_REFUSED_CALLS_H_

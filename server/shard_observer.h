@@ -102,9 +102,9 @@ class ShardObserver {
   // The job left OPEN (finished or abandoned): it no longer has rounds,
   // workers or alerts. Its series come back if it opens again (OnPoll).
   virtual void OnJobClosed(const std::string& /*job*/) {}
-  // A call refused for its credentials (UNAUTHENTICATED: a bearer token the
-  // shard does not accept; PERMISSION_DENIED: one for another job), of any
-  // job or none (server/refused_calls.h).
+  // A call refused for its credentials (UNAUTHENTICATED: a client
+  // certificate or bearer token the shard does not accept; PERMISSION_DENIED:
+  // a token for another job), of any job or none (server/refused_calls.h).
   virtual void OnCallRefused(absl::StatusCode /*code*/) {}
 };
 

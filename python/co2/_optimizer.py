@@ -32,6 +32,11 @@ def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
             raise ValueError(f"parameter {i} is a {type(p).__name__}, not a tensor")
         if p.dtype != torch.float32:
             raise ValueError(f"parameter {i} is {p.dtype}; co2 exchanges float32 parameters")
+    seen: Dict[int, int] = {}
+    for i, p in enumerate(out):
+        if id(p) in seen:
+            raise ValueError(f"parameter {i} is parameter {seen[id(p)]} again; pass each once")
+        seen[id(p)] = i
     devices = {p.device for p in out}
     if len(devices) > 1:
         raise ValueError(f"parameters live on several devices: {sorted(map(str, devices))}")
@@ -57,8 +62,9 @@ class Optimizer:
     so the network is waited for only when it is slower than a round.
 
     Args:
-        params: the model's parameters (float32, all on one device), the same
-            the inner optimizer updates.
+        params: the model's parameters (float32, all on one device, each
+            once), the same the inner optimizer updates. They become views
+            of one flat tensor, which the exchange works on in place.
         inner: any ``torch.optim`` optimizer over ``params``.
         tau: inner steps per round.
         aggregators: ``host:port`` of every shard, in shard order.
@@ -434,12 +440,7 @@ class Optimizer:
     def _broadcast_params(self) -> None:
         if self._group_size <= 1:
             return
-        with torch.no_grad():
-            flat = torch._utils._flatten_dense_tensors([p.data for p in self._params])
-            dist.broadcast(flat, src=self._leader_rank, group=self._group)
-            for p, v in zip(self._params,
-                            torch._utils._unflatten_dense_tensors(flat, self._params)):
-                p.copy_(v)
+        dist.broadcast(self._host.flat, src=self._leader_rank, group=self._group)
 
     def _broadcast_start(self, start_round: int) -> int:
         if self._group_size <= 1:

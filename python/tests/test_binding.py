@@ -69,6 +69,26 @@ def test_bad_optimizer_arguments_are_value_errors():
     with pytest.raises(ValueError, match="float32"):
         co2.Optimizer([torch.zeros(2, dtype=torch.float64)], inner, tau=1, rounds=2,
                       aggregators=["127.0.0.1:1"], job="j")
+    with pytest.raises(ValueError, match="parameter 1 is parameter 0 again"):
+        co2.Optimizer([w, w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j")
+
+
+def test_parameters_become_views_of_one_flat_tensor_with_their_values():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    before = [p.detach().clone() for p in model.parameters()]
+    inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    co2.Optimizer(model.parameters(), inner, tau=1, rounds=1,
+                  aggregators=["127.0.0.1:1"], job="views")
+    params = list(model.parameters())
+    for p, b in zip(params, before):
+        assert torch.equal(p, b) and isinstance(p, torch.nn.Parameter)
+    base = params[0].data_ptr()
+    offsets = [(p.data_ptr() - base) // 4 for p in params]
+    assert offsets == [0, 12, 16, 24]
+    model(torch.ones(1, 3)).sum().backward()
+    inner.step()
+    assert all(p.grad is not None for p in params)
 
 
 def test_more_shards_than_blocks_is_a_value_error_before_any_call():

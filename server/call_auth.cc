@@ -1,22 +1,15 @@
-#include "server/token_auth.h"
-
-#include <sys/stat.h>
+#include "server/call_auth.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <optional>
+#include <utility>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/logging.h"
 #include "common/status_macros.h"
-#include "common/tls_config.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_context.h"
 
 namespace co2::server {
@@ -55,68 +48,7 @@ absl::Status Refusal(const grpc::AuthContext& auth) {
 
 }  // namespace
 
-absl::StatusOr<JobTokens> ParseJobTokens(absl::string_view text,
-                                         const std::string& source) {
-  JobTokens tokens;
-  int line_number = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    ++line_number;
-    line = absl::StripAsciiWhitespace(line);
-    if (line.empty() || absl::StartsWith(line, "#")) continue;
-    std::vector<absl::string_view> fields =
-        absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
-    if (fields.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ":", line_number, ": expected `job token`, got ",
-          fields.size(), " fields"));
-    }
-    const std::string job(fields[0]);
-    const std::string token(fields[1]);
-    if (job == "*") {
-      if (!tokens.any_job.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            source, ":", line_number, ": a second `*` (any job) token"));
-      }
-      tokens.any_job = token;
-      continue;
-    }
-    if (!tokens.per_job.emplace(job, token).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ":", line_number, ": job \"", job, "\" has a token already"));
-    }
-  }
-  if (tokens.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source, " holds no `job token` line"));
-  }
-  return tokens;
-}
-
-absl::StatusOr<JobTokens> LoadJobTokensFile(const std::string& path) {
-  std::string text;
-  {
-    // ReadPemFile's checks are for PEM; read plainly here.
-    std::FILE* file = std::fopen(path.c_str(), "rb");
-    if (file == nullptr) {
-      return absl::NotFoundError(absl::StrCat("cannot read tokens file \"",
-                                              path, "\": ", std::strerror(errno)));
-    }
-    char buffer[4096];
-    size_t n = 0;
-    while ((n = std::fread(buffer, 1, sizeof(buffer), file)) > 0) {
-      text.append(buffer, n);
-    }
-    std::fclose(file);
-  }
-  struct stat st {};
-  if (stat(path.c_str(), &st) == 0 && (st.st_mode & 077) != 0) {
-    CO2_LOG(WARNING) << "tokens file " << path
-                     << " is readable by group/others; chmod 600 it";
-  }
-  return ParseJobTokens(text, path);
-}
-
-grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
+grpc::Status CallAuthProcessor::Process(const InputMetadata& auth_metadata,
                                          grpc::AuthContext* context,
                                          OutputMetadata* consumed_auth_metadata,
                                          OutputMetadata* /*response_metadata*/) {
@@ -127,16 +59,20 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
                : absl::string_view(it->second.data(), it->second.size());
   };
   const absl::string_view path = header(":path").value_or("");
-  // Probes (Kubernetes, grpc_health_probe) carry no token.
+  // Probes (Kubernetes, grpc_health_probe) carry no credentials.
   if (absl::StartsWith(path, "/grpc.health.v1.Health/")) {
     return grpc::Status::OK;
   }
   const std::optional<absl::string_view> authorization =
       header(common::kAuthorizationHeader);
-  const absl::Status verdict =
-      absl::StartsWith(path, "/co2.v1.AggregatorAdmin/")
-          ? CheckAdminToken(authorization, context)
-          : CheckJobToken(authorization, header(common::kJobHeader), context);
+  absl::Status verdict =
+      certs_ != nullptr ? certs_->Verify(*context) : absl::OkStatus();
+  if (verdict.ok() && !tokens_.empty()) {
+    verdict =
+        absl::StartsWith(path, "/co2.v1.AggregatorAdmin/")
+            ? CheckAdminToken(authorization, context)
+            : CheckJobToken(authorization, header(common::kJobHeader), context);
+  }
   // The token stops here; handlers never see it.
   if (authorization.has_value()) {
     consumed_auth_metadata->insert(
@@ -152,7 +88,7 @@ grpc::Status TokenAuthProcessor::Process(const InputMetadata& auth_metadata,
   return grpc::Status::OK;
 }
 
-absl::Status TokenAuthProcessor::CheckJobToken(
+absl::Status CallAuthProcessor::CheckJobToken(
     std::optional<absl::string_view> authorization,
     std::optional<absl::string_view> job_header,
     grpc::AuthContext* context) const {
@@ -188,7 +124,7 @@ absl::Status TokenAuthProcessor::CheckJobToken(
   return absl::OkStatus();
 }
 
-absl::Status TokenAuthProcessor::CheckAdminToken(
+absl::Status CallAuthProcessor::CheckAdminToken(
     std::optional<absl::string_view> authorization,
     grpc::AuthContext* context) const {
   if (tokens_.admin.empty()) {
@@ -239,6 +175,49 @@ absl::Status CheckJobAccess(const grpc::ServerContextBase& context,
       "this call's bearer token is for job \"",
       std::string(jobs[0].data(), jobs[0].size()), "\", the request names job \"",
       job, "\""));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeShardCredentials(
+    const common::TlsOptions& tls, const JobTokens& tokens) {
+  if (!tls.enabled()) {
+    return absl::InvalidArgumentError(
+        "TLS needs a certificate and key (none given)");
+  }
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a TLS server needs both a certificate and a key file (certificate \"",
+        tls.cert_file, "\", key \"", tls.key_file, "\")"));
+  }
+  if (tls.require_client_cert && tls.ca_file.empty()) {
+    return absl::InvalidArgumentError(
+        "requiring client certificates (mTLS) needs the CA file that signs "
+        "them");
+  }
+  // The client certificate is checked per call, by the processor, where a
+  // refusal can be logged with the peer and counted (server/client_cert.h).
+  grpc::SslServerCredentialsOptions options(
+      tls.require_client_cert
+          ? GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY
+          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  CO2_ASSIGN_OR_RETURN(pair.cert_chain,
+                       common::ReadPemFile(tls.cert_file, "TLS certificate"));
+  CO2_ASSIGN_OR_RETURN(pair.private_key,
+                       common::ReadPemFile(tls.key_file, "TLS private key"));
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  std::shared_ptr<const ClientCertVerifier> certs;
+  if (tls.require_client_cert) {
+    CO2_ASSIGN_OR_RETURN(const std::string ca,
+                         common::ReadPemFile(tls.ca_file, "TLS client CA"));
+    CO2_ASSIGN_OR_RETURN(certs, ClientCertVerifier::Create(ca, tls.ca_file));
+  }
+  std::shared_ptr<grpc::ServerCredentials> credentials =
+      grpc::SslServerCredentials(options);
+  if (certs != nullptr || !tokens.empty()) {
+    credentials->SetAuthMetadataProcessor(
+        std::make_shared<CallAuthProcessor>(tokens, std::move(certs)));
+  }
+  return credentials;
 }
 
 }  // namespace co2::server

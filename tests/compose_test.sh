@@ -19,7 +19,7 @@
 # - Prometheus scraped every target (up == 1 for all four) during the job;
 #   every PromQL expression of deploy/grafana/co2-dashboard.json and every
 #   alert rule of deploy/prometheus/alerts.yml evaluates without error, and
-#   every dashboard panel has data during the job (tests/compose_prometheus_check.py);
+#   every dashboard panel has data during the job (tests/prometheus_check.py);
 # - everything is torn down at the end, also on failure, within a bound.
 #
 # Every request goes to a container's own network namespace (nsenter -n with
@@ -259,7 +259,7 @@ log "both trainers' final models are the shards' anchor $anchor"
 
 # --- Prometheus -----------------------------------------------------------
 in_ns "${C[prometheus]}" /usr/bin/python3 \
-  "$SRC/tests/compose_prometheus_check.py" --url http://127.0.0.1:9090 \
+  "$SRC/tests/prometheus_check.py" --url http://127.0.0.1:9090 \
   --time "$sample_time" --src "$SRC" --job compose ||
   fail "Prometheus checks failed"
 log "PASS (images ${build_seconds} s, job ${job_seconds} s, total $SECONDS s before tear-down)"

@@ -5,6 +5,7 @@ joined optimizer to the end of finish()). Prints one JSON line."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -29,6 +30,8 @@ def main() -> int:
     ap.add_argument("--tau", type=int, required=True)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--lr", type=float, required=True)
+    ap.add_argument("--rendezvous", required=True,
+                    help="host:port of a TCPStore that worker 0 serves")
     ap.add_argument("--plain", action="store_true",
                     help="the same loop with the inner optimizer alone (no co2)")
     args = ap.parse_args()
@@ -50,8 +53,16 @@ def main() -> int:
                             worker_id=f"worker-{args.worker}", samples_per_step=args.batch,
                             config=co2.JobConfig(alpha=0.5, beta=0.0))
         opt.connect()
+    # Every worker has joined before any pushes round 0, as co2-train's
+    # leaders rendezvous: all of them are required for every round.
+    host, port = args.rendezvous.rsplit(":", 1)
+    store = torch.distributed.TCPStore(host, int(port), args.workers, args.worker == 0,
+                                       timeout=datetime.timedelta(seconds=120))
+    store.set(f"joined-{args.worker}", "1")
+    store.wait([f"joined-{w}" for w in range(args.workers)])
+    first_step = 0 if args.plain else opt.round * args.tau
     start = time.perf_counter()
-    for step in range(0 if args.plain else opt.round * args.tau, args.steps):
+    for step in range(first_step, args.steps):
         first = (step * args.batch) % (len(order) - args.batch)
         idx = order[first:first + args.batch]
         opt.zero_grad()
@@ -63,7 +74,7 @@ def main() -> int:
         opt.finish()
     train_s = time.perf_counter() - start
     exposed = 0.0 if args.plain else opt.exposed_comm_seconds
-    print(json.dumps({"worker": args.worker, "steps": args.steps, "train_s": train_s,
+    print(json.dumps({"worker": args.worker, "steps": args.steps - first_step, "train_s": train_s,
                       "exposed_comm_s": exposed}), flush=True)
     return 0
 

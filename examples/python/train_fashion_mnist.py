@@ -50,7 +50,7 @@ def _progress(done: int, total: int, label: str, start: float) -> None:
     sys.stderr.flush()
 
 
-def _co2_worker(rank: int, args, addresses, results) -> None:
+def _co2_worker(rank: int, args, addresses, joined, results) -> None:
     co2.tune_malloc()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
@@ -62,8 +62,11 @@ def _co2_worker(rank: int, args, addresses, results) -> None:
                         aggregators=addresses, job="fashion-mnist", algo="co2",
                         worker_id=f"worker-{rank}", samples_per_step=args.batch,
                         config=co2.JobConfig(alpha=0.5, beta=0.0))
-    opt.connect()  # joins; a worker that joins after others closed rounds
-    start = time.time()  # starts at the job's round
+    opt.connect()  # joins the job
+    # Every worker joins before any trains, so that all of them start at
+    # round 0 (one that joined a running job would start at its open round).
+    joined.wait(timeout=300)
+    start = time.time()
     for s in range(opt.round * args.tau, steps):
         idx = mine[s * args.batch:(s + 1) * args.batch]
         opt.zero_grad()
@@ -125,8 +128,9 @@ def main() -> int:
     out: Dict[str, dict] = {}
     with co2.local_aggregator(num_shards=args.shards) as agg:
         q = ctx.SimpleQueue()
-        mp.start_processes(_co2_worker, args=(args, agg.addresses, q), nprocs=args.workers,
-                           join=True, start_method="spawn")
+        joined = ctx.Barrier(args.workers)
+        mp.start_processes(_co2_worker, args=(args, agg.addresses, joined, q),
+                           nprocs=args.workers, join=True, start_method="spawn")
         out["co2"] = q.get()
     with tempfile.TemporaryDirectory() as tmp:
         q = ctx.SimpleQueue()

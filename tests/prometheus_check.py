@@ -1,18 +1,24 @@
 #!/usr/bin/python3
-"""Checks a live Prometheus of docker-compose.yml after a job ran through it.
+"""Checks a live Prometheus after a job ran through it.
 
-  compose_prometheus_check.py --url URL --time UNIX --src SRC --job JOB
+  prometheus_check.py --url URL [--time UNIX] --src SRC --job JOB
+                      [--config deploy/prometheus/prometheus.yml] [--gone]
 
 tests/compose_test.sh runs it inside the Prometheus container's network
-namespace. At --time (a moment the job was running):
-- `up` is 1 for every target of deploy/prometheus/prometheus.yml, and each
-  target exports co2_build_info and the process_* metrics;
+namespace (docker-compose.yml's Prometheus), tests/secure_setup_test.sh on
+the Prometheus of docs/operations.md's secure setup (--config
+deploy/prometheus/local.yml). At --time (a moment the job was running; by default
+two scrapes before the last moment a shard reported the job's
+rounds, when its workers still ran):
+- `up` is 1 for every target of --config, and each target exports
+  co2_build_info and the process_* metrics;
 - every PromQL expression of deploy/grafana/co2-dashboard.json (Grafana's
   variables replaced as Grafana would: $co2_job by JOB, $__rate_interval by
   four scrape intervals, $__range by the hour before) evaluates without
   error and returns data, and the dashboard's job variable lists JOB;
 - every alert rule of deploy/prometheus/alerts.yml evaluates without error,
   and Prometheus reports each rule's own evaluations healthy.
+With --gone, also: now, after the job finished, no series names the job.
 Prints one line per expression; exits 1 after printing every failure.
 """
 
@@ -20,6 +26,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import urllib.parse
 import urllib.request
 
@@ -45,6 +52,19 @@ def query(url, expr, at):
         raise RuntimeError(json.load(e).get("error", str(e))) from None
 
 
+def last_seen(url, job):
+    """The last moment of the past 10 minutes at which Prometheus held a
+    shard's count of the job's rounds."""
+    now = time.time()
+    data = get(url, "/api/v1/query_range",
+               query=f'co2_aggregator_rounds_completed_total{{co2_job="{job}"}}',
+               start=now - 600, end=now, step=1)
+    stamps = sorted({float(t) for series in data["result"] for t, _ in series["values"]})
+    if len(stamps) < 2:
+        raise SystemExit(f"Prometheus never saw job {job!r} ({len(stamps)} samples)")
+    return stamps[-1]
+
+
 def check(ok, message):
     if not ok:
         FAILURES.append(message)
@@ -54,14 +74,18 @@ def check(ok, message):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--url", required=True)
-    ap.add_argument("--time", required=True, type=float)
+    ap.add_argument("--time", type=float)
     ap.add_argument("--src", required=True)
     ap.add_argument("--job", required=True)
+    ap.add_argument("--config", default="deploy/prometheus/prometheus.yml",
+                    help="the Prometheus configuration, relative to --src")
+    ap.add_argument("--gone", action="store_true")
     a = ap.parse_args()
-    prom = yaml.safe_load(open(os.path.join(a.src,
-                                            "deploy/prometheus/prometheus.yml")))
+    prom = yaml.safe_load(open(os.path.join(a.src, a.config)))
     interval = prom["global"]["scrape_interval"]
     seconds = int(interval.rstrip("s"))
+    if a.time is None:
+        a.time = last_seen(a.url, a.job) - 2 * seconds
 
     # Every target scraped while the job ran.
     targets = {(c["job_name"], t) for c in prom["scrape_configs"]
@@ -129,6 +153,18 @@ def main():
         check(r.get("health") == "ok",
               f"alert {name}: Prometheus evaluates it with health "
               f"{r.get('health')} {r.get('lastError', '')}".rstrip())
+
+    if a.gone:
+        # Each target drops the job's series at its next scrape after the job
+        # ended: wait up to three scrapes for that.
+        deadline = time.time() + 3 * seconds
+        while True:
+            now = query(a.url, f'{{co2_job="{a.job}"}}', time.time())
+            if not now or time.time() > deadline:
+                break
+            time.sleep(0.5)
+        check(not now, f"after the job: {len(now)} series name co2_job={a.job!r}: "
+              f"{sorted({s['metric']['__name__'] for s in now})}")
 
     if FAILURES:
         print(f"{len(FAILURES)} Prometheus check(s) failed", file=sys.stderr)

@@ -131,12 +131,13 @@ std::string FormatMetric(const std::string& task, double metric) {
   return absl::StrFormat("  ppl %.2f", metric);
 }
 
-std::string ProgressLine(const TrainerOptions& o, const Progress& p) {
+std::string ProgressLine(const TrainerOptions& options, const Progress& p) {
   if (!p.valid) return "[co2-train] starting workers...";
   const double pct = p.elapsed > 0 ? 100 * p.exposed / p.elapsed : 0;
-  return absl::StrFormat("[co2-train] round %ld/%ld  loss %.4f%s  exposed comm %.1f%%  %.0fs",
-                         p.round, p.total, p.loss, FormatMetric(o.task, p.metric),
-                         pct, p.elapsed);
+  return absl::StrFormat(
+      "[co2-train] round %ld/%ld  loss %.4f%s  exposed comm %.1f%%  %.0fs",
+      p.round, p.total, p.loss, FormatMetric(options.task, p.metric), pct,
+      p.elapsed);
 }
 
 // Kills the children's process group and each child (a restarted child may
@@ -200,39 +201,39 @@ class StderrToFile {
   FILE* user_ = nullptr;
 };
 
-std::map<std::string, std::string> Settings(const TrainerOptions& o) {
-  return {{"task", o.task},
-          {"model", o.model},
-          {"algo", o.algo},
-          {"workers", absl::StrCat(o.workers)},
-          {"local_ranks", absl::StrCat(o.local_ranks)},
-          {"tau", absl::StrCat(o.tau)},
-          {"epochs", absl::StrCat(o.epochs)},
-          {"steps", absl::StrCat(o.steps)},
-          {"seed", absl::StrCat(o.seed)},
-          {"optimizer", o.optimizer},
-          {"lr", absl::StrCat(o.lr)},
-          {"lr_schedule", o.lr_schedule},
-          {"batch_size", absl::StrCat(o.batch_size)},
-          {"alpha", absl::StrCat(o.alpha)},
-          {"beta", absl::StrCat(o.beta)},
-          {"momentum", o.momentum},
-          {"gap_penalty", o.gap_penalty},
-          {"clip", o.clip},
-          {"clip_value", absl::StrCat(o.clip_value)},
-          {"codec", o.codec},
-          {"downlink_codec", o.downlink_codec},
-          {"shards", absl::StrCat(o.shards)}};
+std::map<std::string, std::string> Settings(const TrainerOptions& options) {
+  return {{"task", options.task},
+          {"model", options.model},
+          {"algo", options.algo},
+          {"workers", absl::StrCat(options.workers)},
+          {"local_ranks", absl::StrCat(options.local_ranks)},
+          {"tau", absl::StrCat(options.tau)},
+          {"epochs", absl::StrCat(options.epochs)},
+          {"steps", absl::StrCat(options.steps)},
+          {"seed", absl::StrCat(options.seed)},
+          {"optimizer", options.optimizer},
+          {"lr", absl::StrCat(options.lr)},
+          {"lr_schedule", options.lr_schedule},
+          {"batch_size", absl::StrCat(options.batch_size)},
+          {"alpha", absl::StrCat(options.alpha)},
+          {"beta", absl::StrCat(options.beta)},
+          {"momentum", options.momentum},
+          {"gap_penalty", options.gap_penalty},
+          {"clip", options.clip},
+          {"clip_value", absl::StrCat(options.clip_value)},
+          {"codec", options.codec},
+          {"downlink_codec", options.downlink_codec},
+          {"shards", absl::StrCat(options.shards)}};
 }
 
 }  // namespace
 
 absl::Status RunLauncher(const LaunchOptions& launch) {
   const absl::Time started = absl::Now();
-  TrainerOptions o = launch.trainer;
-  CO2_RETURN_IF_ERROR(ValidateTrainerOptions(o));
-  CO2_RETURN_IF_ERROR(CheckDataset(o));
-  const bool uses_aggregator = o.algo != "ddp";
+  TrainerOptions options = launch.trainer;
+  CO2_RETURN_IF_ERROR(ValidateTrainerOptions(options));
+  CO2_RETURN_IF_ERROR(CheckDataset(options));
+  const bool uses_aggregator = options.algo != "ddp";
 
   // Signals are taken synchronously; every thread started below inherits
   // the mask, children get the old one back before exec.
@@ -244,38 +245,39 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   sigprocmask(SIG_BLOCK, &signals, &old_mask);
 
   bool own_run_dir = false;
-  if (o.run_dir.empty()) {
+  if (options.run_dir.empty()) {
     std::string templ = "/tmp/co2-train.XXXXXX";
     if (mkdtemp(templ.data()) == nullptr) {
       return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
     }
-    o.run_dir = templ;
+    options.run_dir = templ;
     own_run_dir = true;
   }
   std::error_code ec;
-  std::filesystem::create_directories(o.run_dir + "/store", ec);
+  std::filesystem::create_directories(options.run_dir + "/store", ec);
   if (ec) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create ", o.run_dir, "/store: ", ec.message()));
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot create ", options.run_dir, "/store: ", ec.message()));
   }
-  std::filesystem::remove(ProgressPath(o.run_dir), ec);
-  if (o.job.empty()) {
-    o.job = absl::StrCat("co2-train-", getpid(), "-", absl::ToUnixMillis(started));
+  std::filesystem::remove(ProgressPath(options.run_dir), ec);
+  if (options.job.empty()) {
+    options.job =
+        absl::StrCat("co2-train-", getpid(), "-", absl::ToUnixMillis(started));
   }
 
-  const StderrToFile quiet(o.run_dir + "/aggregator.log");
+  const StderrToFile quiet(options.run_dir + "/aggregator.log");
   FILE* const user = quiet.user();
   std::vector<std::unique_ptr<server::AggregatorServer>> shards;
-  if (uses_aggregator && o.aggregators.empty()) {
-    for (int i = 0; i < o.shards; ++i) {
-      server::AggregatorServerOptions so;
-      so.address = "127.0.0.1:0";
-      so.registry.shard_index = i;
-      so.registry.num_shards = o.shards;
-      so.registry.default_round_timeout = o.round_timeout;
+  if (uses_aggregator && options.aggregators.empty()) {
+    for (int i = 0; i < options.shards; ++i) {
+      server::AggregatorServerOptions shard_options;
+      shard_options.address = "127.0.0.1:0";
+      shard_options.registry.shard_index = i;
+      shard_options.registry.num_shards = options.shards;
+      shard_options.registry.default_round_timeout = options.round_timeout;
       CO2_ASSIGN_OR_RETURN(std::unique_ptr<server::AggregatorServer> s,
-                           server::AggregatorServer::Start(so));
-      o.aggregators.push_back(absl::StrCat("127.0.0.1:", s->port()));
+                           server::AggregatorServer::Start(shard_options));
+      options.aggregators.push_back(absl::StrCat("127.0.0.1:", s->port()));
       shards.push_back(std::move(s));
     }
   }
@@ -283,25 +285,26 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   // Everything a child needs is prepared before fork: after it, only
   // async-signal-safe calls until exec.
   std::vector<Child> children;
-  for (int w = 0; w < o.workers; ++w) {
-    for (int l = 0; l < o.local_ranks; ++l) {
+  for (int w = 0; w < options.workers; ++w) {
+    for (int l = 0; l < options.local_ranks; ++l) {
       Child c;
       c.worker = w;
       c.local_rank = l;
-      c.log = absl::StrCat(o.run_dir, "/rank-", w, "-", l, ".log");
+      c.log = absl::StrCat(options.run_dir, "/rank-", w, "-", l, ".log");
       c.args = {launch.self_exe};
       c.args.insert(c.args.end(), launch.args.begin(), launch.args.end());
       c.args.push_back("--role=worker");
       c.args.push_back(absl::StrCat("--worker=", w));
       c.args.push_back(absl::StrCat("--local_rank=", l));
-      c.args.push_back(absl::StrCat("--run_dir=", o.run_dir));
-      c.args.push_back(absl::StrCat("--job=", o.job));
+      c.args.push_back(absl::StrCat("--run_dir=", options.run_dir));
+      c.args.push_back(absl::StrCat("--job=", options.job));
       // The workers share this host: each leader gets its own port.
-      if (o.metrics_port > 0) {
-        c.args.push_back(absl::StrCat("--metrics_port=", o.metrics_port + w));
+      if (options.metrics_port > 0) {
+        c.args.push_back(
+            absl::StrCat("--metrics_port=", options.metrics_port + w));
       }
-      c.args.push_back(
-          absl::StrCat("--aggregators=", absl::StrJoin(o.aggregators, ",")));
+      c.args.push_back(absl::StrCat("--aggregators=",
+                                    absl::StrJoin(options.aggregators, ",")));
       children.push_back(std::move(c));
     }
   }
@@ -319,7 +322,7 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
     c.running = true;
   }
 
-  const bool live = o.progress && isatty(fileno(user));
+  const bool live = options.progress && isatty(fileno(user));
   std::string last_line;
   size_t running = 0;
   for (const Child& c : children) running += c.running ? 1 : 0;
@@ -339,13 +342,15 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
       c.running = false;
       --running;
       const bool failed = !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
-      if (failed && failure.ok() && c.restarts < o.max_restarts) {
+      if (failed && failure.ok() && c.restarts < options.max_restarts) {
         // The worker rejoins the running job: it fetches the anchor and
         // trains from the shards' round; the others never stopped.
         ++c.restarts;
-        std::fprintf(user, "%s[co2-train] worker %d failed (%s); restarting it (%d of %d)\n",
-                     live ? "\r\033[K" : "", c.worker, DescribeExit(c.status).c_str(),
-                     c.restarts, o.max_restarts);
+        std::fprintf(
+            user,
+            "%s[co2-train] worker %d failed (%s); restarting it (%d of %d)\n",
+            live ? "\r\033[K" : "", c.worker, DescribeExit(c.status).c_str(),
+            c.restarts, options.max_restarts);
         std::fflush(user);
         std::vector<std::string> args = c.args;
         args.push_back("--rejoin");
@@ -366,10 +371,10 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
       }
     }
     const std::vector<Progress> progress =
-        ReadProgress(ProgressPath(o.run_dir));
+        ReadProgress(ProgressPath(options.run_dir));
     if (live) {
-      const std::string line =
-          ProgressLine(o, progress.empty() ? Progress() : progress.back());
+      const std::string line = ProgressLine(
+          options, progress.empty() ? Progress() : progress.back());
       if (line != last_line) {
         std::fprintf(user, "\r\033[K%s", line.c_str());
         last_line = line;
@@ -380,7 +385,7 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
       for (size_t i = progress_seen; i < progress.size(); ++i) {
         const Progress& p = progress[i];
         if (p.round == p.total || p.round % 10 == 0) {
-          std::fprintf(user, "%s\n", ProgressLine(o, p).c_str());
+          std::fprintf(user, "%s\n", ProgressLine(options, p).c_str());
         }
       }
     }
@@ -393,33 +398,38 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   for (auto& s : shards) s->Shutdown(absl::Seconds(1));
   sigprocmask(SIG_SETMASK, &old_mask, nullptr);
   if (!failure.ok()) {
-    if (own_run_dir && !o.keep_run_dir && interrupted) {
-      std::filesystem::remove_all(o.run_dir, ec);
+    if (own_run_dir && !options.keep_run_dir && interrupted) {
+      std::filesystem::remove_all(options.run_dir, ec);
       return failure;
     }
-    return absl::Status(failure.code(), absl::StrCat(failure.message(),
-                                                     "(logs kept in ", o.run_dir, ")"));
+    return absl::Status(failure.code(),
+                        absl::StrCat(failure.message(), "(logs kept in ",
+                                     options.run_dir, ")"));
   }
 
   std::vector<RankReport> reports;
   for (const Child& c : children) {
-    CO2_ASSIGN_OR_RETURN(RankReport r,
-                         ReadRankReport(RankReportPath(o.run_dir, c.worker, c.local_rank)));
+    CO2_ASSIGN_OR_RETURN(
+        RankReport r, ReadRankReport(RankReportPath(options.run_dir, c.worker,
+                                                    c.local_rank)));
     reports.push_back(std::move(r));
   }
   CO2_ASSIGN_OR_RETURN(MergedSummary summary, Summarize(reports));
   RunInfo info;
-  info.settings = Settings(o);
+  info.settings = Settings(options);
   info.wall_s = absl::ToDoubleSeconds(absl::Now() - started);
-  info.aggregators = o.aggregators;
-  if (!o.report.empty()) {
-    CO2_RETURN_IF_ERROR(
-        WriteFileAtomically(o.report, MergedReportJson(info, reports, summary)));
+  info.aggregators = options.aggregators;
+  if (!options.report.empty()) {
+    CO2_RETURN_IF_ERROR(WriteFileAtomically(
+        options.report, MergedReportJson(info, reports, summary)));
   }
 
-  std::printf("co2-train: %s, algo=%s, %d workers x %d local ranks, tau=%d: %d rounds, %lld steps\n",
-              o.task.c_str(), o.algo.c_str(), o.workers, o.local_ranks, o.tau,
-              summary.rounds, static_cast<long long>(reports[0].steps));
+  std::printf(
+      "co2-train: %s, algo=%s, %d workers x %d local ranks, tau=%d: %d rounds, "
+      "%lld steps\n",
+      options.task.c_str(), options.algo.c_str(), options.workers,
+      options.local_ranks, options.tau, summary.rounds,
+      static_cast<long long>(reports[0].steps));
   for (const auto& [name, value] : summary.final_metrics) {
     if (name.find("accuracy") != std::string::npos) {
       std::printf("  final %s: %.2f%%\n", name.c_str(), 100 * value);
@@ -433,14 +443,16 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   std::printf("  bytes sent: %.2f MB\n", summary.bytes_sent / 1e6);
   std::printf("  parameters identical on every rank after every boundary: %s\n",
               summary.params_identical ? "yes" : summary.first_difference.c_str());
-  if (!o.report.empty()) std::printf("  report: %s\n", o.report.c_str());
+  if (!options.report.empty())
+    std::printf("  report: %s\n", options.report.c_str());
   std::fflush(stdout);
   if (!summary.params_identical) {
     return absl::DataLossError(absl::StrCat(
         "the ranks do not hold the same model: ", summary.first_difference,
-        " (logs kept in ", o.run_dir, ")"));
+        " (logs kept in ", options.run_dir, ")"));
   }
-  if (own_run_dir && !o.keep_run_dir) std::filesystem::remove_all(o.run_dir, ec);
+  if (own_run_dir && !options.keep_run_dir)
+    std::filesystem::remove_all(options.run_dir, ec);
   return absl::OkStatus();
 }
 

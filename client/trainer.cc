@@ -42,61 +42,66 @@ absl::Status Bad(const std::string& flag, const std::string& why) {
 }
 
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeInner(
-    const TrainerOptions& o, const std::vector<torch::Tensor>& params) {
+    const TrainerOptions& options, const std::vector<torch::Tensor>& params) {
   try {
-    if (o.optimizer == "sgd") {
+    if (options.optimizer == "sgd") {
       return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
-          params, torch::optim::SGDOptions(o.lr).momentum(0.9).weight_decay(
-                      o.weight_decay)));
+          params, torch::optim::SGDOptions(options.lr)
+                      .momentum(0.9)
+                      .weight_decay(options.weight_decay)));
     }
     return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::AdamW(
-        params, torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay)));
+        params, torch::optim::AdamWOptions(options.lr)
+                    .weight_decay(options.weight_decay)));
   } catch (...) {
     return TorchExceptionToStatus("inner optimizer");
   }
 }
 
-double LearningRate(const TrainerOptions& o, int64_t step, int64_t total) {
-  if (o.lr_schedule != "cosine" || total <= 1) return o.lr;
+double LearningRate(const TrainerOptions& options, int64_t step,
+                    int64_t total) {
+  if (options.lr_schedule != "cosine" || total <= 1) return options.lr;
   const double progress = static_cast<double>(step) / (total - 1);
-  return 0.5 * o.lr * (1.0 + std::cos(M_PI * progress));
+  return 0.5 * options.lr * (1.0 + std::cos(M_PI * progress));
 }
 
-absl::StatusOr<v1::JobConfig> MakeJobConfig(const TrainerOptions& o,
+absl::StatusOr<v1::JobConfig> MakeJobConfig(const TrainerOptions& options,
                                             Algo algo) {
   v1::JobConfig c = common::DefaultJobConfig(0, 0);
-  c.set_alpha(o.alpha);
-  c.set_beta(o.beta);
-  CO2_ASSIGN_OR_RETURN(v1::Momentum momentum, common::ParseMomentum(o.momentum));
+  c.set_alpha(options.alpha);
+  c.set_beta(options.beta);
+  CO2_ASSIGN_OR_RETURN(v1::Momentum momentum,
+                       common::ParseMomentum(options.momentum));
   c.set_momentum(momentum);
   CO2_ASSIGN_OR_RETURN(v1::GapPenalty penalty,
-                       common::ParseGapPenalty(o.gap_penalty));
+                       common::ParseGapPenalty(options.gap_penalty));
   c.set_gap_penalty(penalty);
-  c.set_penalty_lambda(o.penalty_lambda);
-  CO2_ASSIGN_OR_RETURN(v1::Clip clip, common::ParseClip(o.clip));
+  c.set_penalty_lambda(options.penalty_lambda);
+  CO2_ASSIGN_OR_RETURN(v1::Clip clip, common::ParseClip(options.clip));
   c.set_clip(clip);
-  c.set_clip_value(o.clip_value);
-  CO2_ASSIGN_OR_RETURN(common::Codec down, common::ParseCodec(o.downlink_codec));
+  c.set_clip_value(options.clip_value);
+  CO2_ASSIGN_OR_RETURN(common::Codec down,
+                       common::ParseCodec(options.downlink_codec));
   c.set_downlink_codec(static_cast<v1::Codec>(down));
-  c.set_tau(o.tau);
+  c.set_tau(options.tau);
   c.set_round_timeout_ms(
-      static_cast<uint32_t>(absl::ToInt64Milliseconds(o.round_timeout)));
+      static_cast<uint32_t>(absl::ToInt64Milliseconds(options.round_timeout)));
   ApplyAlgo(algo, c);
   return c;
 }
 
 std::string Hex(uint64_t h) { return absl::StrFormat("%016x", h); }
 
-GroupOptions MakeGroup(const TrainerOptions& o, int rank, int size,
+GroupOptions MakeGroup(const TrainerOptions& options, int rank, int size,
                        const std::string& prefix,
                        const std::string& address = "127.0.0.1") {
   GroupOptions g;
   g.backend = Backend::kGloo;
   g.rank = rank;
   g.size = size;
-  g.store_dir = absl::StrCat(o.run_dir, "/store");
+  g.store_dir = absl::StrCat(options.run_dir, "/store");
   g.prefix = prefix;
-  g.timeout = o.group_timeout;
+  g.timeout = options.group_timeout;
   g.address = address;
   return g;
 }
@@ -143,74 +148,87 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec) {
   return f;
 }
 
-absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
-  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(o.task));
-  CO2_ASSIGN_OR_RETURN(ModelSize size, ParseModelSize(o.model));
+absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
+  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(options.task));
+  CO2_ASSIGN_OR_RETURN(ModelSize size, ParseModelSize(options.model));
   if (task == Task::kCharLm && size == ModelSize::kWide) {
     return Bad("model", "wide is for --task=fashion-mnist only");
   }
-  CO2_RETURN_IF_ERROR(ParseAlgo(o.algo).status());
-  if (o.workers < 1) return Bad("workers", absl::StrCat("must be >= 1, got ", o.workers));
-  if (o.local_ranks < 1) {
-    return Bad("local_ranks", absl::StrCat("must be >= 1, got ", o.local_ranks));
+  CO2_RETURN_IF_ERROR(ParseAlgo(options.algo).status());
+  if (options.workers < 1)
+    return Bad("workers", absl::StrCat("must be >= 1, got ", options.workers));
+  if (options.local_ranks < 1) {
+    return Bad("local_ranks",
+               absl::StrCat("must be >= 1, got ", options.local_ranks));
   }
-  if (o.tau < 1) return Bad("tau", absl::StrCat("must be >= 1, got ", o.tau));
-  if (o.epochs < 0) return Bad("epochs", absl::StrCat("must be >= 0, got ", o.epochs));
-  if (o.steps < 0) return Bad("steps", absl::StrCat("must be >= 0, got ", o.steps));
-  if (o.optimizer != "adamw" && o.optimizer != "sgd") {
-    return Bad("optimizer", absl::StrCat("must be adamw or sgd, got '", o.optimizer, "'"));
+  if (options.tau < 1)
+    return Bad("tau", absl::StrCat("must be >= 1, got ", options.tau));
+  if (options.epochs < 0)
+    return Bad("epochs", absl::StrCat("must be >= 0, got ", options.epochs));
+  if (options.steps < 0)
+    return Bad("steps", absl::StrCat("must be >= 0, got ", options.steps));
+  if (options.optimizer != "adamw" && options.optimizer != "sgd") {
+    return Bad("optimizer", absl::StrCat("must be adamw or sgd, got '",
+                                         options.optimizer, "'"));
   }
-  if (!(o.lr > 0) || !std::isfinite(o.lr)) {
-    return Bad("lr", absl::StrCat("must be > 0, got ", o.lr));
+  if (!(options.lr > 0) || !std::isfinite(options.lr)) {
+    return Bad("lr", absl::StrCat("must be > 0, got ", options.lr));
   }
-  if (o.lr_schedule != "constant" && o.lr_schedule != "cosine") {
-    return Bad("lr_schedule",
-               absl::StrCat("must be constant or cosine, got '", o.lr_schedule, "'"));
+  if (options.lr_schedule != "constant" && options.lr_schedule != "cosine") {
+    return Bad("lr_schedule", absl::StrCat("must be constant or cosine, got '",
+                                           options.lr_schedule, "'"));
   }
-  if (o.batch_size < 1) {
-    return Bad("batch_size", absl::StrCat("must be >= 1, got ", o.batch_size));
+  if (options.batch_size < 1) {
+    return Bad("batch_size",
+               absl::StrCat("must be >= 1, got ", options.batch_size));
   }
-  if (o.seq_len < 1) return Bad("seq_len", absl::StrCat("must be >= 1, got ", o.seq_len));
-  if (o.shards < 1) return Bad("shards", absl::StrCat("must be >= 1, got ", o.shards));
-  if (o.eval_every < 0) {
-    return Bad("eval_every", absl::StrCat("must be >= 0, got ", o.eval_every));
+  if (options.seq_len < 1)
+    return Bad("seq_len", absl::StrCat("must be >= 1, got ", options.seq_len));
+  if (options.shards < 1)
+    return Bad("shards", absl::StrCat("must be >= 1, got ", options.shards));
+  if (options.eval_every < 0) {
+    return Bad("eval_every",
+               absl::StrCat("must be >= 0, got ", options.eval_every));
   }
-  if (o.threads < 1) return Bad("threads", absl::StrCat("must be >= 1, got ", o.threads));
-  if (o.max_restarts < 0) {
-    return Bad("max_restarts", absl::StrCat("must be >= 0, got ", o.max_restarts));
+  if (options.threads < 1)
+    return Bad("threads", absl::StrCat("must be >= 1, got ", options.threads));
+  if (options.max_restarts < 0) {
+    return Bad("max_restarts",
+               absl::StrCat("must be >= 0, got ", options.max_restarts));
   }
-  if (o.max_restarts > 0 && (o.algo == "ddp" || o.local_ranks > 1)) {
+  if (options.max_restarts > 0 &&
+      (options.algo == "ddp" || options.local_ranks > 1)) {
     return Bad("max_restarts",
                "needs an aggregator algorithm (not ddp) and --local_ranks=1: "
                "a worker restarts alone into the running job");
   }
-  if (o.aggregators.empty() &&
-      !(o.aggregator_ca + o.aggregator_cert + o.aggregator_key +
-        o.aggregator_token_file)
+  if (options.aggregators.empty() &&
+      !(options.aggregator_ca + options.aggregator_cert +
+        options.aggregator_key + options.aggregator_token_file)
            .empty()) {
     return Bad("aggregator_ca",
                "and the other --aggregator_* TLS flags are for external "
                "shards (--aggregators); embedded shards are plaintext");
   }
-  CO2_RETURN_IF_ERROR(common::ParseCodec(o.codec).status());
-  CO2_RETURN_IF_ERROR(ParseInjectedFault(o.inject_fault).status());
-  CO2_ASSIGN_OR_RETURN(Algo algo, ParseAlgo(o.algo));
-  CO2_ASSIGN_OR_RETURN(v1::JobConfig config, MakeJobConfig(o, algo));
+  CO2_RETURN_IF_ERROR(common::ParseCodec(options.codec).status());
+  CO2_RETURN_IF_ERROR(ParseInjectedFault(options.inject_fault).status());
+  CO2_ASSIGN_OR_RETURN(Algo algo, ParseAlgo(options.algo));
+  CO2_ASSIGN_OR_RETURN(v1::JobConfig config, MakeJobConfig(options, algo));
   config.set_num_parameters(1);
   config.set_num_shards(1);
   return common::ValidateJobConfig(config);
 }
 
-absl::Status CheckDataset(const TrainerOptions& o) {
-  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(o.task));
+absl::Status CheckDataset(const TrainerOptions& options) {
+  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(options.task));
   if (task == Task::kFashionMnist) {
-    FashionMnistOptions fo;
-    fo.directory = o.data_dir;
-    return LoadFashionMnist(fo).status();
+    FashionMnistOptions fashion_options;
+    fashion_options.directory = options.data_dir;
+    return LoadFashionMnist(fashion_options).status();
   }
-  CharCorpusOptions co;
-  co.directory = o.corpus_dir;
-  return CharCorpus::Load(co).status();
+  CharCorpusOptions corpus_options;
+  corpus_options.directory = options.corpus_dir;
+  return CharCorpus::Load(corpus_options).status();
 }
 
 std::string RankReportPath(const std::string& run_dir, int worker,
@@ -222,124 +240,133 @@ std::string ProgressPath(const std::string& run_dir) {
   return absl::StrCat(run_dir, "/progress.txt");
 }
 
-absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
+absl::Status RunWorker(const TrainerOptions& options, int worker,
+                       int local_rank) {
   const absl::Time started = absl::Now();
-  CO2_RETURN_IF_ERROR(ValidateTrainerOptions(o));
-  if (worker < 0 || worker >= o.workers || local_rank < 0 ||
-      local_rank >= o.local_ranks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank (", worker, ", ", local_rank, ") outside ", o.workers, " x ",
-        o.local_ranks));
+  CO2_RETURN_IF_ERROR(ValidateTrainerOptions(options));
+  if (worker < 0 || worker >= options.workers || local_rank < 0 ||
+      local_rank >= options.local_ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank (", worker, ", ", local_rank, ") outside ",
+                     options.workers, " x ", options.local_ranks));
   }
-  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(o.task));
-  CO2_ASSIGN_OR_RETURN(Algo algo, ParseAlgo(o.algo));
-  const int world = o.workers * o.local_ranks;
-  const int rank = worker * o.local_ranks + local_rank;
+  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(options.task));
+  CO2_ASSIGN_OR_RETURN(Algo algo, ParseAlgo(options.algo));
+  const int world = options.workers * options.local_ranks;
+  const int rank = worker * options.local_ranks + local_rank;
   const bool leader = local_rank == 0;
-  at::set_num_threads(o.threads);
-  CO2_ASSIGN_OR_RETURN(InjectedFault fault, ParseInjectedFault(o.inject_fault));
-  if (fault.worker != worker || o.rejoin) fault = InjectedFault();
+  at::set_num_threads(options.threads);
+  CO2_ASSIGN_OR_RETURN(InjectedFault fault,
+                       ParseInjectedFault(options.inject_fault));
+  if (fault.worker != worker || options.rejoin) fault = InjectedFault();
 
   // Served from the start, before the data loads and the shards answer, so
   // that a worker still waiting for them is seen (co2_build_info,
   // process_*); the training series appear with the optimizer.
   std::unique_ptr<WorkerMetrics> metrics;  // leaders with --metrics_port
-  if (leader && o.metrics_port >= 0) {
+  if (leader && options.metrics_port >= 0) {
     CO2_ASSIGN_OR_RETURN(
-        metrics, WorkerMetrics::Serve(
-                     absl::StrCat(o.metrics_host, ":", o.metrics_port),
-                     o.job.empty() ? "co2-train" : o.job,
-                     absl::StrCat("worker-", worker)));
+        metrics,
+        WorkerMetrics::Serve(
+            absl::StrCat(options.metrics_host, ":", options.metrics_port),
+            options.job.empty() ? "co2-train" : options.job,
+            absl::StrCat("worker-", worker)));
   }
 
   TaskData data;
-  CO2_RETURN_IF_ERROR(LoadTaskData(o, task, rank, world, data));
-  const int64_t total_steps = TotalSteps(o, data.steps_per_epoch);
+  CO2_RETURN_IF_ERROR(LoadTaskData(options, task, rank, world, data));
+  const int64_t total_steps = TotalSteps(options, data.steps_per_epoch);
 
-  ModelOptions mo;
-  mo.seed = o.seed;
-  CO2_ASSIGN_OR_RETURN(mo.size, ParseModelSize(o.model));
-  CO2_ASSIGN_OR_RETURN(std::shared_ptr<TaskModel> model, MakeModel(task, mo));
+  ModelOptions model_options;
+  model_options.seed = options.seed;
+  CO2_ASSIGN_OR_RETURN(model_options.size, ParseModelSize(options.model));
+  CO2_ASSIGN_OR_RETURN(std::shared_ptr<TaskModel> model,
+                       MakeModel(task, model_options));
   model->train();
   CO2_ASSIGN_OR_RETURN(std::unique_ptr<FlatParams> flat,
                        FlatParams::Create(model->parameters()));
   CO2_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> inner,
-                       MakeInner(o, model->parameters()));
+                       MakeInner(options, model->parameters()));
 
   std::unique_ptr<ProcessGroup> local, global;
-  if (o.local_ranks > 1) {
-    CO2_ASSIGN_OR_RETURN(
-        local, CreateProcessGroup(MakeGroup(o, local_rank, o.local_ranks,
-                                            absl::StrCat("node-", worker))));
+  if (options.local_ranks > 1) {
+    CO2_ASSIGN_OR_RETURN(local, CreateProcessGroup(MakeGroup(
+                                    options, local_rank, options.local_ranks,
+                                    absl::StrCat("node-", worker))));
   }
   if (algo == Algo::kDdp && world > 1) {
     CO2_ASSIGN_OR_RETURN(
-        global, CreateProcessGroup(
-                    MakeGroup(o, rank, world, "global", o.group_address)));
+        global, CreateProcessGroup(MakeGroup(options, rank, world, "global",
+                                             options.group_address)));
   }
-  CO2_ASSIGN_OR_RETURN(common::Codec uplink, common::ParseCodec(o.codec));
+  CO2_ASSIGN_OR_RETURN(common::Codec uplink, common::ParseCodec(options.codec));
   std::unique_ptr<AggregatorClient> client;
   if (algo != Algo::kDdp && leader) {
-    ClientOptions co;
-    co.addresses = o.aggregators;
-    co.job = o.job.empty() ? "co2-train" : o.job;
-    co.worker_id = absl::StrCat("worker-", worker);
-    CO2_ASSIGN_OR_RETURN(co.job_config, MakeJobConfig(o, algo));
-    co.job_config.set_rounds(
-        static_cast<uint64_t>((total_steps + o.tau - 1) / o.tau));
-    co.rejoin = o.rejoin;
-    co.uplink_codec = uplink;
-    co.tls.ca_file = o.aggregator_ca;
-    co.tls.cert_file = o.aggregator_cert;
-    co.tls.key_file = o.aggregator_key;
-    if (!o.aggregator_token_file.empty()) {
-      CO2_ASSIGN_OR_RETURN(co.token,
-                           common::ReadTokenFile(o.aggregator_token_file));
+    ClientOptions client_options;
+    client_options.addresses = options.aggregators;
+    client_options.job = options.job.empty() ? "co2-train" : options.job;
+    client_options.worker_id = absl::StrCat("worker-", worker);
+    CO2_ASSIGN_OR_RETURN(client_options.job_config,
+                         MakeJobConfig(options, algo));
+    client_options.job_config.set_rounds(
+        static_cast<uint64_t>((total_steps + options.tau - 1) / options.tau));
+    client_options.rejoin = options.rejoin;
+    client_options.uplink_codec = uplink;
+    client_options.tls.ca_file = options.aggregator_ca;
+    client_options.tls.cert_file = options.aggregator_cert;
+    client_options.tls.key_file = options.aggregator_key;
+    if (!options.aggregator_token_file.empty()) {
+      CO2_ASSIGN_OR_RETURN(
+          client_options.token,
+          common::ReadTokenFile(options.aggregator_token_file));
     }
-    co.connect_timeout = o.connect_timeout;
-    co.reconnect_timeout = o.connect_timeout;
-    co.rpc_timeout = std::min(o.connect_timeout, absl::Seconds(30));
-    auto connected = AggregatorClient::Connect(co, flat->ParamSpan());
+    client_options.connect_timeout = options.connect_timeout;
+    client_options.reconnect_timeout = options.connect_timeout;
+    client_options.rpc_timeout =
+        std::min(options.connect_timeout, absl::Seconds(30));
+    auto connected =
+        AggregatorClient::Connect(client_options, flat->ParamSpan());
     if (!connected.ok()) {
-      return absl::Status(
-          connected.status().code(),
-          absl::StrCat("connecting to the aggregator (",
-                       absl::StrJoin(o.aggregators, ","),
-                       "): ", connected.status().message()));
+      return absl::Status(connected.status().code(),
+                          absl::StrCat("connecting to the aggregator (",
+                                       absl::StrJoin(options.aggregators, ","),
+                                       "): ", connected.status().message()));
     }
     client = std::move(*connected);
-    if (o.workers > 1 && !o.rejoin) {
+    if (options.workers > 1 && !options.rejoin) {
       // Every worker joins before anyone pushes round 0, so that all of them
       // are required for every round: the rendezvous is the barrier. A
       // restarted worker joins a running job and skips it.
       CO2_ASSIGN_OR_RETURN(
           std::unique_ptr<ProcessGroup> leaders,
-          CreateProcessGroup(
-              MakeGroup(o, worker, o.workers, "leaders", o.group_address)));
+          CreateProcessGroup(MakeGroup(options, worker, options.workers,
+                                       "leaders", options.group_address)));
       float token = 1;
       CO2_RETURN_IF_ERROR(leaders->AllReduceMean(&token, 1));
     }
   }
 
-  Co2OptimizerOptions opts;
-  opts.algo = algo;
-  opts.tau = o.tau;
-  opts.samples_per_step = static_cast<double>(o.batch_size) * o.local_ranks;
-  opts.update_timeout = o.update_timeout;
-  opts.push_timeout = o.update_timeout;
-  opts.uplink_codec = uplink;
-  opts.hash_params = o.hash_params;
-  opts.verify_final_anchor = o.verify_final_anchor;
-  const int64_t total_rounds = (total_steps + o.tau - 1) / o.tau;
-  opts.rounds = static_cast<uint64_t>(total_rounds);
+  Co2OptimizerOptions optimizer_options;
+  optimizer_options.algo = algo;
+  optimizer_options.tau = options.tau;
+  optimizer_options.samples_per_step =
+      static_cast<double>(options.batch_size) * options.local_ranks;
+  optimizer_options.update_timeout = options.update_timeout;
+  optimizer_options.push_timeout = options.update_timeout;
+  optimizer_options.uplink_codec = uplink;
+  optimizer_options.hash_params = options.hash_params;
+  optimizer_options.verify_final_anchor = options.verify_final_anchor;
+  const int64_t total_rounds = (total_steps + options.tau - 1) / options.tau;
+  optimizer_options.rounds = static_cast<uint64_t>(total_rounds);
   CO2_ASSIGN_OR_RETURN(
       std::unique_ptr<Co2Optimizer> co2,
-      Co2Optimizer::Create(opts, flat.get(), inner.get(), std::move(client),
-                           local.get(), global.get()));
+      Co2Optimizer::Create(optimizer_options, flat.get(), inner.get(),
+                           std::move(client), local.get(), global.get()));
 
   const bool reporter = worker == 0 && leader;
   FILE* progress = nullptr;
-  if (reporter) progress = std::fopen(ProgressPath(o.run_dir).c_str(), "a");
+  if (reporter)
+    progress = std::fopen(ProgressPath(options.run_dir).c_str(), "a");
   RankReport report;
   report.worker = worker;
   report.local_rank = local_rank;
@@ -381,8 +408,9 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
       r.bytes_sent = s.bytes_sent;
       r.params_hash = Hex(s.params_hash);
       const size_t index = s.round + 1;
-      if (leader && o.eval_every > 0 && index % o.eval_every == 0) {
-        CO2_ASSIGN_OR_RETURN(TaskEval e, EvaluateTask(o, data, *model, o.eval_examples));
+      if (leader && options.eval_every > 0 && index % options.eval_every == 0) {
+        CO2_ASSIGN_OR_RETURN(TaskEval e, EvaluateTask(options, data, *model,
+                                                      options.eval_examples));
         r.metric = e.metric;
         r.eval_loss = e.loss;
       }
@@ -399,16 +427,16 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
   };
   // A worker that joined a running job starts at the step of its round.
   const int64_t first_step =
-      std::min(total_steps, static_cast<int64_t>(co2->round()) * o.tau);
-  SkipBatches(o, data, rank, world, first_step);
+      std::min(total_steps, static_cast<int64_t>(co2->round()) * options.tau);
+  SkipBatches(options, data, rank, world, first_step);
   for (int64_t step = first_step; step < total_steps && status.ok(); ++step) {
     const absl::Time step_start = absl::Now();
-    absl::StatusOr<Batch> batch = NextBatch(o, data, rank, world, step);
+    absl::StatusOr<Batch> batch = NextBatch(options, data, rank, world, step);
     if (!batch.ok()) {
       status = batch.status();
       break;
     }
-    const double lr = LearningRate(o, step, total_steps);
+    const double lr = LearningRate(options, step, total_steps);
     co2->ZeroGrad();
     absl::StatusOr<at::Tensor> loss =
         ComputeLoss(*model, batch->input, batch->target);
@@ -431,7 +459,7 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
       break;
     }
     if (fault.kind == InjectedFault::Kind::kKillInRound &&
-        step == std::min(total_steps, (fault.round + 1) * o.tau) - 1) {
+        step == std::min(total_steps, (fault.round + 1) * options.tau) - 1) {
       KillSelf(absl::StrCat("in round ", fault.round, " before its boundary"));
     }
     round_work += absl::Now() - step_start;
@@ -459,8 +487,8 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
   report.train_s = absl::ToDoubleSeconds(absl::Now() - train_start);
 
   if (reporter) {
-    CO2_ASSIGN_OR_RETURN(TaskEval e,
-                         EvaluateTask(o, data, *model, o.final_eval_examples));
+    CO2_ASSIGN_OR_RETURN(TaskEval e, EvaluateTask(options, data, *model,
+                                                  options.final_eval_examples));
     if (task == Task::kFashionMnist) {
       report.final_metrics["test_accuracy"] = e.metric;
       report.final_metrics["test_loss"] = e.loss;
@@ -483,7 +511,8 @@ absl::Status RunWorker(const TrainerOptions& o, int worker, int local_rank) {
       {"client_buffers", static_cast<double>(m.client_buffers)},
       {"total", static_cast<double>(m.Total())}};
   report.wall_s = absl::ToDoubleSeconds(absl::Now() - started);
-  return WriteRankReport(RankReportPath(o.run_dir, worker, local_rank), report);
+  return WriteRankReport(RankReportPath(options.run_dir, worker, local_rank),
+                         report);
 }
 
 }  // namespace co2::client

@@ -136,7 +136,7 @@ def main() -> int:
     ap.add_argument("--tau", type=int, default=8)
     ap.add_argument("--batches", default="32,128")
     ap.add_argument("--lr", type=float, default=4e-3)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "python.json"))
     args = ap.parse_args()
     args.build = os.path.abspath(args.build)

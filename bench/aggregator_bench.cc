@@ -41,7 +41,7 @@
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
 #include "client/aggregator_client.h"
-#include "client/process_group.h"
+#include "client/collectives/process_group.h"
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"

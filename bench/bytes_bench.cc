@@ -30,11 +30,11 @@
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
 #include "client/aggregator_client.h"
-#include "client/process_group.h"
+#include "client/collectives/process_group.h"
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
-#include "server/aggregator_server.h"
+#include "server/service/aggregator_server.h"
 
 ABSL_FLAG(std::string, role, "driver", "driver | gloo (internal)");
 ABSL_FLAG(int, workers, 4, "Workers N (co2-train's demo uses 4).");

@@ -17,7 +17,7 @@
 
 #include "absl/types/span.h"
 #include "common/codec.h"
-#include "server/outer_optimizer.h"
+#include "server/job/outer_optimizer.h"
 
 namespace {
 

@@ -23,7 +23,7 @@ out=${OUT:-$here/results/aggregator.json}
 scratch=$(mktemp -d /tmp/co2-aggregator-bench-XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 bench="$build/bench/aggregator_bench"
-aggregator="$build/server/co2-aggregator"
+aggregator="$build/bin/co2-aggregator"
 iperf3=${IPERF3:-$(command -v iperf3 || true)}
 
 "$bench" --aggregator="$aggregator" --iperf3="$iperf3" \

@@ -33,8 +33,8 @@ fi
 echo "${NICE:--10}" >/proc/self/autogroup 2>/dev/null || true
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-build}" && pwd)
-train=$build/client/co2-train
-aggregator=$build/server/co2-aggregator
+train=$build/bin/co2-train
+aggregator=$build/bin/co2-aggregator
 out=${OUT:-$here/results/overlap.json}
 plot=${PLOT:-${out%.json}.png}
 rates=${RATES:-1gbit 100mbit}

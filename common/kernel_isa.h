@@ -1,5 +1,5 @@
 // The instruction sets that the streaming kernels (common/codec.cc,
-// server/outer_optimizer.cc) are compiled for, and which one runs. Each kernel
+// server/job/outer_optimizer.cc) are compiled for, and which one runs. Each kernel
 // is built once per instruction set from the same source, with the same
 // operations in the same order and no FMA, so every variant computes the same
 // bits: a job may mix machines with and without AVX2. The best one this CPU

@@ -1,7 +1,7 @@
 // TLS material for co2's gRPC channels, read from PEM files, and the client's
 // channel credentials built from it (TLS, optionally with a client
 // certificate for mTLS, optionally with a bearer token sent on every call);
-// a shard's credentials are built in server/call_auth.h. Plaintext is never a default: callers that want it say so
+// a shard's credentials are built in server/service/call_auth.h. Plaintext is never a default: callers that want it say so
 // (AggregatorServerOptions / ClientOptions leave `tls` empty only for
 // in-process use; co2-aggregator needs --insecure for it).
 // Pure functions; any thread.
@@ -34,7 +34,7 @@ struct TlsOptions {
   // server's certificate (empty = the system roots).
   std::string ca_file;
   // Server only: refuse calls without a certificate signed by ca_file
-  // (server/call_auth.h builds a shard's credentials).
+  // (server/service/call_auth.h builds a shard's credentials).
   bool require_client_cert = false;
 
   bool enabled() const { return !cert_file.empty() || !ca_file.empty(); }

@@ -18,7 +18,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
+#include "server/service/aggregator_server.h"
 #include "tests/expect_status.h"
 
 namespace co2 {

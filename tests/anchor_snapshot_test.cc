@@ -1,4 +1,4 @@
-#include "server/anchor_snapshot.h"
+#include "server/job/anchor_snapshot.h"
 
 #include <cstring>
 #include <memory>

@@ -1,4 +1,4 @@
-#include "server/chunked_outer_step.h"
+#include "server/job/chunked_outer_step.h"
 
 #include <cmath>
 #include <cstring>

@@ -2,7 +2,7 @@
 // Gloo groups, with workers and local ranks as threads. Closed-form checks
 // use constant gradients: parameter w, loss Σ w·c, SGD with lr 1, so every
 // inner step moves x by −c exactly and every round's mean Δ is τ·mean(c).
-#include "client/co2_optimizer.h"
+#include "client/training/co2_optimizer.h"
 
 #include <stdlib.h>
 #include <torch/torch.h>
@@ -19,15 +19,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/aggregator_client.h"
-#include "client/flat_params.h"
-#include "client/process_group.h"
+#include "client/training/flat_params.h"
+#include "client/collectives/process_group.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
-#include "server/job_registry.h"
-#include "server/job_shard.h"
+#include "server/service/aggregator_server.h"
+#include "server/job/job_registry.h"
+#include "server/job/job_shard.h"
 #include "tests/wait_for.h"
 
 namespace co2::client {

@@ -6,7 +6,7 @@
 - Prometheus: `promtool check config` / `check rules` and `promtool test rules`
   (every alert fires on the series that should trigger it).
 - The metric names used by the alert rules, the Grafana dashboard and
-  docs/operations.md are names the code exports (server/shard_metrics.cc,
+  docs/operations.md are names the code exports (server/service/shard_metrics.cc,
   client/worker_metrics.cc); the dashboard is valid JSON with sane panels.
 - docker-compose.yml: `docker-compose config` accepts it and it has 2 shards,
   2 trainers pointing at them, Prometheus and Grafana; the Dockerfile is a
@@ -70,7 +70,7 @@ def exported_metrics():
     """Every co2_* series name: base names, plus _bucket/_count/_sum of
     histograms."""
     names, histograms = set(), set()
-    for source in ("server/shard_metrics.cc", "client/worker_metrics.cc"):
+    for source in ("server/service/shard_metrics.cc", "client/worker_metrics.cc"):
         with open(path(source)) as f:
             text = f.read()
         names |= set(re.findall(r'"(co2_(?:aggregator|worker)_[a-z0-9_]+)"',

@@ -1,4 +1,4 @@
-#include "client/flat_params.h"
+#include "client/training/flat_params.h"
 
 #include <torch/torch.h>
 

@@ -2,7 +2,7 @@
 // test, each one rank, checked against closed-form results. Children report
 // through their exit code (0 = pass) and explain failures on stderr; each
 // child arms alarm() so that a hang ends as SIGALRM, never as a stuck test.
-#include "client/gloo_group.h"
+#include "client/collectives/gloo_group.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/process_group.h"
+#include "client/collectives/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

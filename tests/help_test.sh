@@ -20,18 +20,18 @@ $out"
   done
 }
 
-expect "$BUILD/server/co2-aggregator" "co2-aggregator --shard_index=i" \
+expect "$BUILD/bin/co2-aggregator" "co2-aggregator --shard_index=i" \
   "--shard_index" "--checkpoint_dir" "default: 9464"
-expect "$BUILD/client/co2-train" "co2-train --task=fashion-mnist" \
+expect "$BUILD/bin/co2-train" "co2-train --task=fashion-mnist" \
   "--tau" "--max_restarts" "--verify_final_anchor" "--metrics_host" \
   'default: "0.0.0.0"'
-expect "$BUILD/server/co2-checkpoint" "usage: co2-checkpoint FILE..." \
+expect "$BUILD/bin/co2-checkpoint" "usage: co2-checkpoint FILE..." \
   "anchor_fnv1a="
-expect "$BUILD/server/co2-admin" "co2-admin [--aggregators=H:P,...]" \
+expect "$BUILD/bin/co2-admin" "co2-admin [--aggregators=H:P,...]" \
   "list | delete JOB" "--admin_token_file" 'default: "localhost:50051"'
 
 # docs/usage.md's table of co2-train flags gives the binary's defaults.
-"$BUILD/client/co2-train" --help | /usr/bin/python3 -c '
+"$BUILD/bin/co2-train" --help | /usr/bin/python3 -c '
 import re, sys
 usage, help_text = sys.argv[1], sys.stdin.read()
 binary = {m.group(1): m.group(2).strip().strip("\"") for m in re.finditer(
@@ -67,9 +67,9 @@ if said < 40:
 ' "$(dirname "$0")/../docs/usage.md" || fail "docs/usage.md disagrees with co2-train --help"
 
 status=0
-"$BUILD/server/co2-checkpoint" --bogus >/dev/null 2>&1 || status=$?
+"$BUILD/bin/co2-checkpoint" --bogus >/dev/null 2>&1 || status=$?
 (( status == 2 )) || fail "co2-checkpoint --bogus exited with $status, not 2"
 status=0
-"$BUILD/server/co2-admin" frobnicate >/dev/null 2>&1 || status=$?
+"$BUILD/bin/co2-admin" frobnicate >/dev/null 2>&1 || status=$?
 (( status == 2 )) || fail "co2-admin frobnicate exited with $status, not 2"
 echo PASS

@@ -19,8 +19,8 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
-#include "server/aggregator_server.h"
-#include "server/shard_metrics.h"
+#include "server/service/aggregator_server.h"
+#include "server/service/shard_metrics.h"
 #include "tests/job_shard_fixture.h"
 #include "tests/wait_for.h"
 

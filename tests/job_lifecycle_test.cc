@@ -1,6 +1,6 @@
 // JobLifecycle: the rule that makes a job finished or abandoned, with
 // explicit times (no clock, no sleeps).
-#include "server/job_lifecycle.h"
+#include "server/job/job_lifecycle.h"
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"

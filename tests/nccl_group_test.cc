@@ -4,7 +4,7 @@
 // reports through its exit code (0 = pass) and explains failures on stderr.
 // GPU tests skip without a device; without one, creating a group must fail
 // with FAILED_PRECONDITION.
-#include "client/nccl_group.h"
+#include "client/collectives/nccl_group.h"
 
 #include <cuda_runtime.h>
 #include <stdlib.h>
@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "client/process_group.h"
+#include "client/collectives/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

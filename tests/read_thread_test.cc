@@ -1,4 +1,4 @@
-#include "server/read_thread.h"
+#include "server/service/read_thread.h"
 
 #include <thread>
 #include <vector>

@@ -1,6 +1,6 @@
 // RefusedCalls: every refusal is counted, the log gets at most one line per
 // interval naming the peer, and the next line says how many it left out.
-#include "server/refused_calls.h"
+#include "server/service/refused_calls.h"
 
 #include <vector>
 

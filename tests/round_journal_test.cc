@@ -1,4 +1,4 @@
-#include "server/round_journal.h"
+#include "server/job/round_journal.h"
 
 #include <stdlib.h>
 #include <sys/mount.h>

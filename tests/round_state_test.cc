@@ -1,4 +1,4 @@
-#include "server/round_state.h"
+#include "server/job/round_state.h"
 
 #include <algorithm>
 #include <cfloat>

@@ -1,4 +1,4 @@
-#include "server/shard_checkpoint.h"
+#include "server/job/shard_checkpoint.h"
 
 #include <stdlib.h>
 

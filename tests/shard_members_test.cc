@@ -1,4 +1,4 @@
-#include "server/shard_members.h"
+#include "server/job/shard_members.h"
 
 #include <string>
 #include <vector>

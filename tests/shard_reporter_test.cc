@@ -1,4 +1,4 @@
-#include "server/shard_reporter.h"
+#include "server/job/shard_reporter.h"
 
 #include <string>
 #include <vector>

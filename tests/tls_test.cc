@@ -25,9 +25,9 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
-#include "server/call_auth.h"
-#include "server/client_cert.h"
+#include "server/service/aggregator_server.h"
+#include "server/service/call_auth.h"
+#include "server/service/client_cert.h"
 
 namespace co2 {
 namespace {

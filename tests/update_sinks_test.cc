@@ -1,4 +1,4 @@
-#include "server/update_sinks.h"
+#include "server/job/update_sinks.h"
 
 #include <memory>
 #include <vector>

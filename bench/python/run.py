@@ -35,7 +35,7 @@ def free_port() -> int:
 
 def cpp_command(args, batch: int, steps: int, workers: int, algo: str,
                 tmp: str, name: str) -> list:
-    return [os.path.join(args.build, "client", "co2-train"), "--task=fashion-mnist",
+    return [os.path.join(args.build, "bin", "co2-train"), "--task=fashion-mnist",
             f"--workers={workers}", f"--steps={steps}", f"--tau={args.tau}",
             f"--batch_size={batch}", "--optimizer=adamw", f"--lr={args.lr}",
             f"--algo={algo}", "--alpha=0.5", "--beta=0", "--eval_every=0", "--threads=1",

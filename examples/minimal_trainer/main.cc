@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "client/batches.h"
-#include "client/co2_optimizer.h"
-#include "client/fashion_mnist.h"
-#include "common/job_config.h"
+#include "co2/client/training/batches.h"
+#include "co2/client/training/co2_optimizer.h"
+#include "co2/client/training/fashion_mnist.h"
+#include "co2/common/job_config.h"
 
 namespace cc = co2::client;
 

@@ -24,7 +24,7 @@ def find_aggregator() -> str:
     explicit = os.environ.get("CO2_AGGREGATOR")
     if explicit:
         return explicit
-    build = os.path.join(os.path.dirname(__file__), "..", "..", "server", "co2-aggregator")
+    build = os.path.join(os.path.dirname(__file__), "..", "..", "bin", "co2-aggregator")
     if os.access(build, os.X_OK):
         return os.path.normpath(build)
     found = shutil.which("co2-aggregator")

@@ -60,7 +60,7 @@ def wait_for_line(p: subprocess.Popen, text: str, timeout: float = 120) -> str:
 def wait_for_live_workers(addresses: Sequence[str], job: str, count: int,
                           timeout: float = 120) -> None:
     """Polls co2-admin until shard 0 counts `count` live workers in `job`."""
-    admin = binary("server", "co2-admin")
+    admin = binary("bin", "co2-admin")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         listing = subprocess.run([admin, f"--aggregators={addresses[0]}", "list"],

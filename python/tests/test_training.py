@@ -92,7 +92,7 @@ def test_localsgd_at_tau_1_is_the_inner_optimizer_alone():
 
 
 def test_a_python_and_a_cpp_worker_end_bit_identical(tmp_path):
-    train = binary("client", "co2-train")
+    train = binary("bin", "co2-train")
     rounds, tau, batch = 10, 4, 32
     with co2.local_aggregator(num_shards=2) as agg:
         # co2-train runs as its own one-worker fleet (worker-0, all data);

@@ -1,10 +1,10 @@
 // TLS material for co2's gRPC channels, read from PEM files, and the client's
 // channel credentials built from it (TLS, optionally with a client
 // certificate for mTLS, optionally with a bearer token sent on every call);
-// a shard's credentials are built in server/service/call_auth.h. Plaintext is never a default: callers that want it say so
-// (AggregatorServerOptions / ClientOptions leave `tls` empty only for
-// in-process use; co2-aggregator needs --insecure for it).
-// Pure functions; any thread.
+// a shard's credentials are built in server/service/call_auth.h. Plaintext is
+// never a default: callers that want it say so (AggregatorServerOptions /
+// ClientOptions leave `tls` empty only for in-process use; co2-aggregator needs
+// --insecure for it). Pure functions; any thread.
 #ifndef CO2_COMMON_TLS_CONFIG_H_
 #define CO2_COMMON_TLS_CONFIG_H_
 
@@ -55,8 +55,9 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 // `token`, every call also carries `authorization: Bearer <token>` and
 // `co2-job: <job>`; a token on a plaintext channel is INVALID_ARGUMENT (it
 // would travel in clear, and gRPC drops call credentials there anyway).
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
-    const TlsOptions& tls, const std::string& token, const std::string& job);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+MakeChannelCredentials(const TlsOptions& tls, const std::string& token,
+                       const std::string& job);
 
 // For a connection that failed (UNAVAILABLE or DEADLINE_EXCEEDED): `status`
 // with a hint about the transport this client used, since gRPC reports a TLS

@@ -40,9 +40,9 @@ class AggregatorErrorsTest : public ::testing::Test {
     auto s = server::AggregatorServer::Start(options);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
-    stub_ = v1::Aggregator::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", server_->port()),
-        grpc::InsecureChannelCredentials()));
+    stub_ = v1::Aggregator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                            grpc::InsecureChannelCredentials()));
   }
 
   v1::JobConfig Config() {
@@ -138,7 +138,6 @@ class AggregatorErrorsTest : public ::testing::Test {
   std::unique_ptr<server::AggregatorServer> server_;
   std::unique_ptr<v1::Aggregator::Stub> stub_;
 };
-
 
 TEST_F(AggregatorErrorsTest, JoinValidatesEveryField) {
   ExpectStatus(Join("", "w", Config()), StatusCode::INVALID_ARGUMENT,

@@ -13,7 +13,8 @@ namespace {
 
 std::vector<float> Anchor(size_t n, float offset) {
   std::vector<float> anchor(n);
-  for (size_t i = 0; i < n; ++i) anchor[i] = offset + 0.5f * static_cast<float>(i);
+  for (size_t i = 0; i < n; ++i)
+    anchor[i] = offset + 0.5f * static_cast<float>(i);
   return anchor;
 }
 

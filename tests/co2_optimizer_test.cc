@@ -19,15 +19,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/aggregator_client.h"
-#include "client/training/flat_params.h"
 #include "client/collectives/process_group.h"
+#include "client/training/flat_params.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/service/aggregator_server.h"
 #include "server/job/job_registry.h"
 #include "server/job/job_shard.h"
+#include "server/service/aggregator_server.h"
 #include "tests/wait_for.h"
 
 namespace co2::client {

@@ -40,14 +40,13 @@ constexpr int kUnexpectedOk = 13;
 constexpr int kTooSlow = 14;
 constexpr int kWrongCode = 15;
 
-#define CHILD_CHECK(cond, code, ...)                                 \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      std::fprintf(stderr, "[child %d] %s:%d: %s\n", getpid(),        \
-                   __FILE__, __LINE__,                               \
-                   absl::StrCat(__VA_ARGS__).c_str());               \
-      return (code);                                                 \
-    }                                                                \
+#define CHILD_CHECK(cond, code, ...)                                     \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::fprintf(stderr, "[child %d] %s:%d: %s\n", getpid(), __FILE__, \
+                   __LINE__, absl::StrCat(__VA_ARGS__).c_str());         \
+      return (code);                                                     \
+    }                                                                    \
   } while (false)
 
 // A fresh directory, removed with its contents at scope exit.

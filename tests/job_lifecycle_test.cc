@@ -42,12 +42,14 @@ TEST(JobLifecycleTest, AbandonedAfterNoWorkerForAbandonAfter) {
   EXPECT_EQ(life.NextDeadline(), absl::InfiniteFuture());
   EXPECT_FALSE(life.Update(2, 0, kStart + absl::Minutes(1)));
   EXPECT_EQ(life.NextDeadline(), kStart + absl::Minutes(11));
-  EXPECT_FALSE(life.Update(2, 0, kStart + absl::Minutes(11) - absl::Seconds(1)));
+  EXPECT_FALSE(
+      life.Update(2, 0, kStart + absl::Minutes(11) - absl::Seconds(1)));
   // A worker in between starts the wait over.
   EXPECT_FALSE(life.Update(2, 1, kStart + absl::Minutes(5)));
   EXPECT_EQ(life.NextDeadline(), absl::InfiniteFuture());
   EXPECT_FALSE(life.Update(2, 0, kStart + absl::Minutes(6)));
-  EXPECT_FALSE(life.Update(2, 0, kStart + absl::Minutes(16) - absl::Seconds(1)));
+  EXPECT_FALSE(
+      life.Update(2, 0, kStart + absl::Minutes(16) - absl::Seconds(1)));
   EXPECT_TRUE(life.Update(2, 0, kStart + absl::Minutes(16)));
   EXPECT_EQ(life.state(), v1::JOB_STATE_ABANDONED);
   EXPECT_EQ(life.NextDeadline(), absl::InfiniteFuture());

@@ -18,8 +18,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/service/aggregator_server.h"
 #include "server/job/job_shard.h"
+#include "server/service/aggregator_server.h"
 
 namespace co2 {
 namespace {

@@ -39,14 +39,13 @@ constexpr int kWrongValue = 12;
 constexpr int kWrongCode = 15;
 constexpr int kCudaFailed = 16;
 
-#define CHILD_CHECK(cond, code, ...)                                 \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      std::fprintf(stderr, "[child %d] %s:%d: %s\n", getpid(),        \
-                   __FILE__, __LINE__,                               \
-                   absl::StrCat(__VA_ARGS__).c_str());               \
-      return (code);                                                 \
-    }                                                                \
+#define CHILD_CHECK(cond, code, ...)                                     \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::fprintf(stderr, "[child %d] %s:%d: %s\n", getpid(), __FILE__, \
+                   __LINE__, absl::StrCat(__VA_ARGS__).c_str());         \
+      return (code);                                                     \
+    }                                                                    \
   } while (false)
 
 class ScopedTempDir {

@@ -26,9 +26,10 @@ TEST(RefusedCallsTest, CountsEveryRefusalAndLogsAtMostOneLinePerInterval) {
   const std::optional<std::string> first =
       refused.Note(bad_token, "ipv4:10.0.0.7:41234");
   ASSERT_TRUE(first.has_value());
-  EXPECT_EQ(*first,
-            "shard 3: refused a call from ipv4:10.0.0.7:41234: UNAUTHENTICATED: "
-            "the bearer token is not valid for job \"a\"");
+  EXPECT_EQ(
+      *first,
+      "shard 3: refused a call from ipv4:10.0.0.7:41234: UNAUTHENTICATED: "
+      "the bearer token is not valid for job \"a\"");
   clock.Advance(absl::Seconds(5));
   EXPECT_FALSE(refused.Note(bad_token, "ipv4:10.0.0.7:41236").has_value());
   EXPECT_FALSE(refused
@@ -43,12 +44,11 @@ TEST(RefusedCallsTest, CountsEveryRefusalAndLogsAtMostOneLinePerInterval) {
   EXPECT_NE(next->find("(and 2 more refused calls since the last such line)"),
             std::string::npos)
       << *next;
-  EXPECT_EQ(observer.codes,
-            (std::vector<absl::StatusCode>{
-                absl::StatusCode::kUnauthenticated,
-                absl::StatusCode::kUnauthenticated,
-                absl::StatusCode::kPermissionDenied,
-                absl::StatusCode::kUnauthenticated}));
+  EXPECT_EQ(observer.codes, (std::vector<absl::StatusCode>{
+                                absl::StatusCode::kUnauthenticated,
+                                absl::StatusCode::kUnauthenticated,
+                                absl::StatusCode::kPermissionDenied,
+                                absl::StatusCode::kUnauthenticated}));
 }
 
 TEST(RefusedCallsTest, CheckPassesOtherStatusesThroughUncounted) {

@@ -43,7 +43,8 @@ int RunCommand(const std::string& command, std::string* output = nullptr) {
   std::string out;
   char buffer[4096];
   size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0)
+    out.append(buffer, n);
   const int status = pclose(pipe);
   if (output != nullptr) *output = out;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -19,9 +19,9 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/service/aggregator_server.h"
 #include "server/job/job_registry.h"
 #include "server/job/job_shard.h"
+#include "server/service/aggregator_server.h"
 #include "tests/wait_for.h"
 
 namespace co2 {

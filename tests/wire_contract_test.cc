@@ -29,7 +29,6 @@ using testing::ExpectStatus;
 // Two chunks on one shard.
 constexpr size_t kParams = common::kChunkElements + 1000;
 
-
 class WireContractTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -29,8 +29,9 @@ ABSL_FLAG(int, num_shards, 1, "Number of shards S of the service.");
 ABSL_FLAG(int, min_workers, 1,
           "Quorum for closing a round at its deadline, for jobs that leave "
           "JobConfig.min_workers at 0.");
-ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(60),
-          "Round deadline, for jobs that leave JobConfig.round_timeout_ms at 0.");
+ABSL_FLAG(
+    absl::Duration, round_timeout, absl::Seconds(60),
+    "Round deadline, for jobs that leave JobConfig.round_timeout_ms at 0.");
 ABSL_FLAG(absl::Duration, lease, absl::Seconds(10),
           "A worker that sends nothing for this long leaves the rounds.");
 ABSL_FLAG(int, max_jobs, 64, "Jobs this shard accepts.");

@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_format.h"
 #include "common/fnv_hash.h"
-#include "server/storage/checkpoint_store.h"
 #include "server/job/job_lifecycle.h"
+#include "server/storage/checkpoint_store.h"
 
 namespace {
 
@@ -55,12 +55,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     const co2::v1::ShardCheckpointHeader& h = checkpoint->header;
-    std::printf("file=%s job=%s shard=%u/%u range=[%llu,%llu) rounds_closed=%llu members=%d state=%s\n",
-                argv[i], h.job().c_str(), h.shard_index(), h.config().num_shards(),
-                static_cast<unsigned long long>(h.range_begin()),
-                static_cast<unsigned long long>(h.range_end()),
-                static_cast<unsigned long long>(h.rounds_closed()), h.members_size(),
-                std::string(co2::server::JobStateName(h.state())).c_str());
+    std::printf(
+        "file=%s job=%s shard=%u/%u range=[%llu,%llu) rounds_closed=%llu "
+        "members=%d state=%s\n",
+        argv[i], h.job().c_str(), h.shard_index(), h.config().num_shards(),
+        static_cast<unsigned long long>(h.range_begin()),
+        static_cast<unsigned long long>(h.range_end()),
+        static_cast<unsigned long long>(h.rounds_closed()), h.members_size(),
+        std::string(co2::server::JobStateName(h.state())).c_str());
     loaded.push_back(*std::move(checkpoint));
   }
   const co2::v1::ShardCheckpointHeader& first = loaded[0].header;

@@ -55,7 +55,8 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
   std::vector<char*> argv;
   for (std::string& a : owned) argv.push_back(a.data());
   argv.push_back(nullptr);
-  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
+  const int flags =
+      O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
   std::fflush(nullptr);
   const pid_t pid = fork();
   if (pid == 0) {

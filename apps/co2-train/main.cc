@@ -25,7 +25,8 @@ ABSL_FLAG(int, local_ranks, 1, "Processes per worker.");
 ABSL_FLAG(int, tau, 8, "Inner steps per round.");
 ABSL_FLAG(int, epochs, 0,
           "Passes over each rank's shard (0: unbounded; with --steps=0: 1).");
-ABSL_FLAG(int64_t, steps, 0, "Inner steps (0: unbounded); the smaller bound wins.");
+ABSL_FLAG(int64_t, steps, 0,
+          "Inner steps (0: unbounded); the smaller bound wins.");
 ABSL_FLAG(uint64_t, seed, 1, "Seeds the model, the data partition and order.");
 ABSL_FLAG(std::string, optimizer, "adamw", "Inner optimizer: adamw | sgd.");
 ABSL_FLAG(double, lr, 1e-3, "Inner learning rate.");
@@ -39,12 +40,15 @@ ABSL_FLAG(float, beta, 0.0f,
 ABSL_FLAG(std::string, momentum, "heavy_ball", "heavy_ball | nesterov");
 ABSL_FLAG(std::string, gap_penalty, "none", "none | constant | gap_aware");
 ABSL_FLAG(float, penalty_lambda, 1.0f, "λ of --gap_penalty=constant.");
-ABSL_FLAG(std::string, clip, "none", "Outer momentum clipping: none | value | adaptive");
+ABSL_FLAG(std::string, clip, "none",
+          "Outer momentum clipping: none | value | adaptive");
 ABSL_FLAG(float, clip_value, 3.0f, "φ (value) or k (adaptive).");
 ABSL_FLAG(std::string, codec, "fp32", "Uplink codec: fp32 | bf16 | int8");
-ABSL_FLAG(std::string, downlink_codec, "fp32", "Downlink codec: fp32 | bf16 | int8");
-ABSL_FLAG(std::vector<std::string>, aggregators, {},
-          "host:port of each aggregator shard; empty: start --shards embedded.");
+ABSL_FLAG(std::string, downlink_codec, "fp32",
+          "Downlink codec: fp32 | bf16 | int8");
+ABSL_FLAG(
+    std::vector<std::string>, aggregators, {},
+    "host:port of each aggregator shard; empty: start --shards embedded.");
 ABSL_FLAG(int, shards, 1, "Embedded aggregator shards.");
 ABSL_FLAG(std::string, aggregator_ca, "",
           "PEM CA that signed the --aggregators' certificates (TLS).");
@@ -56,8 +60,10 @@ ABSL_FLAG(std::string, aggregator_token_file, "",
 ABSL_FLAG(std::string, job, "", "Job name (default: unique per run).");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist",
           "Fashion-MNIST idx.gz directory.");
-ABSL_FLAG(std::string, corpus_dir, "/usr/share/games/fortunes", "Fortunes directory.");
-ABSL_FLAG(int, eval_every, 10, "Rounds between evaluations (0: only at the end).");
+ABSL_FLAG(std::string, corpus_dir, "/usr/share/games/fortunes",
+          "Fortunes directory.");
+ABSL_FLAG(int, eval_every, 10,
+          "Rounds between evaluations (0: only at the end).");
 ABSL_FLAG(int64_t, eval_examples, 1000, "Examples (windows) per periodic evaluation.");
 ABSL_FLAG(int64_t, final_eval_examples, 0, "Examples at the end (0: all).");
 ABSL_FLAG(int, threads, 1, "Torch threads per process.");

@@ -26,7 +26,7 @@ struct RankRound {
   double exposed_comm_s = 0;  // waiting for the outer update (ddp: all-reduce)
   double boundary_s = 0;
   uint64_t bytes_sent = 0;
-  std::string params_hash;    // hex, after the boundary
+  std::string params_hash;  // hex, after the boundary
 };
 
 struct RankReport {
@@ -34,12 +34,12 @@ struct RankReport {
   int local_rank = 0;
   bool leader = false;
   int64_t steps = 0;
-  double wall_s = 0;          // whole process life in RunWorker
-  double train_s = 0;         // first step to Finish
+  double wall_s = 0;   // whole process life in RunWorker
+  double train_s = 0;  // first step to Finish
   double exposed_comm_s = 0;
   uint64_t bytes_sent = 0;
   std::string final_hash;
-  std::string metric_name;    // "test_accuracy" | "val_perplexity"
+  std::string metric_name;  // "test_accuracy" | "val_perplexity"
   std::map<std::string, double> final_metrics;  // leader of worker 0 only
   std::map<std::string, double> memory_bytes;
   std::vector<RankRound> rounds;
@@ -57,7 +57,7 @@ struct RunInfo {
 
 struct MergedSummary {
   int rounds = 0;
-  double final_loss = 0;          // mean over ranks of the last round's loss
+  double final_loss = 0;  // mean over ranks of the last round's loss
   std::map<std::string, double> final_metrics;
   double exposed_comm_s = 0;      // mean over workers (leaders)
   double exposed_comm_fraction = 0;

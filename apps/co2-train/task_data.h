@@ -14,11 +14,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "apps/co2-train/trainer.h"
 #include "client/training/batches.h"
 #include "client/training/char_corpus.h"
 #include "client/training/fashion_mnist.h"
 #include "client/training/models.h"
-#include "apps/co2-train/trainer.h"
 
 namespace co2::client {
 

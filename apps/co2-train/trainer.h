@@ -34,22 +34,22 @@ struct TrainerOptions {
   int epochs = 0;
   int64_t steps = 0;
   uint64_t seed = 1;
-  std::string optimizer = "adamw";     // adamw | sgd (momentum 0.9)
+  std::string optimizer = "adamw";  // adamw | sgd (momentum 0.9)
   double lr = 1e-3;
   std::string lr_schedule = "constant";  // constant | cosine
   double weight_decay = 0.01;
-  int batch_size = 32;                 // per local rank and inner step
-  int seq_len = 64;                    // charlm window length
+  int batch_size = 32;  // per local rank and inner step
+  int seq_len = 64;     // charlm window length
   // Outer step (JobConfig). localsgd forces α=1, β=0, no penalty, no clip;
   // slowmo forces no penalty and no clip.
-  float alpha = 0.5f;                    // docs/usage.md §4
+  float alpha = 0.5f;  // docs/usage.md §4
   float beta = 0.0f;
-  std::string momentum = "heavy_ball";    // heavy_ball | nesterov
-  std::string gap_penalty = "none";       // none | constant | gap_aware
-  float penalty_lambda = 1.0f;            // for gap_penalty=constant
-  std::string clip = "none";              // none | value | adaptive
-  float clip_value = 3.0f;                // φ (value) or k (adaptive)
-  std::string codec = "fp32";             // uplink: fp32 | bf16 | int8
+  std::string momentum = "heavy_ball";  // heavy_ball | nesterov
+  std::string gap_penalty = "none";     // none | constant | gap_aware
+  float penalty_lambda = 1.0f;          // for gap_penalty=constant
+  std::string clip = "none";            // none | value | adaptive
+  float clip_value = 3.0f;              // φ (value) or k (adaptive)
+  std::string codec = "fp32";           // uplink: fp32 | bf16 | int8
   std::string downlink_codec = "fp32";
   // Aggregator shards host:port, in shard order. Empty: the launcher starts
   // `shards` embedded shards and fills this in for the workers.

@@ -30,10 +30,10 @@ absl::Status NcclStatus(ncclResult_t result, absl::string_view what,
                         ncclComm_t comm = nullptr) {
   if (result == ncclSuccess) return absl::OkStatus();
   const char* last = ncclGetLastError(comm);
-  const std::string message =
-      absl::StrCat("NCCL ", what, ": ", ncclGetErrorString(result),
-                   last != nullptr && *last != '\0' ? absl::StrCat(" (", last, ")")
-                                                    : std::string());
+  const std::string message = absl::StrCat(
+      "NCCL ", what, ": ", ncclGetErrorString(result),
+      last != nullptr && *last != '\0' ? absl::StrCat(" (", last, ")")
+                                       : std::string());
   switch (result) {
     case ncclInvalidArgument:
     case ncclInvalidUsage:

@@ -36,8 +36,8 @@ size_t OptimizerStateBytes(const torch::optim::Optimizer& opt) {
       bytes += TensorBytes(d->sum());
     } else if (auto* e =
                    dynamic_cast<const torch::optim::RMSpropParamState*>(s)) {
-      bytes += TensorBytes(e->square_avg()) + TensorBytes(e->momentum_buffer()) +
-               TensorBytes(e->grad_avg());
+      bytes += TensorBytes(e->square_avg()) +
+               TensorBytes(e->momentum_buffer()) + TensorBytes(e->grad_avg());
     }
   }
   return bytes;

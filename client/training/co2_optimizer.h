@@ -37,8 +37,8 @@
 #include "client/aggregator_client.h"
 #include "client/algo.h"
 #include "client/anchor_exchange.h"
-#include "client/training/flat_params.h"
 #include "client/collectives/process_group.h"
+#include "client/training/flat_params.h"
 #include "common/clock.h"
 #include "common/codec.h"
 

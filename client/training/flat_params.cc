@@ -50,9 +50,9 @@ absl::StatusOr<std::unique_ptr<FlatParams>> FlatParams::Create(
             p.is_sparse() ? " (sparse)" : ""));
       }
       if (p.device() != device) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "FlatParams: parameter ", i, " is on ", p.device().str(),
-            ", parameter 0 on ", device.str()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("FlatParams: parameter ", i, " is on ",
+                         p.device().str(), ", parameter 0 on ", device.str()));
       }
       total += p.numel();
     }

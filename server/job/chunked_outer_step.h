@@ -1,8 +1,8 @@
-// ChunkedOuterStep: the outer step (server/job/outer_optimizer.h) of one shard's
-// range, run chunk by chunk, and the update it publishes: U encoded in the
-// job's downlink codec as the OuterUpdate messages that carry it. The step's
-// reductions are per block and chunks are whole blocks, so this is the step
-// on the whole range, with no range-sized temporaries. The anchor adds
+// ChunkedOuterStep: the outer step (server/job/outer_optimizer.h) of one
+// shard's range, run chunk by chunk, and the update it publishes: U encoded in
+// the job's downlink codec as the OuterUpdate messages that carry it. The
+// step's reductions are per block and chunks are whole blocks, so this is the
+// step on the whole range, with no range-sized temporaries. The anchor adds
 // exactly the bits the workers decode, so anchors stay bit-identical on both
 // sides.
 //
@@ -23,10 +23,10 @@
 #include "absl/types/span.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/codec.h"
-#include "server/storage/kept_update.h"
 #include "server/job/outer_optimizer.h"
 #include "server/job/round_state.h"
 #include "server/job/update_chunks.h"
+#include "server/storage/kept_update.h"
 
 namespace co2::server {
 

@@ -48,8 +48,8 @@ void JobRegistry::RestoreJobs() {
                     << " (kept on disk, not in memory)";
       continue;
     }
-    auto restored = JobShard::Restore(std::move(checkpoint), ShardOptions(job),
-                                      clock_);
+    auto restored =
+        JobShard::Restore(std::move(checkpoint), ShardOptions(job), clock_);
     if (!restored.ok()) {
       unusable.push_back(UnusableCheckpoint{
           checkpoints_->PathFor(job, options_.shard_index, options_.num_shards),

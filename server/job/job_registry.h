@@ -24,8 +24,8 @@
 #include "absl/synchronization/mutex.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/clock.h"
-#include "server/storage/checkpoint_store.h"
 #include "server/job/job_shard.h"
+#include "server/storage/checkpoint_store.h"
 
 namespace co2::server {
 
@@ -36,7 +36,7 @@ struct JobRegistryOptions {
   // Largest JobConfig.num_parameters a job may declare (RESOURCE_EXHAUSTED):
   // a shard allocates ~5 fp32 copies of its range when the job is created.
   uint64_t max_parameters = uint64_t{1} << 32;
-  JobShardOptions shard;   // shard_index is copied from above
+  JobShardOptions shard;  // shard_index is copied from above
   // Used for a JobConfig that leaves min_workers / round_timeout_ms at 0.
   uint32_t default_min_workers = 1;
   absl::Duration default_round_timeout = absl::Seconds(60);

@@ -29,8 +29,8 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Build(
       common::Range range,
       common::ShardRangeFor(config.num_parameters(), config.num_shards(),
                             options.shard_index));
-  return std::unique_ptr<JobShard>(new JobShard(
-      std::move(job), config, options, range, clock, first_round));
+  return std::unique_ptr<JobShard>(
+      new JobShard(std::move(job), config, options, range, clock, first_round));
 }
 
 JobShard::JobShard(std::string job, const v1::JobConfig& config,

@@ -6,10 +6,10 @@
 // by chunk (ChunkedOuterStep). It streams: a chunk of the open round that
 // every required worker has sent is stepped and its update sent before the
 // round closes (JobShardOptions::stream_updates); with checkpoints, once the
-// chunk is durable in the round journal (server/job/round_journal.h). Memory, in
-// fp32 copies of the range: A, an accumulator per round that has chunks (one;
-// two while workers are a round apart), m with β != 0, and the update of a
-// closed round until its checkpoint is durable and the streams have sent it:
+// chunk is durable in the round journal (server/job/round_journal.h). Memory,
+// in fp32 copies of the range: A, an accumulator per round that has chunks
+// (one; two while workers are a round apart), m with β != 0, and the update of
+// a closed round until its checkpoint is durable and the streams have sent it:
 // from then on it is kept in its checkpoint (UpdateCache). Without checkpoints
 // the cache keeps max_staleness + 1 rounds of updates in memory (in the
 // downlink codec: 1 each for fp32, 1/2 for bf16, about 1/4 for int8). While
@@ -19,7 +19,7 @@
 // evictions), SeedState (who seeds A), RoundState, ChunkedOuterStep (the
 // step and the update messages), UpdateCache (updates kept for replay),
 // SharedAnchorSnapshot, UpdateSinks and ShardReporter (the observer's round
-// and poll reports); shard_checkpoint.h writes and restores the state
+// and poll reports); checkpoint_state.h writes and restores the state
 // (called from job_shard_checkpoint.cc), RoundJournal the chunks streamed
 // ahead of a round's checkpoint.
 //
@@ -47,11 +47,9 @@
 #include "common/layout.h"
 #include "common/payload_pieces.h"
 #include "server/job/anchor_snapshot.h"
-#include "server/storage/checkpoint_store.h"
 #include "server/job/chunked_outer_step.h"
 #include "server/job/contribution_payload.h"
 #include "server/job/job_lifecycle.h"
-#include "server/storage/kept_update.h"
 #include "server/job/outer_optimizer.h"
 #include "server/job/round_journal.h"
 #include "server/job/round_state.h"
@@ -62,6 +60,8 @@
 #include "server/job/update_cache.h"
 #include "server/job/update_chunks.h"
 #include "server/job/update_sinks.h"
+#include "server/storage/checkpoint_store.h"
+#include "server/storage/kept_update.h"
 
 namespace co2::server {
 

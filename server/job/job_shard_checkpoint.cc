@@ -10,8 +10,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/job/checkpoint_state.h"
 #include "server/job/job_shard.h"
-#include "server/job/shard_checkpoint.h"
 
 namespace co2::server {
 
@@ -19,12 +19,11 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
     LoadedCheckpoint checkpoint, const JobShardOptions& options,
     common::Clock* clock) {
   const v1::ShardCheckpointHeader& h = checkpoint.header;
-  CO2_ASSIGN_OR_RETURN(std::unique_ptr<JobShard> shard,
-                       Build(h.job(), h.config(), options, clock,
-                             h.rounds_closed()));
-  CO2_RETURN_IF_ERROR(CheckCheckpointFits(checkpoint, shard->range_,
-                                          options.shard_index,
-                                          shard->num_chunks()));
+  CO2_ASSIGN_OR_RETURN(
+      std::unique_ptr<JobShard> shard,
+      Build(h.job(), h.config(), options, clock, h.rounds_closed()));
+  CO2_RETURN_IF_ERROR(CheckCheckpointFits(
+      checkpoint, shard->range_, options.shard_index, shard->num_chunks()));
   absl::MutexLock lock(&shard->mu_);
   shard->anchor_ = std::move(checkpoint.anchor);
   if (shard->step_.outer().beta != 0) {
@@ -37,7 +36,8 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
                                    clock->Now(), h.state());
   const absl::Time lease_expiry = clock->Now() + options.lease;
   for (const v1::CheckpointMember& m : h.members()) {
-    absl::StatusOr<common::Codec> uplink = common::CodecFromWire(m.uplink_codec());
+    absl::StatusOr<common::Codec> uplink =
+        common::CodecFromWire(m.uplink_codec());
     if (!uplink.ok()) {
       return CheckpointDataLoss(h.job(),
                                 std::string(uplink.status().message()));
@@ -52,7 +52,8 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
     CO2_ASSIGN_OR_RETURN(
         std::vector<std::shared_ptr<const UpdateChunks>> earlier,
         RestoreEarlierUpdates(checkpoint, shard->step_));
-    for (auto& update : earlier) shard->updates_.AddPublished(std::move(update));
+    for (auto& update : earlier)
+      shard->updates_.AddPublished(std::move(update));
     CO2_ASSIGN_OR_RETURN(std::shared_ptr<const UpdateChunks> update,
                          RestoreLastUpdate(checkpoint, shard->step_));
     shard->updates_.AddPublished(std::move(update));

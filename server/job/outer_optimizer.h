@@ -23,22 +23,22 @@ enum class MomentumKind { kHeavyBall, kNesterov };
 inline constexpr float kGapEpsilon = 1e-12f;
 
 struct OuterConfig {
-  float alpha = 1.0f;            // outer learning rate, > 0
-  float beta = 0.0f;             // outer momentum, in [0, 1)
+  float alpha = 1.0f;  // outer learning rate, > 0
+  float beta = 0.0f;   // outer momentum, in [0, 1)
   MomentumKind momentum = MomentumKind::kHeavyBall;
   GapPenalty penalty = GapPenalty::kGapAware;
-  float penalty_lambda = 1.0f;   // Λ for kConstant, >= 1
+  float penalty_lambda = 1.0f;  // Λ for kConstant, >= 1
   ClipMode clip = ClipMode::kAdaptive;
-  float clip_value = 3.0f;       // φ for kValue, k for kAdaptive, > 0
+  float clip_value = 3.0f;  // φ for kValue, k for kAdaptive, > 0
 };
 
 // INVALID_ARGUMENT naming the field and value when a config is out of range.
 absl::Status ValidateOuterConfig(const OuterConfig& config);
 
 struct OuterStepStats {
-  double mean_penalty = 1.0;       // mean of Λ over the elements
-  double momentum_norm_sq = 0.0;   // ||m||² after clipping
-  size_t clipped = 0;              // elements of m changed by clipping
+  double mean_penalty = 1.0;      // mean of Λ over the elements
+  double momentum_norm_sq = 0.0;  // ||m||² after clipping
+  size_t clipped = 0;             // elements of m changed by clipping
 };
 
 // One outer step. All spans have the same length.

@@ -34,9 +34,9 @@ absl::StatusOr<bool> SeedState::Accept(const std::string& worker,
                                        uint64_t anchor_round,
                                        uint32_t num_chunks, uint64_t* attempt) {
   if (seeder_ != worker) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker \"", worker, "\" was not asked to seed (seeder is \"",
-        seeder_, "\")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker \"", worker,
+                     "\" was not asked to seed (seeder is \"", seeder_, "\")"));
   }
   const bool stream_started = attempt != nullptr && *attempt != 0;
   const bool fresh_stream = attempt != nullptr && *attempt == 0;
@@ -45,13 +45,14 @@ absl::StatusOr<bool> SeedState::Accept(const std::string& worker,
     return absl::AbortedError(absl::StrCat(
         "the seed of worker \"", worker,
         "\" was started over by another Seed (or Join) while this one sent "
-        "chunk ", chunk_index, "; this Seed no longer counts"));
+        "chunk ",
+        chunk_index, "; this Seed no longer counts"));
   }
   const uint32_t expected = starts || fresh_stream ? 0 : seeded_chunks_;
   if (chunk_index != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "seed chunk_index ", chunk_index, " out of order: expected ",
-        expected));
+    return absl::InvalidArgumentError(
+        absl::StrCat("seed chunk_index ", chunk_index,
+                     " out of order: expected ", expected));
   }
   if (!reseeding_ && anchor_round != 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -28,13 +28,13 @@ const ShardMember* ShardMembers::Find(const std::string& worker) const {
 absl::Status ShardMembers::NotMember(const std::string& worker) const {
   auto evicted = evicted_.find(worker);
   if (evicted == evicted_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        "worker \"", worker,
-        "\" is not a live member of this job (join first)"));
+    return absl::NotFoundError(
+        absl::StrCat("worker \"", worker,
+                     "\" is not a live member of this job (join first)"));
   }
   return absl::FailedPreconditionError(absl::StrCat(
-      "worker \"", worker, "\" was evicted from job \"", job_, "\": ",
-      evicted->second, "; it cannot rejoin under this id"));
+      "worker \"", worker, "\" was evicted from job \"", job_,
+      "\": ", evicted->second, "; it cannot rejoin under this id"));
 }
 
 absl::StatusOr<ShardMember*> ShardMembers::Add(const std::string& worker,

@@ -31,9 +31,9 @@
 #include <optional>
 #include <vector>
 
+#include "server/job/update_chunks.h"
 #include "server/storage/kept_update.h"
 #include "server/storage/stored_update.h"
-#include "server/job/update_chunks.h"
 
 namespace co2::server {
 

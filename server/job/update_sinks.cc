@@ -11,12 +11,13 @@ void UpdateSinks::Add(std::weak_ptr<UpdateSink> sink) {
 
 std::vector<std::shared_ptr<UpdateSink>> UpdateSinks::Live() {
   std::vector<std::shared_ptr<UpdateSink>> live;
-  auto dead = std::remove_if(sinks_.begin(), sinks_.end(), [&](const auto& weak) {
-    std::shared_ptr<UpdateSink> sink = weak.lock();
-    if (sink == nullptr) return true;
-    live.push_back(std::move(sink));
-    return false;
-  });
+  auto dead =
+      std::remove_if(sinks_.begin(), sinks_.end(), [&](const auto& weak) {
+        std::shared_ptr<UpdateSink> sink = weak.lock();
+        if (sink == nullptr) return true;
+        live.push_back(std::move(sink));
+        return false;
+      });
   sinks_.erase(dead, sinks_.end());
   return live;
 }

@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "server/storage/kept_update.h"
 #include "server/job/update_chunks.h"
+#include "server/storage/kept_update.h"
 
 namespace co2::server {
 

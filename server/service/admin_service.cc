@@ -12,11 +12,11 @@
 namespace co2::server {
 
 grpc::ServerUnaryReactor* AdminService::ListJobs(
-    grpc::CallbackServerContext* context, const v1::ListJobsRequest* /*request*/,
-    v1::ListJobsResponse* response) {
+    grpc::CallbackServerContext* context,
+    const v1::ListJobsRequest* /*request*/, v1::ListJobsResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status access = refused_->Check(CheckAdminAccess(*context),
-                                       context->peer());
+  absl::Status access =
+      refused_->Check(CheckAdminAccess(*context), context->peer());
   if (access.ok()) {
     for (v1::JobSummary& job : registry_->List()) {
       *response->add_jobs() = std::move(job);
@@ -30,8 +30,8 @@ grpc::ServerUnaryReactor* AdminService::DeleteJob(
     grpc::CallbackServerContext* context, const v1::DeleteJobRequest* request,
     v1::DeleteJobResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::Status status = refused_->Check(CheckAdminAccess(*context),
-                                       context->peer());
+  absl::Status status =
+      refused_->Check(CheckAdminAccess(*context), context->peer());
   if (status.ok() && request->job().empty()) {
     status = absl::InvalidArgumentError("DeleteJobRequest.job is empty");
   }

@@ -1,8 +1,8 @@
 // AdminService: the co2.v1.AggregatorAdmin gRPC service of one shard: lists
 // the shard's jobs and deletes one, for operators (co2-admin). It validates,
 // checks that the call carries the admin token when the shard checks tokens
-// (server/service/call_auth.h), and translates to the JobRegistry; a deletion runs
-// on the registry's poller thread and the reaction finishes from there.
+// (server/service/call_auth.h), and translates to the JobRegistry; a deletion
+// runs on the registry's poller thread and the reaction finishes from there.
 // Thread-safe; the registry is borrowed and must outlive the service.
 #ifndef CO2_SERVER_ADMIN_SERVICE_H_
 #define CO2_SERVER_ADMIN_SERVICE_H_
@@ -28,7 +28,8 @@ class AdminService final : public v1::AggregatorAdmin::CallbackService {
 
  private:
   JobRegistry* const registry_;
-  RefusedCalls* const refused_;  // logs and counts calls refused for credentials
+  RefusedCalls* const
+      refused_;  // logs and counts calls refused for credentials
 };
 
 }  // namespace co2::server

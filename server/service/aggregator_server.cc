@@ -1,8 +1,8 @@
 #include "server/service/aggregator_server.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "absl/strings/str_cat.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -51,17 +51,16 @@ absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
                              options.stream_window_bytes);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.address,
-                     " (address in use or invalid?)"));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", options.address, " (address in use or invalid?)"));
   }
   CO2_LOG(INFO) << "aggregator shard " << options.registry.shard_index << "/"
-            << options.registry.num_shards << " listening on port "
-            << server->port_
-            << (options.tls.enabled()
-                    ? (options.tls.require_client_cert ? " (mTLS" : " (TLS")
-                    : " (plaintext")
-            << (options.tokens.empty() ? ")" : ", bearer tokens)");
+                << options.registry.num_shards << " listening on port "
+                << server->port_
+                << (options.tls.enabled()
+                        ? (options.tls.require_client_cert ? " (mTLS" : " (TLS")
+                        : " (plaintext")
+                << (options.tokens.empty() ? ")" : ", bearer tokens)");
   return server;
 }
 

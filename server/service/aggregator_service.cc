@@ -14,15 +14,16 @@
 #include "common/codec.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "server/service/call_auth.h"
 #include "server/service/exchange_wire.h"
 #include "server/service/rpc_wire.h"
-#include "server/service/call_auth.h"
 
 namespace co2::server {
 namespace {
 
 absl::Status ValidateId(absl::string_view what, const std::string& id) {
-  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (id.empty())
+    return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
   if (id.size() > kMaxIdLength) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, " is ", id.size(), " bytes long (limit ", kMaxIdLength, ")"));

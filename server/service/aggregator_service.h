@@ -56,8 +56,9 @@ class AggregatorService final : public AggregatorCallbackService {
 
  private:
   JobRegistry* const registry_;
-  RefusedCalls* const refused_;  // logs and counts calls refused for credentials
-  ReadThread reads_;             // checkpoint reads for replays
+  RefusedCalls* const
+      refused_;       // logs and counts calls refused for credentials
+  ReadThread reads_;  // checkpoint reads for replays
 };
 
 }  // namespace co2::server

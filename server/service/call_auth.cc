@@ -49,9 +49,9 @@ absl::Status Refusal(const grpc::AuthContext& auth) {
 }  // namespace
 
 grpc::Status CallAuthProcessor::Process(const InputMetadata& auth_metadata,
-                                         grpc::AuthContext* context,
-                                         OutputMetadata* consumed_auth_metadata,
-                                         OutputMetadata* /*response_metadata*/) {
+                                        grpc::AuthContext* context,
+                                        OutputMetadata* consumed_auth_metadata,
+                                        OutputMetadata* /*response_metadata*/) {
   auto header = [&](const char* name) {
     auto it = auth_metadata.find(name);
     return it == auth_metadata.end()

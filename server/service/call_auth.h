@@ -2,10 +2,10 @@
 // (MakeShardCredentials) and the auth processor they carry (CallAuthProcessor).
 //
 // With mTLS (--tls_client_ca) the TLS handshake asks for a client certificate
-// and the processor checks it on every call (server/service/client_cert.h). With job
-// tokens, a client sends `authorization: Bearer <token>` and `co2-job: <job>`
-// on every call (common::MakeChannelCredentials) and the processor checks
-// that the token is the one configured for that job (or the service-wide
+// and the processor checks it on every call (server/service/client_cert.h).
+// With job tokens, a client sends `authorization: Bearer <token>` and `co2-job:
+// <job>` on every call (common::MakeChannelCredentials) and the processor
+// checks that the token is the one configured for that job (or the service-wide
 // token). The processor records in the call's AuthContext the job, or why it
 // refused the call. Every handler begins with CheckJobAccess (or
 // CheckAdminAccess), which answers a refused call UNAUTHENTICATED before

@@ -4,9 +4,9 @@
 // A shard with --tls_client_ca requests a client certificate in the TLS
 // handshake but does not refuse the handshake over it (gRPC gives a service
 // no hook there, so a refusal could be neither logged with the peer's
-// address nor counted). The call's auth processor (server/service/call_auth.h) runs
-// this check on every call instead: no certificate, one that does not chain
-// to the CA, or one not valid for client authentication is refused
+// address nor counted). The call's auth processor (server/service/call_auth.h)
+// runs this check on every call instead: no certificate, one that does not
+// chain to the CA, or one not valid for client authentication is refused
 // UNAUTHENTICATED before any handler acts, where RefusedCalls logs and counts
 // it. TLS still proves that the client holds the certificate's key.
 //

@@ -26,9 +26,9 @@ absl::StatusOr<JobTokens> ParseJobTokens(absl::string_view text,
     std::vector<absl::string_view> fields =
         absl::StrSplit(line, absl::ByAnyChar(" \t"), absl::SkipEmpty());
     if (fields.size() != 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ":", line_number, ": expected `job token`, got ",
-          fields.size(), " fields"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ":", line_number, ": expected `job token`, got ",
+                       fields.size(), " fields"));
     }
     const std::string job(fields[0]);
     const std::string token(fields[1]);

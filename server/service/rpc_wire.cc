@@ -21,7 +21,8 @@ absl::Status ParseRequest(const grpc::ByteBuffer& buffer,
   return absl::OkStatus();
 }
 
-grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message) {
+grpc::ByteBuffer SerializeMessage(
+    const google::protobuf::MessageLite& message) {
   grpc::Slice slice(message.SerializeAsString());
   return grpc::ByteBuffer(&slice, 1);
 }

@@ -10,7 +10,8 @@
 //
 // Write hands back the update it wrote as a StoredUpdate: read through the
 // file's descriptor, it outlives the file being replaced by the next
-// checkpoint (server/storage/kept_update.h keeps sent updates there, not in memory).
+// checkpoint (server/storage/kept_update.h keeps sent updates there, not in
+// memory).
 //
 // Thread-safe (no shared mutable state); Write is called from the aggregator
 // poller thread, never from gRPC reactions.
@@ -34,7 +35,8 @@ namespace co2::server {
 // What a checkpoint holds, as spans into the live state (Write) or owned
 // vectors (Load).
 struct CheckpointView {
-  const v1::ShardCheckpointHeader* header = nullptr;  // update sizes filled in by Write
+  const v1::ShardCheckpointHeader* header =
+      nullptr;  // update sizes filled in by Write
   absl::Span<const float> anchor;
   absl::Span<const float> momentum;
   // The last update, read chunk by chunk; null before the first round closed.

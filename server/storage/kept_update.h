@@ -19,8 +19,8 @@
 
 #include "absl/status/statusor.h"
 #include "co2/v1/aggregator.pb.h"
-#include "server/storage/stored_update.h"
 #include "server/job/update_chunks.h"
+#include "server/storage/stored_update.h"
 
 namespace co2::server {
 

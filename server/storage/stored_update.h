@@ -5,7 +5,8 @@
 // its last StoredUpdate is destroyed, which closes the descriptor.
 //
 // It lets a shard keep an update it has already sent on disk instead of in
-// memory (server/storage/kept_update.h). Immutable; any thread (positional reads).
+// memory (server/storage/kept_update.h). Immutable; any thread (positional
+// reads).
 #ifndef CO2_SERVER_STORED_UPDATE_H_
 #define CO2_SERVER_STORED_UPDATE_H_
 

@@ -1,4 +1,4 @@
-#include "server/job/shard_checkpoint.h"
+#include "server/job/checkpoint_state.h"
 
 #include <sys/mman.h>
 
@@ -18,8 +18,8 @@ class ZeroFloats {
  public:
   explicit ZeroFloats(size_t n) : bytes_(n * sizeof(float)) {
     if (bytes_ == 0) return;
-    void* pages = mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS,
-                       -1, 0);
+    void* pages =
+        mmap(nullptr, bytes_, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (pages != MAP_FAILED) data_ = static_cast<const float*>(pages);
   }
   ZeroFloats(const ZeroFloats&) = delete;

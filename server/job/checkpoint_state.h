@@ -1,13 +1,13 @@
 // The state of one JobShard in and out of a checkpoint file
-// (server/storage/checkpoint_store.h): the numerical state written from spans into
-// the live shard, and a loaded checkpoint checked against the shard it is
+// (server/storage/checkpoint_store.h): the numerical state written from spans
+// into the live shard, and a loaded checkpoint checked against the shard it is
 // restored into, its last update rebuilt as the messages workers replay.
 // Membership and the round are the header's, built by the shard itself.
 //
 // Stateless functions; any thread. The buffers they borrow must not change
 // during the call.
-#ifndef CO2_SERVER_SHARD_CHECKPOINT_H_
-#define CO2_SERVER_SHARD_CHECKPOINT_H_
+#ifndef CO2_SERVER_JOB_CHECKPOINT_STATE_H_
+#define CO2_SERVER_JOB_CHECKPOINT_STATE_H_
 
 #include <cstdint>
 #include <memory>
@@ -19,12 +19,12 @@
 #include "absl/types/span.h"
 #include "co2/v1/checkpoint.pb.h"
 #include "common/layout.h"
-#include "server/storage/checkpoint_store.h"
 #include "server/job/chunked_outer_step.h"
-#include "server/storage/kept_update.h"
 #include "server/job/round_journal.h"
-#include "server/storage/stored_update.h"
 #include "server/job/update_chunks.h"
+#include "server/storage/checkpoint_store.h"
+#include "server/storage/kept_update.h"
+#include "server/storage/stored_update.h"
 
 namespace co2::server {
 
@@ -77,4 +77,4 @@ absl::Status CheckJournalChunkFits(const LoadedJournalChunk& chunk,
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_SHARD_CHECKPOINT_H_
+#endif  // CO2_SERVER_JOB_CHECKPOINT_STATE_H_

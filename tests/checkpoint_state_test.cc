@@ -1,4 +1,4 @@
-#include "server/job/shard_checkpoint.h"
+#include "server/job/checkpoint_state.h"
 
 #include <stdlib.h>
 
@@ -48,7 +48,7 @@ UpdateChunks Update(const ChunkedOuterStep& step, common::Codec codec) {
   return update;
 }
 
-TEST(ShardCheckpointTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
+TEST(CheckpointStateTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
   CheckpointStore store(TempDir());
   const v1::ShardCheckpointHeader header = Header(v1::CODEC_BF16, 5);
   const ChunkedOuterStep step(header.config(), kElements);
@@ -80,7 +80,7 @@ TEST(ShardCheckpointTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
   }
 }
 
-TEST(ShardCheckpointTest, WritesTheMomentumItIsGiven) {
+TEST(CheckpointStateTest, WritesTheMomentumItIsGiven) {
   CheckpointStore store(TempDir());
   const v1::ShardCheckpointHeader header = Header(v1::CODEC_FP32, 0);
   std::vector<float> anchor(kElements, 1.0f), momentum(kElements, -3.0f);
@@ -102,7 +102,7 @@ LoadedCheckpoint Loaded(uint64_t rounds_closed, size_t update_chunks) {
   return c;
 }
 
-TEST(ShardCheckpointTest, RefusesACheckpointOfAnotherShape) {
+TEST(CheckpointStateTest, RefusesACheckpointOfAnotherShape) {
   const common::Range range{0, kElements};
   EXPECT_TRUE(CheckCheckpointFits(Loaded(5, 2), range, 0, 2).ok());
   EXPECT_TRUE(CheckCheckpointFits(Loaded(5, 0), range, 0, 2).ok());
@@ -127,7 +127,7 @@ TEST(ShardCheckpointTest, RefusesACheckpointOfAnotherShape) {
             absl::StatusCode::kDataLoss);
 }
 
-TEST(ShardCheckpointTest, RefusesAnUpdateChunkThatIsNotAnEncoding) {
+TEST(CheckpointStateTest, RefusesAnUpdateChunkThatIsNotAnEncoding) {
   LoadedCheckpoint checkpoint = Loaded(5, 2);
   checkpoint.update_chunks[1] = "short";
   const ChunkedOuterStep step(checkpoint.header.config(), kElements);

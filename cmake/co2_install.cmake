@@ -63,8 +63,11 @@ foreach(unit IN LISTS co2_install_units)
     endif()
   endforeach()
 endforeach()
+# Header-only pieces the units' headers include.
 install(FILES ${PROJECT_SOURCE_DIR}/common/status_macros.h
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/co2/common)
+install(FILES ${PROJECT_SOURCE_DIR}/client/collectives/store.h
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/co2/client/collectives)
 install(DIRECTORY ${PROJECT_BINARY_DIR}/co2/v1/
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/co2/v1
         FILES_MATCHING PATTERN "*.pb.h")

@@ -414,8 +414,13 @@ TEST(GlooFileStore, SetThenWaitGetRoundTrips) {
   ScopedTempDir dir;
   const GroupOptions options = MakeOptions(dir.path() + "/sub", 0, 1);
   const std::string blob("a\0b\xff", 4);
-  ASSERT_TRUE(FileStoreSet(options, "key", blob).ok());
-  const absl::StatusOr<std::string> got = FileStoreWaitGet(options, "key");
+  absl::StatusOr<std::unique_ptr<Store>> writer = OpenFileStore(options);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Set("key", blob).ok());
+  // Another rank opens the same store.
+  absl::StatusOr<std::unique_ptr<Store>> reader = OpenFileStore(options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const absl::StatusOr<std::string> got = (*reader)->WaitGet("key");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, blob);
 }
@@ -424,8 +429,10 @@ TEST(GlooFileStore, WaitGetTimesOutOnMissingKey) {
   ScopedTempDir dir;
   const GroupOptions options =
       MakeOptions(dir.path(), 0, 1, absl::Milliseconds(200));
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenFileStore(options);
+  ASSERT_TRUE(store.ok()) << store.status();
   const absl::Time start = absl::Now();
-  const absl::StatusOr<std::string> got = FileStoreWaitGet(options, "never");
+  const absl::StatusOr<std::string> got = (*store)->WaitGet("never");
   const absl::Duration elapsed = absl::Now() - start;
   EXPECT_TRUE(absl::IsDeadlineExceeded(got.status())) << got.status();
   // gloo's own FileStore would take a whole second here.

@@ -235,31 +235,43 @@ absl::Status GlooGroup::Broadcast(float* data, size_t count, int root) {
   return absl::OkStatus();
 }
 
-absl::Status FileStoreSet(const GroupOptions& options, const std::string& key,
-                          const std::string& value) {
-  CO2_RETURN_IF_ERROR(ValidateGroupOptions(options));
-  CO2_RETURN_IF_ERROR(EnsureStoreDir(options.store_dir));
-  return CallGloo(absl::StrCat("file store set '", key, "'"), [&] {
-    DeadlineFileStore file_store(options.store_dir);
-    ::gloo::rendezvous::PrefixStore store(options.prefix, file_store);
-    store.set(key, std::vector<char>(value.begin(), value.end()));
-  });
-}
+namespace {
 
-absl::StatusOr<std::string> FileStoreWaitGet(const GroupOptions& options,
-                                             const std::string& key) {
+class GlooFileStore final : public Store {
+ public:
+  explicit GlooFileStore(GroupOptions options) : options_(std::move(options)) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return CallGloo(absl::StrCat("file store set '", key, "'"), [&] {
+      DeadlineFileStore file_store(options_.store_dir);
+      ::gloo::rendezvous::PrefixStore store(options_.prefix, file_store);
+      store.set(key, std::vector<char>(value.begin(), value.end()));
+    });
+  }
+
+  absl::StatusOr<std::string> WaitGet(const std::string& key) override {
+    std::string value;
+    CO2_RETURN_IF_ERROR(
+        CallGloo(absl::StrCat("file store wait for '", key, "'"), [&] {
+          DeadlineFileStore file_store(options_.store_dir);
+          ::gloo::rendezvous::PrefixStore store(options_.prefix, file_store);
+          store.wait({key}, ToGlooTimeout(options_.timeout));
+          const std::vector<char> bytes = store.get(key);
+          value.assign(bytes.begin(), bytes.end());
+        }));
+    return value;
+  }
+
+ private:
+  const GroupOptions options_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Store>> OpenFileStore(const GroupOptions& options) {
   CO2_RETURN_IF_ERROR(ValidateGroupOptions(options));
   CO2_RETURN_IF_ERROR(EnsureStoreDir(options.store_dir));
-  std::string value;
-  CO2_RETURN_IF_ERROR(
-      CallGloo(absl::StrCat("file store wait for '", key, "'"), [&] {
-        DeadlineFileStore file_store(options.store_dir);
-        ::gloo::rendezvous::PrefixStore store(options.prefix, file_store);
-        store.wait({key}, ToGlooTimeout(options.timeout));
-        const std::vector<char> bytes = store.get(key);
-        value.assign(bytes.begin(), bytes.end());
-      }));
-  return value;
+  return std::unique_ptr<Store>(new GlooFileStore(options));
 }
 
 }  // namespace co2::client

@@ -5,9 +5,9 @@
 // prefix. Host pointers only. One thread at a time (see process_group.h).
 //
 // This file (with gloo_group.cc) is the one place where gloo is called and
-// where its exceptions become absl::Status; it also offers the same file
-// store as a small key/value rendezvous for other backends (the NCCL
-// unique id), so that they need not touch gloo.
+// where its exceptions become absl::Status; it also opens the same file
+// store as a Store (store.h) for other backends (the NCCL unique id), so
+// that they need not touch gloo.
 //
 // Creating a group sets SIGPIPE to SIG_IGN when it is still SIG_DFL: gloo
 // writes to sockets with writev(), so a peer that died would otherwise kill
@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/collectives/process_group.h"
+#include "client/collectives/store.h"
 
 namespace gloo {
 class Context;
@@ -70,14 +71,9 @@ class GlooGroup final : public ProcessGroup {
   absl::Status broken_;  // OK while usable.
 };
 
-// Key/value rendezvous on the same file store as GlooGroup (store_dir,
-// prefix of `options`), for backends that exchange a blob at start-up.
-absl::Status FileStoreSet(const GroupOptions& options, const std::string& key,
-                          const std::string& value);
-// Waits (up to options.timeout) for `key` and returns its value;
-// DEADLINE_EXCEEDED when it does not appear in time.
-absl::StatusOr<std::string> FileStoreWaitGet(const GroupOptions& options,
-                                             const std::string& key);
+// The file store GlooGroup rendezvous in (options.store_dir, under
+// options.prefix) as a Store whose waits end after options.timeout.
+absl::StatusOr<std::unique_ptr<Store>> OpenFileStore(const GroupOptions& options);
 
 }  // namespace co2::client
 

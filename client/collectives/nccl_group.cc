@@ -15,13 +15,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/collectives/gloo_group.h"
 #include "common/status_macros.h"
 
 namespace co2::client {
 namespace {
 
-// Key of the unique id in the group's file store (next to gloo's keys).
+// Key of the unique id in the group's store (next to gloo's keys).
 constexpr char kUniqueIdKey[] = "nccl_unique_id";
 // Poll period while waiting for NCCL/CUDA work.
 constexpr absl::Duration kPollPeriod = absl::Microseconds(50);
@@ -158,8 +157,11 @@ NcclGroup::~NcclGroup() {
 }
 
 absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
-    const GroupOptions& options) {
+    const GroupOptions& options, Store* store) {
   CO2_RETURN_IF_ERROR(ValidateGroupOptions(options));
+  if (store == nullptr) {
+    return absl::InvalidArgumentError("NcclGroup::Create: no store");
+  }
   const absl::Time deadline = absl::Now() + options.timeout;
 
   int device_count = 0;
@@ -194,15 +196,15 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
   ncclUniqueId id;
   if (options.rank == 0) {
     CO2_RETURN_IF_ERROR(NcclStatus(ncclGetUniqueId(&id), "ncclGetUniqueId"));
-    CO2_RETURN_IF_ERROR(FileStoreSet(
-        options, kUniqueIdKey, std::string(id.internal, sizeof(id.internal))));
+    CO2_RETURN_IF_ERROR(store->Set(
+        kUniqueIdKey, std::string(id.internal, sizeof(id.internal))));
   } else {
-    CO2_ASSIGN_OR_RETURN(const std::string bytes,
-                         FileStoreWaitGet(options, kUniqueIdKey));
+    CO2_ASSIGN_OR_RETURN(const std::string bytes, store->WaitGet(kUniqueIdKey));
     if (bytes.size() != sizeof(id.internal)) {
       return absl::DataLossError(absl::StrCat(
-          "NCCL unique id in ", options.store_dir, "/", options.prefix,
-          " has ", bytes.size(), " bytes, want ", sizeof(id.internal)));
+          "NCCL unique id from the group's store (", options.store_dir, "/",
+          options.prefix, ") has ", bytes.size(), " bytes, want ",
+          sizeof(id.internal)));
     }
     std::memcpy(id.internal, bytes.data(), bytes.size());
   }

@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/collectives/process_group.h"
+#include "client/collectives/store.h"
 
 // The handles behind ncclComm_t and cudaStream_t; their headers stay in the
 // .cc file.
@@ -72,10 +73,12 @@ class CudaStream {
 
 class NcclGroup final : public ProcessGroup {
  public:
-  // FAILED_PRECONDITION "no CUDA device" when CUDA sees no device;
-  // DEADLINE_EXCEEDED when the peers do not join within options.timeout.
+  // Rank 0 publishes NCCL's unique id in `store` (borrowed for the call),
+  // the others read it there. FAILED_PRECONDITION "no CUDA device" when
+  // CUDA sees no device; DEADLINE_EXCEEDED when the peers do not join within
+  // options.timeout.
   static absl::StatusOr<std::unique_ptr<NcclGroup>> Create(
-      const GroupOptions& options);
+      const GroupOptions& options, Store* store);
 
   ~NcclGroup() override;
   NcclGroup(const NcclGroup&) = delete;

@@ -268,7 +268,8 @@ class GlooFileStore final : public Store {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Store>> OpenFileStore(const GroupOptions& options) {
+absl::StatusOr<std::unique_ptr<Store>> OpenFileStore(
+    const GroupOptions& options) {
   CO2_RETURN_IF_ERROR(ValidateGroupOptions(options));
   CO2_RETURN_IF_ERROR(EnsureStoreDir(options.store_dir));
   return std::unique_ptr<Store>(new GlooFileStore(options));

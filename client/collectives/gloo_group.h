@@ -73,7 +73,8 @@ class GlooGroup final : public ProcessGroup {
 
 // The file store GlooGroup rendezvous in (options.store_dir, under
 // options.prefix) as a Store whose waits end after options.timeout.
-absl::StatusOr<std::unique_ptr<Store>> OpenFileStore(const GroupOptions& options);
+absl::StatusOr<std::unique_ptr<Store>> OpenFileStore(
+    const GroupOptions& options);
 
 }  // namespace co2::client
 

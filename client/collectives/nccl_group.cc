@@ -201,10 +201,10 @@ absl::StatusOr<std::unique_ptr<NcclGroup>> NcclGroup::Create(
   } else {
     CO2_ASSIGN_OR_RETURN(const std::string bytes, store->WaitGet(kUniqueIdKey));
     if (bytes.size() != sizeof(id.internal)) {
-      return absl::DataLossError(absl::StrCat(
-          "NCCL unique id from the group's store (", options.store_dir, "/",
-          options.prefix, ") has ", bytes.size(), " bytes, want ",
-          sizeof(id.internal)));
+      return absl::DataLossError(
+          absl::StrCat("NCCL unique id from the group's store (",
+                       options.store_dir, "/", options.prefix, ") has ",
+                       bytes.size(), " bytes, want ", sizeof(id.internal)));
     }
     std::memcpy(id.internal, bytes.data(), bytes.size());
   }

@@ -26,7 +26,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateProcessGroup(
     case Backend::kNccl: {
 #ifdef CO2_HAVE_NCCL
       // NCCL's unique id travels through the file store Gloo uses.
-      CO2_ASSIGN_OR_RETURN(std::unique_ptr<Store> store, OpenFileStore(options));
+      CO2_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                           OpenFileStore(options));
       CO2_ASSIGN_OR_RETURN(std::unique_ptr<NcclGroup> group,
                            NcclGroup::Create(options, store.get()));
       return std::unique_ptr<ProcessGroup>(std::move(group));

@@ -19,7 +19,8 @@ class Store {
   virtual ~Store() = default;
 
   // Sets `key` to `value` for every rank of the group.
-  virtual absl::Status Set(const std::string& key, const std::string& value) = 0;
+  virtual absl::Status Set(const std::string& key,
+                           const std::string& value) = 0;
   // Waits, up to the store's deadline, for `key` and returns its value;
   // DEADLINE_EXCEEDED when it does not appear in time.
   virtual absl::StatusOr<std::string> WaitGet(const std::string& key) = 0;

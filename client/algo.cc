@@ -10,8 +10,10 @@ absl::StatusOr<Algo> ParseAlgo(absl::string_view name) {
   if (name == "ddp") return Algo::kDdp;
   if (name == "localsgd") return Algo::kLocalSgd;
   if (name == "slowmo") return Algo::kSlowMo;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown algorithm '", name, "' (expected co2, ddp, localsgd, slowmo)"));
+  if (name == "diloco") return Algo::kDiLoCo;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown algorithm '", name,
+                   "' (expected co2, ddp, localsgd, slowmo, diloco)"));
 }
 
 absl::string_view AlgoName(Algo algo) {
@@ -24,6 +26,8 @@ absl::string_view AlgoName(Algo algo) {
       return "localsgd";
     case Algo::kSlowMo:
       return "slowmo";
+    case Algo::kDiLoCo:
+      return "diloco";
   }
   return "?";
 }
@@ -36,10 +40,17 @@ void ApplyAlgo(Algo algo, v1::JobConfig& config) {
     config.set_alpha(1.0f);
     config.set_beta(0.0f);
   }
-  if (algo == Algo::kLocalSgd || algo == Algo::kSlowMo) {
+  if (algo == Algo::kDiLoCo) config.set_momentum(v1::MOMENTUM_NESTEROV);
+  if (algo == Algo::kLocalSgd || algo == Algo::kSlowMo ||
+      algo == Algo::kDiLoCo) {
     config.set_gap_penalty(v1::GAP_PENALTY_NONE);
     config.set_clip(v1::CLIP_NONE);
   }
+}
+
+OuterDefaults OuterDefaultsOf(Algo algo) {
+  if (algo == Algo::kDiLoCo) return {0.7f, 0.9f};
+  return {0.5f, 0.0f};
 }
 
 }  // namespace co2::client

@@ -5,6 +5,9 @@
 //   localsgd  τ inner steps, then a blocking plain average (staleness 0,
 //             α = 1, β = 0).
 //   slowmo    as localsgd, with outer momentum (β > 0) on the aggregator.
+//   diloco    as slowmo with Nesterov outer momentum and DiLoCo's published
+//             defaults α = 0.7, β = 0.9 (Douillard et al. 2023), as torchft
+//             and OpenDiLoCo ship it.
 //   ddp       gradients all-reduced every step; no aggregator.
 #ifndef CO2_CLIENT_ALGO_H_
 #define CO2_CLIENT_ALGO_H_
@@ -17,17 +20,27 @@
 
 namespace co2::client {
 
-enum class Algo { kCo2, kDdp, kLocalSgd, kSlowMo };
+enum class Algo { kCo2, kDdp, kLocalSgd, kSlowMo, kDiLoCo };
 
-// "co2" | "ddp" | "localsgd" | "slowmo"; INVALID_ARGUMENT otherwise.
+// "co2" | "ddp" | "localsgd" | "slowmo" | "diloco"; INVALID_ARGUMENT
+// otherwise.
 absl::StatusOr<Algo> ParseAlgo(absl::string_view name);
 absl::string_view AlgoName(Algo algo);
 // The JobConfig.max_staleness an algorithm runs with (1 for co2, else 0).
 uint32_t StalenessOf(Algo algo);
 // Sets what `algo` fixes in a job's config: max_staleness; for localsgd a
-// plain average (α = 1, β = 0); for localsgd and slowmo no gap penalty and
-// no clipping.
+// plain average (α = 1, β = 0); for diloco Nesterov momentum; for the
+// blocking algorithms no gap penalty and no clipping.
 void ApplyAlgo(Algo algo, v1::JobConfig& config);
+
+// The outer learning rate and momentum an algorithm runs with where the user
+// sets neither: diloco's α = 0.7, β = 0.9; every other algorithm the
+// JobConfig defaults, α = 0.5, β = 0.
+struct OuterDefaults {
+  float alpha;
+  float beta;
+};
+OuterDefaults OuterDefaultsOf(Algo algo);
 
 }  // namespace co2::client
 

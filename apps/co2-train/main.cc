@@ -2,6 +2,7 @@
 // command; see apps/co2-train/launcher.h. The same binary, re-executed with
 // --role=worker, is one local rank of one worker (apps/co2-train/trainer.h).
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,13 +14,14 @@
 #include "apps/co2-train/launcher.h"
 #include "apps/co2-train/run_report.h"
 #include "apps/co2-train/trainer.h"
+#include "client/algo.h"
 #include "common/flags_help.h"
 #include "common/malloc_settings.h"
 
 ABSL_FLAG(std::string, task, "fashion-mnist", "fashion-mnist | charlm");
 ABSL_FLAG(std::string, model, "small",
           "small | wide (fashion-mnist only: a 5.8M-parameter MLP).");
-ABSL_FLAG(std::string, algo, "co2", "co2 | ddp | localsgd | slowmo");
+ABSL_FLAG(std::string, algo, "co2", "co2 | ddp | localsgd | slowmo | diloco");
 ABSL_FLAG(int, workers, 2, "Workers (nodes); each has its own leader.");
 ABSL_FLAG(int, local_ranks, 1, "Processes per worker.");
 ABSL_FLAG(int, tau, 8, "Inner steps per round.");
@@ -34,10 +36,13 @@ ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine");
 ABSL_FLAG(double, weight_decay, 0.01, "Inner weight decay.");
 ABSL_FLAG(int, batch_size, 32, "Examples per local rank and inner step.");
 ABSL_FLAG(int, seq_len, 64, "charlm: characters per training window.");
-ABSL_FLAG(float, alpha, 0.5f, "Outer learning rate (docs/usage.md §4).");
-ABSL_FLAG(float, beta, 0.0f,
-          "Outer momentum (docs/results.md; slowmo needs > 0, e.g. 0.5).");
-ABSL_FLAG(std::string, momentum, "heavy_ball", "heavy_ball | nesterov");
+ABSL_FLAG(std::optional<float>, alpha, std::nullopt,
+          "Outer learning rate (docs/usage.md §4); unset: 0.5, diloco 0.7.");
+ABSL_FLAG(std::optional<float>, beta, std::nullopt,
+          "Outer momentum (docs/results.md; slowmo needs > 0, e.g. 0.5); "
+          "unset: 0, diloco 0.9.");
+ABSL_FLAG(std::optional<std::string>, momentum, std::nullopt,
+          "heavy_ball | nesterov; unset: heavy_ball, diloco nesterov.");
 ABSL_FLAG(std::string, gap_penalty, "none", "none | constant | gap_aware");
 ABSL_FLAG(float, penalty_lambda, 1.0f, "λ of --gap_penalty=constant.");
 ABSL_FLAG(std::string, clip, "none",
@@ -129,9 +134,18 @@ co2::client::TrainerOptions ReadOptions() {
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);
   o.seq_len = absl::GetFlag(FLAGS_seq_len);
-  o.alpha = absl::GetFlag(FLAGS_alpha);
-  o.beta = absl::GetFlag(FLAGS_beta);
-  o.momentum = absl::GetFlag(FLAGS_momentum);
+  // Unset outer settings take the algorithm's own defaults (diloco's α, β
+  // and Nesterov momentum); a bad --algo is reported by the trainer.
+  const absl::StatusOr<co2::client::Algo> algo = co2::client::ParseAlgo(o.algo);
+  const co2::client::Algo outer_algo = algo.ok() ? *algo : co2::client::Algo::kCo2;
+  const co2::client::OuterDefaults outer =
+      co2::client::OuterDefaultsOf(outer_algo);
+  o.alpha = absl::GetFlag(FLAGS_alpha).value_or(outer.alpha);
+  o.beta = absl::GetFlag(FLAGS_beta).value_or(outer.beta);
+  o.momentum = absl::GetFlag(FLAGS_momentum)
+                   .value_or(outer_algo == co2::client::Algo::kDiLoCo
+                                 ? "nesterov"
+                                 : "heavy_ball");
   o.gap_penalty = absl::GetFlag(FLAGS_gap_penalty);
   o.penalty_lambda = absl::GetFlag(FLAGS_penalty_lambda);
   o.clip = absl::GetFlag(FLAGS_clip);
@@ -200,7 +214,7 @@ int main(int argc, char** argv) {
   co2::common::KeepLargeBuffersInHeap();
   co2::common::SetUpFlagsHelp(
       __FILE__,
-      "trains a model with CO2 (or ddp, localsgd, slowmo) on worker "
+      "trains a model with CO2 (or ddp, localsgd, slowmo, diloco) on worker "
       "processes it starts.\n"
       "  co2-train --task=fashion-mnist --algo=co2 --workers=4 --tau=8 "
       "--epochs=1 --report=run.json",

@@ -154,7 +154,11 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
   if (task == Task::kCharLm && size == ModelSize::kWide) {
     return Bad("model", "wide is for --task=fashion-mnist only");
   }
-  CO2_RETURN_IF_ERROR(ParseAlgo(options.algo).status());
+  CO2_ASSIGN_OR_RETURN(const Algo algo, ParseAlgo(options.algo));
+  if (algo == Algo::kDiLoCo && options.momentum != "nesterov") {
+    return Bad("momentum", absl::StrCat("is '", options.momentum,
+                                        "': diloco runs Nesterov momentum"));
+  }
   if (options.workers < 1)
     return Bad("workers", absl::StrCat("must be >= 1, got ", options.workers));
   if (options.local_ranks < 1) {
@@ -212,7 +216,6 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
   }
   CO2_RETURN_IF_ERROR(common::ParseCodec(options.codec).status());
   CO2_RETURN_IF_ERROR(ParseInjectedFault(options.inject_fault).status());
-  CO2_ASSIGN_OR_RETURN(Algo algo, ParseAlgo(options.algo));
   CO2_ASSIGN_OR_RETURN(v1::JobConfig config, MakeJobConfig(options, algo));
   config.set_num_parameters(1);
   config.set_num_shards(1);

@@ -15,7 +15,7 @@ from ._config import JobConfig
 from ._errors import Error
 from ._params import HostParams
 
-_ALGOS = ("co2", "localsgd", "slowmo")
+_ALGOS = ("co2", "localsgd", "slowmo", "diloco")
 
 
 def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
@@ -74,7 +74,9 @@ class Optimizer:
             update arrives after the last round.
         config: the job's outer-step settings (``co2.JobConfig``); the
             fields the optimizer knows are filled in.
-        algo: ``"co2"``, ``"localsgd"`` or ``"slowmo"``.
+        algo: ``"co2"``, ``"localsgd"``, ``"slowmo"`` or ``"diloco"``
+            (synchronous, Nesterov outer momentum; without ``config``, its
+            published α = 0.7 and β = 0.9).
         worker_id: unique per worker (default ``worker-$GROUP_RANK`` under
             torchrun, else host and pid).
         uplink_codec: Δ's encoding, ``"fp32"``, ``"bf16"`` or ``"int8"``
@@ -159,7 +161,11 @@ class Optimizer:
         self.is_leader = self._group is None or dist.get_rank(self._group) == 0
         self._host = HostParams(self._params)
 
-        cfg = JobConfig() if config is None else JobConfig.from_dict(config.to_dict())
+        if config is None:
+            alpha, beta = _core.outer_defaults(algo)
+            cfg = JobConfig(alpha=alpha, beta=beta)
+        else:
+            cfg = JobConfig.from_dict(config.to_dict())
         cfg.protocol_version = _core.protocol_version()
         cfg.num_parameters = self._host.numel
         cfg.num_shards = len(aggregators)

@@ -43,6 +43,17 @@ namespace py = pybind11;
 namespace co2::python {
 namespace {
 
+// An algorithm that exchanges with the shards (not ddp); ValueError otherwise.
+client::Algo ParseExchangeAlgo(const std::string& algo) {
+  absl::StatusOr<client::Algo> parsed = client::ParseAlgo(algo);
+  if (!parsed.ok() || *parsed == client::Algo::kDdp) {
+    throw py::value_error(
+        absl::StrCat("unknown algo '", algo,
+                     "' (expected co2, localsgd, slowmo or diloco)"));
+  }
+  return *parsed;
+}
+
 using client::AggregatorClient;
 using client::AnchorExchange;
 using google::protobuf::EnumDescriptor;
@@ -409,16 +420,19 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "apply_algo",
       [](const std::string& algo, const py::dict& values) {
-        absl::StatusOr<client::Algo> parsed = client::ParseAlgo(algo);
-        if (!parsed.ok() || *parsed == client::Algo::kDdp) {
-          throw py::value_error(absl::StrCat(
-              "unknown algo '", algo, "' (expected co2, localsgd or slowmo)"));
-        }
         v1::JobConfig config = FromDict(values);
-        client::ApplyAlgo(*parsed, config);
+        client::ApplyAlgo(ParseExchangeAlgo(algo), config);
         return ToDict(config);
       },
       "The JobConfig dict with what the algorithm fixes applied.");
+  m.def(
+      "outer_defaults",
+      [](const std::string& algo) {
+        const client::OuterDefaults outer =
+            client::OuterDefaultsOf(ParseExchangeAlgo(algo));
+        return py::make_tuple(outer.alpha, outer.beta);
+      },
+      "(alpha, beta) the algorithm runs with where the user sets neither.");
   m.def("owed_update", [](uint32_t staleness, uint64_t rounds, uint64_t round) {
     return client::OwedUpdate(staleness, rounds, round);
   });

@@ -103,6 +103,20 @@ def test_algorithms_fix_their_settings():
     assert (plain["alpha"], plain["beta"], plain["max_staleness"]) == (1.0, 0.0, 0)
     stale = _core.apply_algo("co2", co2.JobConfig(max_staleness=0).to_dict())
     assert stale["max_staleness"] == 1
+    diloco = _core.apply_algo("diloco", co2.JobConfig(max_staleness=1).to_dict())
+    assert (diloco["max_staleness"], diloco["momentum"]) == (0, "nesterov")
+
+
+def test_diloco_runs_its_published_outer_settings_unless_given():
+    w = torch.zeros(4, requires_grad=True)
+    inner = torch.optim.SGD([w], lr=0.1)
+    opt = co2.Optimizer([w], inner, tau=2, rounds=2, aggregators=["127.0.0.1:1"],
+                        job="j", algo="diloco")
+    assert (opt.config.alpha, opt.config.beta) == pytest.approx((0.7, 0.9))
+    assert (opt.config.momentum, opt.config.max_staleness) == ("nesterov", 0)
+    given = co2.Optimizer([w], inner, tau=2, rounds=2, aggregators=["127.0.0.1:1"],
+                          job="j", algo="diloco", config=co2.JobConfig(alpha=0.4, beta=0.5))
+    assert (given.config.alpha, given.config.beta) == pytest.approx((0.4, 0.5))
 
 
 def test_a_server_refusal_arrives_as_co2_error_with_its_code():

@@ -22,7 +22,8 @@ TEST(AlgoTest, NamesRoundTrip) {
 
 TEST(AlgoTest, OnlyCo2RunsOneRoundStale) {
   for (Algo algo : kAll) {
-    EXPECT_EQ(StalenessOf(algo), algo == Algo::kCo2 ? 1u : 0u) << AlgoName(algo);
+    EXPECT_EQ(StalenessOf(algo), algo == Algo::kCo2 ? 1u : 0u)
+        << AlgoName(algo);
   }
 }
 

@@ -232,9 +232,10 @@ TEST(TrainerTest, DiLoCoRunsWithItsOuterDefaults) {
   auto settings_of = [&](const std::vector<std::string>& extra) {
     const std::string report = dir.path() + "/diloco.json";
     std::vector<std::string> args = {
-        "--algo=diloco", "--workers=2", "--tau=4", "--steps=16",
-        "--eval_every=0", "--final_eval_examples=500", "--progress=false",
-        absl::StrCat("--report=", report)};
+        "--algo=diloco",    "--workers=2",
+        "--tau=4",          "--steps=16",
+        "--eval_every=0",   "--final_eval_examples=500",
+        "--progress=false", absl::StrCat("--report=", report)};
     args.insert(args.end(), extra.begin(), extra.end());
     const RunResult run = RunCo2Train(args, /*timeout_s=*/300);
     EXPECT_EQ(run.exit_code, 0) << run.output;
@@ -244,7 +245,8 @@ TEST(TrainerTest, DiLoCoRunsWithItsOuterDefaults) {
     std::stringstream text;
     text << in.rdbuf();
     Struct doc;
-    EXPECT_TRUE(google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
+    EXPECT_TRUE(
+        google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
         << text.str();
     return Field(doc, "settings").struct_value();
   };

@@ -137,15 +137,16 @@ co2::client::TrainerOptions ReadOptions() {
   // Unset outer settings take the algorithm's own defaults (diloco's α, β
   // and Nesterov momentum); a bad --algo is reported by the trainer.
   const absl::StatusOr<co2::client::Algo> algo = co2::client::ParseAlgo(o.algo);
-  const co2::client::Algo outer_algo = algo.ok() ? *algo : co2::client::Algo::kCo2;
+  const co2::client::Algo outer_algo =
+      algo.ok() ? *algo : co2::client::Algo::kCo2;
   const co2::client::OuterDefaults outer =
       co2::client::OuterDefaultsOf(outer_algo);
   o.alpha = absl::GetFlag(FLAGS_alpha).value_or(outer.alpha);
   o.beta = absl::GetFlag(FLAGS_beta).value_or(outer.beta);
-  o.momentum = absl::GetFlag(FLAGS_momentum)
-                   .value_or(outer_algo == co2::client::Algo::kDiLoCo
-                                 ? "nesterov"
-                                 : "heavy_ball");
+  o.momentum =
+      absl::GetFlag(FLAGS_momentum)
+          .value_or(outer_algo == co2::client::Algo::kDiLoCo ? "nesterov"
+                                                             : "heavy_ball");
   o.gap_penalty = absl::GetFlag(FLAGS_gap_penalty);
   o.penalty_lambda = absl::GetFlag(FLAGS_penalty_lambda);
   o.clip = absl::GetFlag(FLAGS_clip);

@@ -25,7 +25,7 @@ namespace co2::client {
 struct TrainerOptions {
   std::string task = "fashion-mnist";  // fashion-mnist | charlm
   std::string model = "small";         // small | wide (models.h)
-  std::string algo = "co2";  // co2 | ddp | localsgd | slowmo | diloco
+  std::string algo = "co2";            // co2 | ddp | localsgd | slowmo | diloco
   int workers = 2;                     // W: nodes, each with its own leader
   int local_ranks = 1;                 // L: processes per worker
   int tau = 8;                         // inner steps per round

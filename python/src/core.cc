@@ -195,11 +195,16 @@ absl::Span<float> Buffer(uintptr_t address, size_t numel) {
 
 absl::Duration Seconds(double s) { return absl::Seconds(s); }
 
+// Set by CheckSignals when it ends a wait of this thread for Ctrl-C; read
+// and cleared by CheckInterruptible once the call returns.
+thread_local bool interrupted = false;
+
 // Polls for Ctrl-C from a thread that released the GIL.
 absl::Status CheckSignals() {
   py::gil_scoped_acquire gil;
   if (PyErr_CheckSignals() != 0) {
     PyErr_Clear();  // raised again by the caller, with the GIL held
+    interrupted = true;
     return absl::CancelledError("interrupted (KeyboardInterrupt)");
   }
   return absl::OkStatus();
@@ -207,8 +212,8 @@ absl::Status CheckSignals() {
 
 // Raises KeyboardInterrupt for a wait that CheckSignals ended, else co2.Error.
 void CheckInterruptible(const absl::Status& status) {
-  if (status.code() == absl::StatusCode::kCancelled &&
-      absl::StrContains(status.message(), "KeyboardInterrupt")) {
+  const bool by_signal = std::exchange(interrupted, false);
+  if (by_signal && status.code() == absl::StatusCode::kCancelled) {
     PyErr_SetNone(PyExc_KeyboardInterrupt);
     throw py::error_already_set();
   }
@@ -287,8 +292,8 @@ class Exchange {
       py::gil_scoped_release release;
       while (result.wait_for(std::chrono::milliseconds(200)) !=
              std::future_status::ready) {
-        absl::Status signals = CheckSignals();
-        if (!signals.ok()) {
+        if (!CheckSignals().ok()) {
+          interrupted = false;
           py::gil_scoped_acquire gil;
           PyErr_SetNone(PyExc_KeyboardInterrupt);
           throw py::error_already_set();

@@ -17,6 +17,7 @@
 #include "common/metrics_server.h"
 #include "common/status_macros.h"
 #include "common/tls_config.h"
+#include "server/job/round_deadline.h"
 #include "server/service/aggregator_server.h"
 #include "server/service/health_server.h"
 #include "server/service/shard_metrics.h"
@@ -40,6 +41,16 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "every round, before its update is released; jobs found there are "
           "restored at start). Empty: no checkpoints.");
 ABSL_FLAG(int, max_workers, 1024, "Workers per job.");
+ABSL_FLAG(bool, adaptive_round_deadline, false,
+          "Learn a round's deadline from completion times: "
+          "--round_deadline_factor x the 95th percentile of how long the last "
+          "32 complete rounds took from their first contribution to their "
+          "last, at least --round_deadline_floor, at most the job's "
+          "round_timeout; a dead worker then costs seconds, not the timeout.");
+ABSL_FLAG(double, round_deadline_factor, 4.0,
+          "With --adaptive_round_deadline: the multiple of the percentile.");
+ABSL_FLAG(absl::Duration, round_deadline_floor, absl::Seconds(5),
+          "With --adaptive_round_deadline: the shortest deadline.");
 ABSL_FLAG(absl::Duration, abandon_after, absl::Minutes(10),
           "A job with rounds left and no live worker for this long is "
           "abandoned: it leaves the rounds, metrics and alerts; a worker that "
@@ -197,6 +208,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   co2::server::AggregatorServerOptions options;
+  co2::server::RoundDeadlineOptions& deadline =
+      options.registry.shard.round_deadline;
+  deadline.adaptive = absl::GetFlag(FLAGS_adaptive_round_deadline);
+  deadline.factor = absl::GetFlag(FLAGS_round_deadline_factor);
+  deadline.floor = absl::GetFlag(FLAGS_round_deadline_floor);
+  if (absl::Status s = co2::server::ValidateRoundDeadlineOptions(deadline);
+      !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 2;
+  }
   if (absl::Status s = ReadSecurityFlags(&options); !s.ok()) {
     std::cerr << "error: " << s.message() << "\n";
     return 2;

@@ -44,7 +44,7 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       clock_(clock),
       rounds_(RoundOptions{range.size(), config.min_workers(),
                            absl::Milliseconds(config.round_timeout_ms()),
-                           first_round},
+                           first_round, options.round_deadline},
               clock),
       members_(job_, options.max_workers, options.lease,
                options.max_rejected_chunks),
@@ -384,7 +384,7 @@ void JobShard::AdvanceLocked() {
   UpdateLifecycleLocked();
   if (lifecycle_.open()) {
     report_.Polled(members_.size(), rounds_.open_round(), anchor_ready_,
-                   rounds_.quorum_misses());
+                   rounds_.quorum_misses(), rounds_.RoundTimeout());
   }
 }
 

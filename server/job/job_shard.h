@@ -95,6 +95,9 @@ struct JobShardOptions {
   // An OPEN job with no live worker for this long, rounds left, is
   // ABANDONED (server/job/job_lifecycle.h).
   absl::Duration abandon_after = absl::Minutes(10);
+  // Whether and how a round's deadline adapts to observed completion times
+  // (server/job/round_deadline.h); the job's round_timeout is the ceiling.
+  RoundDeadlineOptions round_deadline;
 };
 
 struct JoinResult {

@@ -83,7 +83,8 @@ RoundState::RoundState(const RoundOptions& options, common::Clock* clock)
       clock_(clock),
       num_chunks_(
           static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
-      open_(options.first_round) {
+      open_(options.first_round),
+      deadline_rule_(options.deadline, options.round_timeout) {
   for (int s = 0; s < 2; ++s) weight_sum_[s].assign(num_chunks_, 0.0);
   taken_.Reset(num_chunks_);
   senders_.assign(num_chunks_, 0);
@@ -213,9 +214,7 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
   }
   if (!outcome.folded) {
     has_chunk_[Slot(round)] = true;
-    if (round == open_ && !deadline_.has_value()) {
-      deadline_ = clock_->Now() + options_.round_timeout;
-    }
+    if (round == open_ && !deadline_.has_value()) ArmDeadline();
   }
   return outcome;
 }
@@ -353,11 +352,12 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
   taken_.Clear();
 
   has_chunk_[slot] = false;
+  if (!quorum_close && deadline_.has_value()) {
+    deadline_rule_.Observe(clock_->Now() - armed_at_);
+  }
   ++open_;
   deadline_.reset();
-  if (has_chunk_[Slot(open_)]) {
-    deadline_ = clock_->Now() + options_.round_timeout;
-  }
+  if (has_chunk_[Slot(open_)]) ArmDeadline();
   miss_counted_ = false;
 
   for (auto it = workers_.begin(); it != workers_.end();) {
@@ -412,6 +412,11 @@ size_t RoundState::ChunkElements(uint32_t chunk_index) const {
 }
 
 std::optional<absl::Time> RoundState::Deadline() const { return deadline_; }
+
+void RoundState::ArmDeadline() {
+  armed_at_ = clock_->Now();
+  deadline_ = armed_at_ + deadline_rule_.Current();
+}
 
 uint64_t RoundState::quorum_misses() const { return quorum_misses_; }
 

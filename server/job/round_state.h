@@ -41,6 +41,7 @@
 #include "common/clock.h"
 #include "common/codec.h"
 #include "common/payload_pieces.h"
+#include "server/job/round_deadline.h"
 
 namespace co2::server {
 
@@ -49,6 +50,9 @@ struct RoundOptions {
   uint32_t min_workers = 1;   // quorum at the deadline
   absl::Duration round_timeout = absl::Seconds(60);  // see class comment
   uint64_t first_round = 0;  // the open round at start (restored shards)
+  // How the deadline adapts to observed completion times; fixed at
+  // round_timeout by default (server/job/round_deadline.h).
+  RoundDeadlineOptions deadline;
 };
 
 struct ChunkOutcome {
@@ -150,6 +154,9 @@ class RoundState {
   size_t ChunkElements(uint32_t chunk_index) const;
   // When the open round's deadline passes; nullopt while it has no chunk.
   std::optional<absl::Time> Deadline() const;
+  // How long the next round may wait after its first chunk (round_timeout,
+  // or less once adapted).
+  absl::Duration RoundTimeout() const { return deadline_rule_.Current(); }
   // Rounds whose deadline passed without quorum (counted once per round).
   uint64_t quorum_misses() const;
 
@@ -215,6 +222,8 @@ class RoundState {
   // Recounts required_ and senders_ from the workers (membership changed, or
   // a new round opened).
   void RecountSenders();
+  // Sets the open round's deadline: now + the deadline rule's current value.
+  void ArmDeadline();
 
   const RoundOptions options_;
   common::Clock* const clock_;
@@ -228,6 +237,8 @@ class RoundState {
   std::array<std::vector<double>, 2> weight_sum_;   // Σ w per chunk
   std::array<bool, 2> has_chunk_ = {false, false};  // a chunk of that round
   std::optional<absl::Time> deadline_;              // of the open round
+  absl::Time armed_at_;  // when deadline_ was set: the round's first chunk
+  RoundDeadline deadline_rule_;
   bool miss_counted_ = false;                       // for the open round
   uint64_t quorum_misses_ = 0;
   size_t live_workers_ = 0;

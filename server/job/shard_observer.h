@@ -67,6 +67,9 @@ struct ShardPollEvent {
   uint64_t open_round = 0;
   absl::Duration open_round_age;   // since the open round opened (0: no anchor)
   uint64_t new_quorum_misses = 0;  // rounds that missed quorum since last Poll
+  // How long the next round may wait after its first chunk: the job's
+  // round_timeout, or less once adapted (server/job/round_deadline.h).
+  absl::Duration round_deadline;
 };
 
 class ShardObserver {

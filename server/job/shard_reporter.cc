@@ -34,7 +34,8 @@ void ShardReporter::RoundClosed(const ClosedRound& closed,
 }
 
 void ShardReporter::Polled(size_t live_workers, uint64_t open_round,
-                           bool anchor_ready, uint64_t quorum_misses) {
+                           bool anchor_ready, uint64_t quorum_misses,
+                           absl::Duration round_deadline) {
   if (observer_ == nullptr) return;
   ShardPollEvent event;
   event.live_workers = live_workers;
@@ -43,6 +44,7 @@ void ShardReporter::Polled(size_t live_workers, uint64_t open_round,
       anchor_ready ? clock_->Now() - round_opened_ : absl::ZeroDuration();
   event.new_quorum_misses = quorum_misses - reported_quorum_misses_;
   reported_quorum_misses_ = quorum_misses;
+  event.round_deadline = round_deadline;
   observer_->OnPoll(job_, event);
 }
 

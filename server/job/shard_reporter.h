@@ -35,8 +35,9 @@ class ShardReporter {
                    size_t elements);
   // A Poll: the open round is aged only once there is an anchor.
   // `quorum_misses` counts every miss so far; the new ones are reported.
+  // `round_deadline`: how long the next round may wait after its first chunk.
   void Polled(size_t live_workers, uint64_t open_round, bool anchor_ready,
-              uint64_t quorum_misses);
+              uint64_t quorum_misses, absl::Duration round_deadline);
   // The job left OPEN (finished or abandoned).
   void Closed();
 

@@ -115,6 +115,11 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                              "Seconds since the open round opened (0 "
                              "before the anchor is seeded).",
                              registry, shard_index)),
+      round_deadline_(Family(prometheus::BuildGauge(),
+                             "co2_aggregator_round_deadline_seconds",
+                             "How long a round waits after its first "
+                             "contribution before closing with its quorum.",
+                             registry, shard_index)),
       round_contributors_(Family(
           prometheus::BuildGauge(), "co2_aggregator_round_contributors",
           "Contributors of the last closed round.", registry, shard_index)),
@@ -219,6 +224,7 @@ void ShardMetrics::OnPoll(const std::string& job, const ShardPollEvent& event) {
   active_workers_.Add(labels).Set(static_cast<double>(event.live_workers));
   open_round_.Add(labels).Set(static_cast<double>(event.open_round));
   open_round_age_.Add(labels).Set(absl::ToDoubleSeconds(event.open_round_age));
+  round_deadline_.Add(labels).Set(absl::ToDoubleSeconds(event.round_deadline));
   {
     absl::MutexLock lock(&mu_);
     live_by_job_[job] = event.live_workers;
@@ -266,7 +272,8 @@ void ShardMetrics::OnJobClosed(const std::string& job) {
     RemoveJob(*family, job);
   }
   for (Gauges* family :
-       {&active_workers_, &open_round_, &open_round_age_, &round_contributors_,
+       {&active_workers_, &open_round_, &open_round_age_, &round_deadline_,
+        &round_contributors_,
         &gap_penalty_mean_, &momentum_norm_, &clipped_fraction_}) {
     RemoveJob(*family, job);
   }

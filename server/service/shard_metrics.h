@@ -27,6 +27,9 @@
 //   co2_aggregator_active_workers                  live leases
 //   co2_aggregator_open_round                      round accepting chunks
 //   co2_aggregator_open_round_age_seconds          since it opened
+//   co2_aggregator_round_deadline_seconds          a round's wait for the
+//                                                  missing after its first
+//                                                  chunk (fixed or adapted)
 //   co2_aggregator_round_contributors              of the last closed round
 //   co2_aggregator_gap_penalty_mean                mean Λ, last outer step
 //   co2_aggregator_outer_momentum_norm             ||m|| of this shard
@@ -107,6 +110,7 @@ class ShardMetrics : public ShardObserver {
   Gauges& active_workers_;
   Gauges& open_round_;
   Gauges& open_round_age_;
+  Gauges& round_deadline_;
   Gauges& round_contributors_;
   Counters& quorum_closes_;
   Counters& quorum_misses_;

@@ -39,7 +39,7 @@ TEST(RoundDeadlineTest, FollowsTheQuantileOfTheWindow) {
   for (int i = 0; i < 19; ++i) d.Observe(absl::Seconds(1));
   d.Observe(absl::Seconds(10));
   EXPECT_EQ(d.Current(), absl::Seconds(4));
-  d.Observe(absl::Seconds(3));  // the window drops the oldest 1 s
+  d.Observe(absl::Seconds(3));                // the window drops the oldest 1 s
   EXPECT_EQ(d.Current(), absl::Seconds(12));  // 4 × 3 s
 }
 

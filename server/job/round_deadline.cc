@@ -10,8 +10,8 @@ namespace co2::server {
 
 absl::Status ValidateRoundDeadlineOptions(const RoundDeadlineOptions& options) {
   if (!(options.factor >= 1.0) || !std::isfinite(options.factor)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("round deadline factor must be >= 1, got ", options.factor));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "round deadline factor must be >= 1, got ", options.factor));
   }
   if (!(options.quantile > 0.0 && options.quantile <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -23,8 +23,9 @@ absl::Status ValidateRoundDeadlineOptions(const RoundDeadlineOptions& options) {
         "], got ", options.min_samples));
   }
   if (options.floor <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "round deadline floor must be > 0, got ", absl::FormatDuration(options.floor)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("round deadline floor must be > 0, got ",
+                     absl::FormatDuration(options.floor)));
   }
   return absl::OkStatus();
 }

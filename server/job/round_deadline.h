@@ -25,8 +25,8 @@ struct RoundDeadlineOptions {
   bool adaptive = false;  // false: always the job's round_timeout
   double factor = 4.0;    // × the quantile of recent completion times
   double quantile = 0.95;
-  size_t window = 32;      // rounds remembered
-  size_t min_samples = 8;  // rounds observed before adapting
+  size_t window = 32;                       // rounds remembered
+  size_t min_samples = 8;                   // rounds observed before adapting
   absl::Duration floor = absl::Seconds(5);  // never shorter
 };
 

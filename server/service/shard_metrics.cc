@@ -273,8 +273,8 @@ void ShardMetrics::OnJobClosed(const std::string& job) {
   }
   for (Gauges* family :
        {&active_workers_, &open_round_, &open_round_age_, &round_deadline_,
-        &round_contributors_,
-        &gap_penalty_mean_, &momentum_norm_, &clipped_fraction_}) {
+        &round_contributors_, &gap_penalty_mean_, &momentum_norm_,
+        &clipped_fraction_}) {
     RemoveJob(*family, job);
   }
   RemoveJob(round_duration_, job, RoundBuckets());

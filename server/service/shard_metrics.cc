@@ -162,10 +162,10 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                                registry, shard_index)),
       refused_calls_(Family(prometheus::BuildCounter(),
                             "co2_aggregator_refused_calls_total",
-                            "Calls refused for their credentials: a bearer "
-                            "token the shard does not accept "
-                            "(unauthenticated) or one for another job "
-                            "(permission_denied).",
+                            "Calls refused for their credentials: a client "
+                            "certificate or bearer token the shard does not "
+                            "accept (unauthenticated) or a token for another "
+                            "job (permission_denied).",
                             registry, shard_index)),
       jobs_(Family(prometheus::BuildGauge(), "co2_aggregator_jobs",
                    "Open jobs on this shard (finished and abandoned ones "

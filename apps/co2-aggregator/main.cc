@@ -165,9 +165,9 @@ absl::Status ReadSecurityFlags(co2::server::AggregatorServerOptions* options) {
   }
   if (options->tokens.empty()) {
     CO2_LOG(WARNING) << "no bearer tokens (--job_tokens_file / --token): any "
-                     << "client that completes the TLS handshake"
-                     << (tls.require_client_cert ? " with a client certificate"
-                                                 : "")
+                     << (tls.require_client_cert
+                             ? "client with a certificate from --tls_client_ca"
+                             : "client that completes the TLS handshake")
                      << " may join any job";
   }
   return absl::OkStatus();

@@ -15,8 +15,6 @@ from ._config import JobConfig
 from ._errors import Error
 from ._params import HostParams
 
-_ALGOS = ("co2", "localsgd", "slowmo", "diloco")
-
 
 def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
     out: List[torch.Tensor] = []
@@ -127,8 +125,8 @@ class Optimizer:
         update_timeout: float = 300.0,
         verify_final_anchor: bool = True,
     ) -> None:
-        if algo not in _ALGOS:
-            raise ValueError(f"unknown algo {algo!r} (expected one of {', '.join(_ALGOS)})")
+        # ValueError for an algorithm the C++ side does not run with shards.
+        outer_defaults = _core.outer_defaults(algo)
         if not isinstance(tau, int) or tau < 1:
             raise ValueError(f"tau must be an int >= 1, got {tau!r}")
         if not isinstance(rounds, int) or rounds < 0:
@@ -144,7 +142,6 @@ class Optimizer:
         self.tau = tau
         self.algo = algo
         self.rounds = rounds
-        self._staleness = 1 if algo == "co2" else 0
         self._average_gradients = average_gradients
         self._verify = verify_final_anchor
         self._group = process_group
@@ -162,7 +159,7 @@ class Optimizer:
         self._host = HostParams(self._params)
 
         if config is None:
-            alpha, beta = _core.outer_defaults(algo)
+            alpha, beta = outer_defaults
             cfg = JobConfig(alpha=alpha, beta=beta)
         else:
             cfg = JobConfig.from_dict(config.to_dict())
@@ -174,6 +171,7 @@ class Optimizer:
         values = _core.apply_algo(algo, cfg.to_dict())
         _core.validate_job_config(values)
         self.config = JobConfig.from_dict(values)
+        self._staleness = self.config.max_staleness
         self._join = dict(
             addresses=list(aggregators), job=job, worker_id=worker_id or _default_worker_id(),
             config=values, uplink_codec=uplink_codec, rounds=rounds,

@@ -32,18 +32,15 @@ absl::Status ValidateRoundDeadlineOptions(const RoundDeadlineOptions& options) {
 
 RoundDeadline::RoundDeadline(const RoundDeadlineOptions& options,
                              absl::Duration round_timeout)
-    : options_(options), round_timeout_(round_timeout) {}
+    : options_(options),
+      round_timeout_(round_timeout),
+      current_(round_timeout) {}
 
 void RoundDeadline::Observe(absl::Duration took) {
   if (!options_.adaptive) return;
   recent_.push_back(took);
   while (recent_.size() > options_.window) recent_.pop_front();
-}
-
-absl::Duration RoundDeadline::Current() const {
-  if (!options_.adaptive || recent_.size() < options_.min_samples) {
-    return round_timeout_;
-  }
+  if (recent_.size() < options_.min_samples) return;
   std::vector<absl::Duration> sorted(recent_.begin(), recent_.end());
   std::sort(sorted.begin(), sorted.end());
   // The nearest-rank quantile: the smallest time at least `quantile` of the
@@ -51,9 +48,9 @@ absl::Duration RoundDeadline::Current() const {
   const size_t rank = static_cast<size_t>(
       std::ceil(options_.quantile * static_cast<double>(sorted.size())));
   const absl::Duration q = sorted[std::max<size_t>(rank, 1) - 1];
-  const absl::Duration adapted = q * options_.factor;
-  return std::clamp(adapted, std::min(options_.floor, round_timeout_),
-                    round_timeout_);
+  current_ = std::clamp(q * options_.factor,
+                        std::min(options_.floor, round_timeout_),
+                        round_timeout_);
 }
 
 }  // namespace co2::server

@@ -43,12 +43,13 @@ class RoundDeadline {
   // A round closed complete, `took` after its first contribution.
   void Observe(absl::Duration took);
   // The deadline for the next round, after its first contribution.
-  absl::Duration Current() const;
+  absl::Duration Current() const { return current_; }
 
  private:
   RoundDeadlineOptions options_;
   absl::Duration round_timeout_;
   std::deque<absl::Duration> recent_;  // oldest first, at most window
+  absl::Duration current_;             // from recent_, at each Observe
 };
 
 }  // namespace co2::server

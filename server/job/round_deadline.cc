@@ -48,9 +48,9 @@ void RoundDeadline::Observe(absl::Duration took) {
   const size_t rank = static_cast<size_t>(
       std::ceil(options_.quantile * static_cast<double>(sorted.size())));
   const absl::Duration q = sorted[std::max<size_t>(rank, 1) - 1];
-  current_ = std::clamp(q * options_.factor,
-                        std::min(options_.floor, round_timeout_),
-                        round_timeout_);
+  current_ =
+      std::clamp(q * options_.factor, std::min(options_.floor, round_timeout_),
+                 round_timeout_);
 }
 
 }  // namespace co2::server

@@ -15,7 +15,7 @@ PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libgtest-dev libgmock-dev libbenchmark-dev libtorch-dev libgloo-dev \
   prometheus-cpp-dev prometheus dataset-fashion-mnist fortunes \
   iperf3 iproute2 gnuplot-nox \
-  clang libclang-rt-14-dev openssl curl
+  clang libclang-rt-14-dev openssl libssl-dev curl
 # LibTorch's CPU matrix products go through the system BLAS, which is
 # Debian's reference implementation unless an optimised one is installed:
 # OpenBLAS (its OpenMP build follows co2-train --threads) makes the demo's
@@ -25,6 +25,13 @@ PACKAGES += libopenblas0-openmp
 # and Debian's kubectl unless a kubectl is already on PATH (another vendor's
 # package owns /usr/bin/kubectl then, and the two cannot both be installed).
 PACKAGES += python3-yaml $(if $(shell command -v kubectl 2>/dev/null),,kubernetes-client)
+# The long container tests (tests/container_image_test.sh, compose_test.sh):
+# root podman with runc, iptables for its bridge network, mmdebstrap for the
+# debian:bookworm base where no registry can be reached.
+PACKAGES += podman runc iptables uidmap mmdebstrap
+# The Python package (python/, docs/python.md): Debian's torch for
+# /usr/bin/python3, pybind11 to build its extension, pytest for its tests.
+PACKAGES += python3-dev python3-torch python3-numpy pybind11-dev python3-pytest
 # Installed without their Recommends: docker-compose's would pull in the
 # Docker engine, which nothing here runs (`docker-compose config` needs none).
 PACKAGES_NO_RECOMMENDS := docker-compose

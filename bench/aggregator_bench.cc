@@ -1,4 +1,4 @@
-// aggregator_bench (issue 6, part 2): how fast S co2-aggregator shards on
+// aggregator_bench: how fast S co2-aggregator shards on
 // loopback take N workers' rounds of P fp32 deltas, next to the transport
 // limit (iperf3 moving the same bytes over the same N·S streams) and to what
 // a user would run instead (a Gloo ring all-reduce of the same P floats across
@@ -41,7 +41,7 @@
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
 #include "client/aggregator_client.h"
-#include "client/intra_node_group.h"
+#include "client/collectives/process_group.h"
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
@@ -216,7 +216,7 @@ int RunGloo() {
   options.prefix = absl::GetFlag(FLAGS_job);
   options.address = absl::GetFlag(FLAGS_address);
   options.timeout = absl::Minutes(5);
-  auto group = client::CreateIntraNodeGroup(options);
+  auto group = client::CreateProcessGroup(options);
   if (!group.ok()) return Fail("gloo group", group.status());
   std::vector<float> buffer = MakeDelta(p, options.rank);
   WaitForGo();

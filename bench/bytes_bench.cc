@@ -1,4 +1,4 @@
-// bytes_bench (issue 6, part 4): bytes per training sample that DDP and CO2
+// bytes_bench: bytes per training sample that DDP and CO2
 // (fp32, bf16, int8 uplink) put on the network, at the τ used, and the
 // reduction factor. Each figure is computed from the model size and measured
 // in a short run:
@@ -30,11 +30,11 @@
 #include "absl/time/clock.h"
 #include "bench/bench_util.h"
 #include "client/aggregator_client.h"
-#include "client/intra_node_group.h"
+#include "client/collectives/process_group.h"
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
-#include "server/aggregator_server.h"
+#include "server/service/aggregator_server.h"
 
 ABSL_FLAG(std::string, role, "driver", "driver | gloo (internal)");
 ABSL_FLAG(int, workers, 4, "Workers N (co2-train's demo uses 4).");
@@ -82,7 +82,7 @@ int RunGloo() {
   options.size = absl::GetFlag(FLAGS_workers);
   options.store_dir = absl::GetFlag(FLAGS_scratch);
   options.prefix = absl::GetFlag(FLAGS_prefix);
-  auto group = client::CreateIntraNodeGroup(options);
+  auto group = client::CreateProcessGroup(options);
   if (!group.ok()) {
     std::fprintf(stderr, "%s\n", group.status().ToString().c_str());
     return 1;

@@ -1,6 +1,6 @@
 // The streaming kernels of the aggregator and the client, in GB/s next to a
-// memcpy of the same size in the same run (issue 6, part 3). GB/s counts every
-// byte a kernel reads and writes once: for acc += w·decode(p)
+// memcpy of the same size in the same run (docs/performance.md §3). GB/s
+// counts every byte a kernel reads and writes once: for acc += w·decode(p)
 // that is the payload read plus the accumulator read and written. Two sizes
 // per kernel, given as the fp32 range n: 1 MiB (four wire chunks, in cache) and
 // 64 MiB (out of cache). bench/run_kernels.sh turns the JSON into
@@ -18,8 +18,8 @@
 #include "absl/types/span.h"
 #include "common/codec.h"
 #include "common/payload_pieces.h"
-#include "server/exact_sum.h"
-#include "server/outer_optimizer.h"
+#include "server/job/exact_sum.h"
+#include "server/job/outer_optimizer.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Aggregator throughput and memory (issue 6, part 2; docs/performance.md):
+# Aggregator throughput and memory (docs/performance.md §2):
 # S co2-aggregator shards on loopback take N workers' rounds of P fp32
 # deltas, next to iperf3 (same bytes, same N·S streams) and a Gloo
 # all-reduce of the same P floats across N processes, in the same run; then
@@ -23,7 +23,7 @@ out=${OUT:-$here/results/aggregator.json}
 scratch=$(mktemp -d /tmp/co2-aggregator-bench-XXXXXX)
 trap 'rm -rf "$scratch"' EXIT
 bench="$build/bench/aggregator_bench"
-aggregator="$build/server/co2-aggregator"
+aggregator="$build/bin/co2-aggregator"
 iperf3=${IPERF3:-$(command -v iperf3 || true)}
 
 "$bench" --aggregator="$aggregator" --iperf3="$iperf3" \

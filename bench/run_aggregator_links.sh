@@ -1,5 +1,5 @@
 #!/bin/bash
-# Aggregator throughput over links (issue 6, part 2; docs/performance.md):
+# Aggregator throughput over links (docs/performance.md §2):
 # the benchmark of run_aggregator.sh, but with every worker (and Gloo rank)
 # in its own network namespace behind a tc-tbf-shaped link (both
 # directions) and the S shards in another, unshaped, as in
@@ -39,7 +39,7 @@ ov_shape "$most" "$rate"
 hosts=""
 for ((i = 0; i < most; i++)); do hosts+="${hosts:+,}$(ov_worker_addr "$i")"; done
 
-"$build/bench/aggregator_bench" --aggregator="$build/server/co2-aggregator" \
+"$build/bench/aggregator_bench" --aggregator="$build/bin/co2-aggregator" \
   --netns="$OV_PREFIX" --shard_host="$OV_AGG_ADDR" --worker_hosts="$hosts" \
   --workers="$workers" --params="${PARAMS:-4194304}" \
   --shards="${SHARDS:-2}" --rounds="${ROUNDS:-4}" \
@@ -50,7 +50,7 @@ for ((i = 0; i < most; i++)); do hosts+="${hosts:+,}$(ov_worker_addr "$i")"; don
 # (deploy/k8s): a chunk streamed ahead of its round's checkpoint is synced
 # to the round journal first, and the whole-round reference waits for each
 # round's checkpoint before sending anything of it.
-"$build/bench/aggregator_bench" --aggregator="$build/server/co2-aggregator" \
+"$build/bench/aggregator_bench" --aggregator="$build/bin/co2-aggregator" \
   --netns="$OV_PREFIX" --shard_host="$OV_AGG_ADDR" --worker_hosts="$hosts" \
   --workers="$workers" --params="${PARAMS:-4194304}" \
   --shards="${SHARDS:-2}" --rounds="${ROUNDS:-4}" \

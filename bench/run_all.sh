@@ -13,7 +13,7 @@ echo "== aggregator (bench/results/aggregator.json)"
 "$here/run_aggregator.sh" "$build"
 echo "== bytes per sample (bench/results/bytes.json)"
 "$here/run_bytes.sh" "$build"
-# Overlap under shaped links (issue 6, part 1): network namespaces need root.
+# Overlap under shaped links (§1): network namespaces need root.
 if [ "$(id -u)" = 0 ]; then
   echo "== aggregator over shaped links (bench/results/aggregator_links.json)"
   "$here/run_aggregator_links.sh" "$build"

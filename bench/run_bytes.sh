@@ -1,9 +1,9 @@
 #!/bin/bash
 # Bytes per training sample, ddp against co2 with fp32, bf16 and int8
-# uplinks, at τ = 8 and 12 (issue 6, part 4; docs/performance.md). Writes
+# uplinks, at τ = 8 and 12 (docs/performance.md §4). Writes
 # bench/results/bytes.json.
 #   bench/run_bytes.sh [BUILD_DIR]       (default build; ~10 s)
-# When BUILD_DIR/client/co2-train (or $CO2_TRAIN) exists, a short
+# When BUILD_DIR/bin/co2-train (or $CO2_TRAIN) exists, a short
 # Fashion-MNIST run per algorithm (TRAIN_STEPS=64 inner steps) cross-checks
 # the figures with the bytes_sent of its --report.
 set -euo pipefail
@@ -16,7 +16,7 @@ trap 'rm -rf "$scratch"' EXIT
 "$build/bench/bytes_bench" --scratch="$scratch/rendezvous" \
   --out="$scratch/bytes.json" ${BYTES_FLAGS:-}
 
-train=${CO2_TRAIN:-$build/client/co2-train}
+train=${CO2_TRAIN:-$build/bin/co2-train}
 if [ -x "$train" ] && [ "${SKIP_TRAIN:-0}" != 1 ]; then
   for run in ddp:fp32 co2:fp32 co2:bf16 co2:int8; do
     algo=${run%:*}; codec=${run#*:}

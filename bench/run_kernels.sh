@@ -1,6 +1,6 @@
 #!/bin/bash
-# Kernels in GB/s next to memcpy of the same size, in the same run (issue 6,
-# part 3; docs/performance.md). Writes bench/results/kernels.json.
+# Kernels in GB/s next to memcpy of the same size, in the same run
+# (docs/performance.md §3). Writes bench/results/kernels.json.
 #   bench/run_kernels.sh [BUILD_DIR]           (default build)
 #   REPS=5 MIN_TIME=0.2 OUT=... bench/run_kernels.sh build-bench
 # Each benchmark runs REPS times, interleaved at random with the others, and

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Load test (issue: survive it): 64 simulated workers x 2 shards x 50 rounds,
-# 1M parameters, loopback. Writes bench/results/load.json.
+# Load test (docs/performance.md §5): 64 simulated workers x 2 shards x 50
+# rounds, 1M parameters, loopback. Writes bench/results/load.json.
 # Usage: bench/run_load.sh [build-dir]
 set -euo pipefail
 build=${1:-build}

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Overlap under emulated slow links (issue 6, part 1; docs/performance.md).
+# Overlap under emulated slow links (docs/performance.md §1).
 # 4 workers, each in its own network namespace behind a tc-tbf-shaped link,
 # and the aggregator shards in another, train the 5.8M-parameter wide MLP
 # (co2-train --model=wide) with: no communication (the upper bound), ddp
@@ -10,17 +10,18 @@
 # Environment: RATES ("1gbit 100mbit"), TAUS_<rate> (τ values per rate),
 # STEPS (inner steps per run, 256), DDP_STEPS_<rate>, SHARDS (2), NICE (-10),
 # AGG_ARGS (more co2-aggregator flags, e.g. --stream_updates=false for the
-# whole-round reference of docs/performance.md), KEEP=1 keeps the scratch
+# whole-round reference of docs/performance.md §1), KEEP=1 keeps the scratch
 # directory with every log and rank report.
 #
-# The script runs in its own session, whose scheduler autogroup gets nice
-# NICE: with autogroups, per-process nice does not count against other
-# sessions, and on a shared machine other sessions' builds would otherwise
-# take most of the CPU that the workers' step time is measured on.
+# The script runs in its own process session (setsid), whose scheduler
+# autogroup gets nice NICE: with autogroups, per-process nice does not count
+# against other process sessions, and on a shared machine other users'
+# builds would otherwise take most of the CPU that the workers' step time is
+# measured on.
 set -euo pipefail
 if [ -z "${CO2_OVERLAP_SESSION:-}" ]; then
   # Not a process group leader here, so setsid execs in place: $! is the
-  # script itself, which a terminal's Ctrl-C no longer reaches directly.
+  # script itself, which a terminal's Ctrl-C does not reach directly.
   CO2_OVERLAP_SESSION=1 setsid "$0" "$@" &
   child=$!
   trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM
@@ -32,8 +33,8 @@ fi
 echo "${NICE:--10}" >/proc/self/autogroup 2>/dev/null || true
 here=$(cd "$(dirname "$0")" && pwd)
 build=$(cd "${1:-build}" && pwd)
-train=$build/client/co2-train
-aggregator=$build/server/co2-aggregator
+train=$build/bin/co2-train
+aggregator=$build/bin/co2-aggregator
 out=${OUT:-$here/results/overlap.json}
 plot=${PLOT:-${out%.json}.png}
 rates=${RATES:-1gbit 100mbit}

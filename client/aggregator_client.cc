@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/payload_pieces.h"
 #include "common/status_macros.h"
+#include "common/tls_probe.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/security/credentials.h"
@@ -102,14 +103,29 @@ class AggregatorClient::Impl : public AnchorSource {
       absl::MutexLock lock(&mu_);
       joined_shards_ = i + 1;
     }
-    for (uint32_t i = 0; i < shards_.size(); ++i) {
-      Shard& shard = shards_[i];
-      absl::Status status = shard.must_seed ? Seed(shard, anchor, deadline)
-                                            : Fetch(shard, anchor, deadline);
-      CO2_RETURN_IF_ERROR(WithShard(i, shard.address, status));
+    if (options_.resume_round.has_value()) {
+      for (uint32_t i = 0; i < shards_.size(); ++i) {
+        if (shards_[i].must_seed) {
+          return WithShard(
+              i, shards_[i].address,
+              absl::FailedPreconditionError(absl::StrCat(
+                  "the shard does not hold job \"", options_.job,
+                  "\" any more, so it cannot resume at round ",
+                  *options_.resume_round,
+                  " (shards keep jobs across restarts with --checkpoint_dir)")));
+        }
+      }
+      start_round_ = *options_.resume_round;
+    } else {
+      for (uint32_t i = 0; i < shards_.size(); ++i) {
+        Shard& shard = shards_[i];
+        absl::Status status = shard.must_seed ? Seed(shard, anchor, deadline)
+                                              : Fetch(shard, anchor, deadline);
+        CO2_RETURN_IF_ERROR(WithShard(i, shard.address, status));
+      }
+      CO2_RETURN_IF_ERROR(AgreeOnAnchorRound(anchor, deadline));
+      start_round_ = shards_[0].anchor_round;
     }
-    CO2_RETURN_IF_ERROR(AgreeOnAnchorRound(anchor, deadline));
-    start_round_ = shards_[0].anchor_round;
     const uint64_t staleness = config.max_staleness();
     const uint64_t first_update =
         start_round_ >= staleness ? start_round_ - staleness : 0;
@@ -344,6 +360,18 @@ class AggregatorClient::Impl : public AnchorSource {
     return result;
   }
 
+  absl::Span<const float> residual() const { return residual_; }
+  absl::Status RestoreResidual(absl::Span<const float> residual) {
+    if (residual.size() != residual_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the residual has ", residual.size(), " elements; this worker's ",
+          std::string(common::CodecName(options_.uplink_codec)),
+          " uplink keeps ", residual_.size()));
+    }
+    std::copy(residual.begin(), residual.end(), residual_.begin());
+    return absl::OkStatus();
+  }
+
   ClientStats stats() const {
     absl::MutexLock lock(&mu_);
     ClientStats s = stats_;
@@ -368,6 +396,8 @@ class AggregatorClient::Impl : public AnchorSource {
     request.set_worker_id(options_.worker_id);
     *request.mutable_config() = options_.job_config;
     request.set_uplink_codec(v1::Codec(options_.uplink_codec));
+    request.set_rejoin(options_.rejoin);
+    if (options_.resume_round) request.set_resume_round(*options_.resume_round);
     return request;
   }
 
@@ -427,12 +457,28 @@ class AggregatorClient::Impl : public AnchorSource {
   absl::Status Join(uint32_t index, Shard& shard, absl::Time deadline) {
     const v1::JoinRequest request = JoinRequest();
     v1::JoinResponse response;
+    bool probed = false;
     CO2_RETURN_IF_ERROR(
         RetryUnavailable(deadline, [&](absl::Time call_deadline) {
           grpc::ClientContext context;
           SetDeadline(&context, call_deadline);
-          return common::FromGrpcStatus(
+          absl::Status status = common::FromGrpcStatus(
               shard.stub->Join(&context, request, &response));
+          if (status.code() == absl::StatusCode::kUnavailable &&
+              options_.tls.enabled() && !probed) {
+            // gRPC says UNAVAILABLE for a shard that is down and for one
+            // that refuses this worker's TLS alike; only the first is worth
+            // waiting for.
+            probed = true;
+            absl::Status tls = common::ProbeTlsHandshake(
+                shard.address, options_.tls,
+                std::min(options_.rpc_timeout, absl::Seconds(5)));
+            if (tls.code() == absl::StatusCode::kUnauthenticated ||
+                tls.code() == absl::StatusCode::kInvalidArgument) {
+              return tls;
+            }
+          }
+          return status;
         }));
     CO2_ASSIGN_OR_RETURN(shard.range, common::ShardRangeFor(
                                           anchor_size(), shards_size(), index));
@@ -620,6 +666,13 @@ void AggregatorClient::CorruptNextUpdateForTesting() {
 }
 absl::Status AggregatorClient::Leave(absl::Time deadline) {
   return impl_->Leave(deadline);
+}
+absl::Span<const float> AggregatorClient::residual() const {
+  return impl_->residual();
+}
+absl::Status AggregatorClient::RestoreResidual(
+    absl::Span<const float> residual) {
+  return impl_->RestoreResidual(residual);
 }
 ClientStats AggregatorClient::stats() const { return impl_->stats(); }
 

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,15 @@ struct ClientOptions {
   // The job's settings; must match every other worker's. num_parameters and
   // num_shards are filled in by Connect from the anchor and addresses.
   v1::JobConfig job_config;
+  // This worker restarted without its state into a job it was a member of
+  // (JoinRequest.rejoin): it may join the job after it finished, to end on
+  // its final anchor.
+  bool rejoin = false;
+  // This worker stopped at a round boundary and resumes with the state it
+  // saved there (JoinRequest.resume_round): it takes part from this round,
+  // with the anchor given to Connect as that round's, and fetches nothing.
+  // The shards must hold the job (FAILED_PRECONDITION if one lost it).
+  std::optional<uint64_t> resume_round;
   common::Codec uplink_codec = common::Codec::kFp32;
   // TLS to the shards: ca_file verifies them; cert_file + key_file for mTLS.
   // Empty: plaintext (in-process and loopback tests only).
@@ -73,7 +83,8 @@ class AggregatorClient {
  public:
   // Joins every shard. `anchor` (size P) holds this worker's initial
   // parameters: a shard that tells this worker to seed gets them; otherwise
-  // the shard's anchor is fetched into `anchor`. Fails with the shard's status
+  // the shard's anchor is fetched into `anchor` (not with resume_round: then
+  // `anchor` is the resumed round's). Fails with the shard's status
   // (e.g. FAILED_PRECONDITION for a JobConfig mismatch) or DEADLINE_EXCEEDED
   // after connect_timeout.
   static absl::StatusOr<std::unique_ptr<AggregatorClient>> Connect(
@@ -133,6 +144,14 @@ class AggregatorClient {
   // The next ApplyUpdate adds the update with the lowest bit of its first
   // element flipped, as a fault in this worker's memory would.
   void CorruptNextUpdateForTesting();
+
+  // The uplink codec's error-feedback residual (P floats; empty for fp32):
+  // with the anchor and the round, what a worker saves to resume bit for
+  // bit (resume_round). Trainer thread only, like Push.
+  absl::Span<const float> residual() const;
+  // Replaces it after a resume; INVALID_ARGUMENT for a span of another size
+  // (a fp32 uplink has none: only an empty span).
+  absl::Status RestoreResidual(absl::Span<const float> residual);
 
   // Leaves the job on every shard (best effort until `deadline`).
   absl::Status Leave(absl::Time deadline);

@@ -292,7 +292,8 @@ bool ShardStream::Reconnect() {
     }
     auto stopping = [this]()
                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
-    mu_.AwaitWithTimeout(absl::Condition(&stopping), backoff);
+    // The destructor's stop_ ends the backoff and the reconnect.
+    if (mu_.AwaitWithTimeout(absl::Condition(&stopping), backoff)) return false;
     backoff = std::min(2 * backoff, options_.max_backoff);
   }
 }

@@ -1,6 +1,6 @@
 // Worker wire: the worker's side of the Exchange stream, translated by hand
 // (common/wire_frames.h) so that serialisation copies no payload; the shard's
-// side is server/exchange_wire.h.
+// side is server/service/exchange_wire.h.
 //
 // - ExchangeMethod opens Exchange on a channel with raw (ByteBuffer)
 //   messages, in place of the generated stub's protobuf ones.

@@ -5,7 +5,7 @@ function(co2_library name)
   target_include_directories(${name} PUBLIC
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
     $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}>
-    $<INSTALL_INTERFACE:include>)
+    $<INSTALL_INTERFACE:include/co2>)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
   # No fused multiply-adds: GCC fuses a·b + c by default where the target
   # has FMA (AArch64 always; x86-64 with -march=native), and in some kernel

@@ -9,12 +9,18 @@
 #include "absl/flags/internal/usage.h"
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/strip.h"
 
 namespace co2::common {
 
 void SetUpFlagsHelp(absl::string_view main_file, absl::string_view usage,
                     int argc, char** argv) {
-  const std::string file(main_file);
+  // absl names a flag's file without the leading '/' of an absolute path
+  // (a build without ccache's base directory compiles with those).
+  absl::string_view path = main_file;
+  while (absl::ConsumePrefix(&path, "/")) {
+  }
+  const std::string file(path);
   // Help begins "<program>: <usage>"; absl learns the program's name only
   // in ParseCommandLine, after this.
   if (argc > 0) absl::flags_internal::SetProgramInvocationName(argv[0]);

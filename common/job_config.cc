@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/layout.h"
 #include "google/protobuf/util/message_differencer.h"
 
 namespace co2::common {
@@ -51,6 +52,17 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return Invalid("num_parameters", "must be > 0", 0);
   }
   if (c.num_shards() == 0) return Invalid("num_shards", "must be > 0", 0);
+  // Shards own whole blocks (common/layout.h): with more shards than blocks
+  // some shard would own nothing, and no round could close on it.
+  const uint64_t blocks =
+      (c.num_parameters() + kBlockElements - 1) / kBlockElements;
+  if (c.num_shards() > blocks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "JobConfig.num_shards ", c.num_shards(), " is more than the ", blocks,
+        " block(s) of ", kBlockElements, " parameters that num_parameters ",
+        c.num_parameters(), " makes: every shard needs a block; use at most ",
+        blocks, " shard(s) for this model"));
+  }
   // Every float field, used by the chosen penalty and clip or not: the config
   // is compared and logged whole, and a NaN is never equal to itself.
   const std::pair<const char*, float> floats[] = {
@@ -158,7 +170,7 @@ std::string DescribeJobConfig(const v1::JobConfig& c) {
       " downlink=", v1::Codec_Name(c.downlink_codec()), " tau=", c.tau(),
       " min_workers=", c.min_workers(),
       " round_timeout_ms=", c.round_timeout_ms(),
-      " max_staleness=", c.max_staleness());
+      " max_staleness=", c.max_staleness(), " rounds=", c.rounds());
 }
 
 }  // namespace co2::common

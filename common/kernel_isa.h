@@ -1,6 +1,6 @@
 // The instruction sets that the streaming kernels (common/codec.cc,
-// server/outer_optimizer.cc) are compiled for, and which one runs. Each kernel
-// is built once per instruction set from the same source, with the same
+// server/job/outer_optimizer.cc) are compiled for, and which one runs. Each
+// kernel is built once per instruction set from the same source, with the same
 // operations in the same order and no FMA, so every variant computes the same
 // bits: a job may mix machines with and without AVX2. The best one this CPU
 // supports is picked once per process; tests pin one per thread with

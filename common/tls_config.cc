@@ -11,7 +11,6 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "grpcpp/security/credentials.h"
-#include "grpcpp/security/server_credentials.h"
 
 namespace co2::common {
 namespace {
@@ -99,39 +98,6 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
         absl::StrCat("token file \"", path, "\" is empty"));
   }
   return std::string(text);
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsOptions& tls) {
-  if (!tls.enabled()) {
-    return absl::InvalidArgumentError(
-        "TLS needs a certificate and key (none given)");
-  }
-  if (tls.cert_file.empty() || tls.key_file.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a TLS server needs both a certificate and a key file (certificate \"",
-        tls.cert_file, "\", key \"", tls.key_file, "\")"));
-  }
-  if (tls.require_client_cert && tls.ca_file.empty()) {
-    return absl::InvalidArgumentError(
-        "requiring client certificates (mTLS) needs the CA file that signs "
-        "them");
-  }
-  grpc::SslServerCredentialsOptions options(
-      tls.require_client_cert
-          ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-          : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  CO2_ASSIGN_OR_RETURN(pair.cert_chain,
-                       ReadPemFile(tls.cert_file, "TLS certificate"));
-  CO2_ASSIGN_OR_RETURN(pair.private_key,
-                       ReadPemFile(tls.key_file, "TLS private key"));
-  options.pem_key_cert_pairs.push_back(std::move(pair));
-  if (!tls.ca_file.empty()) {
-    CO2_ASSIGN_OR_RETURN(options.pem_root_certs,
-                         ReadPemFile(tls.ca_file, "TLS CA certificate"));
-  }
-  return grpc::SslServerCredentials(options);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(

@@ -1,11 +1,10 @@
-// TLS material for co2's gRPC channels, read from PEM files, and the gRPC
-// credentials built from it: server credentials (TLS, or mTLS when client
-// certificates are required) and channel credentials (TLS, optionally with a
-// client certificate for mTLS, optionally with a bearer token sent on every
-// call). Plaintext is never a default: callers that want it say so
-// (AggregatorServerOptions / ClientOptions leave `tls` empty only for
-// in-process use; co2-aggregator needs --insecure for it).
-// Pure functions; any thread.
+// TLS material for co2's gRPC channels, read from PEM files, and the client's
+// channel credentials built from it (TLS, optionally with a client
+// certificate for mTLS, optionally with a bearer token sent on every call);
+// a shard's credentials are built in server/service/call_auth.h. Plaintext is
+// never a default: callers that want it say so (AggregatorServerOptions /
+// ClientOptions leave `tls` empty only for in-process use; co2-aggregator needs
+// --insecure for it). Pure functions; any thread.
 #ifndef CO2_COMMON_TLS_CONFIG_H_
 #define CO2_COMMON_TLS_CONFIG_H_
 
@@ -15,7 +14,6 @@
 #include "absl/status/statusor.h"
 
 namespace grpc {
-class ServerCredentials;
 class ChannelCredentials;
 }  // namespace grpc
 
@@ -35,7 +33,8 @@ struct TlsOptions {
   // CAs that verify the peer. Server: client certificates (mTLS). Client: the
   // server's certificate (empty = the system roots).
   std::string ca_file;
-  // Server only: refuse clients without a certificate signed by ca_file.
+  // Server only: refuse calls without a certificate signed by ca_file
+  // (server/service/call_auth.h builds a shard's credentials).
   bool require_client_cert = false;
 
   bool enabled() const { return !cert_file.empty() || !ca_file.empty(); }
@@ -51,19 +50,14 @@ absl::StatusOr<std::string> ReadPemFile(const std::string& path,
 // an empty token is INVALID_ARGUMENT.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 
-// SslServerCredentials from `tls`. INVALID_ARGUMENT when TLS is not enabled,
-// cert_file or key_file is missing, or require_client_cert has no ca_file;
-// the ReadPemFile errors for unreadable files.
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const TlsOptions& tls);
-
 // Channel credentials: SslCredentials when tls.enabled() (with the client
 // certificate when cert_file is set), insecure otherwise. With a non-empty
 // `token`, every call also carries `authorization: Bearer <token>` and
 // `co2-job: <job>`; a token on a plaintext channel is INVALID_ARGUMENT (it
 // would travel in clear, and gRPC drops call credentials there anyway).
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
-    const TlsOptions& tls, const std::string& token, const std::string& job);
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+MakeChannelCredentials(const TlsOptions& tls, const std::string& token,
+                       const std::string& job);
 
 // For a connection that failed (UNAVAILABLE or DEADLINE_EXCEEDED): `status`
 // with a hint about the transport this client used, since gRPC reports a TLS

@@ -1,7 +1,7 @@
 // Wire frames: the protobuf encoding of the Exchange stream's messages,
 // written and read by hand around their payload, so that serialisation never
 // copies it. Both ends use it: the shard for the updates it sends and the
-// contributions it reads (server/exchange_wire.h), the worker for the
+// contributions it reads (server/service/exchange_wire.h), the worker for the
 // contributions it sends and the updates it reads (client/worker_wire.h).
 //
 // - FrameWithPayload: a message whose last field is its payload, as a

@@ -23,8 +23,8 @@
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
-#include "server/job_registry.h"
-#include "server/job_shard.h"
+#include "server/job/job_registry.h"
+#include "server/job/job_shard.h"
 
 namespace co2 {
 namespace {

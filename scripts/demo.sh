@@ -17,7 +17,7 @@
 set -euo pipefail
 build=${1:-build}
 shift || true
-train="$build/client/co2-train"
+train="$build/bin/co2-train"
 if [ ! -x "$train" ]; then
   echo "demo: $train is not built (make build)" >&2
   exit 1

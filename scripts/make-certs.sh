@@ -10,12 +10,14 @@
 #                           "J <token>" (--job_tokens_file)
 #   token                   the same token alone, the workers' token file
 #                           (--aggregator_token_file)
+#   admin-token             with --job J: the shards' admin token
+#                           (--admin_token_file), for co2-admin
 # Keys and tokens are written mode 600. Existing files are not overwritten.
 #
 # Usage: make-certs.sh DIR [--shard NAME]... [--worker W]... [--job J] [--days N]
 set -euo pipefail
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 [[ $# -ge 1 && $1 != -* ]] || usage
 DIR=$1
 shift
@@ -82,10 +84,11 @@ extendedKeyUsage=clientAuth"
 done
 
 if [[ -n $JOB ]]; then
-  refuse_existing job-tokens token
+  refuse_existing job-tokens token admin-token
   token=$(openssl rand -hex 32)
   printf '%s %s\n' "$JOB" "$token" >job-tokens
   printf '%s\n' "$token" >token
-  chmod 600 job-tokens token
-  echo "made $DIR/job-tokens (shards) and token (workers) for job $JOB"
+  openssl rand -hex 32 >admin-token
+  chmod 600 job-tokens token admin-token
+  echo "made $DIR/job-tokens (shards) and token (workers) for job $JOB, and admin-token (shards, co2-admin)"
 fi

@@ -18,7 +18,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
+#include "server/service/aggregator_server.h"
 #include "tests/expect_status.h"
 
 namespace co2 {
@@ -40,9 +40,9 @@ class AggregatorErrorsTest : public ::testing::Test {
     auto s = server::AggregatorServer::Start(options);
     ASSERT_TRUE(s.ok()) << s.status();
     server_ = *std::move(s);
-    stub_ = v1::Aggregator::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", server_->port()),
-        grpc::InsecureChannelCredentials()));
+    stub_ = v1::Aggregator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
+                            grpc::InsecureChannelCredentials()));
   }
 
   v1::JobConfig Config() {
@@ -139,7 +139,6 @@ class AggregatorErrorsTest : public ::testing::Test {
   std::unique_ptr<v1::Aggregator::Stub> stub_;
 };
 
-
 TEST_F(AggregatorErrorsTest, JoinValidatesEveryField) {
   ExpectStatus(Join("", "w", Config()), StatusCode::INVALID_ARGUMENT,
                "job is empty");
@@ -154,9 +153,14 @@ TEST_F(AggregatorErrorsTest, JoinValidatesEveryField) {
   ExpectStatus(Join("j", "w", bad), StatusCode::INVALID_ARGUMENT,
                "beta must be in [0, 1), got 2");
   v1::JobConfig shards = Config();
+  shards.set_num_parameters(3 * 65536);  // enough blocks for 3 shards
   shards.set_num_shards(3);
   ExpectStatus(Join("j", "w", shards), StatusCode::INVALID_ARGUMENT,
                "num_shards is 3");
+  v1::JobConfig blocks = Config();
+  blocks.set_num_shards(2);  // 1000 parameters: one block
+  ExpectStatus(Join("j", "w", blocks), StatusCode::INVALID_ARGUMENT,
+               "every shard needs a block");
 }
 
 TEST_F(AggregatorErrorsTest, JoinWithAnotherConfigIsAPreconditionFailure) {

@@ -1,4 +1,4 @@
-#include "server/anchor_snapshot.h"
+#include "server/job/anchor_snapshot.h"
 
 #include <cstring>
 #include <memory>
@@ -13,7 +13,8 @@ namespace {
 
 std::vector<float> Anchor(size_t n, float offset) {
   std::vector<float> anchor(n);
-  for (size_t i = 0; i < n; ++i) anchor[i] = offset + 0.5f * static_cast<float>(i);
+  for (size_t i = 0; i < n; ++i)
+    anchor[i] = offset + 0.5f * static_cast<float>(i);
   return anchor;
 }
 

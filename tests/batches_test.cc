@@ -1,4 +1,4 @@
-#include "client/batches.h"
+#include "client/training/batches.h"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "client/char_corpus.h"
+#include "client/training/char_corpus.h"
 
 #include <filesystem>
 #include <fstream>

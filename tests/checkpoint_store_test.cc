@@ -1,4 +1,4 @@
-#include "server/checkpoint_store.h"
+#include "server/storage/checkpoint_store.h"
 
 #include <stdlib.h>
 #include <sys/mount.h>

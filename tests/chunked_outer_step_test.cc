@@ -1,4 +1,4 @@
-#include "server/chunked_outer_step.h"
+#include "server/job/chunked_outer_step.h"
 
 #include <cmath>
 #include <cstring>
@@ -49,10 +49,9 @@ TEST(OuterConfigOfTest, TranslatesEveryField) {
 }
 
 // Adaptive clipping on, staleness 2, the gap-aware penalty unless told.
-v1::JobConfig StepConfig(
-    size_t n, float beta, v1::Codec downlink,
-    v1::Momentum momentum = v1::MOMENTUM_HEAVY_BALL,
-    v1::GapPenalty penalty = v1::GAP_PENALTY_GAP_AWARE) {
+v1::JobConfig StepConfig(size_t n, float beta, v1::Codec downlink,
+                         v1::Momentum momentum = v1::MOMENTUM_HEAVY_BALL,
+                         v1::GapPenalty penalty = v1::GAP_PENALTY_GAP_AWARE) {
   v1::JobConfig c = common::DefaultJobConfig(n, 1);
   c.set_alpha(0.7f);
   c.set_beta(beta);

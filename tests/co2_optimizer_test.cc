@@ -2,7 +2,7 @@
 // Gloo groups, with workers and local ranks as threads. Closed-form checks
 // use constant gradients: parameter w, loss Σ w·c, SGD with lr 1, so every
 // inner step moves x by −c exactly and every round's mean Δ is τ·mean(c).
-#include "client/co2_optimizer.h"
+#include "client/training/co2_optimizer.h"
 
 #include <stdlib.h>
 #include <torch/torch.h>
@@ -19,15 +19,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/aggregator_client.h"
-#include "client/flat_params.h"
-#include "client/intra_node_group.h"
+#include "client/collectives/process_group.h"
+#include "client/training/flat_params.h"
 #include "common/job_config.h"
 #include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
-#include "server/job_registry.h"
-#include "server/job_shard.h"
+#include "server/job/job_registry.h"
+#include "server/job/job_shard.h"
+#include "server/service/aggregator_server.h"
 #include "tests/wait_for.h"
 
 namespace co2::client {
@@ -54,7 +54,7 @@ class Shards {
   const std::vector<std::string>& addresses() const { return addresses_; }
   // The round of shard `index`'s anchor of `job` (0 before the job exists).
   uint64_t AnchorRound(int index, const std::string& job) const {
-    absl::StatusOr<server::JobShard*> shard =
+    absl::StatusOr<std::shared_ptr<server::JobShard>> shard =
         servers_[index]->registry()->Find(job);
     uint64_t round = 0;
     if (shard.ok()) (*shard)->AnchorForTesting(&round);
@@ -317,7 +317,7 @@ TEST(Co2OptimizerTest, LocalRanksAverageGradientsAndShareTheAnchor) {
     group_options.store_dir = store.path();
     group_options.prefix = "local";
     group_options.timeout = absl::Seconds(30);
-    auto group = CreateIntraNodeGroup(group_options);
+    auto group = CreateProcessGroup(group_options);
     if (!group.ok()) return void(out.error = group.status().ToString());
     torch::Tensor w = torch::zeros({kParams}).requires_grad_(true);
     auto flat = FlatParams::Create({w});
@@ -374,7 +374,7 @@ TEST(Co2OptimizerTest, DdpAllReducesGradientsAcrossAllRanks) {
     group_options.store_dir = store.path();
     group_options.prefix = "global";
     group_options.timeout = absl::Seconds(30);
-    auto group = CreateIntraNodeGroup(group_options);
+    auto group = CreateProcessGroup(group_options);
     if (!group.ok()) return void(out.error = group.status().ToString());
     // Different initial values: Create makes rank 0's the common start.
     torch::Tensor w = torch::full({kParams}, 10.0f * rank).requires_grad_(true);

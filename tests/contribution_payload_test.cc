@@ -1,4 +1,4 @@
-#include "server/contribution_payload.h"
+#include "server/job/contribution_payload.h"
 
 #include <cmath>
 #include <string>

@@ -1,4 +1,4 @@
-#include "client/data_shard.h"
+#include "client/training/data_shard.h"
 
 #include <algorithm>
 #include <numeric>

@@ -6,7 +6,7 @@
 - Prometheus: `promtool check config` / `check rules` and `promtool test rules`
   (every alert fires on the series that should trigger it).
 - The metric names used by the alert rules, the Grafana dashboard and
-  docs/operations.md are names the code exports (server/shard_metrics.cc,
+  docs/operations.md are names the code exports (server/service/shard_metrics.cc,
   client/worker_metrics.cc); the dashboard is valid JSON with sane panels.
 - docker-compose.yml: `docker-compose config` accepts it and it has 2 shards,
   2 trainers pointing at them, Prometheus and Grafana; the Dockerfile is a
@@ -70,7 +70,7 @@ def exported_metrics():
     """Every co2_* series name: base names, plus _bucket/_count/_sum of
     histograms."""
     names, histograms = set(), set()
-    for source in ("server/shard_metrics.cc", "client/worker_metrics.cc"):
+    for source in ("server/service/shard_metrics.cc", "client/worker_metrics.cc"):
         with open(path(source)) as f:
             text = f.read()
         names |= set(re.findall(r'"(co2_(?:aggregator|worker)_[a-z0-9_]+)"',
@@ -237,6 +237,9 @@ def check_compose():
               f"trainer-{i}: does not point --aggregators at {aggregators}")
         check(f"--worker={i}" in args and "--workers=2" in args,
               f"trainer-{i}: worker flags {args}")
+        # Gloo's barrier between containers: each at its own service name.
+        check(f"--group_address=trainer-{i}" in args,
+              f"trainer-{i}: --group_address is not its service name")
     build = services.get("aggregator-0", {}).get("build", {})
     check(build.get("dockerfile") == "deploy/docker/Dockerfile",
           f"aggregator-0: builds {build}")
@@ -411,6 +414,12 @@ def check_k8s(rules):
     env = {e["name"]: e for e in t.get("env", [])}
     check("JOB_COMPLETION_INDEX" in env,
           "Job: JOB_COMPLETION_INDEX is not declared for $(...) expansion")
+    # The leaders' start barrier (Gloo) connects pod to pod: each publishes
+    # its own address, not the default loopback.
+    check(flag(targs, "group_address") == "$(POD_IP)" and
+          env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {})
+          .get("fieldPath") == "status.podIP",
+          "Job: --group_address is not the pod IP (status.podIP)")
     # Per-pod DNS names of the headless Service, fully qualified (the names
     # the shard certificate carries).
     namespace = sts["metadata"]["namespace"]

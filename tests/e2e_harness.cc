@@ -7,7 +7,7 @@
 #include "client/aggregator_client.h"
 #include "common/job_config.h"
 #include "common/layout.h"
-#include "server/outer_optimizer.h"
+#include "server/job/outer_optimizer.h"
 
 namespace co2::testing {
 

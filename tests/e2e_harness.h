@@ -16,8 +16,8 @@
 #include "client/aggregator_client.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/codec.h"
-#include "server/aggregator_server.h"
-#include "server/shard_observer.h"
+#include "server/job/shard_observer.h"
+#include "server/service/aggregator_server.h"
 
 namespace co2::testing {
 

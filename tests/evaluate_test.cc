@@ -1,11 +1,11 @@
-#include "client/evaluate.h"
+#include "client/training/evaluate.h"
 
 #include <torch/torch.h>
 
 #include <cmath>
 #include <string>
 
-#include "client/models.h"
+#include "client/training/models.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

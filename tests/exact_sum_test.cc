@@ -1,4 +1,4 @@
-#include "server/exact_sum.h"
+#include "server/job/exact_sum.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "server/exchange_wire.h"
+#include "server/service/exchange_wire.h"
 
 #include <memory>
 #include <string>

@@ -1,4 +1,4 @@
-#include "client/fashion_mnist.h"
+#include "client/training/fashion_mnist.h"
 
 #include <zlib.h>
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "client/data_shard.h"
+#include "client/training/data_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

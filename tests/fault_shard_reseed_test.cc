@@ -21,7 +21,7 @@
 #include "absl/time/clock.h"
 #include "client/aggregator_client.h"
 #include "gtest/gtest.h"
-#include "server/shard_observer.h"
+#include "server/job/shard_observer.h"
 #include "tests/e2e_harness.h"
 #include "tests/wait_for.h"
 

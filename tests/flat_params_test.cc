@@ -1,4 +1,4 @@
-#include "client/flat_params.h"
+#include "client/training/flat_params.h"
 
 #include <torch/torch.h>
 
@@ -12,8 +12,8 @@ namespace {
 
 struct NetImpl : torch::nn::Module {
   NetImpl() {
-    conv = register_module("conv", torch::nn::Conv2d(
-                                       torch::nn::Conv2dOptions(1, 3, 3)));
+    conv = register_module(
+        "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 3, 3)));
     fc = register_module("fc", torch::nn::Linear(3 * 4 * 4, 5));
   }
   torch::Tensor forward(torch::Tensor x) {
@@ -35,7 +35,8 @@ TEST(FlatParamsTest, RehomingKeepsValuesAndMakesViews) {
   torch::Tensor x = torch::randn({2, 1, 6, 6});
   torch::Tensor before = net->forward(x).detach().clone();
   std::vector<torch::Tensor> originals;
-  for (const auto& p : net->parameters()) originals.push_back(p.detach().clone());
+  for (const auto& p : net->parameters())
+    originals.push_back(p.detach().clone());
 
   auto flat = FlatParams::Create(net->parameters());
   ASSERT_TRUE(flat.ok()) << flat.status();

@@ -1,8 +1,8 @@
-// GlooGroup / CreateIntraNodeGroup(kGloo): N real processes (fork) per
+// GlooGroup / CreateProcessGroup(kGloo): N real processes (fork) per
 // test, each one rank, checked against closed-form results. Children report
 // through their exit code (0 = pass) and explain failures on stderr; each
 // child arms alarm() so that a hang ends as SIGALRM, never as a stuck test.
-#include "client/gloo_group.h"
+#include "client/collectives/gloo_group.h"
 
 #include <signal.h>
 #include <stdlib.h>
@@ -21,7 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/intra_node_group.h"
+#include "client/collectives/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -40,14 +40,13 @@ constexpr int kUnexpectedOk = 13;
 constexpr int kTooSlow = 14;
 constexpr int kWrongCode = 15;
 
-#define CHILD_CHECK(cond, code, ...)                                 \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      std::fprintf(stderr, "[child %d] %s:%d: %s\n", getpid(),        \
-                   __FILE__, __LINE__,                               \
-                   absl::StrCat(__VA_ARGS__).c_str());               \
-      return (code);                                                 \
-    }                                                                \
+#define CHILD_CHECK(cond, code, ...)                                     \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::fprintf(stderr, "[child %d] %s:%d: %s\n", getpid(), __FILE__, \
+                   __LINE__, absl::StrCat(__VA_ARGS__).c_str());         \
+      return (code);                                                     \
+    }                                                                    \
   } while (false)
 
 // A fresh directory, removed with its contents at scope exit.
@@ -119,7 +118,7 @@ GroupOptions MakeOptions(const std::string& dir, int rank, int size,
 float Pattern(size_t i) { return static_cast<float>(i % 1000); }
 
 // rank k holds k + offset + Pattern(i); the mean is (N-1)/2 + offset + Pattern(i).
-int AllReduceAndCheck(IntraNodeGroup& group, size_t count, float offset) {
+int AllReduceAndCheck(ProcessGroup& group, size_t count, float offset) {
   std::vector<float> data(count);
   for (size_t i = 0; i < count; ++i) {
     data[i] = static_cast<float>(group.rank()) + offset + Pattern(i);
@@ -136,7 +135,7 @@ int AllReduceAndCheck(IntraNodeGroup& group, size_t count, float offset) {
 }
 
 // Root holds 0.5 * i + 7 + root, others garbage; afterwards all hold root's.
-int BroadcastAndCheck(IntraNodeGroup& group, size_t count, int root) {
+int BroadcastAndCheck(ProcessGroup& group, size_t count, int root) {
   auto root_value = [root](size_t i) {
     return 0.5f * static_cast<float>(i % 100000) + 7.0f + root;
   };
@@ -164,7 +163,7 @@ TEST_P(GlooGroupTest, AllReduceMeanIsClosedFormMean) {
   const std::string dir = dir_.path();
   const int n = this->n();
   const std::vector<int> codes = RunRanks(AllRanks(n), [&](int rank) {
-    auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n));
+    auto group = CreateProcessGroup(MakeOptions(dir, rank, n));
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     CHILD_CHECK((*group)->rank() == rank && (*group)->size() == n,
                 kWrongValue, "rank/size mismatch");
@@ -182,7 +181,7 @@ TEST_P(GlooGroupTest, BroadcastFromRootOneCopiesRootData) {
   const std::string dir = dir_.path();
   const int n = this->n();
   const std::vector<int> codes = RunRanks(AllRanks(n), [&](int rank) {
-    auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n));
+    auto group = CreateProcessGroup(MakeOptions(dir, rank, n));
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     int code = BroadcastAndCheck(**group, 777, /*root=*/1);
     if (code != kPass) return code;
@@ -199,7 +198,7 @@ TEST_P(GlooGroupTest, LargeBuffer) {
   const int n = this->n();
   constexpr size_t kCount = (size_t{1} << 20) + 3;  // > 1M floats, odd.
   const std::vector<int> codes = RunRanks(AllRanks(n), [&](int rank) {
-    auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n));
+    auto group = CreateProcessGroup(MakeOptions(dir, rank, n));
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     const int code = AllReduceAndCheck(**group, kCount, 1.0f);
     if (code != kPass) return code;
@@ -216,7 +215,7 @@ TEST_P(GlooGroupTest, DeadPeerFailsCollectiveWithinTimeout) {
   const std::vector<int> codes = RunRanks(
       AllRanks(n),
       [&](int rank) {
-        auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n, timeout));
+        auto group = CreateProcessGroup(MakeOptions(dir, rank, n, timeout));
         CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
         // Everyone is connected and healthy: an all-reduce is a barrier
         // (a broadcast is not: a receiver may finish before the others have
@@ -254,7 +253,7 @@ TEST_P(GlooGroupTest, StalledPeerFailsCollectiveAtTimeout) {
   const std::vector<int> codes = RunRanks(
       AllRanks(n),
       [&](int rank) {
-        auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n, timeout));
+        auto group = CreateProcessGroup(MakeOptions(dir, rank, n, timeout));
         CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
         const int code = AllReduceAndCheck(**group, 16, 0.0f);
         if (code != kPass) return code;
@@ -291,7 +290,7 @@ TEST_P(GlooGroupTest, MissingPeerFailsRendezvousWithinTimeout) {
       present,
       [&](int rank) {
         const absl::Time start = absl::Now();
-        auto group = CreateIntraNodeGroup(MakeOptions(dir, rank, n, timeout));
+        auto group = CreateProcessGroup(MakeOptions(dir, rank, n, timeout));
         const absl::Duration elapsed = absl::Now() - start;
         CHILD_CHECK(!group.ok(), kUnexpectedOk, "rendezvous succeeded");
         CHILD_CHECK(absl::IsDeadlineExceeded(group.status()), kWrongCode,
@@ -344,9 +343,9 @@ TEST(GlooGroupSingle, TwoGroupsShareStoreDirUnderDistinctPrefixes) {
     a.prefix = "grads";
     GroupOptions b = MakeOptions(path, rank, 2);
     b.prefix = "updates";
-    auto group_a = CreateIntraNodeGroup(a);
+    auto group_a = CreateProcessGroup(a);
     CHILD_CHECK(group_a.ok(), kCreateFailed, group_a.status().ToString());
-    auto group_b = CreateIntraNodeGroup(b);
+    auto group_b = CreateProcessGroup(b);
     CHILD_CHECK(group_b.ok(), kCreateFailed, group_b.status().ToString());
     int code = AllReduceAndCheck(**group_b, 10, 5.0f);
     if (code != kPass) return code;
@@ -364,7 +363,7 @@ TEST(GlooGroupSingle, PairsUseTheGivenAddress) {
     GroupOptions options = MakeOptions(path, rank, 2);
     options.prefix = "other-loopback";
     options.address = "127.0.0.2";
-    auto group = CreateIntraNodeGroup(options);
+    auto group = CreateProcessGroup(options);
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     return AllReduceAndCheck(**group, 10, 1.0f);
   });
@@ -375,7 +374,7 @@ TEST(GlooGroupSingle, PairsUseTheGivenAddress) {
         GroupOptions options = MakeOptions(path, rank, 2, absl::Seconds(2));
         options.prefix = "foreign";
         options.address = "192.0.2.1";
-        auto group = CreateIntraNodeGroup(options);
+        auto group = CreateProcessGroup(options);
         CHILD_CHECK(!group.ok(), kUnexpectedOk, "bound a foreign address");
         return kPass;
       },
@@ -386,8 +385,7 @@ TEST(GlooGroupSingle, PairsUseTheGivenAddress) {
 TEST(GlooGroupOptions, RejectsInvalidOptions) {
   ScopedTempDir dir;
   auto expect_invalid = [](GroupOptions options) {
-    EXPECT_TRUE(absl::IsInvalidArgument(
-        CreateIntraNodeGroup(options).status()));
+    EXPECT_TRUE(absl::IsInvalidArgument(CreateProcessGroup(options).status()));
     EXPECT_TRUE(absl::IsInvalidArgument(GlooGroup::Create(options).status()));
   };
   GroupOptions options = MakeOptions(dir.path(), 0, 2);
@@ -416,8 +414,13 @@ TEST(GlooFileStore, SetThenWaitGetRoundTrips) {
   ScopedTempDir dir;
   const GroupOptions options = MakeOptions(dir.path() + "/sub", 0, 1);
   const std::string blob("a\0b\xff", 4);
-  ASSERT_TRUE(FileStoreSet(options, "key", blob).ok());
-  const absl::StatusOr<std::string> got = FileStoreWaitGet(options, "key");
+  absl::StatusOr<std::unique_ptr<Store>> writer = OpenFileStore(options);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Set("key", blob).ok());
+  // Another rank opens the same store.
+  absl::StatusOr<std::unique_ptr<Store>> reader = OpenFileStore(options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const absl::StatusOr<std::string> got = (*reader)->WaitGet("key");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, blob);
 }
@@ -426,8 +429,10 @@ TEST(GlooFileStore, WaitGetTimesOutOnMissingKey) {
   ScopedTempDir dir;
   const GroupOptions options =
       MakeOptions(dir.path(), 0, 1, absl::Milliseconds(200));
+  absl::StatusOr<std::unique_ptr<Store>> store = OpenFileStore(options);
+  ASSERT_TRUE(store.ok()) << store.status();
   const absl::Time start = absl::Now();
-  const absl::StatusOr<std::string> got = FileStoreWaitGet(options, "never");
+  const absl::StatusOr<std::string> got = (*store)->WaitGet("never");
   const absl::Duration elapsed = absl::Now() - start;
   EXPECT_TRUE(absl::IsDeadlineExceeded(got.status())) << got.status();
   // gloo's own FileStore would take a whole second here.

@@ -1,6 +1,6 @@
 // The plaintext health port answers the standard gRPC health check the way
 // Kubernetes' gRPC probe asks it (service "", no TLS, no metadata).
-#include "server/health_server.h"
+#include "server/service/health_server.h"
 
 #include <memory>
 #include <string>

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every binary answers --help on stdout with exit status 0: its usage and its
 # own flags with their defaults; co2-checkpoint refuses an unknown option
-# with exit status 2.
+# and co2-admin an unknown command with exit status 2.
 #
 # Usage: help_test.sh BUILD_DIR
 set -euo pipefail
@@ -20,16 +20,18 @@ $out"
   done
 }
 
-expect "$BUILD/server/co2-aggregator" "co2-aggregator --shard_index=i" \
+expect "$BUILD/bin/co2-aggregator" "co2-aggregator --shard_index=i" \
   "--shard_index" "--checkpoint_dir" "default: 9464"
-expect "$BUILD/client/co2-train" "co2-train --task=fashion-mnist" \
+expect "$BUILD/bin/co2-train" "co2-train --task=fashion-mnist" \
   "--tau" "--max_restarts" "--verify_final_anchor" "--metrics_host" \
   'default: "0.0.0.0"'
-expect "$BUILD/server/co2-checkpoint" "usage: co2-checkpoint FILE..." \
+expect "$BUILD/bin/co2-checkpoint" "usage: co2-checkpoint FILE..." \
   "anchor_fnv1a="
+expect "$BUILD/bin/co2-admin" "co2-admin [--aggregators=H:P,...]" \
+  "list | delete JOB" "--admin_token_file" 'default: "localhost:50051"'
 
 # docs/usage.md's table of co2-train flags gives the binary's defaults.
-"$BUILD/client/co2-train" --help | /usr/bin/python3 -c '
+"$BUILD/bin/co2-train" --help | /usr/bin/python3 -c '
 import re, sys
 usage, help_text = sys.argv[1], sys.stdin.read()
 binary = {m.group(1): m.group(2).strip().strip("\"") for m in re.finditer(
@@ -65,6 +67,9 @@ if said < 40:
 ' "$(dirname "$0")/../docs/usage.md" || fail "docs/usage.md disagrees with co2-train --help"
 
 status=0
-"$BUILD/server/co2-checkpoint" --bogus >/dev/null 2>&1 || status=$?
+"$BUILD/bin/co2-checkpoint" --bogus >/dev/null 2>&1 || status=$?
 (( status == 2 )) || fail "co2-checkpoint --bogus exited with $status, not 2"
+status=0
+"$BUILD/bin/co2-admin" frobnicate >/dev/null 2>&1 || status=$?
+(( status == 2 )) || fail "co2-admin frobnicate exited with $status, not 2"
 echo PASS

@@ -20,10 +20,22 @@ fail() { echo "install_example_test: FAIL: $*" >&2; exit 1; }
 echo "== cmake --install $build --prefix $tmp/prefix"
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log" || { cat "$tmp/install.log"; fail "cmake --install"; }
 for f in lib/cmake/co2/co2Config.cmake lib/cmake/co2/co2Targets.cmake \
-         include/client/co2_optimizer.h include/co2/v1/aggregator.pb.h \
+         include/co2/client/training/co2_optimizer.h include/co2/v1/aggregator.pb.h \
          bin/co2-aggregator; do
   [ -e "$tmp/prefix/$f" ] || fail "the install lacks $f"
 done
+for d in client common server; do
+  [ ! -e "$tmp/prefix/include/$d" ] || fail "headers installed outside include/co2: include/$d"
+done
+
+if [ -x /usr/bin/python3 ] && [ -e "$build/python/co2/__init__.py" ]; then
+  echo "== import co2 from the prefix's dist-packages"
+  site=$(find "$tmp/prefix" -name '_core*.so' -path "*/co2/*" -printf '%h\n' | head -1)
+  [ -n "$site" ] || fail "the install lacks the Python package co2"
+  PYTHONPATH=$(dirname "$site") /usr/bin/python3 -c \
+    "import co2; assert co2.__file__.startswith('$tmp'), co2.__file__; print(co2.JobConfig())" \
+    || fail "import co2 from $site"
+fi
 
 echo "== configure and build examples/minimal_trainer against the prefix"
 generator=()

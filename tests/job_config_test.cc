@@ -11,7 +11,7 @@ namespace co2::common {
 namespace {
 
 TEST(JobConfigTest, DefaultIsValid) {
-  EXPECT_TRUE(ValidateJobConfig(DefaultJobConfig(1000, 2)).ok());
+  EXPECT_TRUE(ValidateJobConfig(DefaultJobConfig(70000, 2)).ok());
 }
 
 struct BadField {
@@ -23,7 +23,7 @@ struct BadField {
 class JobConfigBadFieldTest : public testing::TestWithParam<BadField> {};
 
 TEST_P(JobConfigBadFieldTest, IsRejectedNamingTheField) {
-  v1::JobConfig config = DefaultJobConfig(1000, 2);
+  v1::JobConfig config = DefaultJobConfig(70000, 2);
   GetParam().break_it(&config);
   const absl::Status s = ValidateJobConfig(config);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -77,8 +77,20 @@ INSTANTIATE_TEST_SUITE_P(
                  "beta must be finite"}),
     [](const auto& info) { return info.param.name; });
 
+TEST(JobConfigTest, EveryShardNeedsABlock) {
+  // 65536 + 1 parameters make two blocks: two shards, not three.
+  EXPECT_TRUE(ValidateJobConfig(DefaultJobConfig(65537, 2)).ok());
+  const absl::Status three = ValidateJobConfig(DefaultJobConfig(65537, 3));
+  EXPECT_EQ(three.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(three.message().find("num_shards 3 is more than the 2 block(s)"),
+            std::string::npos)
+      << three;
+  EXPECT_FALSE(ValidateJobConfig(DefaultJobConfig(1000, 2)).ok());
+  EXPECT_TRUE(ValidateJobConfig(DefaultJobConfig(1000, 1)).ok());
+}
+
 TEST(JobConfigTest, MismatchNamesTheField) {
-  v1::JobConfig job = DefaultJobConfig(1000, 2);
+  v1::JobConfig job = DefaultJobConfig(70000, 2);
   v1::JobConfig other = job;
   EXPECT_TRUE(CheckSameJobConfig(job, other).ok());
   other.set_beta(0.9f);

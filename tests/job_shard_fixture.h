@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/clock.h"
-#include "server/job_shard.h"
+#include "server/job/job_shard.h"
 
 namespace co2::server::shard_test {
 

@@ -1,4 +1,4 @@
-#include "server/job_shard.h"
+#include "server/job/job_shard.h"
 
 #include <sys/stat.h>
 
@@ -16,9 +16,9 @@
 #include "common/job_config.h"
 #include "common/layout.h"
 #include "gtest/gtest.h"
-#include "server/checkpoint_store.h"
-#include "server/outer_optimizer.h"
-#include "server/round_journal.h"
+#include "server/job/outer_optimizer.h"
+#include "server/job/round_journal.h"
+#include "server/storage/checkpoint_store.h"
 #include "tests/job_shard_fixture.h"
 
 namespace co2::server {

@@ -1,4 +1,4 @@
-#include "server/kept_update.h"
+#include "server/storage/kept_update.h"
 
 #include <memory>
 #include <string>

@@ -6,7 +6,7 @@
 #
 # Usage: launcher_disagreement_test.sh BUILD_DIR
 set -euo pipefail
-TRAIN=$(cd "$1" && pwd)/client/co2-train
+TRAIN=$(cd "$1" && pwd)/bin/co2-train
 WORK=$(mktemp -d /tmp/co2-disagreement.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }

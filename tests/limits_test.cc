@@ -18,8 +18,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
-#include "server/job_shard.h"
+#include "server/job/job_shard.h"
+#include "server/service/aggregator_server.h"
 
 namespace co2 {
 namespace {
@@ -147,7 +147,7 @@ class LimitsTest : public testing::Test {
   server::JobShard* Job(const std::string& name) {
     auto job = server_->registry()->Find(name);
     EXPECT_TRUE(job.ok()) << job.status();
-    return job.ok() ? *job : nullptr;
+    return job.ok() ? job->get() : nullptr;
   }
 
   std::unique_ptr<server::AggregatorServer> server_;

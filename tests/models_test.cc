@@ -1,4 +1,4 @@
-#include "client/models.h"
+#include "client/training/models.h"
 
 #include <torch/torch.h>
 

@@ -1,10 +1,10 @@
-// NcclGroup / CreateIntraNodeGroup(kNccl). CUDA cannot be used across
+// NcclGroup / CreateProcessGroup(kNccl). CUDA cannot be used across
 // fork() once initialised, so the test process itself never touches CUDA:
 // every CUDA-using body (even the device probe) runs in a forked child that
 // reports through its exit code (0 = pass) and explains failures on stderr.
 // GPU tests skip without a device; without one, creating a group must fail
 // with FAILED_PRECONDITION.
-#include "client/nccl_group.h"
+#include "client/collectives/nccl_group.h"
 
 #include <cuda_runtime.h>
 #include <stdlib.h>
@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
-#include "client/intra_node_group.h"
+#include "client/collectives/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -39,14 +39,13 @@ constexpr int kWrongValue = 12;
 constexpr int kWrongCode = 15;
 constexpr int kCudaFailed = 16;
 
-#define CHILD_CHECK(cond, code, ...)                                 \
-  do {                                                               \
-    if (!(cond)) {                                                   \
-      std::fprintf(stderr, "[child %d] %s:%d: %s\n", getpid(),        \
-                   __FILE__, __LINE__,                               \
-                   absl::StrCat(__VA_ARGS__).c_str());               \
-      return (code);                                                 \
-    }                                                                \
+#define CHILD_CHECK(cond, code, ...)                                     \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::fprintf(stderr, "[child %d] %s:%d: %s\n", getpid(), __FILE__, \
+                   __LINE__, absl::StrCat(__VA_ARGS__).c_str());         \
+      return (code);                                                     \
+    }                                                                    \
   } while (false)
 
 class ScopedTempDir {
@@ -150,7 +149,7 @@ int Download(const DeviceBuffer& device, std::vector<float>& host) {
 
 // rank k holds k + Pattern(i); the mean is (N-1)/2 + Pattern(i), exact for
 // N in {1, 2} whether NCCL scales before or after summing.
-int AllReduceAndCheck(IntraNodeGroup& group, size_t count) {
+int AllReduceAndCheck(ProcessGroup& group, size_t count) {
   std::vector<float> host(count);
   for (size_t i = 0; i < count; ++i) host[i] = group.rank() + Pattern(i);
   DeviceBuffer buffer(count);
@@ -167,7 +166,7 @@ int AllReduceAndCheck(IntraNodeGroup& group, size_t count) {
   return kPass;
 }
 
-int BroadcastAndCheck(IntraNodeGroup& group, size_t count, int root) {
+int BroadcastAndCheck(ProcessGroup& group, size_t count, int root) {
   auto root_value = [root](size_t i) { return 0.5f * (i % 1000) + 7 + root; };
   std::vector<float> host(count, -1.0f - group.rank());
   if (group.rank() == root) {
@@ -190,7 +189,7 @@ TEST(NcclGroup, WithoutDeviceCreateIsFailedPrecondition) {
   ScopedTempDir dir;
   const std::string path = dir.path();
   const std::vector<int> codes = RunRanks(1, [&](int rank) {
-    const auto group = CreateIntraNodeGroup(MakeOptions(path, rank, 1));
+    const auto group = CreateProcessGroup(MakeOptions(path, rank, 1));
     CHILD_CHECK(absl::IsFailedPrecondition(group.status()), kWrongCode,
                 group.status().ToString());
     CHILD_CHECK(absl::StrContains(group.status().message(), "no CUDA device"),
@@ -205,7 +204,7 @@ TEST(NcclGroup, OneRankAllReduceAndBroadcast) {
   ScopedTempDir dir;
   const std::string path = dir.path();
   const std::vector<int> codes = RunRanks(1, [&](int rank) {
-    auto group = CreateIntraNodeGroup(MakeOptions(path, rank, 1));
+    auto group = CreateProcessGroup(MakeOptions(path, rank, 1));
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     int code = AllReduceAndCheck(**group, 1031);
     if (code != kPass) return code;
@@ -234,7 +233,7 @@ TEST(NcclGroup, TwoRanksOnTwoDevices) {
   const std::string path = dir.path();
   const std::vector<int> codes = RunRanks(2, [&](int rank) {
     if (cudaSetDevice(rank) != cudaSuccess) return kCudaFailed;
-    auto group = CreateIntraNodeGroup(MakeOptions(path, rank, 2));
+    auto group = CreateProcessGroup(MakeOptions(path, rank, 2));
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     int code = AllReduceAndCheck(**group, (size_t{1} << 20) + 3);
     if (code != kPass) return code;

@@ -1,4 +1,4 @@
-#include "server/outer_optimizer.h"
+#include "server/job/outer_optimizer.h"
 
 #include <algorithm>
 #include <cmath>

@@ -33,8 +33,8 @@
 #include "common/job_config.h"
 #include "common/metrics_server.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
-#include "server/shard_metrics.h"
+#include "server/service/aggregator_server.h"
+#include "server/service/shard_metrics.h"
 #include "tests/http_get.h"
 
 namespace co2 {

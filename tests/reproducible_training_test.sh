@@ -11,7 +11,7 @@ WORK=$(mktemp -d /tmp/co2-repro-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 
 run() {
-  timeout -s KILL 600 "$BUILD/client/co2-train" --task=fashion-mnist \
+  timeout -s KILL 600 "$BUILD/bin/co2-train" --task=fashion-mnist \
     --workers=4 --tau=8 --steps=96 --seed=3 --threads=1 --algo=co2 \
     --lr=4e-3 --alpha=0.5 --optimizer=adamw --eval_every=0 \
     --final_eval_examples=1000 --progress=false --hash_params \
@@ -20,7 +20,7 @@ run() {
 }
 run first
 run second
-python3 - "$WORK/first.json" "$WORK/second.json" <<'PY'
+/usr/bin/python3 - "$WORK/first.json" "$WORK/second.json" <<'PY'
 import json, sys
 hashes = []
 for path in sys.argv[1:]:

@@ -1,4 +1,4 @@
-#include "server/round_state.h"
+#include "server/job/round_state.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -51,11 +51,13 @@ ValueFn Constant(float v) {
 
 class RoundStateTest : public ::testing::Test {
  protected:
-  void Init(size_t n, uint32_t min_workers = 1) {
+  void Init(size_t n, uint32_t min_workers = 1,
+            RoundDeadlineOptions deadline = {}) {
     RoundOptions options;
     options.shard_elements = n;
     options.min_workers = min_workers;
     options.round_timeout = kTimeout;
+    options.deadline = deadline;
     state_ = std::make_unique<RoundState>(options, &clock_);
   }
 
@@ -658,6 +660,42 @@ TEST_F(RoundStateTest, PartialContributionClosesAtDeadlineWithQuorum) {
   // c's missing chunk 0 of round 0 is folded, its chunk 1 is a duplicate.
   EXPECT_TRUE(Send("c", 0, 0, Constant(1))->folded);
   EXPECT_TRUE(Send("c", 0, 1, Constant(1))->duplicate);
+}
+
+// With an adaptive deadline, rounds whose last worker comes 0.5 s after the
+// first teach the shard to wait 4 × 0.5 s, not the whole timeout, for a worker
+// that stopped; a quorum close teaches it nothing.
+TEST_F(RoundStateTest, AnAdaptedDeadlineDropsADeadWorkerInSeconds) {
+  RoundDeadlineOptions adaptive;
+  adaptive.adaptive = true;
+  adaptive.factor = 4;
+  adaptive.window = 8;
+  adaptive.min_samples = 3;
+  adaptive.floor = absl::Seconds(1);
+  Init(1000, /*min_workers=*/1, adaptive);
+  for (const char* w : {"a", "b"}) state_->AddWorker(w, 0);
+  for (uint64_t round = 0; round < 3; ++round) {
+    EXPECT_EQ(state_->RoundTimeout(), kTimeout) << round;
+    SendAll("a", round, Constant(1));
+    clock_.Advance(absl::Milliseconds(500));
+    SendAll("b", round, Constant(3));
+    std::optional<ClosedRound> closed = state_->TryClose();
+    ASSERT_TRUE(closed.has_value()) << round;
+    EXPECT_FALSE(closed->quorum_close);
+  }
+  EXPECT_EQ(state_->RoundTimeout(), absl::Seconds(2));
+  // b stops: round 3 waits 2 s for it, then closes with a alone.
+  const absl::Time first = clock_.Now();
+  SendAll("a", 3, Constant(1));
+  EXPECT_EQ(state_->Deadline(), first + absl::Seconds(2));
+  clock_.Advance(absl::Seconds(2) - absl::Nanoseconds(1));
+  EXPECT_FALSE(state_->TryClose().has_value());
+  clock_.Advance(absl::Nanoseconds(1));
+  std::optional<ClosedRound> closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_TRUE(closed->quorum_close);
+  EXPECT_EQ(closed->contributors, 1u);
+  EXPECT_EQ(state_->RoundTimeout(), absl::Seconds(2));
 }
 
 TEST_F(RoundStateTest, DeadlineWithoutQuorumCountsOneMissThenCloses) {

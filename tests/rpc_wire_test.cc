@@ -1,4 +1,4 @@
-#include "server/rpc_wire.h"
+#include "server/service/rpc_wire.h"
 
 #include <memory>
 #include <string>

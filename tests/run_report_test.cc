@@ -1,4 +1,4 @@
-#include "client/run_report.h"
+#include "apps/co2-train/run_report.h"
 
 #include <google/protobuf/struct.pb.h>
 #include <google/protobuf/util/json_util.h>

@@ -15,7 +15,7 @@ tests=(layout_test codec_test payload_pieces_test wire_frames_test
        shard_metrics_test metrics_server_test shard_ordinal_test
        health_server_test aggregator_errors_test wire_contract_test
        rpc_wire_test seed_state_test aggregator_e2e_test
-       fault_shard_restart_test limits_test tls_test)
+       fault_shard_restart_test limits_test tls_test read_thread_test)
 mkdir -p "$build"
 build=$(cd "$build" && pwd)
 if [[ ! -f "$build/build.ninja" ]]; then

@@ -1,4 +1,4 @@
-#include "server/seed_state.h"
+#include "server/job/seed_state.h"
 
 #include "gtest/gtest.h"
 

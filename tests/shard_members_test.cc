@@ -1,4 +1,4 @@
-#include "server/shard_members.h"
+#include "server/job/shard_members.h"
 
 #include <string>
 #include <vector>
@@ -55,7 +55,8 @@ TEST(ShardMembersTest, EvictsAfterMaxRejectedChunksInARow) {
   ShardMembers members("job", 8, kLease, 3);
   bool added = false;
   ShardMember* a = *members.Add("a", &added);
-  const absl::Status invalid = absl::InvalidArgumentError("round 0 chunk 0: NaN");
+  const absl::Status invalid =
+      absl::InvalidArgumentError("round 0 chunk 0: NaN");
   bool evicted = false;
   EXPECT_EQ(members.Reject("a", *a, invalid, &evicted), invalid);
   EXPECT_EQ(members.Reject("a", *a, invalid, &evicted), invalid);

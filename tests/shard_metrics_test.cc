@@ -1,6 +1,6 @@
 // ShardMetrics driven by a real JobShard (fake clock, no gRPC): each metric
 // that co2-aggregator exports moves as the shard's work says it must.
-#include "server/shard_metrics.h"
+#include "server/service/shard_metrics.h"
 
 #include <cmath>
 #include <limits>
@@ -14,7 +14,7 @@
 #include "common/job_config.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
-#include "server/job_shard.h"
+#include "server/job/job_shard.h"
 #include "tests/job_shard_fixture.h"
 
 namespace co2::server {

@@ -1,4 +1,4 @@
-#include "server/shard_ordinal.h"
+#include "server/service/shard_ordinal.h"
 
 #include "gtest/gtest.h"
 

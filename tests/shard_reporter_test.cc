@@ -1,4 +1,4 @@
-#include "server/shard_reporter.h"
+#include "server/job/shard_reporter.h"
 
 #include <string>
 #include <vector>
@@ -62,10 +62,10 @@ TEST(ShardReporterTest, PollsReportNewQuorumMissesAndTheOpenRoundsAge) {
   RecordingObserver observer;
   ShardReporter report("job", &observer, &clock);
   clock.Advance(absl::Seconds(3));
-  report.Polled(2, 0, /*anchor_ready=*/false, 0);
-  report.Polled(2, 0, /*anchor_ready=*/true, 2);
-  report.Polled(1, 4, /*anchor_ready=*/true, 3);
-  report.Polled(1, 4, /*anchor_ready=*/true, 3);
+  report.Polled(2, 0, /*anchor_ready=*/false, 0, absl::Seconds(60));
+  report.Polled(2, 0, /*anchor_ready=*/true, 2, absl::Seconds(60));
+  report.Polled(1, 4, /*anchor_ready=*/true, 3, absl::Seconds(60));
+  report.Polled(1, 4, /*anchor_ready=*/true, 3, absl::Seconds(60));
   ASSERT_EQ(observer.polls.size(), 4u);
   EXPECT_EQ(observer.polls[0].open_round_age, absl::ZeroDuration())
       << "no anchor: the round is not running";
@@ -83,7 +83,7 @@ TEST(ShardReporterTest, WithoutAnObserverNothingIsCalled) {
   ShardReporter silent("job", nullptr, &clock);
   silent.RoundOpened();  // nothing to call: none of these may touch it
   silent.RoundClosed(Closed(0, 1, false), {}, 10);
-  silent.Polled(1, 1, true, 5);
+  silent.Polled(1, 1, true, 5, absl::Seconds(60));
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "server/stored_update.h"
+#include "server/storage/stored_update.h"
 
 namespace co2::server {
 

@@ -1,4 +1,4 @@
-#include "server/stored_update.h"
+#include "server/storage/stored_update.h"
 
 #include <fcntl.h>
 #include <unistd.h>

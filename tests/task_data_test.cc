@@ -1,4 +1,4 @@
-#include "client/task_data.h"
+#include "apps/co2-train/task_data.h"
 
 #include <torch/torch.h>
 

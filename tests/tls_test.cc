@@ -4,6 +4,7 @@
 // material, so no test passes because nothing works.
 #include <sys/wait.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -18,13 +19,15 @@
 #include "co2/v1/aggregator.grpc.pb.h"
 #include "common/job_config.h"
 #include "common/tls_config.h"
+#include "common/tls_probe.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
-#include "server/token_auth.h"
+#include "server/service/aggregator_server.h"
+#include "server/service/call_auth.h"
+#include "server/service/client_cert.h"
 
 namespace co2 {
 namespace {
@@ -40,7 +43,8 @@ int RunCommand(const std::string& command, std::string* output = nullptr) {
   std::string out;
   char buffer[4096];
   size_t n = 0;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0)
+    out.append(buffer, n);
   const int status = pclose(pipe);
   if (output != nullptr) *output = out;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -137,14 +141,25 @@ v1::JobConfig Config() {
   return c;
 }
 
+class CountingObserver : public server::ShardObserver {
+ public:
+  void OnCallRefused(absl::StatusCode) override { refused_.fetch_add(1); }
+  int Refused() const { return refused_.load(); }
+
+ private:
+  std::atomic<int> refused_{0};
+};
+
 class TlsTest : public testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(Pki::Get().error(), "") << "could not create the test PKI";
   }
 
-  void StartServer(bool mtls, server::JobTokens tokens = {}) {
+  void StartServer(bool mtls, server::JobTokens tokens = {},
+                   server::ShardObserver* observer = nullptr) {
     server::AggregatorServerOptions options;
+    options.registry.shard.observer = observer;
     options.address = "127.0.0.1:0";
     options.tls = ServerTls(mtls);
     options.tokens = std::move(tokens);
@@ -178,6 +193,31 @@ class TlsTest : public testing::Test {
     request.set_uplink_codec(v1::CODEC_FP32);
     v1::JoinResponse response;
     return stub->Join(&context, request, &response);
+  }
+
+  // grpc.health.v1.Health/Check over a channel made from `tls`.
+  grpc::Status CheckHealth(const common::TlsOptions& tls) {
+    auto channel = grpc::CreateChannel(
+        address_, *common::MakeChannelCredentials(tls, "", ""));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    // grpc.health.v1.HealthCheckRequest{} serialises to zero bytes.
+    grpc::Slice empty("");
+    grpc::ByteBuffer request(&empty, 1), response;
+    grpc::GenericStub generic(channel);
+    grpc::Status status;
+    bool done = false;
+    absl::Mutex mu;
+    generic.UnaryCall(&context, "/grpc.health.v1.Health/Check",
+                      grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) {
+                        absl::MutexLock lock(&mu);
+                        status = s;
+                        done = true;
+                      });
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&done));
+    return status;
   }
 
   std::unique_ptr<server::AggregatorServer> server_;
@@ -222,18 +262,65 @@ TEST_F(TlsTest, ClientRefusesAServerItsCaDidNotSign) {
   EXPECT_TRUE(Join(Stub(ClientTls("")).get()).ok());
 }
 
+// The shard refuses a call without a good client certificate where it knows
+// the peer: UNAUTHENTICATED saying why, counted (and logged) as a refused
+// call. Plaintext never gets past the handshake.
 TEST_F(TlsTest, MtlsRefusesClientCertificatesFromAnotherCa) {
-  StartServer(/*mtls=*/true);
-  const grpc::Status foreign = Join(Stub(ClientTls("other-client")).get());
-  EXPECT_EQ(foreign.error_code(), StatusCode::UNAVAILABLE)
-      << foreign.error_message();
-  const grpc::Status none = Join(Stub(ClientTls("")).get());
-  EXPECT_EQ(none.error_code(), StatusCode::UNAVAILABLE) << none.error_message();
+  CountingObserver observer;
+  StartServer(/*mtls=*/true, {}, &observer);
+  ExpectStatus(Join(Stub(ClientTls("other-client")).get()),
+               StatusCode::UNAUTHENTICATED,
+               "is not signed by the CA of this shard's --tls_client_ca");
+  ExpectStatus(Join(Stub(ClientTls("")).get()), StatusCode::UNAUTHENTICATED,
+               "no client certificate: this shard requires mTLS");
+  EXPECT_EQ(observer.Refused(), 2);
   const grpc::Status plaintext =
       Join(Stub(grpc::InsecureChannelCredentials()).get());
   EXPECT_EQ(plaintext.error_code(), StatusCode::UNAVAILABLE)
       << plaintext.error_message();
   EXPECT_TRUE(Join(Stub(ClientTls("client")).get()).ok());
+  EXPECT_EQ(observer.Refused(), 2);
+  // Health probes need no certificate.
+  const grpc::Status health = CheckHealth(ClientTls(""));
+  EXPECT_TRUE(health.ok()) << health.error_message();
+}
+
+// A TLS failure that no retry can mend ends Connect at once with its reason
+// (not a 30 s wait ending in "tcp handshaker shutdown"); a shard that is down
+// is still waited for.
+TEST_F(TlsTest, PermanentTlsFailuresFailFastSayingWhy) {
+  auto connect = [&](const common::TlsOptions& tls) {
+    std::vector<float> anchor(kParams);
+    client::ClientOptions options;
+    options.addresses = {address_};
+    options.worker_id = "worker-0";
+    options.job_config = Config();
+    options.tls = tls;
+    options.connect_timeout = absl::Minutes(5);
+    return client::AggregatorClient::Connect(options, absl::MakeSpan(anchor))
+        .status();
+  };
+  auto expect_refused = [](const absl::Status& status,
+                           const std::string& part) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnauthenticated) << status;
+    EXPECT_NE(status.message().find(part), std::string::npos)
+        << status << "\nexpected to contain: " << part;
+  };
+  StartServer(/*mtls=*/true);
+  expect_refused(connect(ClientTls("client", "other-ca")),
+                 "the shard's certificate failed verification");
+  expect_refused(connect(ClientTls("other-client")),
+                 "is not signed by the CA of this shard's --tls_client_ca");
+  expect_refused(connect(ClientTls("")), "no client certificate");
+  EXPECT_TRUE(connect(ClientTls("client")).ok());
+
+  EXPECT_TRUE(
+      common::ProbeTlsHandshake(address_, ClientTls("client"), absl::Seconds(5))
+          .ok());
+  server_.reset();
+  const absl::Status down = common::ProbeTlsHandshake(
+      address_, ClientTls("client"), absl::Seconds(5));
+  EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
 }
 
 server::JobTokens Tokens() {
@@ -292,6 +379,37 @@ TEST_F(TlsTest, AnyJobTokenOpensEveryJobWithoutItsOwn) {
                StatusCode::UNAUTHENTICATED, "job-a");
 }
 
+// The admin service takes the admin token and nothing else; a shard
+// without one refuses every admin call.
+TEST_F(TlsTest, AdminCallsNeedTheAdminToken) {
+  auto list = [&](const std::string& token) {
+    auto credentials =
+        common::MakeChannelCredentials(ClientTls("client"), token, "job-a");
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    auto stub = v1::AggregatorAdmin::NewStub(
+        grpc::CreateChannel(address_, *credentials));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    v1::ListJobsResponse response;
+    return stub->ListJobs(&context, v1::ListJobsRequest(), &response);
+  };
+  server::JobTokens tokens = Tokens();
+  StartServer(/*mtls=*/true, tokens);
+  ExpectStatus(list("secret-a"), StatusCode::UNAUTHENTICATED,
+               "admin calls are disabled on this shard");
+  server_.reset();
+  tokens.admin = "admin-secret";
+  StartServer(/*mtls=*/true, tokens);
+  ExpectStatus(list("secret-a"), StatusCode::UNAUTHENTICATED,
+               "need the shard's admin token");
+  ExpectStatus(list(""), StatusCode::UNAUTHENTICATED,
+               "need the shard's admin token");
+  EXPECT_TRUE(list("admin-secret").ok());
+  // The admin token opens no job.
+  ExpectStatus(Join(Stub(ClientTls("client"), "admin-secret", "job-a").get()),
+               StatusCode::UNAUTHENTICATED, "not valid for job \"job-a\"");
+}
+
 TEST_F(TlsTest, FullRoundThroughAggregatorClientWithMtlsAndToken) {
   StartServer(/*mtls=*/true, Tokens());
   std::vector<float> anchor(kParams);
@@ -337,34 +455,47 @@ TEST_F(TlsTest, FullRoundThroughAggregatorClientWithMtlsAndToken) {
 
 TEST_F(TlsTest, HealthChecksNeedNoToken) {
   StartServer(/*mtls=*/false, Tokens());
-  auto channel = grpc::CreateChannel(
-      address_, *common::MakeChannelCredentials(ClientTls(""), "", ""));
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  // grpc.health.v1.HealthCheckRequest{} serialises to zero bytes.
-  grpc::Slice empty("");
-  grpc::ByteBuffer request(&empty, 1), response;
-  grpc::GenericStub generic(channel);
-  grpc::Status status;
-  bool done = false;
-  absl::Mutex mu;
-  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check",
-                    grpc::StubOptions(), &request, &response,
-                    [&](grpc::Status s) {
-                      absl::MutexLock lock(&mu);
-                      status = s;
-                      done = true;
-                    });
-  absl::MutexLock lock(&mu);
-  mu.Await(absl::Condition(&done));
+  const grpc::Status status = CheckHealth(ClientTls(""));
   EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(ClientCertVerifierTest, AcceptsOnlyClientCertificatesFromItsCa) {
+  const Pki& pki = Pki::Get();
+  ASSERT_EQ(pki.error(), "");
+  auto verifier = server::ClientCertVerifier::Create(
+      ReadFile(pki.Path("ca.pem")), pki.Path("ca.pem"));
+  ASSERT_TRUE(verifier.ok()) << verifier.status();
+  EXPECT_TRUE((*verifier)->VerifyPem(ReadFile(pki.Path("client.pem")), "").ok());
+  // A server certificate of the same CA may not authenticate a client.
+  const absl::Status server_cert =
+      (*verifier)->VerifyPem(ReadFile(pki.Path("server.pem")), "");
+  EXPECT_EQ(server_cert.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(server_cert.message().find("\"/CN=localhost\" refused"),
+            std::string::npos)
+      << server_cert;
+  const absl::Status foreign =
+      (*verifier)->VerifyPem(ReadFile(pki.Path("other-client.pem")), "");
+  EXPECT_NE(foreign.message().find("not signed by the CA"), std::string::npos)
+      << foreign;
+  // The CA itself, sent as the chain, does not make a foreign leaf good.
+  EXPECT_FALSE((*verifier)
+                   ->VerifyPem(ReadFile(pki.Path("other-client.pem")),
+                               ReadFile(pki.Path("other-ca.pem")))
+                   .ok());
+  EXPECT_EQ(server::ClientCertVerifier::Create("not pem", "ca.txt").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TlsConfigTest, UnreadableFilesAreNamed) {
   common::TlsOptions tls;
   tls.cert_file = "/nonexistent/server.pem";
   tls.key_file = "/nonexistent/server.key";
-  auto missing = common::MakeServerCredentials(tls);
+  auto missing = server::MakeShardCredentials(tls, {});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_NE(missing.status().message().find("/nonexistent/server.pem"),
             std::string::npos)
@@ -373,18 +504,18 @@ TEST(TlsConfigTest, UnreadableFilesAreNamed) {
   const std::string not_pem = "/tmp/co2-tls-test-not-pem.txt";
   std::ofstream(not_pem) << "hello\n";
   tls.cert_file = not_pem;
-  auto garbage = common::MakeServerCredentials(tls);
+  auto garbage = server::MakeShardCredentials(tls, {});
   EXPECT_EQ(garbage.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(garbage.status().message().find("not PEM"), std::string::npos)
       << garbage.status();
   std::filesystem::remove(not_pem);
 
   tls.key_file = "";
-  EXPECT_EQ(common::MakeServerCredentials(tls).status().code(),
+  EXPECT_EQ(server::MakeShardCredentials(tls, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
   common::TlsOptions mtls_without_ca = ServerTls(false);
   mtls_without_ca.require_client_cert = true;
-  EXPECT_EQ(common::MakeServerCredentials(mtls_without_ca).status().code(),
+  EXPECT_EQ(server::MakeShardCredentials(mtls_without_ca, {}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -1,4 +1,4 @@
-#include "client/torch_status.h"
+#include "client/training/torch_status.h"
 
 #include <c10/util/Exception.h>
 

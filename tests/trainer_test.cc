@@ -219,6 +219,44 @@ TEST(TrainerTest, BadFlagValueFailsBeforeSpawning) {
   const RunResult run = RunCo2Train({"--algo=sgd"}, /*timeout_s=*/30);
   EXPECT_NE(run.exit_code, 0);
   EXPECT_THAT(run.output, HasSubstr("unknown algorithm 'sgd'"));
+  const RunResult heavy =
+      RunCo2Train({"--algo=diloco", "--momentum=heavy_ball"}, /*timeout_s=*/30);
+  EXPECT_NE(heavy.exit_code, 0);
+  EXPECT_THAT(heavy.output, HasSubstr("--momentum is 'heavy_ball': diloco"));
+}
+
+// diloco trains through the aggregator with its published outer settings
+// unless they are given.
+TEST(TrainerTest, DiLoCoRunsWithItsOuterDefaults) {
+  TempDir dir;
+  auto settings_of = [&](const std::vector<std::string>& extra) {
+    const std::string report = dir.path() + "/diloco.json";
+    std::vector<std::string> args = {
+        "--algo=diloco",    "--workers=2",
+        "--tau=4",          "--steps=16",
+        "--eval_every=0",   "--final_eval_examples=500",
+        "--progress=false", absl::StrCat("--report=", report)};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const RunResult run = RunCo2Train(args, /*timeout_s=*/300);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    EXPECT_THAT(run.output,
+                HasSubstr("identical on every rank after every boundary: yes"));
+    std::ifstream in(report);
+    std::stringstream text;
+    text << in.rdbuf();
+    Struct doc;
+    EXPECT_TRUE(
+        google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
+        << text.str();
+    return Field(doc, "settings").struct_value();
+  };
+  const Struct defaults = settings_of({});
+  EXPECT_EQ(Field(defaults, "alpha").string_value(), "0.7");
+  EXPECT_EQ(Field(defaults, "beta").string_value(), "0.9");
+  EXPECT_EQ(Field(defaults, "momentum").string_value(), "nesterov");
+  const Struct given = settings_of({"--alpha=0.4", "--beta=0.5"});
+  EXPECT_EQ(Field(given, "alpha").string_value(), "0.4");
+  EXPECT_EQ(Field(given, "beta").string_value(), "0.5");
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-#include "server/update_cache.h"
+#include "server/job/update_cache.h"
 
 #include <memory>
 #include <optional>

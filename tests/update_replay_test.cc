@@ -19,9 +19,9 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
-#include "server/job_registry.h"
-#include "server/job_shard.h"
+#include "server/job/job_registry.h"
+#include "server/job/job_shard.h"
+#include "server/service/aggregator_server.h"
 #include "tests/wait_for.h"
 
 namespace co2 {
@@ -188,7 +188,8 @@ TEST_F(UpdateReplayTest, AReconnectingWorkerGetsTheBytesItMissed) {
   ASSERT_EQ(sent.size(), 3u * chunks);
   // Round 2's chunks may all have been streamed before it closed; until it
   // does, round 0 is still one of the last two closed rounds.
-  absl::StatusOr<server::JobShard*> job = server_->registry()->Find("j");
+  absl::StatusOr<std::shared_ptr<server::JobShard>> job =
+      server_->registry()->Find("j");
   ASSERT_TRUE(job.ok()) << job.status();
   testing::WaitFor([&] { return (*job)->stats().rounds_closed >= 3; },
                    absl::Seconds(20));

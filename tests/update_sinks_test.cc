@@ -1,4 +1,4 @@
-#include "server/update_sinks.h"
+#include "server/job/update_sinks.h"
 
 #include <memory>
 #include <vector>
@@ -24,8 +24,7 @@ TEST(UpdateSinksTest, LiveSinksInOrderAndEndedOnesForgotten) {
   sinks.Add(b);
   sinks.Add(c);
   sinks.Add(std::weak_ptr<UpdateSink>());  // a stream that never was
-  EXPECT_EQ(sinks.Live(),
-            (std::vector<std::shared_ptr<UpdateSink>>{a, b, c}));
+  EXPECT_EQ(sinks.Live(), (std::vector<std::shared_ptr<UpdateSink>>{a, b, c}));
   std::weak_ptr<NullSink> ended = b;
   b.reset();  // the stream ended
   EXPECT_TRUE(ended.expired()) << "a sink is held only while it is taken";

@@ -17,7 +17,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/aggregator_server.h"
+#include "server/service/aggregator_server.h"
 #include "tests/expect_status.h"
 
 namespace co2 {
@@ -28,7 +28,6 @@ using testing::ExpectStatus;
 
 // Two chunks on one shard.
 constexpr size_t kParams = common::kChunkElements + 1000;
-
 
 class WireContractTest : public ::testing::Test {
  protected:

@@ -385,7 +385,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 seed, few steps")
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build/client/co2-train"))
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build/bin/co2-train"))
     ap.add_argument("--out", default=os.path.join(ROOT, "bench/results"))
     ap.add_argument("--work", default="",
                     help="per-run reports and logs, the resume cache "

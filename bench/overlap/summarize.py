@@ -12,7 +12,7 @@ link, c = P·b/bandwidth. The shards stream the update: a chunk of U_r leaves
 as soon as every worker's chunk of Δ_r has arrived, so the download runs
 under the upload, and a round's update is whole once the upload is done
 and the last chunk of each shard has come down: u = c + S·chunk/bandwidth
-after the round started (§8 says co2 hides c when c < τ·t_step). co2's
+after the round started (co2 hides the round when u < τ·t_step). co2's
 predicted ratio is τ·t_step / max(τ·t_step, u); slowmo waits for it every
 round: τ·t / (τ·t + u). With --whole_rounds (shards run with
 --stream_updates=false) the download starts only when the uploads are

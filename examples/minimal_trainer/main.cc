@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "client/batches.h"
-#include "client/co2_optimizer.h"
-#include "client/fashion_mnist.h"
-#include "common/job_config.h"
+#include "co2/client/training/batches.h"
+#include "co2/client/training/co2_optimizer.h"
+#include "co2/client/training/fashion_mnist.h"
+#include "co2/common/job_config.h"
 
 namespace cc = co2::client;
 
@@ -22,10 +22,13 @@ int Fail(const absl::Status& s) {
 }
 
 int main(int argc, char** argv) {
-  if (argc < 2) return Fail(absl::InvalidArgumentError("usage: minimal_trainer HOST:PORT [WORKER] [ROUNDS] [DATA_DIR]"));
+  if (argc < 2)
+    return Fail(absl::InvalidArgumentError(
+        "usage: minimal_trainer HOST:PORT [WORKER] [ROUNDS] [DATA_DIR]"));
   const std::string worker = argc > 2 ? argv[2] : "worker-0";
   const int rounds = argc > 3 ? std::stoi(argv[3]) : 5, tau = 8, batch = 32;
-  auto data = cc::LoadFashionMnist({argc > 4 ? argv[4] : "/usr/share/datasets/fashion-mnist"});
+  auto data = cc::LoadFashionMnist(
+      {argc > 4 ? argv[4] : "/usr/share/datasets/fashion-mnist"});
   if (!data.ok()) return Fail(data.status());
 
   torch::manual_seed(1);  // every worker starts from the same A_0
@@ -34,7 +37,8 @@ int main(int argc, char** argv) {
   // (1) Re-home the parameters into one flat buffer, then build the optimizer.
   auto flat = cc::FlatParams::Create(model->parameters());
   if (!flat.ok()) return Fail(flat.status());
-  torch::optim::AdamW inner(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  torch::optim::AdamW inner(model->parameters(),
+                            torch::optim::AdamWOptions(1e-3));
   // (2) Join the job on the aggregator shards; (3) wrap the inner optimizer.
   cc::ClientOptions client;
   client.addresses = std::vector<std::string>(absl::StrSplit(argv[1], ','));
@@ -42,6 +46,7 @@ int main(int argc, char** argv) {
   client.worker_id = worker;
   client.job_config = co2::common::DefaultJobConfig(0, 0);  // α, β, Λ, clip
   client.job_config.set_tau(tau);
+  client.job_config.set_rounds(rounds);  // the job finishes after them
   auto connected = cc::AggregatorClient::Connect(client, (*flat)->ParamSpan());
   if (!connected.ok()) return Fail(connected.status());
   cc::Co2OptimizerOptions options;
@@ -56,7 +61,8 @@ int main(int argc, char** argv) {
   const size_t offset = std::hash<std::string>()(worker) % 50000;
   for (int step = 0; step < rounds * tau; ++step) {
     std::vector<int64_t> indices;
-    for (int i = 0; i < batch; ++i) indices.push_back((offset + step * batch + i) % 60000);
+    for (int i = 0; i < batch; ++i)
+      indices.push_back((offset + step * batch + i) % 60000);
     auto b = cc::MakeFashionMnistBatch(data->train, indices);
     if (!b.ok()) return Fail(b.status());
     (*co2)->ZeroGrad();  // (4) instead of inner.zero_grad()

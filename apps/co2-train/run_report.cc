@@ -1,0 +1,357 @@
+#include "apps/co2-train/run_report.h"
+
+#include <google/protobuf/struct.pb.h>
+#include <google/protobuf/util/json_util.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace co2::client {
+namespace {
+
+using google::protobuf::ListValue;
+using google::protobuf::Struct;
+using google::protobuf::Value;
+
+Value Num(double v) {
+  Value out;
+  out.set_number_value(v);
+  return out;
+}
+Value Str(const std::string& v) {
+  Value out;
+  out.set_string_value(v);
+  return out;
+}
+Value Bool(bool v) {
+  Value out;
+  out.set_bool_value(v);
+  return out;
+}
+Value Obj(Struct s) {
+  Value out;
+  *out.mutable_struct_value() = std::move(s);
+  return out;
+}
+Value List(ListValue l) {
+  Value out;
+  *out.mutable_list_value() = std::move(l);
+  return out;
+}
+void Put(Struct& s, const std::string& key, Value v) {
+  (*s.mutable_fields())[key] = std::move(v);
+}
+Struct FromMap(const std::map<std::string, double>& m) {
+  Struct s;
+  for (const auto& [k, v] : m) Put(s, k, Num(v));
+  return s;
+}
+
+// Field accessors that tolerate absence (a field missing reads as default).
+double GetNum(const Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? 0 : it->second.number_value();
+}
+std::string GetStr(const Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  return it == s.fields().end() ? "" : it->second.string_value();
+}
+const Struct* GetObj(const Struct& s, const std::string& key) {
+  auto it = s.fields().find(key);
+  if (it == s.fields().end() || !it->second.has_struct_value()) return nullptr;
+  return &it->second.struct_value();
+}
+std::map<std::string, double> ToMap(const Struct* s) {
+  std::map<std::string, double> out;
+  if (s == nullptr) return out;
+  for (const auto& [k, v] : s->fields()) out[k] = v.number_value();
+  return out;
+}
+
+std::string ToJson(const Struct& s) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  std::string out;
+  // A Struct holds only JSON-representable values: printing cannot fail.
+  (void)google::protobuf::util::MessageToJsonString(s, &out, options);
+  return out;
+}
+
+Struct RoundToStruct(const RankRound& r) {
+  Struct s;
+  Put(s, "round", Num(r.round));
+  Put(s, "steps", Num(r.steps));
+  Put(s, "loss", Num(r.loss));
+  if (r.metric >= 0) Put(s, "metric", Num(r.metric));
+  if (r.eval_loss >= 0) Put(s, "eval_loss", Num(r.eval_loss));
+  Put(s, "compute_s", Num(r.compute_s));
+  Put(s, "exposed_comm_s", Num(r.exposed_comm_s));
+  Put(s, "boundary_s", Num(r.boundary_s));
+  Put(s, "bytes_sent", Num(static_cast<double>(r.bytes_sent)));
+  Put(s, "params_hash", Str(r.params_hash));
+  return s;
+}
+
+RankRound RoundFromStruct(const Struct& s) {
+  RankRound r;
+  r.round = static_cast<uint64_t>(GetNum(s, "round"));
+  r.steps = static_cast<int>(GetNum(s, "steps"));
+  r.loss = GetNum(s, "loss");
+  r.metric = s.fields().count("metric") ? GetNum(s, "metric") : -1;
+  r.eval_loss = s.fields().count("eval_loss") ? GetNum(s, "eval_loss") : -1;
+  r.compute_s = GetNum(s, "compute_s");
+  r.exposed_comm_s = GetNum(s, "exposed_comm_s");
+  r.boundary_s = GetNum(s, "boundary_s");
+  r.bytes_sent = static_cast<uint64_t>(GetNum(s, "bytes_sent"));
+  r.params_hash = GetStr(s, "params_hash");
+  return r;
+}
+
+// Rank r's entry for round n; null if r has none (it rejoined later). The
+// rounds of a rank are contiguous up to the last (Summarize checks).
+const RankRound* RoundOf(const RankReport& r, uint64_t n) {
+  if (r.rounds.empty() || n < r.rounds.front().round ||
+      n > r.rounds.back().round) {
+    return nullptr;
+  }
+  return &r.rounds[n - r.rounds.front().round];
+}
+
+const RankReport& Longest(const std::vector<RankReport>& ranks) {
+  const RankReport* longest = &ranks[0];
+  for (const RankReport& r : ranks) {
+    if (r.rounds.size() > longest->rounds.size()) longest = &r;
+  }
+  return *longest;
+}
+
+}  // namespace
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::string& contents) {
+  const std::string tmp = absl::StrCat(path, ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot write ", tmp));
+    }
+    out << contents;
+    out.flush();
+    if (!out) return absl::DataLossError(absl::StrCat("short write to ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteRankReport(const std::string& path, const RankReport& r) {
+  Struct s;
+  Put(s, "worker", Num(r.worker));
+  Put(s, "local_rank", Num(r.local_rank));
+  Put(s, "leader", Bool(r.leader));
+  Put(s, "steps", Num(static_cast<double>(r.steps)));
+  Put(s, "wall_s", Num(r.wall_s));
+  Put(s, "train_s", Num(r.train_s));
+  Put(s, "exposed_comm_s", Num(r.exposed_comm_s));
+  Put(s, "bytes_sent", Num(static_cast<double>(r.bytes_sent)));
+  Put(s, "final_hash", Str(r.final_hash));
+  Put(s, "metric_name", Str(r.metric_name));
+  Put(s, "final_metrics", Obj(FromMap(r.final_metrics)));
+  Put(s, "memory_bytes", Obj(FromMap(r.memory_bytes)));
+  ListValue rounds;
+  for (const RankRound& round : r.rounds) {
+    *rounds.add_values() = Obj(RoundToStruct(round));
+  }
+  Put(s, "rounds", List(std::move(rounds)));
+  return WriteFileAtomically(path, ToJson(s));
+}
+
+absl::StatusOr<RankReport> ReadRankReport(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  Struct s;
+  auto parsed = google::protobuf::util::JsonStringToMessage(buffer.str(), &s);
+  if (!parsed.ok()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": not a rank report: ", parsed.ToString()));
+  }
+  RankReport r;
+  r.worker = static_cast<int>(GetNum(s, "worker"));
+  r.local_rank = static_cast<int>(GetNum(s, "local_rank"));
+  auto leader = s.fields().find("leader");
+  r.leader = leader != s.fields().end() && leader->second.bool_value();
+  r.steps = static_cast<int64_t>(GetNum(s, "steps"));
+  r.wall_s = GetNum(s, "wall_s");
+  r.train_s = GetNum(s, "train_s");
+  r.exposed_comm_s = GetNum(s, "exposed_comm_s");
+  r.bytes_sent = static_cast<uint64_t>(GetNum(s, "bytes_sent"));
+  r.final_hash = GetStr(s, "final_hash");
+  r.metric_name = GetStr(s, "metric_name");
+  r.final_metrics = ToMap(GetObj(s, "final_metrics"));
+  r.memory_bytes = ToMap(GetObj(s, "memory_bytes"));
+  auto rounds = s.fields().find("rounds");
+  if (rounds != s.fields().end()) {
+    for (const Value& v : rounds->second.list_value().values()) {
+      r.rounds.push_back(RoundFromStruct(v.struct_value()));
+    }
+  }
+  return r;
+}
+
+absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
+  MergedSummary out;
+  if (ranks.empty()) return absl::InvalidArgumentError("no rank reports");
+  // A restarted worker reports the rounds from the one it rejoined at, so
+  // rounds are matched by number; every rank must end at the same round. A
+  // worker restarted after the job's last round reports none (its final
+  // model, the anchor it fetched, is still compared).
+  const RankReport* longest = &Longest(ranks);
+  const size_t rounds = longest->rounds.size();
+  out.rounds = static_cast<int>(rounds);
+  out.params_identical = true;
+  int leaders = 0;
+  int ranks_with_rounds = 0;
+  double train_s = 0;
+  for (const RankReport& r : ranks) {
+    const uint64_t last = rounds > 0 ? longest->rounds.back().round : 0;
+    bool contiguous = true;
+    for (size_t i = 0; i < r.rounds.size() && contiguous; ++i) {
+      contiguous = r.rounds[i].round == last - (r.rounds.size() - 1 - i);
+    }
+    if (!contiguous) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", r.worker, " rank ", r.local_rank, " reports ",
+          r.rounds.size(), " rounds that are not contiguous up to round ",
+          last, " (worker ", longest->worker, " rank ", longest->local_rank,
+          " reports ", rounds, ")"));
+    }
+    if (!r.final_metrics.empty()) out.final_metrics = r.final_metrics;
+    out.bytes_sent += r.bytes_sent;
+    if (r.leader) {
+      ++leaders;
+      out.exposed_comm_s += r.exposed_comm_s;
+      train_s += r.train_s;
+    }
+    if (!r.rounds.empty()) {
+      out.final_loss += r.rounds.back().loss;
+      ++ranks_with_rounds;
+    }
+    for (size_t i = 0; i < r.rounds.size() && out.params_identical; ++i) {
+      // Contiguous up to the same last round: `longest` has this one.
+      if (r.rounds[i].params_hash !=
+          RoundOf(*longest, r.rounds[i].round)->params_hash) {
+        out.params_identical = false;
+        out.first_difference = absl::StrCat(
+            "round ", r.rounds[i].round, ": worker ", r.worker, " rank ",
+            r.local_rank, " (", r.rounds[i].params_hash,
+            ") differs from worker ", longest->worker, " rank ",
+            longest->local_rank, " (",
+            RoundOf(*longest, r.rounds[i].round)->params_hash, ")");
+      }
+    }
+  }
+  const bool finals_differ = std::any_of(
+      ranks.begin(), ranks.end(),
+      [&](const RankReport& r) { return r.final_hash != ranks[0].final_hash; });
+  if (out.params_identical && finals_differ) {
+    out.params_identical = false;
+    std::vector<std::string> hashes;
+    for (const RankReport& r : ranks) {
+      hashes.push_back(absl::StrCat("worker ", r.worker, " rank ", r.local_rank,
+                                    " ", r.final_hash));
+    }
+    out.first_difference =
+        absl::StrCat("final models differ: ", absl::StrJoin(hashes, ", "));
+  }
+  if (ranks_with_rounds > 0) out.final_loss /= ranks_with_rounds;
+  if (leaders > 0) {
+    out.exposed_comm_s /= leaders;
+    train_s /= leaders;
+    out.exposed_comm_fraction = train_s > 0 ? out.exposed_comm_s / train_s : 0;
+  }
+  return out;
+}
+
+std::string MergedReportJson(const RunInfo& info,
+                             const std::vector<RankReport>& ranks,
+                             const MergedSummary& summary) {
+  Struct s;
+  Struct settings;
+  for (const auto& [k, v] : info.settings) Put(settings, k, Str(v));
+  Put(s, "settings", Obj(std::move(settings)));
+  ListValue aggregators;
+  for (const std::string& a : info.aggregators) *aggregators.add_values() = Str(a);
+  Put(s, "aggregators", List(std::move(aggregators)));
+  Put(s, "wall_time_s", Num(info.wall_s));
+  Put(s, "rounds", Num(summary.rounds));
+  Put(s, "final_train_loss", Num(summary.final_loss));
+  Put(s, "final_metrics", Obj(FromMap(summary.final_metrics)));
+  Put(s, "exposed_comm_s", Num(summary.exposed_comm_s));
+  Put(s, "exposed_comm_fraction", Num(summary.exposed_comm_fraction));
+  Put(s, "bytes_sent", Num(static_cast<double>(summary.bytes_sent)));
+  Put(s, "params_identical", Bool(summary.params_identical));
+  if (!summary.first_difference.empty()) {
+    Put(s, "first_difference", Str(summary.first_difference));
+  }
+  // The curve: per round, the loss averaged over the ranks that ran it;
+  // timings and metric from the leader of worker 0 (from the rank with the
+  // most rounds where that leader rejoined later); bytes summed over ranks.
+  const RankReport* lead = &ranks[0];
+  for (const RankReport& r : ranks) {
+    if (r.worker == 0 && r.local_rank == 0) lead = &r;
+  }
+  ListValue curve;
+  for (const RankRound& longest : Longest(ranks).rounds) {
+    const RankRound* from_lead = RoundOf(*lead, longest.round);
+    RankRound merged = from_lead != nullptr ? *from_lead : longest;
+    merged.loss = 0;
+    merged.bytes_sent = 0;
+    int ran = 0;
+    for (const RankReport& r : ranks) {
+      if (const RankRound* round = RoundOf(r, longest.round)) {
+        merged.loss += round->loss;
+        merged.bytes_sent += round->bytes_sent;
+        ++ran;
+      }
+    }
+    merged.loss /= ran;
+    *curve.add_values() = Obj(RoundToStruct(merged));
+  }
+  Put(s, "curve", List(std::move(curve)));
+  Put(s, "memory_bytes", Obj(FromMap(lead->memory_bytes)));
+  ListValue rank_list;
+  for (const RankReport& r : ranks) {
+    Struct rs;
+    Put(rs, "worker", Num(r.worker));
+    Put(rs, "local_rank", Num(r.local_rank));
+    Put(rs, "leader", Bool(r.leader));
+    Put(rs, "steps", Num(static_cast<double>(r.steps)));
+    Put(rs, "wall_s", Num(r.wall_s));
+    Put(rs, "train_s", Num(r.train_s));
+    Put(rs, "exposed_comm_s", Num(r.exposed_comm_s));
+    Put(rs, "bytes_sent", Num(static_cast<double>(r.bytes_sent)));
+    Put(rs, "final_hash", Str(r.final_hash));
+    ListValue hashes;
+    for (const RankRound& round : r.rounds) {
+      *hashes.add_values() = Str(round.params_hash);
+    }
+    Put(rs, "params_hashes", List(std::move(hashes)));
+    *rank_list.add_values() = Obj(std::move(rs));
+  }
+  Put(s, "ranks", List(std::move(rank_list)));
+  return ToJson(s);
+}
+
+}  // namespace co2::client

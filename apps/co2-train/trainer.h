@@ -1,0 +1,149 @@
+// The example trainer behind co2-train: one local rank of one worker, which
+// loads its shard of the data, builds the model, wraps the inner optimizer in
+// a Co2Optimizer and trains, writing its progress and a per-rank report into
+// the run directory that the launcher (launcher.h) merges.
+//
+// Every rank derives everything from TrainerOptions alone (the seed fixes the
+// model initialisation, the data partition and the batch order), so a run is
+// reproducible and no rank ever needs another's configuration.
+// Torch-free header. RunWorker runs on the calling thread and blocks until
+// training ends; every wait inside it has a deadline from the options.
+#ifndef CO2_CLIENT_TRAINER_H_
+#define CO2_CLIENT_TRAINER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace co2::client {
+
+struct TrainerOptions {
+  std::string task = "fashion-mnist";  // fashion-mnist | charlm
+  std::string model = "small";         // small | wide (models.h)
+  std::string algo = "co2";            // co2 | ddp | localsgd | slowmo | diloco
+  int workers = 2;                     // W: nodes, each with its own leader
+  int local_ranks = 1;                 // L: processes per worker
+  int tau = 8;                         // inner steps per round
+  // The run ends after `epochs` passes over each rank's shard or `steps`
+  // inner steps, whichever comes first (0 = no bound; both 0: one epoch).
+  int epochs = 0;
+  int64_t steps = 0;
+  uint64_t seed = 1;
+  std::string optimizer = "adamw";  // adamw | sgd (momentum 0.9)
+  double lr = 1e-3;
+  std::string lr_schedule = "constant";  // constant | cosine
+  double weight_decay = 0.01;
+  int batch_size = 32;  // per local rank and inner step
+  int seq_len = 64;     // charlm window length
+  // Outer step (JobConfig). localsgd forces α=1, β=0, no penalty, no clip;
+  // slowmo forces no penalty and no clip.
+  float alpha = 0.5f;  // docs/usage.md §4
+  float beta = 0.0f;
+  std::string momentum = "heavy_ball";  // heavy_ball | nesterov
+  std::string gap_penalty = "none";     // none | constant | gap_aware
+  float penalty_lambda = 1.0f;          // for gap_penalty=constant
+  std::string clip = "none";            // none | value | adaptive
+  float clip_value = 3.0f;              // φ (value) or k (adaptive)
+  std::string codec = "fp32";           // uplink: fp32 | bf16 | int8
+  std::string downlink_codec = "fp32";
+  // Aggregator shards host:port, in shard order. Empty: the launcher starts
+  // `shards` embedded shards and fills this in for the workers.
+  std::vector<std::string> aggregators;
+  // TLS to external shards (with `aggregators` only; embedded shards are
+  // plaintext on 127.0.0.1): the CA that signed the shards' certificates,
+  // this worker's certificate and key for mTLS, and a file holding the job's
+  // bearer token (docs/reliability.md).
+  std::string aggregator_ca;
+  std::string aggregator_cert;
+  std::string aggregator_key;
+  std::string aggregator_token_file;
+  int shards = 1;
+  std::string job;                     // job name (launcher picks a unique one)
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string corpus_dir = "/usr/share/games/fortunes";
+  int eval_every = 10;                 // rounds between evaluations (0: end only)
+  int64_t eval_examples = 1000;        // examples/windows per periodic eval
+  int64_t final_eval_examples = 0;     // at the end (0: the whole split)
+  int threads = 1;                     // torch intra-op threads per process
+  absl::Duration connect_timeout = absl::Seconds(30);
+  absl::Duration update_timeout = absl::Minutes(5);
+  absl::Duration group_timeout = absl::Minutes(2);
+  // This rank's address in the groups that span workers (ddp's global group,
+  // the leaders' start barrier): loopback when every worker runs on this
+  // host, else the address of this worker's own interface.
+  std::string group_address = "127.0.0.1";
+  // Hash the parameters after every round so that the report can show every
+  // rank agrees; one pass over the model per round (off for benchmarks).
+  bool hash_params = true;
+  // At the end, each worker checks its final anchor against the shards'
+  // (Co2OptimizerOptions::verify_final_anchor; one download of the model).
+  bool verify_final_anchor = true;
+  absl::Duration round_timeout = absl::Seconds(60);  // embedded shards
+  // This worker restarts into a running job (after a crash): it skips the
+  // start barrier, fetches the anchor and trains from the shards' round.
+  bool rejoin = false;
+  // Launcher: a worker process that dies is restarted (with `rejoin`) up to
+  // this many times before the run fails. Needs an aggregator algorithm and
+  // one local rank per worker.
+  int max_restarts = 0;
+  std::string report;                  // final JSON report path ("" = none)
+  std::string run_dir;                 // scratch directory shared by ranks
+  bool progress = true;                // launcher: live one-line display
+  bool keep_run_dir = false;           // launcher: keep logs for debugging
+  // Worker leaders serve Prometheus metrics (client/worker_metrics.h) on
+  // port metrics_port; 0 picks a free port, -1 serves none. The launcher
+  // gives worker w the port metrics_port + w, so that the workers it starts
+  // on one host do not collide; a worker started by itself (a container, a
+  // pod) serves on metrics_port as given.
+  int metrics_port = -1;
+  std::string metrics_host = "0.0.0.0";  // the address /metrics listens on
+  // Testing seam of the fault suite (tests/fault_training_test.sh):
+  // "WORKER:WHAT" makes that worker's first process (not a --rejoin) fail
+  // at one exact point. WHAT is kill_in_round=R (SIGKILL after the inner
+  // steps of round R, before its boundary), kill_before_finish (its last Δ
+  // pushed, the last update not applied), kill_after_finish (final anchor
+  // applied and verified, no report written) or flip_final_bit (one bit of
+  // its final model flipped after the check, before the report). "" = none.
+  std::string inject_fault;
+};
+
+// A parsed TrainerOptions::inject_fault.
+struct InjectedFault {
+  enum class Kind {
+    kNone,
+    kKillInRound,
+    kKillBeforeFinish,
+    kKillAfterFinish,
+    kFlipFinalBit
+  };
+  Kind kind = Kind::kNone;
+  int worker = -1;
+  int64_t round = 0;  // kKillInRound
+};
+absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec);
+
+// Checks ranges and names (INVALID_ARGUMENT naming the flag and value).
+absl::Status ValidateTrainerOptions(const TrainerOptions& options);
+
+// Checks that the data set of the task loads and validates (used by the
+// launcher before it spawns anything, so a bad install fails in one line).
+absl::Status CheckDataset(const TrainerOptions& options);
+
+// Trains as local rank `local_rank` of worker `worker`. options.run_dir must
+// exist; options.aggregators must be set unless algo is ddp.
+absl::Status RunWorker(const TrainerOptions& options, int worker,
+                       int local_rank);
+
+// Files in the run directory.
+std::string RankReportPath(const std::string& run_dir, int worker,
+                           int local_rank);
+std::string ProgressPath(const std::string& run_dir);
+
+}  // namespace co2::client
+
+#endif  // CO2_CLIENT_TRAINER_H_

@@ -1,0 +1,56 @@
+#include "client/algo.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace co2::client {
+
+absl::StatusOr<Algo> ParseAlgo(absl::string_view name) {
+  if (name == "co2") return Algo::kCo2;
+  if (name == "ddp") return Algo::kDdp;
+  if (name == "localsgd") return Algo::kLocalSgd;
+  if (name == "slowmo") return Algo::kSlowMo;
+  if (name == "diloco") return Algo::kDiLoCo;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown algorithm '", name,
+                   "' (expected co2, ddp, localsgd, slowmo, diloco)"));
+}
+
+absl::string_view AlgoName(Algo algo) {
+  switch (algo) {
+    case Algo::kCo2:
+      return "co2";
+    case Algo::kDdp:
+      return "ddp";
+    case Algo::kLocalSgd:
+      return "localsgd";
+    case Algo::kSlowMo:
+      return "slowmo";
+    case Algo::kDiLoCo:
+      return "diloco";
+  }
+  return "?";
+}
+
+uint32_t StalenessOf(Algo algo) { return algo == Algo::kCo2 ? 1 : 0; }
+
+void ApplyAlgo(Algo algo, v1::JobConfig& config) {
+  config.set_max_staleness(StalenessOf(algo));
+  if (algo == Algo::kLocalSgd) {  // a plain blocking average
+    config.set_alpha(1.0f);
+    config.set_beta(0.0f);
+  }
+  if (algo == Algo::kDiLoCo) config.set_momentum(v1::MOMENTUM_NESTEROV);
+  if (algo == Algo::kLocalSgd || algo == Algo::kSlowMo ||
+      algo == Algo::kDiLoCo) {
+    config.set_gap_penalty(v1::GAP_PENALTY_NONE);
+    config.set_clip(v1::CLIP_NONE);
+  }
+}
+
+OuterDefaults OuterDefaultsOf(Algo algo) {
+  if (algo == Algo::kDiLoCo) return {0.7f, 0.9f};
+  return {0.5f, 0.0f};
+}
+
+}  // namespace co2::client

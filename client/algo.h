@@ -1,0 +1,47 @@
+// The training algorithms co2 runs (docs/algorithm.md) and what each means
+// for a job's settings. Torch-free; pure functions, any thread.
+//   co2       τ inner steps, then push Δ without waiting for its average
+//             (staleness 1).
+//   localsgd  τ inner steps, then a blocking plain average (staleness 0,
+//             α = 1, β = 0).
+//   slowmo    as localsgd, with outer momentum (β > 0) on the aggregator.
+//   diloco    as slowmo with Nesterov outer momentum and DiLoCo's published
+//             defaults α = 0.7, β = 0.9 (Douillard et al. 2023), as torchft
+//             and OpenDiLoCo ship it.
+//   ddp       gradients all-reduced every step; no aggregator.
+#ifndef CO2_CLIENT_ALGO_H_
+#define CO2_CLIENT_ALGO_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "co2/v1/aggregator.pb.h"
+
+namespace co2::client {
+
+enum class Algo { kCo2, kDdp, kLocalSgd, kSlowMo, kDiLoCo };
+
+// "co2" | "ddp" | "localsgd" | "slowmo" | "diloco"; INVALID_ARGUMENT
+// otherwise.
+absl::StatusOr<Algo> ParseAlgo(absl::string_view name);
+absl::string_view AlgoName(Algo algo);
+// The JobConfig.max_staleness an algorithm runs with (1 for co2, else 0).
+uint32_t StalenessOf(Algo algo);
+// Sets what `algo` fixes in a job's config: max_staleness; for localsgd a
+// plain average (α = 1, β = 0); for diloco Nesterov momentum; for the
+// blocking algorithms no gap penalty and no clipping.
+void ApplyAlgo(Algo algo, v1::JobConfig& config);
+
+// The outer learning rate and momentum an algorithm runs with where the user
+// sets neither: diloco's α = 0.7, β = 0.9; every other algorithm the
+// JobConfig defaults, α = 0.5, β = 0.
+struct OuterDefaults {
+  float alpha;
+  float beta;
+};
+OuterDefaults OuterDefaultsOf(Algo algo);
+
+}  // namespace co2::client
+
+#endif  // CO2_CLIENT_ALGO_H_

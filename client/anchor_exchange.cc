@@ -1,0 +1,182 @@
+#include "client/anchor_exchange.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace co2::client {
+
+std::optional<uint64_t> OwedUpdate(uint32_t staleness, uint64_t rounds,
+                                   uint64_t round) {
+  // A_{r+1} = A_r + U of round r − 1, and round 0 has none (A_1 = A_0). A
+  // worker that joined a running job fetched A_s: it owes the update of
+  // round s − 1 like any other, also when s − 1 is the job's last round and
+  // it computes no round itself.
+  if (staleness != 1 || round == 0) return std::nullopt;
+  if (rounds > 0 && round - 1 >= rounds) return std::nullopt;
+  return round - 1;
+}
+
+AnchorExchange::AnchorExchange(const AnchorExchangeOptions& options,
+                               std::unique_ptr<AggregatorClient> client,
+                               absl::Span<const float> x0)
+    : options_(options),
+      client_(std::move(client)),
+      staleness_(client_->job_config().max_staleness()),
+      anchor_(x0.begin(), x0.end()) {}
+
+absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
+    const AnchorExchangeOptions& options,
+    std::unique_ptr<AggregatorClient> client, absl::Span<const float> x0) {
+  if (client == nullptr) {
+    return absl::InvalidArgumentError("AnchorExchange: no aggregator client");
+  }
+  const v1::JobConfig& config = client->job_config();
+  if (config.num_parameters() != x0.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("AnchorExchange: the job has ", config.num_parameters(),
+                     " parameters, the model ", x0.size()));
+  }
+  if (config.max_staleness() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AnchorExchange: max_staleness ", config.max_staleness(),
+                     " is not supported (0 or 1)"));
+  }
+  if (config.rounds() != 0 && config.rounds() != options.rounds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AnchorExchange: rounds is ", options.rounds,
+                     " but the job's JobConfig.rounds is ", config.rounds()));
+  }
+  if (config.max_staleness() == 1 && options.rounds == 0) {
+    return absl::InvalidArgumentError(
+        "AnchorExchange: a one-round-stale job needs rounds (the job's number "
+        "of rounds) > 0");
+  }
+  if (!(options.samples_per_step > 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AnchorExchange: samples_per_step must be > 0, got ",
+                     options.samples_per_step));
+  }
+  std::unique_ptr<AnchorExchange> exchange(
+      new AnchorExchange(options, std::move(client), x0));
+  // A shard that loses the job's state is re-seeded from this anchor.
+  CO2_RETURN_IF_ERROR(exchange->client_->TrackAnchor(exchange->anchor_));
+  return exchange;
+}
+
+absl::Status AnchorExchange::Push(uint64_t round, int steps,
+                                  absl::Span<float> x, ExchangeTimes& times) {
+  // Δ = A − x, in place: x is overwritten with the new anchor right after.
+  const float* a = anchor_.data();
+  float* d = x.data();
+  for (size_t i = 0; i < x.size(); ++i) d[i] = a[i] - d[i];
+  const double weight = steps * options_.samples_per_step;
+  const absl::Time pushed = options_.clock->Now();
+  CO2_RETURN_IF_ERROR(
+      client_->Push(round, x, weight, pushed + options_.push_timeout));
+  times.push += options_.clock->Now() - pushed;
+  times.bytes_sent += common::EncodedSize(options_.uplink_codec, x.size());
+  return absl::OkStatus();
+}
+
+absl::Status AnchorExchange::AwaitUpdate(uint64_t round,
+                                         ExchangeTimes& times) {
+  const absl::Time t = options_.clock->Now();
+  const absl::Time deadline = t + options_.update_timeout;
+  absl::Status waited;
+  while (true) {
+    const absl::Time slice =
+        options_.check_interrupt
+            ? std::min(deadline,
+                       options_.clock->Now() + options_.interrupt_poll)
+            : deadline;
+    waited = client_->WaitForUpdate(round, slice);
+    if (waited.code() != absl::StatusCode::kDeadlineExceeded ||
+        slice >= deadline) {
+      break;
+    }
+    waited = options_.check_interrupt();
+    if (!waited.ok()) break;
+  }
+  times.exposed_comm += options_.clock->Now() - t;
+  if (!waited.ok()) {
+    return absl::Status(waited.code(),
+                        absl::StrCat("waiting for the update of round ", round,
+                                     ": ", waited.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AnchorExchange::Apply(uint64_t round, ExchangeTimes& times) {
+  const uint64_t before = client_->stats().anchor_mismatches;
+  const absl::Status applied =
+      client_->ApplyUpdate(round, absl::MakeSpan(anchor_)).status();
+  times.anchor_mismatches += client_->stats().anchor_mismatches - before;
+  return applied;
+}
+
+void AnchorExchange::CopyAnchorTo(absl::Span<float> x) const {
+  std::memcpy(x.data(), anchor_.data(), anchor_.size() * sizeof(float));
+}
+
+absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
+                                      absl::Span<float> x,
+                                      ExchangeTimes& times) {
+  if (x.size() != anchor_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AnchorExchange::Boundary: ", x.size(),
+                     " parameters, the job has ", anchor_.size()));
+  }
+  if (options_.rounds > 0 && round >= options_.rounds) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("AnchorExchange: round ", round,
+                     " is past the job's last round ", options_.rounds - 1));
+  }
+  if (staleness_ == 1) {
+    // U of round r−1 normally arrived while this round computed. Δ_r is taken
+    // against A_r, so the update is applied only after the push.
+    const std::optional<uint64_t> owed =
+        OwedUpdate(staleness_, options_.rounds, round);
+    if (owed) CO2_RETURN_IF_ERROR(AwaitUpdate(*owed, times));
+    CO2_RETURN_IF_ERROR(Push(round, steps, x, times));
+    if (owed) CO2_RETURN_IF_ERROR(Apply(*owed, times));
+  } else {
+    CO2_RETURN_IF_ERROR(Push(round, steps, x, times));
+    CO2_RETURN_IF_ERROR(AwaitUpdate(round, times));
+    CO2_RETURN_IF_ERROR(Apply(round, times));
+  }
+  CopyAnchorTo(x);
+  return absl::OkStatus();
+}
+
+absl::Status AnchorExchange::Drain(uint64_t owed, absl::Span<float> x,
+                                   ExchangeTimes& times) {
+  if (x.size() != anchor_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AnchorExchange::Drain: ", x.size(),
+                     " parameters, the job has ", anchor_.size()));
+  }
+  CO2_RETURN_IF_ERROR(AwaitUpdate(owed, times));
+  CO2_RETURN_IF_ERROR(Apply(owed, times));
+  CopyAnchorTo(x);
+  return absl::OkStatus();
+}
+
+absl::Status AnchorExchange::VerifyAnchor(uint64_t anchor_round) {
+  absl::Status status = client_->VerifyAnchor(
+      anchor_, anchor_round, options_.clock->Now() + options_.update_timeout);
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("the final anchor (round ", anchor_round,
+                                   ") is not the shards': ", status.message()));
+}
+
+void AnchorExchange::Leave() {
+  // Best effort: every update this worker needs has arrived already.
+  client_->Leave(options_.clock->Now() + options_.leave_timeout).IgnoreError();
+}
+
+}  // namespace co2::client

@@ -1,0 +1,130 @@
+// AnchorExchange: a worker leader's half of the round protocol, torch-free.
+// It owns the anchor A (the parameters every worker starts a round from) and
+// the AggregatorClient; at each round boundary it turns the live parameters
+// x into Δ = A − x (in place), pushes Δ, applies the update it owes
+// (A ← A + decode(U)) and writes the new anchor back into x. The C++
+// optimizer (Co2Optimizer) and the Python package drive the same code, so a
+// job's workers agree bit for bit whichever language they train in.
+//
+//   staleness 1 (co2)  push Δ_r first, then apply U of round r − 1: the
+//                      update of a round arrives while the next one computes.
+//   staleness 0        push Δ_r, wait for U of round r, apply it (localsgd,
+//                      slowmo).
+//
+// Memory: A (P floats) and the client's send and receive buffers.
+// One thread calls everything; stats() of the client from any thread.
+#ifndef CO2_CLIENT_ANCHOR_EXCHANGE_H_
+#define CO2_CLIENT_ANCHOR_EXCHANGE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/aggregator_client.h"
+#include "common/clock.h"
+#include "common/codec.h"
+
+namespace co2::client {
+
+// The update a worker whose next round is `round` still owes after its last
+// boundary: with staleness 1, U of round − 1 when that is one of the job's
+// `rounds` (0: unknown, every round counts); none with staleness 0.
+std::optional<uint64_t> OwedUpdate(uint32_t staleness, uint64_t rounds,
+                                   uint64_t round);
+
+struct AnchorExchangeOptions {
+  // The job's rounds, 0 .. rounds − 1 (JobConfig.rounds). Required with
+  // staleness 1: the update of the last round is owed after its boundary.
+  uint64_t rounds = 0;
+  // Samples one inner step of this worker consumes (all its local ranks); a
+  // contribution weighs steps × samples_per_step.
+  double samples_per_step = 1.0;
+  absl::Duration update_timeout = absl::Minutes(5);  // one update's wait
+  absl::Duration push_timeout = absl::Minutes(5);    // one Push
+  absl::Duration leave_timeout = absl::Seconds(10);  // Leave at the end
+  // The codec the client was connected with (bytes-sent accounting).
+  common::Codec uplink_codec = common::Codec::kFp32;
+  common::Clock* clock = common::Clock::Real();  // borrowed
+  // Called every `interrupt_poll` while an update is awaited; a non-OK
+  // status ends the wait with it (a Python caller checks for Ctrl-C here).
+  std::function<absl::Status()> check_interrupt;
+  absl::Duration interrupt_poll = absl::Milliseconds(200);
+};
+
+// What one boundary cost, added to by Boundary and Drain.
+struct ExchangeTimes {
+  absl::Duration exposed_comm;  // waiting for an update
+  absl::Duration push;          // encoding Δ and handing it to the streams
+  uint64_t bytes_sent = 0;      // payload bytes pushed
+  // Anchor ranges that differed from their shard's digest when an update
+  // was applied, and were fetched again.
+  uint64_t anchor_mismatches = 0;
+};
+
+class AnchorExchange {
+ public:
+  // `client` is connected with `x0` (size P) as its anchor, so x0 holds A of
+  // the client's start round; it is copied into A, which the client tracks
+  // for re-seeding. INVALID_ARGUMENT for options that do not fit the job.
+  static absl::StatusOr<std::unique_ptr<AnchorExchange>> Create(
+      const AnchorExchangeOptions& options,
+      std::unique_ptr<AggregatorClient> client, absl::Span<const float> x0);
+
+  AnchorExchange(const AnchorExchange&) = delete;
+  AnchorExchange& operator=(const AnchorExchange&) = delete;
+
+  uint64_t start_round() const { return client_->start_round(); }
+  uint32_t staleness() const { return staleness_; }
+  const std::vector<float>& anchor() const { return anchor_; }
+  const AggregatorClient& client() const { return *client_; }
+  // The uplink's error-feedback residual (AggregatorClient::residual).
+  absl::Span<const float> residual() const { return client_->residual(); }
+  absl::Status RestoreResidual(absl::Span<const float> residual) {
+    return client_->RestoreResidual(residual);
+  }
+
+  // The boundary of `round` after `steps` inner steps: x (size P) holds the
+  // live parameters and, on success, the anchor that starts round + 1.
+  absl::Status Boundary(uint64_t round, int steps, absl::Span<float> x,
+                        ExchangeTimes& times);
+
+  // Waits for and applies U of `owed`, then x ← A (the final anchor).
+  absl::Status Drain(uint64_t owed, absl::Span<float> x, ExchangeTimes& times);
+
+  // Waits until U of `round` has arrived from every shard, without applying
+  // it (timed as exposed communication): once it has, every worker's
+  // contribution to `round` is in, and this worker may stop and later rejoin
+  // at round + 1 (the shards replay the update).
+  absl::Status AwaitUpdate(uint64_t round, ExchangeTimes& times);
+
+  // Checks A bit for bit against the shards' anchor of `anchor_round`
+  // (DATA_LOSS naming both hashes), then leaves the job (best effort).
+  absl::Status VerifyAnchor(uint64_t anchor_round);
+  void Leave();
+
+ private:
+  AnchorExchange(const AnchorExchangeOptions& options,
+                 std::unique_ptr<AggregatorClient> client,
+                 absl::Span<const float> x0);
+
+  absl::Status Push(uint64_t round, int steps, absl::Span<float> x,
+                    ExchangeTimes& times);
+  // A ← A + decode(U) of `round`, counting digest mismatches into `times`.
+  absl::Status Apply(uint64_t round, ExchangeTimes& times);
+  void CopyAnchorTo(absl::Span<float> x) const;
+
+  const AnchorExchangeOptions options_;
+  std::unique_ptr<AggregatorClient> client_;
+  const uint32_t staleness_;
+  std::vector<float> anchor_;
+};
+
+}  // namespace co2::client
+
+#endif  // CO2_CLIENT_ANCHOR_EXCHANGE_H_

@@ -1,0 +1,335 @@
+#include "client/training/co2_optimizer.h"
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/training/torch_status.h"
+#include "common/fnv_hash.h"
+#include "common/status_macros.h"
+
+namespace co2::client {
+namespace {
+
+size_t TensorBytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * t.element_size() : 0;
+}
+
+// Bytes of the state tensors of the optimizers LibTorch ships; 0 for others.
+size_t OptimizerStateBytes(const torch::optim::Optimizer& opt) {
+  size_t bytes = 0;
+  for (const auto& [key, state] : opt.state()) {
+    const torch::optim::OptimizerParamState* s = state.get();
+    if (auto* a = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+      bytes += TensorBytes(a->exp_avg()) + TensorBytes(a->exp_avg_sq()) +
+               TensorBytes(a->max_exp_avg_sq());
+    } else if (auto* b = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+      bytes += TensorBytes(b->exp_avg()) + TensorBytes(b->exp_avg_sq()) +
+               TensorBytes(b->max_exp_avg_sq());
+    } else if (auto* c = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+      bytes += TensorBytes(c->momentum_buffer());
+    } else if (auto* d =
+                   dynamic_cast<const torch::optim::AdagradParamState*>(s)) {
+      bytes += TensorBytes(d->sum());
+    } else if (auto* e =
+                   dynamic_cast<const torch::optim::RMSpropParamState*>(s)) {
+      bytes += TensorBytes(e->square_avg()) +
+               TensorBytes(e->momentum_buffer()) + TensorBytes(e->grad_avg());
+    }
+  }
+  return bytes;
+}
+
+}  // namespace
+
+Co2Optimizer::Co2Optimizer(const Co2OptimizerOptions& options, FlatParams* flat,
+                           torch::optim::Optimizer* inner,
+                           std::unique_ptr<AggregatorClient> client,
+                           ProcessGroup* local, ProcessGroup* global)
+    : options_(options),
+      flat_(flat),
+      inner_(inner),
+      client_(std::move(client)),
+      local_(local),
+      global_(global),
+      leader_(local == nullptr || local->rank() == 0),
+      uses_aggregator_(options.algo != Algo::kDdp) {}
+
+Co2Optimizer::~Co2Optimizer() = default;
+
+absl::StatusOr<std::unique_ptr<Co2Optimizer>> Co2Optimizer::Create(
+    const Co2OptimizerOptions& options, FlatParams* flat,
+    torch::optim::Optimizer* inner, std::unique_ptr<AggregatorClient> client,
+    ProcessGroup* local, ProcessGroup* global) {
+  if (flat == nullptr || inner == nullptr) {
+    return absl::InvalidArgumentError(
+        "Co2Optimizer: flat parameters and inner optimizer are required");
+  }
+  if (options.tau < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: tau must be >= 1, got ", options.tau));
+  }
+  if (options.algo == Algo::kCo2 && options.rounds == 0) {
+    return absl::InvalidArgumentError(
+        "Co2Optimizer: co2 needs rounds (the job's number of rounds) > 0");
+  }
+  if (options.samples_per_step <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: samples_per_step must be > 0, got ",
+                     options.samples_per_step));
+  }
+  std::unique_ptr<Co2Optimizer> opt(new Co2Optimizer(
+      options, flat, inner, std::move(client), local, global));
+  CO2_RETURN_IF_ERROR(opt->Init());
+  return opt;
+}
+
+absl::Status Co2Optimizer::Init() {
+  const size_t p = static_cast<size_t>(flat_->numel());
+  if (!uses_aggregator_) {
+    if (client_ != nullptr) {
+      return absl::InvalidArgumentError(
+          "Co2Optimizer: ddp takes no aggregator client");
+    }
+  } else if (leader_ != (client_ != nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Co2Optimizer: ", AlgoName(options_.algo),
+        leader_ ? " needs an aggregator client on the local leader"
+                : " takes no aggregator client on a non-leader local rank"));
+  }
+  if (client_ != nullptr &&
+      client_->job_config().max_staleness() != StalenessOf(options_.algo)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: ", AlgoName(options_.algo),
+                     " needs max_staleness ", StalenessOf(options_.algo),
+                     ", the job has ", client_->job_config().max_staleness()));
+  }
+  try {
+    if (!flat_->params().is_cpu()) staging_.resize(p);
+    if (client_ != nullptr) {
+      AnchorExchangeOptions eo;
+      eo.rounds = options_.rounds;
+      eo.samples_per_step = options_.samples_per_step;
+      eo.update_timeout = options_.update_timeout;
+      eo.push_timeout = options_.push_timeout;
+      eo.leave_timeout = options_.leave_timeout;
+      eo.uplink_codec = options_.uplink_codec;
+      eo.clock = options_.clock;
+      CO2_ASSIGN_OR_RETURN(
+          exchange_,
+          AnchorExchange::Create(eo, std::move(client_), HostParams()));
+      start_round_ = exchange_->start_round();
+    }
+  } catch (...) {
+    return TorchExceptionToStatus("Co2Optimizer::Init");
+  }
+  // Local ranks learn the start round from their leader (exact in a float
+  // for any run shorter than 2^24 rounds).
+  if (local_ != nullptr && local_->size() > 1) {
+    float start = static_cast<float>(start_round_);
+    CO2_RETURN_IF_ERROR(local_->Broadcast(&start, 1, 0));
+    start_round_ = static_cast<uint64_t>(start);
+  }
+  round_ = start_round_;
+  anchor_round_ = start_round_;
+  float* x = flat_->params().data_ptr<float>();
+  if (local_ != nullptr && local_->size() > 1) {
+    CO2_RETURN_IF_ERROR(local_->Broadcast(x, p, 0));
+  }
+  if (options_.algo == Algo::kDdp && global_ != nullptr &&
+      global_->size() > 1) {
+    CO2_RETURN_IF_ERROR(global_->Broadcast(x, p, 0));
+  }
+  return absl::OkStatus();
+}
+
+absl::Span<float> Co2Optimizer::HostParams() {
+  if (staging_.empty()) return flat_->ParamSpan();
+  torch::Tensor host = torch::from_blob(staging_.data(), {flat_->numel()},
+                                        torch::kFloat);
+  host.copy_(flat_->params());
+  return absl::MakeSpan(staging_);
+}
+
+void Co2Optimizer::ZeroGrad() { flat_->ZeroGrads(); }
+
+absl::Status Co2Optimizer::Step() {
+  if (broken_ || finished_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Co2Optimizer::Step after ", finished_ ? "Finish" : "an error"));
+  }
+  if (options_.rounds > 0 && round_ >= options_.rounds) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Co2Optimizer::Step in round ", round_,
+                     ", past the job's last round ", options_.rounds - 1));
+  }
+  common::Clock* clock = options_.clock;
+  const absl::Time start = clock->Now();
+  absl::Status status = absl::OkStatus();
+  try {
+    flat_->RebindGrads();
+    float* grads = flat_->grads().data_ptr<float>();
+    const size_t count = static_cast<size_t>(flat_->numel());
+    if (options_.algo == Algo::kDdp && global_ != nullptr &&
+        global_->size() > 1) {
+      // One all-reduce over every rank of the job gives the global mean; the
+      // node-local mean first would only repeat part of it.
+      const absl::Time t = clock->Now();
+      status = global_->AllReduceMean(grads, count);
+      current_.exposed_comm += clock->Now() - t;
+      current_.bytes_sent += count * sizeof(float);
+    } else if (local_ != nullptr && local_->size() > 1) {
+      status = local_->AllReduceMean(grads, count);
+    }
+    if (status.ok()) inner_->step();
+  } catch (...) {
+    status = TorchExceptionToStatus("Co2Optimizer::Step");
+  }
+  if (!status.ok()) {
+    broken_ = true;
+    return status;
+  }
+  current_.compute += clock->Now() - start;
+  ++current_.steps;
+  ++steps_;
+  if (++steps_in_round_ == options_.tau) {
+    absl::Status boundary = Boundary();
+    if (!boundary.ok()) {
+      broken_ = true;
+      return boundary;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::ExchangeAndBroadcast(std::optional<uint64_t> owed,
+                                                RoundStats& stats) {
+  if (exchange_ != nullptr) {
+    absl::Status status = absl::OkStatus();
+    try {
+      absl::Span<float> x = HostParams();
+      ExchangeTimes times;
+      status = owed ? exchange_->Drain(*owed, x, times)
+                    : exchange_->Boundary(round_, steps_in_round_, x, times);
+      stats.exposed_comm += times.exposed_comm;
+      stats.push += times.push;
+      stats.bytes_sent += times.bytes_sent;
+      stats.anchor_mismatches += times.anchor_mismatches;
+      if (status.ok() && !staging_.empty()) {
+        torch::NoGradGuard no_grad;
+        flat_->params().copy_(
+            torch::from_blob(x.data(), {flat_->numel()}, torch::kFloat));
+      }
+    } catch (...) {
+      status = TorchExceptionToStatus("Co2Optimizer: x <- A");
+    }
+    CO2_RETURN_IF_ERROR(status);
+  }
+  if (local_ != nullptr && local_->size() > 1) {
+    CO2_RETURN_IF_ERROR(local_->Broadcast(flat_->params().data_ptr<float>(),
+                                          flat_->numel(), 0));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::Boundary() {
+  RoundStats stats = current_;
+  stats.round = round_;
+  const absl::Time start = options_.clock->Now();
+  if (uses_aggregator_) {
+    CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(std::nullopt, stats));
+    anchor_round_ = round_ + 1;
+  }
+  stats.boundary = options_.clock->Now() - start;
+  if (options_.hash_params) stats.params_hash = ParamsHash();
+  rounds_.push_back(stats);
+  current_ = RoundStats();
+  ++round_;
+  steps_in_round_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::Finish() {
+  if (finished_) return absl::OkStatus();
+  if (broken_) {
+    return absl::FailedPreconditionError("Co2Optimizer::Finish after an error");
+  }
+  absl::Status status = absl::OkStatus();
+  if (steps_in_round_ > 0) status = Boundary();
+  const std::optional<uint64_t> owed =
+      OwedUpdate(StalenessOf(options_.algo), options_.rounds, round_);
+  if (status.ok() && uses_aggregator_ && owed) {
+    // The update of the last round is still in flight: apply it, so that
+    // the final model is the final anchor on every worker.
+    RoundStats drain;
+    drain.round = round_;
+    const absl::Time start = options_.clock->Now();
+    status = ExchangeAndBroadcast(owed, drain);
+    if (status.ok()) anchor_round_ = round_ + 1;
+    drain.boundary = options_.clock->Now() - start;
+    if (status.ok() && options_.hash_params) drain.params_hash = ParamsHash();
+    if (status.ok()) rounds_.push_back(drain);
+  }
+  if (status.ok() && exchange_ != nullptr && options_.verify_final_anchor) {
+    status = exchange_->VerifyAnchor(anchor_round_);
+  }
+  if (!status.ok()) {
+    broken_ = true;
+    return status;
+  }
+  if (exchange_ != nullptr) exchange_->Leave();
+  finished_ = true;
+  return absl::OkStatus();
+}
+
+absl::Duration Co2Optimizer::total_exposed_comm() const {
+  absl::Duration total;
+  for (const RoundStats& r : rounds_) total += r.exposed_comm;
+  return total + current_.exposed_comm;
+}
+
+absl::Duration Co2Optimizer::total_compute() const {
+  absl::Duration total;
+  for (const RoundStats& r : rounds_) total += r.compute;
+  return total + current_.compute;
+}
+
+uint64_t Co2Optimizer::bytes_sent() const {
+  uint64_t total = current_.bytes_sent;
+  for (const RoundStats& r : rounds_) total += r.bytes_sent;
+  return total;
+}
+
+MemoryReport Co2Optimizer::Memory() const {
+  MemoryReport report;
+  const size_t p = static_cast<size_t>(flat_->numel());
+  report.params = p * sizeof(float);
+  report.grads = p * sizeof(float);
+  report.anchor =
+      exchange_ != nullptr ? exchange_->anchor().size() * sizeof(float) : 0;
+  report.staging = staging_.size() * sizeof(float);
+  report.optimizer_state = OptimizerStateBytes(*inner_);
+  if (exchange_ != nullptr) {
+    const auto downlink = common::CodecFromWire(
+        exchange_->client().job_config().downlink_codec());
+    report.client_buffers =
+        common::EncodedSize(options_.uplink_codec, p) +
+        common::EncodedSize(downlink.ok() ? *downlink : common::Codec::kFp32,
+                            p);
+    if (options_.uplink_codec != common::Codec::kFp32) {
+      report.client_buffers += p * sizeof(float);  // error-feedback residual
+    }
+  }
+  return report;
+}
+
+uint64_t Co2Optimizer::ParamsHash() const {
+  torch::Tensor host = flat_->params().to(torch::kCPU).contiguous();
+  return common::Fnv1a(absl::MakeConstSpan(host.data_ptr<float>(),
+                                           static_cast<size_t>(host.numel())));
+}
+
+}  // namespace co2::client

@@ -1,0 +1,193 @@
+// Co2Optimizer: wraps any LibTorch optimizer (AdamW, SGD, ...) so that the
+// process trains as one local rank of one worker of a CO2 job
+// (docs/algorithm.md), or of one of the baselines run by the same code:
+//   co2       τ inner steps, then push Δ = A − x without waiting for its
+//             average; apply the one-round-stale update U (waiting only if it
+//             has not arrived, and recording the wait); x ← A.
+//   localsgd  τ inner steps, then a blocking average through the aggregator
+//             (staleness 0, α = 1, β = 0).
+//   slowmo    as localsgd, with outer momentum (β > 0) on the aggregator.
+//   ddp       every step, the gradients are all-reduced across all ranks of
+//             all workers (a group spanning the job); no aggregator.
+// Every step (all algorithms) first averages the flat gradients inside the
+// node. Only the local leader (local rank 0) talks to the aggregator; it
+// broadcasts the new anchor to its local ranks after each boundary.
+//
+// Memory: the live parameters and their gradients (FlatParams), one anchor
+// copy (leader only), the inner optimizer's state, and in the
+// AggregatorClient one encoded send buffer and one receive buffer. Δ is
+// computed in place in the live parameters, which x ← A overwrites right after.
+// Memory() reports every one of these.
+//
+// Owns the AggregatorClient; borrows the FlatParams, the inner optimizer and
+// the groups, which must outlive it. One training thread calls everything.
+#ifndef CO2_CLIENT_CO2_OPTIMIZER_H_
+#define CO2_CLIENT_CO2_OPTIMIZER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "client/aggregator_client.h"
+#include "client/algo.h"
+#include "client/anchor_exchange.h"
+#include "client/collectives/process_group.h"
+#include "client/training/flat_params.h"
+#include "common/clock.h"
+#include "common/codec.h"
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
+
+namespace co2::client {
+
+struct Co2OptimizerOptions {
+  Algo algo = Algo::kCo2;
+  // Inner steps per round. For ddp it only groups steps into rounds for stats.
+  int tau = 8;
+  // The job's rounds, 0 .. rounds − 1, the same on every worker. Required
+  // for co2: the update of the last round arrives after its boundary, and
+  // Finish applies it whenever this worker owes it, also when the worker
+  // joined so late that it computes no round itself. 0 (unknown) is allowed
+  // for the synchronous algorithms. Step refuses a round past the last.
+  uint64_t rounds = 0;
+  // Samples one inner step of this worker consumes (all local ranks); the
+  // weight of a contribution is steps × samples_per_step.
+  double samples_per_step = 1.0;
+  // Deadline of one WaitForUpdate (how long a late update may take).
+  absl::Duration update_timeout = absl::Minutes(5);
+  // Deadline of one Push (it first waits for the previous round's update).
+  absl::Duration push_timeout = absl::Minutes(5);
+  // Deadline of the Leave at the end of Finish.
+  absl::Duration leave_timeout = absl::Seconds(10);
+  // Uplink codec the client was connected with (for the memory report only).
+  common::Codec uplink_codec = common::Codec::kFp32;
+  // Record a hash of the parameters after every boundary (test/diagnostics).
+  bool hash_params = false;
+  // Finish checks the final anchor against the shards' before it leaves
+  // (AggregatorClient::VerifyAnchor: P·4 bytes down on the local leader).
+  bool verify_final_anchor = true;
+  common::Clock* clock = common::Clock::Real();  // borrowed
+};
+
+// One round of this process, recorded at its boundary.
+struct RoundStats {
+  uint64_t round = 0;
+  int steps = 0;                  // inner steps in the round
+  absl::Duration compute;         // step() time: collectives + inner steps
+  absl::Duration exposed_comm;    // WaitForUpdate (ddp: global all-reduce)
+  absl::Duration push;            // Push: encode Δ, hand it to the streams
+  absl::Duration boundary;        // the whole boundary
+  uint64_t bytes_sent = 0;        // payload bytes pushed this round
+  // Anchor ranges that differed from their shard's digest when this
+  // boundary applied an update, and were fetched again.
+  uint64_t anchor_mismatches = 0;
+  uint64_t params_hash = 0;       // after the boundary, if hash_params
+};
+
+// Bytes held by this process for the model, by buffer.
+struct MemoryReport {
+  size_t params = 0;           // live parameters (flat)
+  size_t grads = 0;            // gradients (flat)
+  size_t anchor = 0;           // anchor copy (leader of co2/localsgd/slowmo)
+  size_t staging = 0;          // host staging for device parameters
+  size_t optimizer_state = 0;  // inner optimizer state tensors
+  size_t client_buffers = 0;   // AggregatorClient send + receive (+ residual)
+  size_t Total() const {
+    return params + grads + anchor + staging + optimizer_state +
+           client_buffers;
+  }
+};
+
+class Co2Optimizer {
+ public:
+  // `flat` holds the re-homed parameters that `inner` optimizes. On the local
+  // leader of co2/localsgd/slowmo, `client` is connected with
+  // flat->ParamSpan() as its anchor (so x already holds A_0); elsewhere it is
+  // null. `local` spans the node's local ranks (null when there is one);
+  // `global` spans every rank of the job and is required for ddp. Create
+  // broadcasts x from the leader so every local rank starts from A_0.
+  static absl::StatusOr<std::unique_ptr<Co2Optimizer>> Create(
+      const Co2OptimizerOptions& options, FlatParams* flat,
+      torch::optim::Optimizer* inner, std::unique_ptr<AggregatorClient> client,
+      ProcessGroup* local, ProcessGroup* global);
+  ~Co2Optimizer();
+
+  Co2Optimizer(const Co2Optimizer&) = delete;
+  Co2Optimizer& operator=(const Co2Optimizer&) = delete;
+
+  // After backward(): averages gradients, runs the inner step, and on every
+  // τ-th call the round boundary. An error leaves the optimizer unusable.
+  absl::Status Step();
+  // Drains: a partial round is closed with a boundary; for co2 the update of
+  // the last round is waited for and applied, so the final model is the final
+  // anchor on every rank; with verify_final_anchor the leader checks it
+  // against the shards' (DATA_LOSS naming both hashes if they differ); then
+  // the leader leaves the job.
+  absl::Status Finish();
+
+  // Zeroes the flat gradients (use instead of the inner zero_grad).
+  void ZeroGrad();
+
+  bool is_leader() const { return leader_; }
+  uint64_t round() const { return round_; }  // the round being computed
+  // The round of the anchor the parameters were last set to (A_r starts
+  // round r; after Finish of co2 it is the last round + 2).
+  uint64_t anchor_round() const { return anchor_round_; }
+  uint64_t steps() const { return steps_; }
+  const std::vector<RoundStats>& rounds() const { return rounds_; }
+  absl::Duration total_exposed_comm() const;
+  absl::Duration total_compute() const;
+  uint64_t bytes_sent() const;
+  MemoryReport Memory() const;
+  // FNV-1a over the bytes of the live parameters (common/fnv_hash.h).
+  uint64_t ParamsHash() const;
+
+ private:
+  Co2Optimizer(const Co2OptimizerOptions& options, FlatParams* flat,
+               torch::optim::Optimizer* inner,
+               std::unique_ptr<AggregatorClient> client, ProcessGroup* local,
+               ProcessGroup* global);
+
+  absl::Status Init();
+  absl::Status Boundary();
+  // The leader's exchange of the round's boundary (or, with `owed`, the
+  // drain of that update), through the host copy of x when x lives on a
+  // device; then x is broadcast to the local ranks.
+  absl::Status ExchangeAndBroadcast(std::optional<uint64_t> owed,
+                                    RoundStats& stats);
+  absl::Span<float> HostParams();
+
+  const Co2OptimizerOptions options_;
+  FlatParams* const flat_;
+  torch::optim::Optimizer* const inner_;
+  std::unique_ptr<AggregatorClient> client_;  // until Init hands it over
+  std::unique_ptr<AnchorExchange> exchange_;  // leader, aggregator algorithms
+  ProcessGroup* const local_;
+  ProcessGroup* const global_;
+  const bool leader_;
+  const bool uses_aggregator_;
+
+  std::vector<float> staging_;  // host copy of x when x lives on a device
+  uint64_t start_round_ = 0;
+  uint64_t round_ = 0;
+  uint64_t anchor_round_ = 0;  // every rank: the anchor x was last set to
+  uint64_t steps_ = 0;
+  int steps_in_round_ = 0;
+  bool pushed_any_ = false;
+  bool broken_ = false;
+  bool finished_ = false;
+  RoundStats current_;
+  std::vector<RoundStats> rounds_;
+};
+
+}  // namespace co2::client
+
+#endif  // CO2_CLIENT_CO2_OPTIMIZER_H_

@@ -1,0 +1,74 @@
+"""co2.JobConfig: a job's outer-step settings (proto co2.v1.JobConfig)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict
+
+from . import _core
+
+
+@dataclasses.dataclass
+class JobConfig:
+    """The settings every worker of a job must agree on (docs/algorithm.md).
+
+    The first worker's Join fixes them on the shards; a worker that asks for
+    others is refused with ``co2.Error("FAILED_PRECONDITION", ...)`` naming
+    the first field that differs. Defaults are the C++ ones
+    (``common::DefaultJobConfig``). ``co2.Optimizer`` fills in the fields it
+    knows: ``protocol_version``, ``num_parameters``, ``num_shards``, ``tau``,
+    ``rounds`` and, from the algorithm, ``max_staleness`` (and ``alpha``,
+    ``beta``, ``gap_penalty``, ``clip`` for localsgd and slowmo).
+
+    Attributes:
+        alpha: outer learning rate, > 0.
+        beta: outer momentum, in [0, 1).
+        momentum: ``"heavy_ball"`` or ``"nesterov"``.
+        gap_penalty: ``"none"``, ``"constant"`` or ``"gap_aware"``.
+        penalty_lambda: Λ for ``gap_penalty="constant"``, >= 1.
+        clip: outer-momentum clipping: ``"none"``, ``"value"`` or ``"adaptive"``.
+        clip_value: φ (``"value"``) or k (``"adaptive"``), > 0.
+        downlink_codec: the update's encoding: ``"fp32"``, ``"bf16"`` or ``"int8"``.
+        min_workers: quorum for closing a round at its deadline.
+        round_timeout_ms: a round's deadline from its first chunk.
+        max_staleness: 1 for co2 (one-round-stale), 0 for synchronous.
+        tau: inner steps per round.
+        rounds: the job's number of rounds.
+        protocol_version: the wire protocol (set by the package).
+        num_parameters: P, the flat parameter count (set from the model).
+        num_shards: S, the number of aggregator shards (set from the addresses).
+    """
+
+    alpha: float = 0.5
+    beta: float = 0.0
+    momentum: str = "heavy_ball"
+    gap_penalty: str = "none"
+    penalty_lambda: float = 1.0
+    clip: str = "none"
+    clip_value: float = 3.0
+    downlink_codec: str = "fp32"
+    min_workers: int = 1
+    round_timeout_ms: int = 60000
+    max_staleness: int = 1
+    tau: int = 12
+    rounds: int = 0
+    protocol_version: int = 2
+    num_parameters: int = 0
+    num_shards: int = 0
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Every field by its proto name."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: Dict[str, Any]) -> "JobConfig":
+        """The JobConfig of a dict of proto field names (unknown: ValueError)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ValueError(f"JobConfig has no field {unknown[0]!r}")
+        return cls(**values)
+
+    def validate(self) -> None:
+        """Raises ValueError naming the first field out of range, with its value."""
+        _core.validate_job_config(self.to_dict())

@@ -1,0 +1,456 @@
+"""co2.Optimizer: wraps any torch.optim optimizer into a worker of a co2 job."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from . import _core
+from ._config import JobConfig
+from ._errors import Error
+from ._params import HostParams
+
+
+def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
+    out: List[torch.Tensor] = []
+    for p in params:
+        if isinstance(p, dict):  # a param group
+            out.extend(p["params"])
+        else:
+            out.append(p)
+    if not out:
+        raise ValueError("co2.Optimizer got no parameters")
+    for i, p in enumerate(out):
+        if not isinstance(p, torch.Tensor):
+            raise ValueError(f"parameter {i} is a {type(p).__name__}, not a tensor")
+        if p.dtype != torch.float32:
+            raise ValueError(f"parameter {i} is {p.dtype}; co2 exchanges float32 parameters")
+    seen: Dict[int, int] = {}
+    for i, p in enumerate(out):
+        if id(p) in seen:
+            raise ValueError(f"parameter {i} is parameter {seen[id(p)]} again; pass each once")
+        seen[id(p)] = i
+    devices = {p.device for p in out}
+    if len(devices) > 1:
+        raise ValueError(f"parameters live on several devices: {sorted(map(str, devices))}")
+    return out
+
+
+def _default_worker_id() -> str:
+    group = os.environ.get("GROUP_RANK")
+    if group is not None:
+        return f"worker-{group}"
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Optimizer:
+    """Trains a model as one worker of a co2 job (docs/python.md).
+
+    Every ``step()`` runs the inner optimizer (after averaging the gradients
+    over ``process_group``, the ranks of this node, when there are several);
+    every ``tau``-th step ends a round: the node's local rank 0 sends
+    Δ = A − x to the aggregator shards and sets the parameters to the next
+    anchor A, which it broadcasts to the node. With ``algo="co2"`` the
+    average of a round arrives while the next one computes (one round stale),
+    so the network is waited for only when it is slower than a round.
+
+    Args:
+        params: the model's parameters (float32, all on one device, each
+            once), the same the inner optimizer updates. They become views
+            of one flat tensor, which the exchange works on in place.
+        inner: any ``torch.optim`` optimizer over ``params``.
+        tau: inner steps per round.
+        aggregators: ``host:port`` of every shard, in shard order.
+        job: the job's name, the same on every worker.
+        rounds: the job's number of rounds (its inner steps / tau, rounded
+            up), the same on every worker. Required for co2, whose last
+            update arrives after the last round.
+        config: the job's outer-step settings (``co2.JobConfig``); the
+            fields the optimizer knows are filled in.
+        algo: ``"co2"``, ``"localsgd"``, ``"slowmo"`` or ``"diloco"``
+            (synchronous, Nesterov outer momentum; without ``config``, its
+            published α = 0.7 and β = 0.9).
+        worker_id: unique per worker (default ``worker-$GROUP_RANK`` under
+            torchrun, else host and pid).
+        uplink_codec: Δ's encoding, ``"fp32"``, ``"bf16"`` or ``"int8"``
+            (lossy codecs keep an error-feedback residual).
+        samples_per_step: samples one inner step of this worker consumes (all
+            its ranks); a contribution weighs steps × samples_per_step.
+        ca_file, cert_file, key_file: TLS to the shards (CA to verify them;
+            certificate and key for mTLS). Empty: plaintext.
+        token_file: a file holding the job's bearer token (needs TLS).
+        process_group: the ranks of this node (``torch.distributed``), or
+            None: the default group when one is initialised and spans one
+            node, else this process alone.
+        average_gradients: average the gradients over ``process_group`` in
+            every step (False when the model is wrapped in DDP already).
+        rejoin: this worker restarted into a job it was a member of.
+        connect_timeout: seconds to join every shard.
+        update_timeout: seconds one update may be waited for.
+        verify_final_anchor: ``finish()`` checks the final anchor against the
+            shards' bit for bit.
+
+    Raises:
+        ValueError: a bad argument or config value, naming it.
+        co2.Error: the shards refused the worker or could not be reached.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Any],
+        inner: torch.optim.Optimizer,
+        *,
+        tau: int,
+        aggregators: Sequence[str],
+        job: str,
+        rounds: int = 0,
+        config: Optional[JobConfig] = None,
+        algo: str = "co2",
+        worker_id: Optional[str] = None,
+        uplink_codec: str = "fp32",
+        samples_per_step: float = 1.0,
+        ca_file: str = "",
+        cert_file: str = "",
+        key_file: str = "",
+        token_file: str = "",
+        process_group: Optional[Any] = None,
+        average_gradients: bool = True,
+        rejoin: bool = False,
+        connect_timeout: float = 60.0,
+        update_timeout: float = 300.0,
+        verify_final_anchor: bool = True,
+    ) -> None:
+        # ValueError for an algorithm the C++ side does not run with shards.
+        outer_defaults = _core.outer_defaults(algo)
+        if not isinstance(tau, int) or tau < 1:
+            raise ValueError(f"tau must be an int >= 1, got {tau!r}")
+        if not isinstance(rounds, int) or rounds < 0:
+            raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
+        if algo == "co2" and rounds == 0:
+            raise ValueError("co2 needs rounds= (the job's number of rounds: its inner steps / tau)")
+        if not aggregators:
+            raise ValueError("aggregators is empty: give host:port of every shard")
+        if not job:
+            raise ValueError("job is empty")
+        self._params = _param_list(params)
+        self._inner = inner
+        self.tau = tau
+        self.algo = algo
+        self.rounds = rounds
+        self._average_gradients = average_gradients
+        self._verify = verify_final_anchor
+        self._group = process_group
+        if self._group is None and dist.is_available() and dist.is_initialized():
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+            if local != dist.get_world_size():
+                raise ValueError(
+                    "the default process group spans several nodes: pass process_group= "
+                    "(the ranks of this node, e.g. from dist.new_subgroups())")
+            self._group = dist.group.WORLD
+        self._group_size = dist.get_world_size(self._group) if self._group is not None else 1
+        self._leader_rank = (
+            dist.get_global_rank(self._group, 0) if self._group is not None else 0)
+        self.is_leader = self._group is None or dist.get_rank(self._group) == 0
+        self._host = HostParams(self._params)
+
+        if config is None:
+            alpha, beta = outer_defaults
+            cfg = JobConfig(alpha=alpha, beta=beta)
+        else:
+            cfg = JobConfig.from_dict(config.to_dict())
+        cfg.protocol_version = _core.protocol_version()
+        cfg.num_parameters = self._host.numel
+        cfg.num_shards = len(aggregators)
+        cfg.tau = tau
+        cfg.rounds = rounds
+        values = _core.apply_algo(algo, cfg.to_dict())
+        _core.validate_job_config(values)
+        self.config = JobConfig.from_dict(values)
+        self._staleness = self.config.max_staleness
+        self._join = dict(
+            addresses=list(aggregators), job=job, worker_id=worker_id or _default_worker_id(),
+            config=values, uplink_codec=uplink_codec, rounds=rounds,
+            samples_per_step=float(samples_per_step), ca_file=ca_file, cert_file=cert_file,
+            key_file=key_file, token_file=token_file, rejoin=rejoin,
+            connect_timeout=float(connect_timeout), update_timeout=float(update_timeout))
+        self._exchange: Optional[Any] = None
+        self._final_stats: Dict[str, Any] = {}
+        self._connected = False
+        self._resume: Optional[Dict[str, Any]] = None
+        self._round = 0
+        self._anchor_round = 0
+        self._steps = 0
+        self._steps_in_round = 0
+        self._exposed_comm = 0.0
+        self._bytes_sent = 0
+        self._broken = False
+        self._finished = False
+
+    def connect(self) -> None:
+        """Joins the job (local rank 0) and sets the parameters to the
+        anchor every worker starts from. The first ``step()`` calls it; call
+        it earlier to fail early. After ``load_state_dict`` it resumes the
+        saved round with the saved anchor instead."""
+        if self._connected:
+            return
+        self._check_usable("connect")
+        try:
+            start_round = 0
+            if self.is_leader:
+                resume_round = None
+                if self._resume is not None:
+                    resume_round = self._resume["round"]
+                    self._host.buffer.copy_(self._resume["anchor"])
+                else:
+                    self._host.gather()
+                self._exchange = _core.Exchange(
+                    **self._join, resume_round=resume_round, x=self._host.address,
+                    numel=self._host.numel)
+                self._host.scatter()
+                start_round = self._exchange.start_round
+                residual = self._resume.get("residual") if self._resume else None
+                if residual is not None:
+                    residual = residual.contiguous()
+                    self._exchange.restore_residual(residual.data_ptr(), residual.numel())
+            start_round = self._broadcast_start(start_round)
+        except BaseException:
+            self._broken = True
+            raise
+        self._round = start_round
+        self._anchor_round = start_round
+        self._connected = True
+
+    # --- the torch.optim surface ---
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:
+        """The inner optimizer's param groups (learning-rate schedulers use them)."""
+        return self._inner.param_groups
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Zeroes the gradients through the inner optimizer."""
+        self._inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self, closure: Any = None) -> Any:
+        """One inner step; every ``tau``-th call also ends the round.
+
+        Returns what the inner optimizer's step returns.
+        """
+        self._check_usable("step")
+        self.connect()
+        if self.rounds and self._round >= self.rounds:
+            raise Error("FAILED_PRECONDITION",
+                        f"step in round {self._round}, past the job's last round {self.rounds - 1}")
+        try:
+            if self._group_size > 1 and self._average_gradients:
+                self._average_grads()
+            loss = self._inner.step(closure)
+            self._steps += 1
+            self._steps_in_round += 1
+            if self._steps_in_round == self.tau:
+                self._boundary()
+        except BaseException:
+            self._broken = True
+            raise
+        return loss
+
+    def finish(self) -> None:
+        """Ends this worker's part of the job.
+
+        A partial round is closed; with co2 the update of the last round is
+        waited for and applied, so every worker ends on the same final anchor;
+        that anchor is checked against the shards' (``verify_final_anchor``);
+        then the worker leaves the job.
+        """
+        if self._finished:
+            return
+        self._check_usable("finish")
+        self.connect()
+        try:
+            if self._steps_in_round > 0:
+                self._boundary()
+            owed = _core.owed_update(self._staleness, self.rounds, self._round)
+            if owed is not None:
+                if self._exchange is not None:
+                    self._host.gather()
+                    times = self._exchange.drain(owed, self._host.address, self._host.numel)
+                    self._exposed_comm += times["exposed_comm_s"]
+                    self._host.scatter()
+                self._broadcast_params()
+                self._anchor_round = self._round + 1
+            if self._exchange is not None:
+                if self._verify:
+                    self._exchange.verify_anchor(self._anchor_round)
+                self._exchange.leave()
+                # The streams close now, while the shards are up.
+                self._final_stats = self._exchange.stats()
+                self._exchange = None
+        except BaseException:
+            self._broken = True
+            raise
+        self._finished = True
+
+    # --- checkpoints ---
+
+    def state_dict(self) -> Dict[str, Any]:
+        """What this worker needs to resume after preemption: the inner
+        optimizer's state, the round, the anchor the round starts from, and a
+        lossy uplink codec's error-feedback residual.
+
+        Call it at a round boundary (after the step that ended a round).
+        With co2, local rank 0 first waits for the update of the round it
+        pushed last, so that every worker's contribution to that round is in
+        and this worker may stop. Save it with the model's state as for any
+        optimizer; ``load_state_dict`` in a new process continues from it.
+        """
+        self._check_usable("state_dict")
+        self.connect()
+        if self._steps_in_round != 0:
+            raise Error("FAILED_PRECONDITION",
+                        f"state_dict in the middle of round {self._round} "
+                        f"({self._steps_in_round} of {self.tau} steps): call it after the step "
+                        f"that ends a round (every {self.tau} steps)")
+        anchor = None
+        if self._exchange is not None:
+            owed = _core.owed_update(self._staleness, self.rounds, self._round)
+            if owed is not None:
+                try:
+                    times = self._exchange.await_update(owed)
+                except BaseException:
+                    self._broken = True
+                    raise
+                self._exposed_comm += times["exposed_comm_s"]
+            anchor = torch.empty(self._host.numel, dtype=torch.float32)
+            self._exchange.copy_anchor(anchor.data_ptr(), anchor.numel())
+            residual = torch.empty(self._host.numel, dtype=torch.float32)
+            if self._exchange.copy_residual(residual.data_ptr(), residual.numel()) == 0:
+                residual = None  # a fp32 uplink keeps none
+        else:
+            residual = None
+        return {
+            "inner": self._inner.state_dict(),
+            "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
+                    "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
+                    "residual": residual},
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes from ``state_dict()``: call it before the first step.
+
+        The inner optimizer's state is restored; the first step joins the job
+        at the saved round with the saved anchor (the shards must still hold
+        the job: a running service, or one restarted with --checkpoint_dir),
+        so a job whose workers all stopped there and resumed ends bit for bit
+        as if it had never stopped.
+        """
+        if self._connected:
+            raise Error("FAILED_PRECONDITION",
+                        "load_state_dict after the optimizer joined the job: call it "
+                        "before the first step")
+        saved = state["co2"]
+        for key, mine in (("tau", self.tau), ("rounds", self.rounds), ("algo", self.algo)):
+            if saved[key] != mine:
+                raise ValueError(f"the state was saved with {key}={saved[key]!r}, "
+                                 f"this optimizer has {key}={mine!r}")
+        if self.is_leader:
+            anchor = saved["anchor"]
+            if anchor is None or anchor.numel() != self._host.numel:
+                raise ValueError("the state holds no anchor for this model: save it on "
+                                 "local rank 0 and load it there")
+        self._inner.load_state_dict(state["inner"])
+        self._steps = saved["steps"]
+        self._resume = saved
+
+    # --- what a user logs ---
+
+    @property
+    def round(self) -> int:
+        """The round being computed (after ``finish()``: the rounds done)."""
+        return self._round
+
+    @property
+    def anchor_round(self) -> int:
+        """The round of the anchor the parameters were last set to."""
+        return self._anchor_round
+
+    @property
+    def exposed_comm_seconds(self) -> float:
+        """Seconds this process waited for the network (on local rank 0)."""
+        return self._exposed_comm
+
+    @property
+    def bytes_sent(self) -> int:
+        """Δ payload bytes this worker pushed."""
+        return self._bytes_sent
+
+    @property
+    def bytes_received(self) -> int:
+        """Update payload bytes this worker received."""
+        return self._client_stats().get("bytes_received", 0)
+
+    def stats(self) -> Dict[str, Any]:
+        """Counters: round, steps, exposed_comm_s, bytes_sent, bytes_received, reconnects."""
+        client = self._client_stats()
+        return {
+            "round": self._round,
+            "steps": self._steps,
+            "exposed_comm_s": self._exposed_comm,
+            "bytes_sent": self._bytes_sent,
+            "bytes_received": client.get("bytes_received", 0),
+            "reconnects": client.get("reconnects", 0),
+        }
+
+    # --- internals ---
+
+    def _client_stats(self) -> Dict[str, Any]:
+        if self._exchange is not None:
+            return self._exchange.stats()
+        return self._final_stats
+
+    def _check_usable(self, what: str) -> None:
+        if self._finished:
+            raise Error("FAILED_PRECONDITION", f"co2.Optimizer.{what} after finish()")
+        if self._broken:
+            raise Error("FAILED_PRECONDITION", f"co2.Optimizer.{what} after an error")
+
+    def _boundary(self) -> None:
+        if self._exchange is not None:
+            self._host.gather()
+            times = self._exchange.boundary(
+                self._round, self._steps_in_round, self._host.address, self._host.numel)
+            self._exposed_comm += times["exposed_comm_s"]
+            self._bytes_sent += times["bytes_sent"]
+            self._host.scatter()
+        self._broadcast_params()
+        self._anchor_round = self._round + 1
+        self._round += 1
+        self._steps_in_round = 0
+
+    def _average_grads(self) -> None:
+        grads = [p.grad for p in self._params if p.grad is not None]
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat, group=self._group)
+        flat.div_(self._group_size)
+        for g, avg in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            g.copy_(avg)
+
+    def _broadcast_params(self) -> None:
+        if self._group_size <= 1:
+            return
+        dist.broadcast(self._host.flat, src=self._leader_rank, group=self._group)
+
+    def _broadcast_start(self, start_round: int) -> int:
+        if self._group_size <= 1:
+            return start_round
+        device = self._params[0].device
+        t = torch.tensor([start_round], dtype=torch.int64, device=device)
+        dist.broadcast(t, src=self._leader_rank, group=self._group)
+        self._broadcast_params()
+        return int(t.item())

@@ -1,0 +1,477 @@
+// co2._core: the Python binding of the torch-free client (AnchorExchange over
+// an AggregatorClient) and of the JobConfig rules. Torch stays on the Python
+// side: parameters cross as the address and length of a contiguous float32
+// CPU buffer that the calling Python object keeps alive, so the module works
+// with whatever torch the interpreter has.
+//
+// Errors: absl::Status becomes co2.Error(code, message); a JobConfig the
+// rules refuse becomes ValueError. Every blocking call releases the GIL;
+// waits for an update poll for signals every 200 ms, so Ctrl-C ends them.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+#include "client/aggregator_client.h"
+#include "client/algo.h"
+#include "client/anchor_exchange.h"
+#include "common/codec.h"
+#include "common/grpc_status.h"
+#include "common/job_config.h"
+#include "common/malloc_settings.h"
+#include "common/tls_config.h"
+#include "google/protobuf/descriptor.h"
+
+namespace py = pybind11;
+
+namespace co2::python {
+namespace {
+
+// An algorithm that exchanges with the shards (not ddp); ValueError otherwise.
+client::Algo ParseExchangeAlgo(const std::string& algo) {
+  absl::StatusOr<client::Algo> parsed = client::ParseAlgo(algo);
+  if (!parsed.ok() || *parsed == client::Algo::kDdp) {
+    throw py::value_error(
+        absl::StrCat("unknown algo '", algo,
+                     "' (expected co2, localsgd, slowmo or diloco)"));
+  }
+  return *parsed;
+}
+
+using client::AggregatorClient;
+using client::AnchorExchange;
+using google::protobuf::EnumDescriptor;
+using google::protobuf::FieldDescriptor;
+
+// Raises co2.Error(code name, message) for a non-OK status.
+[[noreturn]] void Raise(const absl::Status& status) {
+  py::object error = py::module_::import("co2._errors").attr("Error");
+  PyErr_SetObject(error.ptr(),
+                  py::make_tuple(absl::StatusCodeToString(status.code()),
+                                 std::string(status.message()))
+                      .ptr());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& status) {
+  if (!status.ok()) Raise(status);
+}
+
+// An enum value's Python name: MOMENTUM_HEAVY_BALL -> "heavy_ball". The
+// prefix is the one of the enum's zero value (MOMENTUM_UNSPECIFIED), which
+// every co2.v1 enum has, as proto3 style asks.
+std::string EnumValueName(const FieldDescriptor* field, int number) {
+  const EnumDescriptor* type = field->enum_type();
+  const auto* value = type->FindValueByNumber(number);
+  if (value == nullptr) return absl::StrCat(number);
+  const auto* zero = type->FindValueByNumber(0);
+  absl::string_view prefix;
+  if (zero != nullptr) prefix = zero->name();
+  if (!absl::ConsumeSuffix(&prefix, "UNSPECIFIED")) prefix = "";
+  std::string name = value->name();
+  if (absl::StartsWith(name, prefix)) name = name.substr(prefix.size());
+  return absl::AsciiStrToLower(name);
+}
+
+int EnumValueNumber(const FieldDescriptor* field, const std::string& name) {
+  const EnumDescriptor* type = field->enum_type();
+  std::vector<std::string> known;
+  for (int i = 0; i < type->value_count(); ++i) {
+    const int number = type->value(i)->number();
+    if (number == 0) continue;  // UNSPECIFIED
+    const std::string candidate = EnumValueName(field, number);
+    if (candidate == name) return number;
+    known.push_back(candidate);
+  }
+  throw py::value_error(
+      absl::StrCat("JobConfig.", field->name(), ": unknown value '", name,
+                   "' (expected one of ", absl::StrJoin(known, ", "), ")"));
+}
+
+// JobConfig <-> dict of every field, enums by their lower-case names.
+py::dict ToDict(const v1::JobConfig& config) {
+  py::dict out;
+  const auto* reflection = config.GetReflection();
+  const auto* descriptor = config.GetDescriptor();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const FieldDescriptor* f = descriptor->field(i);
+    py::str key(f->name());
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_UINT32:
+        out[key] = reflection->GetUInt32(config, f);
+        break;
+      case FieldDescriptor::CPPTYPE_UINT64:
+        out[key] = reflection->GetUInt64(config, f);
+        break;
+      case FieldDescriptor::CPPTYPE_FLOAT:
+        out[key] = reflection->GetFloat(config, f);
+        break;
+      case FieldDescriptor::CPPTYPE_ENUM:
+        out[key] = EnumValueName(f, reflection->GetEnumValue(config, f));
+        break;
+      default:
+        throw std::logic_error(
+            absl::StrCat("JobConfig.", f->name(), " has an unbound type"));
+    }
+  }
+  return out;
+}
+
+v1::JobConfig FromDict(const py::dict& values) {
+  v1::JobConfig config;
+  const auto* reflection = config.GetReflection();
+  const auto* descriptor = config.GetDescriptor();
+  for (const auto& [key, value] : values) {
+    const std::string name = py::cast<std::string>(key);
+    const FieldDescriptor* f = descriptor->FindFieldByName(name);
+    if (f == nullptr) {
+      throw py::value_error(
+          absl::StrCat("JobConfig has no field '", name, "'"));
+    }
+    try {
+      switch (f->cpp_type()) {
+        case FieldDescriptor::CPPTYPE_UINT32:
+        case FieldDescriptor::CPPTYPE_UINT64: {
+          const long long v = py::cast<long long>(value);
+          const long long max = f->cpp_type() == FieldDescriptor::CPPTYPE_UINT32
+                                    ? 0xffffffffLL
+                                    : LLONG_MAX;
+          if (v < 0 || v > max) {
+            throw py::value_error(absl::StrCat(
+                "JobConfig.", name, " must be in [0, ", max, "], got ", v));
+          }
+          if (f->cpp_type() == FieldDescriptor::CPPTYPE_UINT32) {
+            reflection->SetUInt32(&config, f, static_cast<uint32_t>(v));
+          } else {
+            reflection->SetUInt64(&config, f, static_cast<uint64_t>(v));
+          }
+          break;
+        }
+        case FieldDescriptor::CPPTYPE_FLOAT:
+          reflection->SetFloat(&config, f, py::cast<float>(value));
+          break;
+        case FieldDescriptor::CPPTYPE_ENUM:
+          reflection->SetEnumValue(
+              &config, f, EnumValueNumber(f, py::cast<std::string>(value)));
+          break;
+        default:
+          throw std::logic_error(
+              absl::StrCat("JobConfig.", name, " has an unbound type"));
+      }
+    } catch (const py::cast_error&) {
+      throw py::value_error(absl::StrCat(
+          "JobConfig.", name, ": ",
+          py::str(py::repr(value)).cast<std::string>(), " is not a ",
+          f->cpp_type() == FieldDescriptor::CPPTYPE_ENUM ? "str" : "number"));
+    }
+  }
+  return config;
+}
+
+void Validate(const v1::JobConfig& config) {
+  absl::Status status = common::ValidateJobConfig(config);
+  if (!status.ok()) throw py::value_error(std::string(status.message()));
+}
+
+absl::Span<float> Buffer(uintptr_t address, size_t numel) {
+  return absl::MakeSpan(reinterpret_cast<float*>(address), numel);
+}
+
+absl::Duration Seconds(double s) { return absl::Seconds(s); }
+
+// Set by CheckSignals when it ends a wait of this thread for Ctrl-C; read
+// and cleared by CheckInterruptible once the call returns.
+thread_local bool interrupted = false;
+
+// Polls for Ctrl-C from a thread that released the GIL.
+absl::Status CheckSignals() {
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() != 0) {
+    PyErr_Clear();  // raised again by the caller, with the GIL held
+    interrupted = true;
+    return absl::CancelledError("interrupted (KeyboardInterrupt)");
+  }
+  return absl::OkStatus();
+}
+
+// Raises KeyboardInterrupt for a wait that CheckSignals ended, else co2.Error.
+void CheckInterruptible(const absl::Status& status) {
+  const bool by_signal = std::exchange(interrupted, false);
+  if (by_signal && status.code() == absl::StatusCode::kCancelled) {
+    PyErr_SetNone(PyExc_KeyboardInterrupt);
+    throw py::error_already_set();
+  }
+  Check(status);
+}
+
+py::dict Times(const client::ExchangeTimes& t) {
+  py::dict d;
+  d["exposed_comm_s"] = absl::ToDoubleSeconds(t.exposed_comm);
+  d["push_s"] = absl::ToDoubleSeconds(t.push);
+  d["bytes_sent"] = t.bytes_sent;
+  return d;
+}
+
+// One worker leader's connection to a job: AggregatorClient + AnchorExchange.
+class Exchange {
+ public:
+  // Joins the job; `x` (address, numel) holds this worker's initial
+  // parameters and, on return, the anchor of start_round.
+  Exchange(std::vector<std::string> addresses, std::string job,
+           std::string worker_id, const py::dict& config,
+           const std::string& uplink_codec, uint64_t rounds,
+           double samples_per_step, const std::string& ca_file,
+           const std::string& cert_file, const std::string& key_file,
+           const std::string& token_file, bool rejoin,
+           std::optional<uint64_t> resume_round, double connect_timeout,
+           double update_timeout, uintptr_t x, size_t numel) {
+    client::ClientOptions co;
+    co.addresses = std::move(addresses);
+    co.job = std::move(job);
+    co.worker_id = std::move(worker_id);
+    co.job_config = FromDict(config);
+    Validate(co.job_config);
+    absl::StatusOr<common::Codec> uplink = common::ParseCodec(uplink_codec);
+    if (!uplink.ok())
+      throw py::value_error(std::string(uplink.status().message()));
+    co.uplink_codec = *uplink;
+    co.rejoin = rejoin;
+    co.resume_round = resume_round;
+    co.tls.ca_file = ca_file;
+    co.tls.cert_file = cert_file;
+    co.tls.key_file = key_file;
+    if (!token_file.empty()) {
+      absl::StatusOr<std::string> token = common::ReadTokenFile(token_file);
+      if (!token.ok())
+        throw py::value_error(std::string(token.status().message()));
+      co.token = *token;
+    }
+    co.connect_timeout = Seconds(connect_timeout);
+    co.reconnect_timeout = Seconds(connect_timeout);
+    co.rpc_timeout = std::min(co.connect_timeout, absl::Seconds(30));
+
+    client::AnchorExchangeOptions eo;
+    eo.rounds = rounds;
+    eo.samples_per_step = samples_per_step;
+    eo.update_timeout = Seconds(update_timeout);
+    eo.push_timeout = Seconds(update_timeout);
+    eo.uplink_codec = *uplink;
+    eo.check_interrupt = CheckSignals;
+
+    // Connect runs on its own thread with a copy of x, so that Ctrl-C can
+    // leave it (the thread finishes on its own, within connect_timeout).
+    auto initial = std::make_shared<std::vector<float>>(
+        Buffer(x, numel).begin(), Buffer(x, numel).end());
+    std::packaged_task<absl::StatusOr<std::unique_ptr<AnchorExchange>>()> task(
+        [co = std::move(co), eo,
+         initial]() mutable -> absl::StatusOr<std::unique_ptr<AnchorExchange>> {
+          auto client = AggregatorClient::Connect(std::move(co),
+                                                  absl::MakeSpan(*initial));
+          if (!client.ok()) return client.status();
+          return AnchorExchange::Create(eo, std::move(*client), *initial);
+        });
+    auto result = task.get_future();
+    std::thread(std::move(task)).detach();
+    {
+      py::gil_scoped_release release;
+      while (result.wait_for(std::chrono::milliseconds(200)) !=
+             std::future_status::ready) {
+        if (!CheckSignals().ok()) {
+          interrupted = false;
+          py::gil_scoped_acquire gil;
+          PyErr_SetNone(PyExc_KeyboardInterrupt);
+          throw py::error_already_set();
+        }
+      }
+    }
+    absl::StatusOr<std::unique_ptr<AnchorExchange>> exchange = result.get();
+    Check(exchange.status());
+    exchange_ = std::move(*exchange);
+    const std::vector<float>& anchor = exchange_->anchor();
+    std::copy(anchor.begin(), anchor.end(), Buffer(x, numel).begin());
+  }
+
+  uint64_t start_round() const { return exchange_->start_round(); }
+  uint32_t staleness() const { return exchange_->staleness(); }
+  py::dict job_config() const {
+    return ToDict(exchange_->client().job_config());
+  }
+
+  py::dict Boundary(uint64_t round, int steps, uintptr_t x, size_t numel) {
+    client::ExchangeTimes times;
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = exchange_->Boundary(round, steps, Buffer(x, numel), times);
+    }
+    CheckInterruptible(status);
+    return Times(times);
+  }
+
+  py::dict Drain(uint64_t owed, uintptr_t x, size_t numel) {
+    client::ExchangeTimes times;
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = exchange_->Drain(owed, Buffer(x, numel), times);
+    }
+    CheckInterruptible(status);
+    return Times(times);
+  }
+
+  py::dict AwaitUpdate(uint64_t round) {
+    client::ExchangeTimes times;
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = exchange_->AwaitUpdate(round, times);
+    }
+    CheckInterruptible(status);
+    return Times(times);
+  }
+
+  void VerifyAnchor(uint64_t anchor_round) {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = exchange_->VerifyAnchor(anchor_round);
+    }
+    Check(status);
+  }
+
+  void Leave() {
+    py::gil_scoped_release release;
+    exchange_->Leave();
+  }
+
+  void CopyAnchor(uintptr_t out, size_t numel) const {
+    const std::vector<float>& anchor = exchange_->anchor();
+    if (numel != anchor.size()) {
+      throw py::value_error(absl::StrCat("anchor has ", anchor.size(),
+                                         " elements, the buffer ", numel));
+    }
+    std::copy(anchor.begin(), anchor.end(), Buffer(out, numel).begin());
+  }
+
+  // Copies the error-feedback residual into `out`; its length (0: fp32).
+  size_t CopyResidual(uintptr_t out, size_t numel) const {
+    const absl::Span<const float> residual = exchange_->residual();
+    if (!residual.empty() && numel != residual.size()) {
+      throw py::value_error(absl::StrCat("the residual has ", residual.size(),
+                                         " elements, the buffer ", numel));
+    }
+    std::copy(residual.begin(), residual.end(), Buffer(out, numel).begin());
+    return residual.size();
+  }
+
+  void RestoreResidual(uintptr_t in, size_t numel) {
+    absl::Status status = exchange_->RestoreResidual(
+        absl::MakeConstSpan(reinterpret_cast<const float*>(in), numel));
+    if (!status.ok()) throw py::value_error(std::string(status.message()));
+  }
+
+  py::dict Stats() const {
+    const client::ClientStats s = exchange_->client().stats();
+    py::dict d;
+    d["rounds_pushed"] = s.rounds_pushed;
+    d["updates_received"] = s.updates_received;
+    d["bytes_sent"] = s.bytes_sent;
+    d["bytes_received"] = s.bytes_received;
+    d["broken_streams"] = s.broken_streams;
+    d["reconnects"] = s.reconnects;
+    d["update_wait_s"] = absl::ToDoubleSeconds(s.update_wait);
+    return d;
+  }
+
+ private:
+  std::unique_ptr<AnchorExchange> exchange_;
+};
+
+}  // namespace
+}  // namespace co2::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace co2;          // NOLINT: the module's one scope
+  using namespace co2::python;  // NOLINT
+  m.doc() = "co2's C++ client (internal; use the co2 package).";
+  m.def(
+      "default_job_config",
+      [] { return ToDict(common::DefaultJobConfig(0, 0)); },
+      "The C++ defaults of every JobConfig field.");
+  m.def(
+      "job_config_round_trip",
+      [](const py::dict& values) { return ToDict(FromDict(values)); },
+      "dict -> JobConfig message -> dict (for tests).");
+  m.def(
+      "validate_job_config",
+      [](const py::dict& values) { Validate(FromDict(values)); },
+      "ValueError naming the first field out of range.");
+  m.def(
+      "apply_algo",
+      [](const std::string& algo, const py::dict& values) {
+        v1::JobConfig config = FromDict(values);
+        client::ApplyAlgo(ParseExchangeAlgo(algo), config);
+        return ToDict(config);
+      },
+      "The JobConfig dict with what the algorithm fixes applied.");
+  m.def(
+      "outer_defaults",
+      [](const std::string& algo) {
+        const client::OuterDefaults outer =
+            client::OuterDefaultsOf(ParseExchangeAlgo(algo));
+        return py::make_tuple(outer.alpha, outer.beta);
+      },
+      "(alpha, beta) the algorithm runs with where the user sets neither.");
+  m.def("owed_update", [](uint32_t staleness, uint64_t rounds, uint64_t round) {
+    return client::OwedUpdate(staleness, rounds, round);
+  });
+  m.def("keep_large_buffers_in_heap", &common::KeepLargeBuffersInHeap,
+        "glibc malloc settings for a training process (common/malloc_settings.h).");
+  m.def("protocol_version", [] { return common::kProtocolVersion; });
+  py::class_<Exchange>(m, "Exchange")
+      .def(py::init<std::vector<std::string>, std::string, std::string,
+                    const py::dict&, const std::string&, uint64_t, double,
+                    const std::string&, const std::string&, const std::string&,
+                    const std::string&, bool, std::optional<uint64_t>, double,
+                    double, uintptr_t, size_t>(),
+           py::arg("addresses"), py::arg("job"), py::arg("worker_id"),
+           py::arg("config"), py::arg("uplink_codec"), py::arg("rounds"),
+           py::arg("samples_per_step"), py::arg("ca_file"),
+           py::arg("cert_file"), py::arg("key_file"), py::arg("token_file"),
+           py::arg("rejoin"), py::arg("resume_round"),
+           py::arg("connect_timeout"), py::arg("update_timeout"), py::arg("x"),
+           py::arg("numel"))
+      .def_property_readonly("start_round", &Exchange::start_round)
+      .def_property_readonly("staleness", &Exchange::staleness)
+      .def_property_readonly("job_config", &Exchange::job_config)
+      .def("boundary", &Exchange::Boundary, py::arg("round"), py::arg("steps"),
+           py::arg("x"), py::arg("numel"))
+      .def("drain", &Exchange::Drain, py::arg("owed"), py::arg("x"),
+           py::arg("numel"))
+      .def("await_update", &Exchange::AwaitUpdate, py::arg("round"))
+      .def("verify_anchor", &Exchange::VerifyAnchor, py::arg("anchor_round"))
+      .def("leave", &Exchange::Leave)
+      .def("copy_anchor", &Exchange::CopyAnchor, py::arg("out"),
+           py::arg("numel"))
+      .def("copy_residual", &Exchange::CopyResidual, py::arg("out"),
+           py::arg("numel"))
+      .def("restore_residual", &Exchange::RestoreResidual, py::arg("data"),
+           py::arg("numel"))
+      .def("stats", &Exchange::Stats);
+}

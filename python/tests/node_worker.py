@@ -1,0 +1,60 @@
+"""One node of several processes under torchrun: each rank trains on its own
+data; co2.Optimizer averages the gradients over the node in every step and
+local rank 0 talks to the shards. Rank 0 prints one JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+import co2
+from digest import params_digest
+
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--aggregators", required=True)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--tau", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4)
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    torch.manual_seed(rank)  # different initial models: the anchor unifies them
+    model = torch.nn.Sequential(torch.nn.Linear(16, 4096), torch.nn.Tanh(),
+                                torch.nn.Linear(4096, 1))
+    inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    opt = co2.Optimizer(model.parameters(), inner, tau=args.tau, rounds=args.rounds,
+                        aggregators=args.aggregators.split(","), job=args.job,
+                        worker_id="node-0", samples_per_step=8 * dist.get_world_size())
+    data = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
+    same_every_step = True
+    for _ in range(args.tau * args.rounds):
+        x = torch.randn(8, 16, generator=data)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
+        opt.step()
+        seen = [None] * dist.get_world_size()
+        dist.all_gather_object(seen, params_digest(model))
+        same_every_step &= len(set(seen)) == 1
+    opt.finish()
+    seen = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, params_digest(model))
+    if rank == 0:
+        print(json.dumps({"leader": opt.is_leader, "same_every_step": same_every_step,
+                          "same_at_end": len(set(seen)) == 1, "round": opt.round,
+                          "anchor_round": opt.anchor_round,
+                          "bytes_sent": opt.bytes_sent}), flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

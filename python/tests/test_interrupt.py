@@ -1,0 +1,52 @@
+"""Ctrl-C ends a wait for an update: KeyboardInterrupt, not a hang."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import co2
+from conftest import start_worker, wait_for_line, wait_for_live_workers
+
+
+def test_ctrl_c_ends_a_wait_for_an_update():
+    with co2.local_aggregator(num_shards=1) as agg:
+        # Worker 1 joins and never trains, so worker 0 waits for the update
+        # of round 0 at its second boundary (up to its 60 s update_timeout).
+        common = ["--aggregators", ",".join(agg.addresses), "--job", "stuck",
+                  "--workers", "2", "--rounds", "50", "--tau", "1", "--wait_for_go"]
+        idle = start_worker([*common, "--worker", "1"])
+        busy = start_worker([*common, "--worker", "0"])
+        for p in (idle, busy):
+            wait_for_line(p, '"joined"')
+        wait_for_live_workers(agg.addresses, "stuck", 2)
+        busy.stdin.write("go\n")
+        busy.stdin.flush()
+        time.sleep(2)  # not synchronisation: lets the worker reach its wait
+        assert busy.poll() is None, "the worker should be waiting for round 0's update"
+        sent = time.monotonic()
+        busy.send_signal(signal.SIGINT)
+        _, stderr = busy.communicate(timeout=30)
+        took = time.monotonic() - sent
+        idle.kill()
+        idle.wait(timeout=10)
+    assert "KeyboardInterrupt" in stderr, stderr[-2000:]
+    assert busy.returncode != 0
+    assert took < 10, f"Ctrl-C took {took:.1f} s to end the wait"
+
+
+def test_dropping_an_optimizer_whose_shards_are_gone_does_not_wait_out_the_reconnect():
+    import gc
+
+    import torch
+    with co2.local_aggregator(num_shards=1) as agg:
+        w = torch.zeros(1000, requires_grad=True)
+        opt = co2.Optimizer([w], torch.optim.SGD([w], lr=0.1), tau=1, rounds=5,
+                            aggregators=agg.addresses, job="dropped", connect_timeout=60)
+        opt.connect()
+    # The shard is gone and the streams are reconnecting (for up to 60 s);
+    # dropping the optimizer stops them at once.
+    start = time.monotonic()
+    del opt
+    gc.collect()
+    assert time.monotonic() - start < 10

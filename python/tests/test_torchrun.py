@@ -1,0 +1,41 @@
+"""Several processes per node under torchrun (Gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import co2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def test_a_node_of_two_ranks_averages_gradients_and_shares_the_anchor(tmp_path):
+    torchrun = shutil.which("torchrun", path="/usr/bin:" + os.environ.get("PATH", ""))
+    if torchrun is None:
+        pytest.skip("torchrun is not installed")
+    with co2.local_aggregator(num_shards=1) as agg:
+        run = subprocess.run(
+            # --redirects/--tee 1: torch 1.13's default "0" parses to None
+            # on Python 3.11 (a zero-valued Flag is not iterated there).
+            [sys.executable, "-m", "torch.distributed.run", "--standalone",
+             "--nproc_per_node=2", "--redirects", "1", "--tee", "1",
+             "--log_dir", str(tmp_path), os.path.join(HERE, "node_worker.py"),
+             "--aggregators", ",".join(agg.addresses), "--job", "node"],
+            capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-4000:]
+    # Teed lines read "[<role><rank>]:<line>".
+    [line] = [l[l.index("{"):] for l in run.stdout.splitlines() if "{" in l]
+    r = json.loads(line)
+    assert r["leader"]
+    # Gradients averaged over the node: both ranks step the same way.
+    assert r["same_every_step"]
+    assert r["same_at_end"]
+    assert (r["round"], r["anchor_round"]) == (4, 5)
+    assert r["bytes_sent"] > 0

@@ -1,0 +1,92 @@
+"""One worker process of the pytest suite's jobs: trains the Fashion-MNIST CNN
+on its share of a small training set and prints one JSON line with what the
+tests check (losses, the final parameters' hash, counters, or the error)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python"))
+import fashion_mnist  # noqa: E402
+
+import co2  # noqa: E402
+from digest import params_digest  # noqa: E402
+
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--aggregators", required=True)
+    ap.add_argument("--job", required=True)
+    ap.add_argument("--worker", type=int, required=True)
+    ap.add_argument("--workers", type=int, required=True)
+    ap.add_argument("--algo", default="co2")
+    ap.add_argument("--tau", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--update_timeout", type=float, default=60.0)
+    ap.add_argument("--uplink_codec", default="fp32")
+    ap.add_argument("--stop_after_rounds", type=int, default=0,
+                    help="save the optimizer's state_dict to --state after this many "
+                         "rounds and stop without finishing (preemption)")
+    ap.add_argument("--resume", default="",
+                    help="rejoin and load the state_dict in this file ({worker}: the index)")
+    ap.add_argument("--state", default="", help="where to save it ({worker}: the index)")
+    ap.add_argument("--wait_for_go", action="store_true",
+                    help="after joining, wait for a line on stdin before training")
+    args = ap.parse_args()
+    args.state = args.state.format(worker=args.worker)
+    args.resume = args.resume.format(worker=args.worker)
+
+    torch.manual_seed(1234)  # the same initial model on every worker
+    torch.set_num_threads(1)
+    x, y = fashion_mnist.load("train")
+    steps = args.tau * args.rounds
+    share = slice(args.worker, steps * args.batch * args.workers, args.workers)
+    x, y = x[share], y[share]
+    model = fashion_mnist.Net()
+    inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    result = {"worker": args.worker}
+    try:
+        opt = co2.Optimizer(model.parameters(), inner, tau=args.tau, rounds=args.rounds,
+                            aggregators=args.aggregators.split(","), job=args.job,
+                            algo=args.algo, worker_id=f"worker-{args.worker}",
+                            samples_per_step=args.batch, update_timeout=args.update_timeout,
+                            uplink_codec=args.uplink_codec)
+        if args.resume:
+            opt.load_state_dict(torch.load(args.resume))
+        opt.connect()
+        print(json.dumps({"event": "joined", "start_round": opt.round}), flush=True)
+        if args.wait_for_go:
+            sys.stdin.readline()
+        losses = []
+        # A worker that joined a running job starts at the step of its round.
+        for step in range(opt.round * args.tau, steps):
+            xb = x[step * args.batch:(step + 1) * args.batch]
+            yb = y[step * args.batch:(step + 1) * args.batch]
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if args.stop_after_rounds and step + 1 == args.stop_after_rounds * args.tau:
+                torch.save(opt.state_dict(), args.state)
+                print(json.dumps({"worker": args.worker, "stopped_at": opt.round}), flush=True)
+                return 0
+        opt.finish()
+        result.update(losses=losses, digest=params_digest(model), stats=opt.stats(),
+                      anchor_round=opt.anchor_round)
+    except co2.Error as e:
+        result.update(error_code=e.code, error=e.message)
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,186 @@
+#include "server/job/chunked_outer_step.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/fnv_hash.h"
+#include "common/layout.h"
+
+namespace co2::server {
+namespace {
+
+// The floats of an fp32 payload, in place: a payload string's buffer is
+// operator new's (or the string's own, for a few bytes), aligned for float.
+absl::Span<float> Fp32Floats(std::string& bytes) {
+  return absl::MakeSpan(reinterpret_cast<float*>(bytes.data()),
+                        bytes.size() / sizeof(float));
+}
+absl::Span<const float> Fp32Floats(std::string_view bytes) {
+  return absl::MakeConstSpan(reinterpret_cast<const float*>(bytes.data()),
+                             bytes.size() / sizeof(float));
+}
+
+void AddStats(const OuterStepStats& chunk, size_t elements,
+              OuterStepStats* total, double* penalty_sum) {
+  *penalty_sum += chunk.mean_penalty * static_cast<double>(elements);
+  total->momentum_norm_sq += chunk.momentum_norm_sq;
+  total->clipped += chunk.clipped;
+}
+
+}  // namespace
+
+OuterConfig OuterConfigOf(const v1::JobConfig& c) {
+  OuterConfig o;
+  o.alpha = c.alpha();
+  o.beta = c.beta();
+  o.momentum = c.momentum() == v1::MOMENTUM_NESTEROV ? MomentumKind::kNesterov
+                                                     : MomentumKind::kHeavyBall;
+  switch (c.gap_penalty()) {
+    case v1::GAP_PENALTY_CONSTANT:
+      o.penalty = GapPenalty::kConstant;
+      break;
+    case v1::GAP_PENALTY_GAP_AWARE:
+      o.penalty = GapPenalty::kGapAware;
+      break;
+    default:
+      o.penalty = GapPenalty::kNone;
+  }
+  o.penalty_lambda = c.penalty_lambda();
+  switch (c.clip()) {
+    case v1::CLIP_VALUE:
+      o.clip = ClipMode::kValue;
+      break;
+    case v1::CLIP_ADAPTIVE:
+      o.clip = ClipMode::kAdaptive;
+      break;
+    default:
+      o.clip = ClipMode::kNone;
+  }
+  o.clip_value = c.clip_value();
+  return o;
+}
+
+ChunkedOuterStep::ChunkedOuterStep(const v1::JobConfig& config,
+                                   size_t elements)
+    : outer_(OuterConfigOf(config)),
+      downlink_(v1::Codec(config.downlink_codec())),
+      codec_(common::Codec(config.downlink_codec())),
+      max_staleness_(config.max_staleness()),
+      elements_(elements),
+      num_chunks_(static_cast<uint32_t>(common::NumChunks(elements))) {}
+
+std::shared_ptr<const v1::OuterUpdate> ChunkedOuterStep::Message(
+    uint64_t round, uint32_t chunk_index, uint32_t contributors,
+    std::string payload, uint64_t anchor_digest) const {
+  auto msg = std::make_shared<v1::OuterUpdate>();
+  msg->set_round(round);
+  msg->set_anchor_round(round + 1 + max_staleness_);
+  msg->set_chunk_index(chunk_index);
+  msg->set_num_chunks(num_chunks_);
+  msg->set_codec(downlink_);
+  msg->set_contributors(contributors);
+  msg->set_payload(std::move(payload));
+  msg->set_anchor_digest(anchor_digest);
+  return msg;
+}
+
+RoundStep::RoundStep(const ChunkedOuterStep& step, uint64_t round,
+                     std::optional<KeptUpdate> last,
+                     const OuterStepBuffers& buffers)
+    : step_(step),
+      round_(round),
+      gap_(step.outer().penalty == GapPenalty::kGapAware ? std::move(last)
+                                                         : std::nullopt),
+      buffers_(buffers),
+      chunks_(step.num_chunks()) {}
+
+// The gap is the last update as the workers decoded it: with the fp32
+// downlink the last update's payload itself (in memory, or read back from
+// its checkpoint into a chunk-sized buffer), else that payload decoded into
+// a scratch buffer (only the gap-aware penalty reads it; zeros without it).
+// With the fp32 downlink the step writes U_{r+2} straight into the payload;
+// other codecs write it to a scratch buffer, encode it and decode it back,
+// so that the anchor adds the bits the workers add.
+std::shared_ptr<const v1::OuterUpdate> RoundStep::Step(uint32_t chunk_index,
+                                                       std::vector<float>& mean,
+                                                       uint32_t contributors) {
+  const common::Codec codec = step_.codec();
+  const bool fp32 = codec == common::Codec::kFp32;
+  const common::Range r = common::ChunkRange(step_.elements(), chunk_index);
+  std::vector<float> gap_floats;  // zeros, or the decoded gap
+  std::string gap_bytes;          // the gap read back from its checkpoint
+  absl::Span<const float> gap;
+  if (gap_.has_value()) {
+    absl::StatusOr<std::string_view> bytes =
+        gap_->Payload(chunk_index, &gap_bytes);
+    if (bytes.ok() && bytes->size() != common::EncodedSize(codec, r.size())) {
+      bytes = absl::DataLossError(absl::StrCat(
+          "the last update's chunk ", chunk_index, " has ", bytes->size(),
+          " bytes, expected ", common::EncodedSize(codec, r.size())));
+    }
+    if (!bytes.ok()) {
+      if (result_.gap_error.ok()) result_.gap_error = bytes.status();
+      ++result_.unread_gap_chunks;
+    } else if (fp32) {
+      gap = Fp32Floats(*bytes);
+    } else {
+      gap_floats.resize(r.size());
+      common::Decode(codec, *bytes, absl::MakeSpan(gap_floats));
+      gap = gap_floats;
+    }
+  }
+  if (gap.empty()) {
+    gap_floats.assign(r.size(), 0.0f);
+    gap = gap_floats;
+  }
+  std::vector<float> fresh_momentum;  // m where β = 0: zeros
+  absl::Span<float> momentum;
+  if (buffers_.momentum.empty()) {
+    fresh_momentum.assign(r.size(), 0.0f);
+    momentum = absl::MakeSpan(fresh_momentum);
+  } else {
+    momentum = buffers_.momentum.subspan(r.begin, r.size());
+  }
+  std::string payload(common::EncodedSize(codec, r.size()), '\0');
+  std::vector<float> encoded_from(fp32 ? 0 : r.size());  // U before encoding
+  const absl::Span<float> update =
+      fp32 ? Fp32Floats(payload) : absl::MakeSpan(encoded_from);
+  AddStats(OuterStep(step_.outer(), mean, gap, momentum, update), r.size(),
+           &result_.stats, &penalty_sum_);
+  std::vector<float>().swap(mean);
+  if (!fp32) {
+    common::Encode(codec, update,
+                   absl::MakeSpan(payload.data(), payload.size()));
+  }
+  // A += 1·decode(U) in one pass: what the workers apply
+  // (AggregatorClient::ApplyUpdate), so both hold the same bits.
+  // The digest reads the chunk just written, while it is in cache.
+  const absl::Span<float> anchor = buffers_.anchor.subspan(r.begin, r.size());
+  common::AccumulateDecoded(codec, payload, 1.0f, anchor);
+  chunks_[chunk_index] =
+      step_.Message(round_, chunk_index, contributors, std::move(payload),
+                    common::AnchorDigest(anchor));
+  return chunks_[chunk_index];
+}
+
+void RoundStep::Restore(uint32_t chunk_index,
+                        std::shared_ptr<const v1::OuterUpdate> message) {
+  chunks_[chunk_index] = std::move(message);
+}
+
+void RoundStep::StepRest(ClosedRound& closed) {
+  for (uint32_t c = 0; c < step_.num_chunks(); ++c) {
+    if (!stepped(c)) Step(c, closed.mean[c], closed.contributors);
+  }
+}
+
+StepResult RoundStep::Finish() && {
+  const size_t elements = step_.elements();
+  result_.stats.mean_penalty =
+      elements == 0 ? 1.0 : penalty_sum_ / static_cast<double>(elements);
+  result_.update = std::make_shared<const UpdateChunks>(std::move(chunks_));
+  return std::move(result_);
+}
+
+}  // namespace co2::server

@@ -1,0 +1,747 @@
+#include "server/job/job_shard.h"
+
+#include <algorithm>
+#include <cassert>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/job_config.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace co2::server {
+
+absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Create(
+    std::string job, const v1::JobConfig& config,
+    const JobShardOptions& options, common::Clock* clock) {
+  return Build(std::move(job), config, options, clock, /*first_round=*/0);
+}
+
+absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Build(
+    std::string job, const v1::JobConfig& config,
+    const JobShardOptions& options, common::Clock* clock,
+    uint64_t first_round) {
+  CO2_RETURN_IF_ERROR(common::ValidateJobConfig(config));
+  CO2_RETURN_IF_ERROR(ValidateOuterConfig(OuterConfigOf(config)));
+  CO2_ASSIGN_OR_RETURN(
+      common::Range range,
+      common::ShardRangeFor(config.num_parameters(), config.num_shards(),
+                            options.shard_index));
+  return std::unique_ptr<JobShard>(
+      new JobShard(std::move(job), config, options, range, clock, first_round));
+}
+
+JobShard::JobShard(std::string job, const v1::JobConfig& config,
+                   const JobShardOptions& options, common::Range range,
+                   common::Clock* clock, uint64_t first_round)
+    : job_(std::move(job)),
+      config_(config),
+      options_(options),
+      range_(range),
+      step_(config, range.size()),
+      clock_(clock),
+      rounds_(RoundOptions{range.size(), config.min_workers(),
+                           absl::Milliseconds(config.round_timeout_ms()),
+                           first_round, options.round_deadline},
+              clock),
+      members_(job_, options.max_workers, options.lease,
+               options.max_rejected_chunks),
+      anchor_(range.size()),
+      momentum_(step_.outer().beta != 0 ? range.size() : 0),
+      updates_(config.max_staleness() + 1),
+      journal_(options.checkpoints == nullptr
+                   ? nullptr
+                   : std::make_unique<RoundJournal>(
+                         options.checkpoints->JournalPathFor(
+                             job_, options.shard_index, config.num_shards()))),
+      report_(job_, options.observer, clock),
+      lifecycle_(config.rounds(), options.abandon_after, clock->Now()) {}
+
+JobShard::~JobShard() {
+  std::vector<std::function<void(absl::Status)>> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    waiters.swap(durable_waiters_);
+  }
+  for (auto& done : waiters) {
+    done(absl::UnavailableError("shard shutting down before the checkpoint"));
+  }
+}
+
+void JobShard::NotifyWhenDurable(std::function<void(absl::Status)> done) {
+  if (options_.checkpoints == nullptr) {
+    done(absl::OkStatus());
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  checkpoint_dirty_ = true;
+  durable_waiters_.push_back(std::move(done));
+}
+
+uint32_t JobShard::num_chunks() const { return step_.num_chunks(); }
+
+absl::StatusOr<JoinResult> JobShard::Join(const std::string& worker,
+                                          const v1::JobConfig& config,
+                                          common::Codec uplink,
+                                          std::optional<uint64_t> resume_round,
+                                          bool rejoin) {
+  CO2_RETURN_IF_ERROR(common::CheckSameJobConfig(config_, config));
+  absl::MutexLock lock(&mu_);
+  if (retired_) {
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_, "\" was just retired on shard ", options_.shard_index,
+        "; join again"));
+  }
+  const bool abandoned = lifecycle_.state() == v1::JOB_STATE_ABANDONED;
+  CO2_RETURN_IF_ERROR(lifecycle_.AdmitJoin(job_, rejoin, clock_->Now()));
+  if (abandoned) {
+    checkpoint_dirty_ = true;
+    CO2_LOG(INFO) << "job " << job_ << ": abandoned -> open (worker " << worker
+                  << " joined at round " << rounds_.open_round() << ")";
+  }
+  if (members_.IsEvicted(worker)) return members_.NotMember(worker);
+  const bool lost_state = !anchor_ready_ && resume_round.has_value();
+  if (lost_state && seed_.ReseedingByOther(worker)) {
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_, "\" lost its state on shard ", options_.shard_index,
+        " and is being re-seeded by worker \"", seed_.seeder(), "\"; retry"));
+  }
+  bool added = false;
+  CO2_ASSIGN_OR_RETURN(ShardMember* member, members_.Add(worker, &added));
+  if (added) {
+    checkpoint_dirty_ = true;
+    // A worker of a fresh job takes part from round 0; one joining a running
+    // job from the anchor round its Fetch returns (see Fetch); one resuming
+    // after a reconnect from the round it is in.
+    rounds_.AddWorker(worker, resume_round.value_or(
+                                  rounds_closed_ == 0 ? 0 : UINT64_MAX));
+    CO2_LOG(INFO) << "job " << job_ << ": worker " << worker
+                  << (resume_round ? " rejoined" : " joined") << " ("
+                  << members_.size() << " live)";
+  }
+  member->uplink = uplink;
+  members_.Renew(*member, clock_->Now());
+  JoinResult result;
+  if (lost_state) {
+    // A worker that was training holds the exact anchor; a fresh worker's
+    // A_0 would restart the job, so the resuming worker seeds instead.
+    if (!seed_.reseeding() && !seed_.seeder().empty()) {
+      CO2_LOG(WARNING) << "job " << job_ << ": worker " << worker
+                       << " re-seeds the lost state instead of "
+                       << seed_.seeder() << "'s A_0";
+    }
+    seed_.StartReseed(worker);
+    result.must_reseed = true;
+    CO2_LOG(WARNING) << "job " << job_ << ": shard " << options_.shard_index
+                     << " has no state for this running job (checkpoint "
+                     << ReseedReasonName(options_.reseed_reason)
+                     << "); asking worker " << worker
+                     << " to re-seed it from its anchor";
+  } else if (!anchor_ready_) {
+    result.must_seed = seed_.OfferSeed(worker);
+  }
+  result.open_round = rounds_.open_round();
+  result.oldest_update_round =
+      updates_.OldestRound().value_or(rounds_.open_round());
+  return result;
+}
+
+absl::Status JobShard::Heartbeat(const std::string& worker) {
+  absl::MutexLock lock(&mu_);
+  ShardMember* member = members_.Find(worker);
+  if (member == nullptr) return members_.NotMember(worker);
+  members_.Renew(*member, clock_->Now());
+  return absl::OkStatus();
+}
+
+absl::Status JobShard::Leave(const std::string& worker) {
+  absl::MutexLock lock(&mu_);
+  if (!members_.Remove(worker)) return members_.NotMember(worker);
+  checkpoint_dirty_ = true;
+  ForgetWorkerLocked(worker);
+  CO2_LOG(INFO) << "job " << job_ << ": worker " << worker << " left";
+  return absl::OkStatus();
+}
+
+absl::StatusOr<common::Codec> JobShard::UplinkCodec(
+    const std::string& worker) const {
+  absl::MutexLock lock(&mu_);
+  const ShardMember* member = members_.Find(worker);
+  if (member == nullptr) return members_.NotMember(worker);
+  return member->uplink;
+}
+
+absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index,
+                                 uint64_t anchor_round,
+                                 const std::string& payload,
+                                 uint64_t* attempt) {
+  if (chunk_index >= num_chunks()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seed chunk_index ", chunk_index,
+                     " out of range: shard has ", num_chunks(), " chunks"));
+  }
+  const common::Range chunk = common::ChunkRange(range_.size(), chunk_index);
+  CO2_RETURN_IF_ERROR(
+      common::Validate(common::Codec::kFp32, payload, chunk.size()));
+  absl::MutexLock lock(&mu_);
+  if (anchor_ready_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_, "\" already has an anchor; fetch it"));
+  }
+  CO2_ASSIGN_OR_RETURN(
+      const bool last,
+      seed_.Accept(worker, chunk_index, anchor_round, num_chunks(), attempt));
+  common::Decode(common::Codec::kFp32, payload,
+                 absl::MakeSpan(anchor_).subspan(chunk.begin, chunk.size()));
+  if (last) {
+    anchor_ready_ = true;
+    anchor_durable_ = false;
+    checkpoint_dirty_ = true;
+    report_.RoundOpened();
+    if (seed_.reseeding()) {
+      FinishReseedLocked();
+    } else {
+      CO2_LOG(INFO) << "job " << job_ << ": anchor seeded by " << worker;
+    }
+  }
+  return absl::OkStatus();
+}
+
+void JobShard::AbandonSeed(uint64_t attempt) {
+  absl::MutexLock lock(&mu_);
+  if (!anchor_ready_) seed_.Abandon(attempt);
+}
+
+void JobShard::FinishReseedLocked() {
+  // The worker's anchor A_a starts round a, so the shard resumes as if it
+  // had closed round a − 1 − s: its next update (of round a − s) turns A_a
+  // into A_{a+1}, the update that worker and every worker at its round wait
+  // for next. Momentum and gap restart from zero (they were only here).
+  const uint64_t staleness = config_.max_staleness();
+  const uint64_t anchor_round = seed_.reseed_anchor_round();
+  rounds_closed_ = anchor_round > staleness ? anchor_round - staleness : 0;
+  rounds_.Reopen(rounds_closed_);
+  seed_.FinishReseed();
+  ++stats_.reseeds;
+  CO2_LOG(WARNING) << "job " << job_ << ": shard " << options_.shard_index
+                   << " re-seeded by worker " << seed_.seeder()
+                   << " with its anchor of round " << anchor_round
+                   << " after losing its state (checkpoint "
+                   << ReseedReasonName(options_.reseed_reason)
+                   << "); open round " << rounds_closed_
+                   << "; outer momentum restarts from zero";
+  if (options_.observer != nullptr) {
+    options_.observer->OnReseeded(job_, options_.reseed_reason);
+  }
+}
+
+absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> JobShard::Fetch(
+    const std::string& worker) {
+  absl::MutexLock lock(&mu_);
+  if (members_.Find(worker) == nullptr) return members_.NotMember(worker);
+  if (!anchor_ready_) {
+    if (seed_.seeder() == worker) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker \"", worker, "\" was told to seed job \"", job_,
+          "\" on shard ", options_.shard_index,
+          ": it uploads the anchor with Seed and cannot fetch it"));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_, "\" has no anchor on shard ", options_.shard_index,
+        " yet (",
+        seed_.seeder().empty()
+            ? std::string("no worker is seeding it: the next to join does")
+            : absl::StrCat("being seeded by worker \"", seed_.seeder(), "\""),
+        "); retry"));
+  }
+  if (!UnsteppedAnchorWholeLocked()) {
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_, "\": shard ", options_.shard_index,
+        " is sending the update of round ", open_step_->round(),
+        " and its anchor is whole again once that round closes; retry"));
+  }
+  std::shared_ptr<const AnchorSnapshot> snapshot =
+      snapshot_.Get(AnchorRoundLocked(), anchor_, unstepped_anchor_);
+  rounds_.AddWorker(worker, snapshot->anchor_round);
+  return snapshot;
+}
+
+absl::Status JobShard::Contribute(const std::string& worker,
+                                  const ContributionView& c) {
+  absl::Status status = ContributeUnobserved(worker, c);
+  if (!status.ok() && options_.observer != nullptr) {
+    options_.observer->OnRejected(job_, RejectReasonOf(status));
+  }
+  return status;
+}
+
+absl::Status JobShard::Contribute(const std::string& worker,
+                                  const v1::Contribution& c) {
+  const std::string_view payload = c.payload();
+  return Contribute(worker, ContributionView{c.round(), c.chunk_index(),
+                                             c.codec(), c.weight(),
+                                             common::Pieces(&payload, 1)});
+}
+
+absl::Status JobShard::ContributeUnobserved(const std::string& worker,
+                                            const ContributionView& c) {
+  // The expensive scan for NaN/Inf runs outside the lock.
+  ContributionPayload payload;
+  CO2_RETURN_IF_ERROR(payload.Read(c, range_.size()));
+  const common::Codec codec = payload.codec();
+  const absl::Status& valid = payload.valid();
+  absl::MutexLock lock(&mu_);
+  ShardMember* member = members_.Find(worker);
+  if (member == nullptr) return members_.NotMember(worker);
+  if (member->uplink != codec) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "contribution codec ", std::string(common::CodecName(codec)),
+        " differs from the codec worker \"", worker, "\" joined with (",
+        std::string(common::CodecName(member->uplink)), ")"));
+  }
+  if (config_.rounds() > 0 && c.round >= config_.rounds()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "contribution to round ", c.round, ", past the job's last round ",
+        config_.rounds() - 1, " (JobConfig.rounds = ", config_.rounds(), ")"));
+  }
+  if (!valid.ok()) {
+    return RejectLocked(worker, *member,
+                        absl::Status(valid.code(),
+                                     absl::StrCat("round ", c.round, " chunk ",
+                                                  c.chunk_index, ": ",
+                                                  valid.message())));
+  }
+  if (!anchor_ready_) {
+    // Nothing is accumulated before the anchor: a re-seed moves the open
+    // round to where the workers are.
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_, "\" has no anchor on shard ", options_.shard_index,
+        " yet (being seeded by \"", seed_.seeder(), "\"); retry"));
+  }
+  members_.Renew(*member, clock_->Now());
+  absl::StatusOr<ChunkOutcome> added = rounds_.AddChunk(
+      worker, c.round, c.chunk_index, codec, payload.pieces(), c.weight);
+  // RoundState refuses a bad weight, or values whose weighted sum would
+  // overflow fp32, before counting anything: garbage like a NaN.
+  if (added.status().code() == absl::StatusCode::kInvalidArgument) {
+    return RejectLocked(worker, *member, added.status());
+  }
+  member->consecutive_rejects = 0;
+  CO2_ASSIGN_OR_RETURN(ChunkOutcome outcome, std::move(added));
+  if (options_.observer != nullptr) {
+    options_.observer->OnContribution(job_, codec, payload.bytes(),
+                                      outcome.folded, outcome.duplicate);
+  }
+  if (outcome.duplicate) ++stats_.duplicate_chunks;
+  if (outcome.folded) ++stats_.late_chunks;
+  return absl::OkStatus();
+}
+
+absl::Status JobShard::Subscribe(const std::shared_ptr<UpdateSink>& sink,
+                                 uint64_t from_round) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t oldest =
+      updates_.OldestRound().value_or(rounds_.open_round());
+  if (from_round < oldest) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "replay_from_round ", from_round, " is older than the oldest update "
+        "shard ", options_.shard_index, " holds for job \"", job_,
+        "\" (round ", oldest, "; open round ", rounds_.open_round(),
+        "): the updates before round ", oldest,
+        " are gone; join without resume_round and fetch the anchor"));
+  }
+  sinks_.Add(sink);
+  // Under the lock, so that nothing a Poll sends later comes before these:
+  // the published updates, the chunks of a closed round waiting for its
+  // checkpoint that went out before it closed (the rest goes out with the
+  // checkpoint), and the open round's chunks sent ahead.
+  for (const KeptUpdate& update : updates_.PublishedSince(from_round)) {
+    sink->Replay(update);
+  }
+  for (const auto& sent : updates_.StreamedUnpublishedSince(from_round)) {
+    sink->Send(sent);
+  }
+  const UpdateChunks& streamed = updates_.Streamed();
+  if (!streamed.empty() && streamed.front()->round() >= from_round) {
+    sink->Send(std::make_shared<const UpdateChunks>(streamed));
+  }
+  return absl::OkStatus();
+}
+
+int JobShard::Poll() {
+  if (options_.checkpoints == nullptr) return PollInMemory();
+  const int published = PublishDurably();
+  StreamDurably();
+  return published;
+}
+
+void JobShard::AdvanceLocked() {
+  ExpireLeasesLocked();
+  while (CloseRoundLocked()) {
+  }
+  UpdateLifecycleLocked();
+  if (lifecycle_.open()) {
+    report_.Polled(members_.size(), rounds_.open_round(), anchor_ready_,
+                   rounds_.quorum_misses(), rounds_.RoundTimeout());
+  }
+}
+
+void JobShard::UpdateLifecycleLocked() {
+  const v1::JobState before = lifecycle_.state();
+  if (!lifecycle_.Update(rounds_closed_, members_.size(), clock_->Now())) {
+    return;
+  }
+  checkpoint_dirty_ = true;
+  CO2_LOG(INFO) << "job " << job_ << ": " << JobStateName(before) << " -> "
+                << JobStateName(lifecycle_.state()) << " at round "
+                << rounds_.open_round() << " on shard " << options_.shard_index;
+  if (!lifecycle_.open()) report_.Closed();
+}
+
+v1::JobSummary JobShard::Summary() const {
+  absl::MutexLock lock(&mu_);
+  v1::JobSummary summary;
+  summary.set_job(job_);
+  summary.set_state(lifecycle_.state());
+  summary.set_open_round(rounds_.open_round());
+  summary.set_rounds(config_.rounds());
+  summary.set_live_workers(static_cast<uint32_t>(members_.size()));
+  summary.set_seconds_in_state(
+      absl::ToDoubleSeconds(clock_->Now() - lifecycle_.since()));
+  summary.set_in_memory(true);
+  return summary;
+}
+
+bool JobShard::RetireIfExpired(absl::Duration retention) {
+  absl::MutexLock lock(&mu_);
+  if (lifecycle_.open() || clock_->Now() - lifecycle_.since() < retention) {
+    return false;
+  }
+  if (options_.checkpoints != nullptr &&
+      (checkpoint_dirty_ || updates_.has_unpublished())) {
+    return false;
+  }
+  retired_ = true;
+  return true;
+}
+
+absl::Status JobShard::RetireForDelete() {
+  absl::MutexLock lock(&mu_);
+  if (lifecycle_.open() && members_.size() > 0) {
+    std::vector<std::string> live;
+    for (const auto& [worker, member] : members_.live()) live.push_back(worker);
+    std::sort(live.begin(), live.end());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", job_, "\" is open with ", live.size(), " live worker(s) (",
+        absl::StrJoin(live, ", "), "); stop them first"));
+  }
+  retired_ = true;
+  return absl::OkStatus();
+}
+
+int JobShard::PollInMemory() {
+  std::vector<std::shared_ptr<const UpdateChunks>> published;
+  std::vector<std::shared_ptr<UpdateSink>> sinks;
+  int rounds_published = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    AdvanceLocked();
+    // Nothing to make durable: the closed rounds' updates go out at once,
+    // then the chunks of the open round that are complete.
+    rounds_published = static_cast<int>(updates_.num_unpublished());
+    published = updates_.Publish(nullptr);
+    std::vector<SteppedChunk> stepped = StepCompleteChunksLocked();
+    if (!stepped.empty()) {
+      published.push_back(
+          std::make_shared<const UpdateChunks>(ReleaseLocked(stepped)));
+    }
+    if (published.empty()) return 0;
+    sinks = sinks_.Live();
+  }
+  SendToSinks(published, sinks);
+  return rounds_published;
+}
+
+int JobShard::PublishDurably() {
+  v1::ShardCheckpointHeader header;
+  {
+    absl::MutexLock lock(&mu_);
+    AdvanceLocked();
+    // Membership and the seeded anchor are made durable too, so a shard
+    // that restarts before its first round closed still knows the job; but
+    // not while chunks of the open round are stepped (the anchor is then
+    // part old, part new, and the round's close writes it whole).
+    const bool dirty =
+        checkpoint_dirty_ && anchor_ready_ && !open_step_.has_value();
+    if (!updates_.has_unpublished() && !dirty) return 0;
+    if (clock_->Now() < checkpoint_retry_at_) return 0;
+    header = CheckpointHeaderLocked();
+    checkpoint_dirty_ = false;
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<const StoredUpdate>> written =
+      WriteCheckpoint(header);
+  std::vector<std::function<void(absl::Status)>> durable;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!written.ok()) {
+      // The update waits: releasing it before the state is durable could
+      // leave workers ahead of a restarted shard.
+      checkpoint_dirty_ = true;
+      ++stats_.checkpoint_failures;
+      checkpoint_retry_at_ = clock_->Now() + options_.checkpoint_retry;
+      CO2_LOG(ERROR) << "job " << job_ << ": checkpoint "
+                     << (rounds_closed_ == 0
+                             ? std::string("before the first round closed")
+                             : absl::StrCat("of round ", rounds_closed_ - 1))
+                     << " failed, update held: " << written.status();
+      return 0;
+    }
+    anchor_durable_ = true;
+    ++stats_.checkpoints_written;
+    stats_.last_checkpoint_duration = absl::Now() - start;
+    if (options_.observer != nullptr && lifecycle_.open()) {
+      options_.observer->OnCheckpointWritten(job_,
+                                             stats_.last_checkpoint_duration);
+    }
+    durable.swap(durable_waiters_);
+  }
+  // The checkpoint holds every chunk the journal had (no chunk of the open
+  // round is stepped while one is written). A journal that cannot be
+  // emptied holds only rounds before the checkpoint's, which no restore
+  // reads.
+  if (absl::Status cleared = journal_->Clear(); !cleared.ok()) {
+    CO2_LOG(WARNING) << "job " << job_ << ": " << cleared;
+  }
+  for (auto& done : durable) done(absl::OkStatus());
+  std::vector<std::shared_ptr<const UpdateChunks>> published;
+  std::vector<std::shared_ptr<UpdateSink>> sinks;
+  int rounds_published = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    rounds_published = static_cast<int>(updates_.num_unpublished());
+    published = updates_.Publish(*std::move(written));
+    sinks = sinks_.Live();
+  }
+  SendToSinks(published, sinks);
+  return rounds_published;
+}
+
+void JobShard::StreamDurably() {
+  std::vector<SteppedChunk> stepped;
+  uint64_t round = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    stepped = StepCompleteChunksLocked();
+    if (stepped.empty()) return;
+    round = rounds_.open_round();
+  }
+  const absl::Status written = WriteJournal(round, stepped);
+  std::vector<std::shared_ptr<const UpdateChunks>> released;
+  std::vector<std::shared_ptr<UpdateSink>> sinks;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!written.ok()) {
+      // Stepped but not durable: these chunks and the rest of the round go
+      // out after the round's checkpoint, at its close.
+      unjournaled_round_ = round;
+      ++stats_.checkpoint_failures;
+      CO2_LOG(ERROR) << "job " << job_ << ": round " << round
+                     << " journal failed; the round's update waits for its "
+                        "checkpoint: "
+                     << written;
+      return;
+    }
+    released.push_back(
+        std::make_shared<const UpdateChunks>(ReleaseLocked(stepped)));
+    sinks = sinks_.Live();
+  }
+  SendToSinks(released, sinks);
+}
+
+void JobShard::SendToSinks(
+    const std::vector<std::shared_ptr<const UpdateChunks>>& updates,
+    const std::vector<std::shared_ptr<UpdateSink>>& sinks) {
+  for (const auto& update : updates) {
+    for (const auto& sink : sinks) sink->Send(update);
+    if (options_.observer != nullptr) {
+      size_t bytes = 0;
+      for (const auto& chunk : *update) bytes += chunk->payload().size();
+      options_.observer->OnUpdatePublished(
+          job_, common::Codec(config_.downlink_codec()), bytes, sinks.size());
+    }
+  }
+}
+
+absl::Status JobShard::WriteJournal(uint64_t round,
+                                    const std::vector<SteppedChunk>& stepped) {
+  std::vector<JournalChunk> chunks;
+  chunks.reserve(stepped.size());
+  for (const SteppedChunk& chunk : stepped) {
+    const uint32_t c = chunk.update->chunk_index();
+    const common::Range r = common::ChunkRange(range_.size(), c);
+    chunks.push_back(JournalChunk{
+        c, chunk.update->contributors(), chunk.senders,
+        absl::MakeConstSpan(anchor_).subspan(r.begin, r.size()),
+        momentum_.empty()
+            ? absl::Span<const float>()
+            : absl::MakeConstSpan(momentum_).subspan(r.begin, r.size()),
+        chunk.update->payload()});
+  }
+  return journal_->Append(round, chunks);
+}
+
+absl::Time JobShard::NextDeadline() const {
+  absl::MutexLock lock(&mu_);
+  absl::Time next = rounds_.Deadline().value_or(absl::InfiniteFuture());
+  next = std::min(next, lifecycle_.NextDeadline());
+  if (updates_.has_unpublished()) next = std::min(next, checkpoint_retry_at_);
+  return std::min(next, members_.NextExpiry());
+}
+
+JobShardStats JobShard::stats() const {
+  absl::MutexLock lock(&mu_);
+  JobShardStats s = stats_;
+  s.rounds_closed = rounds_closed_;
+  s.quorum_misses = restored_quorum_misses_ + rounds_.quorum_misses();
+  s.live_workers = members_.size();
+  return s;
+}
+
+std::vector<float> JobShard::AnchorForTesting(uint64_t* anchor_round) const {
+  absl::MutexLock lock(&mu_);
+  *anchor_round = AnchorRoundLocked();
+  return anchor_;
+}
+
+absl::Status JobShard::RejectLocked(const std::string& worker,
+                                   ShardMember& member,
+                                   const absl::Status& invalid) {
+  ++stats_.rejected_chunks;
+  bool evicted = false;
+  absl::Status status = members_.Reject(worker, member, invalid, &evicted);
+  if (evicted) {
+    ForgetWorkerLocked(worker);
+    ++stats_.evicted_workers;
+  }
+  return status;
+}
+
+void JobShard::ForgetWorkerLocked(const std::string& worker) {
+  rounds_.RemoveWorker(worker);
+  if (!anchor_ready_) seed_.Forget(worker);
+}
+
+uint64_t JobShard::AnchorRoundLocked() const {
+  // A_0 = A_1 (U_1 = 0), so before any round closed the anchor starts round 0.
+  return rounds_closed_ == 0 ? 0 : rounds_closed_ + config_.max_staleness();
+}
+
+bool JobShard::CloseRoundLocked() {
+  if (!anchor_ready_) return false;
+  std::optional<ClosedRound> closed = rounds_.TryClose();
+  if (!closed) return false;
+  // The last update is the gap of this step (StepOfRoundLocked holds a copy).
+  // Then the oldest update kept goes before the new one is whole, so at most
+  // max_staleness + 1 rounds of encoded updates exist at any time.
+  RoundStep& round_step = StepOfRoundLocked(closed->round);
+  updates_.MakeRoomForNext();
+  round_step.StepRest(*closed);
+  StepResult step = std::move(round_step).Finish();
+  open_step_.reset();
+  unstepped_anchor_.clear();
+  stats_.last_step = step.stats;
+  if (step.unread_gap_chunks > 0) {
+    stats_.unread_gap_chunks += step.unread_gap_chunks;
+    CO2_LOG(ERROR) << "job " << job_ << ": round " << closed->round
+                   << " stepped " << step.unread_gap_chunks << " of "
+                   << step_.num_chunks()
+                   << " chunks with a zero gap, the last update could not "
+                      "be read back: "
+                   << step.gap_error;
+  }
+  if (closed->quorum_close) ++stats_.quorum_closes;
+  report_.RoundClosed(*closed, stats_.last_step, range_.size());
+  ++rounds_closed_;
+  updates_.AddUnpublished(std::move(step.update));
+  snapshot_.Reset();
+  return true;
+}
+
+bool JobShard::UnsteppedAnchorWholeLocked() const {
+  if (!open_step_.has_value()) return true;
+  for (uint32_t c = 0; c < step_.num_chunks(); ++c) {
+    if (open_step_->stepped(c) &&
+        (c >= unstepped_anchor_.size() || unstepped_anchor_[c].empty())) {
+      return false;
+    }
+  }
+  return true;
+}
+
+RoundStep& JobShard::StepOfRoundLocked(uint64_t round) {
+  assert(!open_step_.has_value() || open_step_->round() == round);
+  if (!open_step_.has_value()) {
+    open_step_.emplace(
+        step_, round, updates_.Last(),
+        OuterStepBuffers{absl::MakeSpan(anchor_), absl::MakeSpan(momentum_)});
+  }
+  return *open_step_;
+}
+
+std::vector<JobShard::SteppedChunk> JobShard::StepCompleteChunksLocked() {
+  std::vector<SteppedChunk> stepped;
+  if (!options_.stream_updates || !anchor_ready_ ||
+      updates_.has_unpublished()) {
+    return stepped;
+  }
+  if (journal_ != nullptr &&
+      (!anchor_durable_ || unjournaled_round_ == rounds_.open_round())) {
+    return stepped;
+  }
+  std::vector<CompleteChunk> complete = rounds_.TakeCompleteChunks();
+  if (complete.empty()) return stepped;
+  // Only a worker that has joined and not fetched yet will fetch before the
+  // round closes; without one, the copies would cost a range of memory for
+  // nothing (a fetch this round that finds none is told to retry), and once
+  // a chunk went without, later copies would serve no fetch either.
+  const bool keep =
+      rounds_.HasWorkerWithoutRound() && UnsteppedAnchorWholeLocked();
+  RoundStep& round_step = StepOfRoundLocked(rounds_.open_round());
+  if (keep) unstepped_anchor_.resize(step_.num_chunks());
+  for (CompleteChunk& chunk : complete) {
+    if (keep) {
+      const common::Range r =
+          common::ChunkRange(range_.size(), chunk.chunk_index);
+      unstepped_anchor_[chunk.chunk_index].assign(
+          anchor_.begin() + static_cast<std::ptrdiff_t>(r.begin),
+          anchor_.begin() + static_cast<std::ptrdiff_t>(r.end));
+    }
+    SteppedChunk one;
+    if (journal_ != nullptr) one.senders = rounds_.SendersOf(chunk.chunk_index);
+    one.update =
+        round_step.Step(chunk.chunk_index, chunk.mean, chunk.contributors);
+    stepped.push_back(std::move(one));
+  }
+  return stepped;
+}
+
+UpdateChunks JobShard::ReleaseLocked(std::vector<SteppedChunk>& stepped) {
+  UpdateChunks released;
+  for (SteppedChunk& chunk : stepped) {
+    updates_.AddStreamed(chunk.update);
+    released.push_back(std::move(chunk.update));
+  }
+  return released;
+}
+
+void JobShard::ExpireLeasesLocked() {
+  for (const std::string& worker : members_.ExpireLeases(clock_->Now())) {
+    ForgetWorkerLocked(worker);
+    checkpoint_dirty_ = true;
+  }
+}
+
+}  // namespace co2::server

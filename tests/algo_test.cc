@@ -1,0 +1,76 @@
+#include "client/algo.h"
+
+#include "common/job_config.h"
+#include "gtest/gtest.h"
+
+namespace co2::client {
+namespace {
+
+constexpr Algo kAll[] = {Algo::kCo2, Algo::kDdp, Algo::kLocalSgd, Algo::kSlowMo,
+                         Algo::kDiLoCo};
+
+TEST(AlgoTest, NamesRoundTrip) {
+  for (Algo algo : kAll) {
+    const absl::StatusOr<Algo> parsed = ParseAlgo(AlgoName(algo));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, algo);
+  }
+  const absl::Status bad = ParseAlgo("sgd").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("diloco"), std::string::npos) << bad;
+}
+
+TEST(AlgoTest, OnlyCo2RunsOneRoundStale) {
+  for (Algo algo : kAll) {
+    EXPECT_EQ(StalenessOf(algo), algo == Algo::kCo2 ? 1u : 0u)
+        << AlgoName(algo);
+  }
+}
+
+// What each algorithm fixes, from a config that sets everything otherwise.
+TEST(AlgoTest, ApplyAlgoFixesWhatTheAlgorithmIs) {
+  v1::JobConfig user = common::DefaultJobConfig(1000, 1);
+  user.set_alpha(0.3f);
+  user.set_beta(0.6f);
+  user.set_momentum(v1::MOMENTUM_HEAVY_BALL);
+  user.set_gap_penalty(v1::GAP_PENALTY_GAP_AWARE);
+  user.set_clip(v1::CLIP_ADAPTIVE);
+  user.set_max_staleness(3);
+
+  v1::JobConfig co2 = user;
+  ApplyAlgo(Algo::kCo2, co2);
+  EXPECT_EQ(co2.max_staleness(), 1u);
+  EXPECT_EQ(co2.gap_penalty(), v1::GAP_PENALTY_GAP_AWARE);
+  EXPECT_EQ(co2.clip(), v1::CLIP_ADAPTIVE);
+
+  v1::JobConfig localsgd = user;
+  ApplyAlgo(Algo::kLocalSgd, localsgd);
+  EXPECT_EQ(localsgd.max_staleness(), 0u);
+  EXPECT_EQ(localsgd.alpha(), 1.0f);
+  EXPECT_EQ(localsgd.beta(), 0.0f);
+  EXPECT_EQ(localsgd.gap_penalty(), v1::GAP_PENALTY_NONE);
+  EXPECT_EQ(localsgd.clip(), v1::CLIP_NONE);
+
+  v1::JobConfig diloco = user;
+  ApplyAlgo(Algo::kDiLoCo, diloco);
+  EXPECT_EQ(diloco.max_staleness(), 0u);
+  EXPECT_EQ(diloco.momentum(), v1::MOMENTUM_NESTEROV);
+  EXPECT_EQ(diloco.alpha(), 0.3f);  // the user's outer settings stay
+  EXPECT_EQ(diloco.beta(), 0.6f);
+  EXPECT_EQ(diloco.gap_penalty(), v1::GAP_PENALTY_NONE);
+  EXPECT_EQ(diloco.clip(), v1::CLIP_NONE);
+  EXPECT_TRUE(common::ValidateJobConfig(diloco).ok());
+}
+
+TEST(AlgoTest, DiLoCoDefaultsAreThePublishedOnes) {
+  EXPECT_EQ(OuterDefaultsOf(Algo::kDiLoCo).alpha, 0.7f);
+  EXPECT_EQ(OuterDefaultsOf(Algo::kDiLoCo).beta, 0.9f);
+  const v1::JobConfig defaults = common::DefaultJobConfig(1000, 1);
+  for (Algo algo : {Algo::kCo2, Algo::kLocalSgd, Algo::kSlowMo}) {
+    EXPECT_EQ(OuterDefaultsOf(algo).alpha, defaults.alpha()) << AlgoName(algo);
+    EXPECT_EQ(OuterDefaultsOf(algo).beta, defaults.beta()) << AlgoName(algo);
+  }
+}
+
+}  // namespace
+}  // namespace co2::client

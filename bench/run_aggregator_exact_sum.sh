@@ -30,8 +30,8 @@ cmake -S "$scratch/src" -B "$scratch/src/build" -G Ninja \
   { cat "$scratch/configure.log" >&2; exit 1; }
 cmake --build "$scratch/src/build" --target co2-aggregator -j "${JOBS:-2}" \
   >"$scratch/build.log" 2>&1 || { tail -50 "$scratch/build.log" >&2; exit 1; }
-before="$scratch/src/build/server/co2-aggregator"
-after="$build/server/co2-aggregator"
+before="$scratch/src/build/bin/co2-aggregator"
+after="$build/bin/co2-aggregator"
 
 pairs=${PAIRS:-3}
 for ((i = 0; i < pairs; ++i)); do

@@ -170,7 +170,8 @@ std::string DescribeJobConfig(const v1::JobConfig& c) {
       " downlink=", v1::Codec_Name(c.downlink_codec()), " tau=", c.tau(),
       " min_workers=", c.min_workers(),
       " round_timeout_ms=", c.round_timeout_ms(),
-      " max_staleness=", c.max_staleness(), " rounds=", c.rounds());
+      " max_staleness=", c.max_staleness(), " rounds=", c.rounds(),
+      " deterministic=", c.deterministic());
 }
 
 }  // namespace co2::common

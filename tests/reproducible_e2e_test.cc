@@ -44,6 +44,7 @@ std::vector<float> RunWithDelays(uint32_t delay_seed) {
   spec.workers = 4;
   v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
   config.set_max_staleness(0);
+  config.set_deterministic(true);
   Cluster cluster(spec.shards);
   const uint64_t rounds = 4;
   std::vector<absl::Status> results(spec.workers);

@@ -57,13 +57,15 @@ double Value(const prometheus::Registry& registry, const std::string& name,
 }
 
 class ShardMetricsTest : public testing::Test {
- protected:
+ public:
   // Job "job" reporting to metrics_, "a" and "b" joined, A_0 = 10.
-  void Create(uint32_t min_workers) {
+  void Create(uint32_t min_workers, bool deterministic = false) {
     JobShardOptions options;
     options.observer = &metrics_;
-    auto seeded = shard_test::SeededShard(Config(min_workers), options,
-                                          &clock_, {"a", "b"});
+    v1::JobConfig config = Config(min_workers);
+    config.set_deterministic(deterministic);
+    auto seeded =
+        shard_test::SeededShard(config, options, &clock_, {"a", "b"});
     ASSERT_TRUE(seeded.ok()) << seeded.status();
     shard_ = *std::move(seeded);
   }
@@ -180,20 +182,24 @@ TEST_F(ShardMetricsTest, EvictedWorkersChunksHaveTheirOwnReason) {
   EXPECT_TRUE(std::isnan(reason("ahead"))) << "an eviction counted as ahead";
 }
 
-TEST_F(ShardMetricsTest, OutOfRangeChunksAreRejectedLikeNaN) {
-  Create(2);
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1e12f)).ok());
-  // Finite, but past the exact sum's range (2^43 per term): refused before
-  // it reaches the sum.
+// Finite values that the round's sum cannot take are refused before they
+// reach it and counted like NaN: 3e38 + 3e38 overflows fp32, and 10^13 is
+// past the exact sum's range (2^43 per term).
+void ExpectTooLargeRejectedLikeNaN(ShardMetricsTest& test, bool deterministic,
+                                   float accepted, float refused) {
+  SCOPED_TRACE(deterministic ? "exact sums" : "fp32 sums");
+  test.Create(2, deterministic);
+  auto& shard_ = test.shard_;
+  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, accepted)).ok());
   for (int i = 0; i < 3; ++i) {
-    const absl::Status s = shard_->Contribute("b", Contribution(0, 1e13f));
+    const absl::Status s = shard_->Contribute("b", Contribution(0, refused));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find("worker \"b\" round 0 chunk 0"),
               std::string::npos)
         << s;
   }
-  EXPECT_EQ(Get("co2_aggregator_rejected_chunks_total",
-                {{"co2_job", "job"}, {"reason", "non_finite"}}),
+  EXPECT_EQ(test.Get("co2_aggregator_rejected_chunks_total",
+                     {{"co2_job", "job"}, {"reason", "non_finite"}}),
             3);
   EXPECT_EQ(shard_->stats().rejected_chunks, 3u);
   EXPECT_EQ(shard_->stats().evicted_workers, 1u) << "b kept sending them";
@@ -203,6 +209,14 @@ TEST_F(ShardMetricsTest, OutOfRangeChunksAreRejectedLikeNaN) {
   for (float v : shard_->AnchorForTesting(&round)) {
     ASSERT_TRUE(std::isfinite(v));
   }
+}
+
+TEST_F(ShardMetricsTest, OverflowingChunksAreRejectedLikeNaN) {
+  ExpectTooLargeRejectedLikeNaN(*this, false, 3e38f, 3e38f);
+}
+
+TEST_F(ShardMetricsTest, ChunksOutOfTheExactRangeAreRejectedLikeNaN) {
+  ExpectTooLargeRejectedLikeNaN(*this, true, 1e12f, 1e13f);
 }
 
 TEST(ShardMetricsReseedTest, ReseedsAreCountedByReason) {

@@ -224,6 +224,7 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"clip_value", absl::StrCat(options.clip_value)},
           {"codec", options.codec},
           {"downlink_codec", options.downlink_codec},
+          {"deterministic", options.deterministic ? "true" : "false"},
           {"shards", absl::StrCat(options.shards)}};
 }
 

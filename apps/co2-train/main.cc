@@ -84,6 +84,10 @@ ABSL_FLAG(std::string, group_address, "127.0.0.1",
           "network namespaces (bench/overlap).");
 ABSL_FLAG(absl::Duration, round_timeout, absl::Seconds(60),
           "Embedded shards: round deadline for a quorum close.");
+ABSL_FLAG(bool, deterministic, false,
+          "The shards sum each round exactly, so that two runs with the same "
+          "seed and settings end with the same bits (JobConfig.deterministic: "
+          "16 bytes of shard memory per parameter instead of 4).");
 ABSL_FLAG(bool, hash_params, true,
           "Hash the parameters after every round to check that all ranks agree "
           "(one pass over the model per round).");
@@ -171,6 +175,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.group_timeout = absl::GetFlag(FLAGS_group_timeout);
   o.group_address = absl::GetFlag(FLAGS_group_address);
   o.hash_params = absl::GetFlag(FLAGS_hash_params);
+  o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.verify_final_anchor = absl::GetFlag(FLAGS_verify_final_anchor);
   o.inject_fault = absl::GetFlag(FLAGS_inject_fault);
   o.round_timeout = absl::GetFlag(FLAGS_round_timeout);

@@ -86,6 +86,7 @@ absl::StatusOr<v1::JobConfig> MakeJobConfig(const TrainerOptions& options,
   c.set_tau(options.tau);
   c.set_round_timeout_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(options.round_timeout)));
+  c.set_deterministic(options.deterministic);
   ApplyAlgo(algo, c);
   return c;
 }

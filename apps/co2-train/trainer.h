@@ -84,6 +84,8 @@ struct TrainerOptions {
   // (Co2OptimizerOptions::verify_final_anchor; one download of the model).
   bool verify_final_anchor = true;
   absl::Duration round_timeout = absl::Seconds(60);  // embedded shards
+  // JobConfig.deterministic: exact, order-independent sums on the shards.
+  bool deterministic = false;
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.
   bool rejoin = false;

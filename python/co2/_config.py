@@ -34,6 +34,10 @@ class JobConfig:
         max_staleness: 1 for co2 (one-round-stale), 0 for synchronous.
         tau: inner steps per round.
         rounds: the job's number of rounds.
+        deterministic: sum each round's contributions exactly on the shards,
+            so that a run is a function of its seeds and settings (costs the
+            shards 16 bytes per element of accumulator instead of 4; see
+            docs/algorithm.md, "Order-independent sums").
         protocol_version: the wire protocol (set by the package).
         num_parameters: P, the flat parameter count (set from the model).
         num_shards: S, the number of aggregator shards (set from the addresses).
@@ -52,6 +56,7 @@ class JobConfig:
     max_staleness: int = 1
     tau: int = 12
     rounds: int = 0
+    deterministic: bool = False
     protocol_version: int = 2
     num_parameters: int = 0
     num_shards: int = 0

@@ -122,6 +122,9 @@ py::dict ToDict(const v1::JobConfig& config) {
       case FieldDescriptor::CPPTYPE_FLOAT:
         out[key] = reflection->GetFloat(config, f);
         break;
+      case FieldDescriptor::CPPTYPE_BOOL:
+        out[key] = reflection->GetBool(config, f);
+        break;
       case FieldDescriptor::CPPTYPE_ENUM:
         out[key] = EnumValueName(f, reflection->GetEnumValue(config, f));
         break;
@@ -165,6 +168,14 @@ v1::JobConfig FromDict(const py::dict& values) {
         }
         case FieldDescriptor::CPPTYPE_FLOAT:
           reflection->SetFloat(&config, f, py::cast<float>(value));
+          break;
+        case FieldDescriptor::CPPTYPE_BOOL:
+          if (!py::isinstance<py::bool_>(value)) {
+            throw py::value_error(absl::StrCat("JobConfig.", name,
+                                               " must be True or False, got ",
+                                               py::str(value).cast<std::string>()));
+          }
+          reflection->SetBool(&config, f, value.cast<bool>());
           break;
         case FieldDescriptor::CPPTYPE_ENUM:
           reflection->SetEnumValue(

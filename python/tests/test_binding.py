@@ -26,7 +26,7 @@ def test_every_field_round_trips_through_the_proto():
                             penalty_lambda=2.5, clip="adaptive", clip_value=1.5,
                             downlink_codec="bf16", min_workers=3, round_timeout_ms=1234,
                             max_staleness=0, tau=48, rounds=77, num_parameters=1000,
-                            num_shards=4)
+                            num_shards=4, deterministic=True)
     values = changed.to_dict()
     assert {f.name for f in dataclasses.fields(co2.JobConfig)} == set(values)
     back = _core.job_config_round_trip(values)
@@ -54,6 +54,11 @@ def test_an_unknown_field_is_a_value_error():
         co2.JobConfig.from_dict({"nesterov_lr": 1.0})
     with pytest.raises(ValueError, match="nesterov_lr"):
         _core.job_config_round_trip({"nesterov_lr": 1.0})
+
+
+def test_a_flag_that_is_not_a_bool_is_a_value_error():
+    with pytest.raises(ValueError, match="deterministic must be True or False, got 1"):
+        _core.job_config_round_trip({"deterministic": 1})
 
 
 def test_bad_optimizer_arguments_are_value_errors():

@@ -22,19 +22,19 @@ absl::string_view AsAbsl(std::string_view s) {
 }  // namespace
 
 // How the state is kept:
-//  - Two accumulator slots alternate by round parity, so rounds open and
-//    open + 1 never share one. A slot's buffer exists only from its round's
-//    first chunk until that round closes: Close takes each chunk's as it
-//    writes its mean into the ClosedRound. A full chunk's accumulator is then
-//    kept (spare_) for the next chunk that needs one: memory the kernel
-//    hands out afresh is zeroed page by page, on every round, which costs
-//    more than the sum itself.
+//  - Two slots of sums alternate by round parity, so rounds open and
+//    open + 1 never share one. A chunk's sum exists only from its round's
+//    first chunk until that round closes: Close takes each chunk's mean
+//    into the ClosedRound. A full chunk's sum object is then kept (spare_)
+//    for the next chunk that needs one (an exact sum keeps its memory: what
+//    the kernel hands out afresh is zeroed page by page, on every round,
+//    which costs more than the sum itself; an fp32 sum hands its buffer
+//    over as the mean).
 //  - Accumulation uses the weight rounded to fp32, and the weight sums add
-//    that same fp32 value, both exactly (server/exact_sum.h): the sums are
-//    the same bits in any order of arrival, and Σ w·Δ / Σ w is exact for
-//    equal weights and integer deltas.
+//    that same fp32 value (server/job/chunk_sum.h), so Σ w·Δ / Σ w is exact
+//    for equal weights and integer deltas.
 //  - A round never closes without a complete contribution, and a complete
-//    contribution has a weight >= kMinWeight on every chunk, so no chunk has a
+//    contribution has a weight > 0 on every chunk, so no chunk has a
 //    weight sum of 0 at close. The guard in Close (mean 0 for such a chunk)
 //    is defensive only: it keeps a broken invariant from producing NaN.
 //  - Contribution weight (ClosedRound::total_weight) is the weight a worker
@@ -69,7 +69,6 @@ RoundState::RoundState(const RoundOptions& options, common::Clock* clock)
           static_cast<uint32_t>(common::NumChunks(options.shard_elements))),
       open_(options.first_round),
       deadline_rule_(options.deadline, options.round_timeout) {
-  for (int s = 0; s < 2; ++s) weight_sum_[s].assign(num_chunks_, ExactScalar());
   taken_.Reset(num_chunks_);
   senders_.assign(num_chunks_, 0);
 }
@@ -134,13 +133,7 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
     return absl::InvalidArgumentError(
         absl::StrCat("weight must be finite and > 0, got ", weight));
   }
-  // The accumulators apply the weight in fp32 and add it to an exact sum of
-  // limited range (server/exact_sum.h).
-  if (weight < kMinWeight || static_cast<float>(weight) >= kExactSumMaxTerm) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("weight ", weight, " is outside the range [", kMinWeight,
-                     ", ", kExactSumMaxTerm, ")"));
-  }
+  CO2_RETURN_IF_ERROR(ChunkSum::CheckWeight(options_.exact_sums, weight));
   const absl::StatusOr<common::Codec> known =
       common::CodecFromWire(static_cast<int>(codec));
   if (!known.ok()) return known.status();
@@ -208,7 +201,7 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
                                     common::Pieces payload, float w) {
   const common::Range range =
       common::ChunkRange(options_.shard_elements, chunk_index);
-  // All or nothing: a term out of the exact sum's range changes nothing.
+  // All or nothing: a contribution that does not fit changes nothing.
   const absl::Status added =
       AccumulatorOf(slot, chunk_index).Add(codec, payload, w);
   if (!added.ok()) {
@@ -216,26 +209,20 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
         absl::StrCat(added.message(), " (chunk element 0 is shard element ",
                      range.begin, "); chunk rejected"));
   }
-  // In range: the weight was checked by AddChunk, and the weight sum has as
-  // many terms as the accumulator.
-  const absl::Status weighed = weight_sum_[slot][chunk_index].Add(w);
-  assert(weighed.ok());
-  (void)weighed;
   return absl::OkStatus();
 }
 
-ExactSum& RoundState::AccumulatorOf(int slot, uint32_t chunk_index) {
-  std::vector<std::unique_ptr<ExactSum>>& chunks = acc_[slot];
+ChunkSum& RoundState::AccumulatorOf(int slot, uint32_t chunk_index) {
+  std::vector<std::unique_ptr<ChunkSum>>& chunks = acc_[slot];
   if (chunks.empty()) chunks.resize(num_chunks_);
-  std::unique_ptr<ExactSum>& acc = chunks[chunk_index];
+  std::unique_ptr<ChunkSum>& acc = chunks[chunk_index];
   if (acc != nullptr) return *acc;
   const size_t elements = ChunkElements(chunk_index);
   if (!spare_.empty() && spare_.back()->size() == elements) {
     acc = std::move(spare_.back());
     spare_.pop_back();
-    acc->Clear();
   } else {
-    acc = std::make_unique<ExactSum>(elements);
+    acc = ChunkSum::Create(options_.exact_sums, elements);
   }
   return *acc;
 }
@@ -309,18 +296,10 @@ void RoundState::RestoreTakenChunk(uint32_t chunk_index,
 }
 
 std::vector<float> RoundState::TakeMean(int slot, uint32_t chunk_index) {
-  std::vector<float> mean(ChunkElements(chunk_index), 0.0f);
-  ExactScalar& sum = weight_sum_[slot][chunk_index];
-  const double weight = sum.Value();
-  if (weight > 0) {
-    AccumulatorOf(slot, chunk_index).Divide(weight, absl::MakeSpan(mean));
-  }
-  std::unique_ptr<ExactSum>& acc = acc_[slot][chunk_index];
-  if (acc != nullptr && acc->size() == common::kChunkElements) {
-    spare_.push_back(std::move(acc));
-  }
+  std::vector<float> mean = AccumulatorOf(slot, chunk_index).TakeMean();
+  std::unique_ptr<ChunkSum>& acc = acc_[slot][chunk_index];
+  if (acc->size() == common::kChunkElements) spare_.push_back(std::move(acc));
   acc.reset();
-  sum = ExactScalar();
   return mean;
 }
 

@@ -1,13 +1,11 @@
 // The round state machine of one (job, shard): membership of the round,
 // streaming accumulation of contributions, and when a round may close.
-// Pure logic with an injectable clock and no I/O; it owns the accumulators of
-// the open round r and of r + 1, one per chunk (allocated at the chunk's
-// first contribution; once the round's means are handed to the caller they
-// are kept for reuse by later rounds), and the per-chunk weight sums. The
-// sums are exact (server/exact_sum.h), so a round's mean is the same bits in
-// any order of arrival; an accumulator takes 16 bytes per element, so their
-// memory is at most eight fp32 copies of the shard (two rounds), whatever
-// the number of workers.
+// Pure logic with an injectable clock and no I/O; it owns the sums of the
+// open round r and of r + 1, one per chunk (server/job/chunk_sum.h: memory
+// taken at the chunk's first contribution; once the round's means are handed
+// to the caller, a sum object is kept for reuse by later rounds), so its
+// memory is at most two rounds' sums, whatever the number of workers: two
+// fp32 copies of the shard, or eight with exact sums (16 bytes per element).
 //
 // Rules (docs/algorithm.md, "Round rules"):
 //  - Accepted rounds are r − 1, r and r + 1 (r = open round). A chunk of r − 1
@@ -44,14 +42,10 @@
 #include "common/clock.h"
 #include "common/codec.h"
 #include "common/payload_pieces.h"
-#include "server/job/exact_sum.h"
+#include "server/job/chunk_sum.h"
 #include "server/job/round_deadline.h"
 
 namespace co2::server {
-
-// The smallest weight a contribution may have: 2^−20, so that the exact sum
-// (units of 2^−60) keeps at least 40 bits of every weight and of Σ w.
-inline constexpr double kMinWeight = 0x1p-20;
 
 struct RoundOptions {
   size_t shard_elements = 0;  // n, this shard's range size
@@ -61,6 +55,9 @@ struct RoundOptions {
   // How the deadline adapts to observed completion times; fixed at
   // round_timeout by default (server/job/round_deadline.h).
   RoundDeadlineOptions deadline;
+  // Sum contributions exactly, so that a round's mean is the same bits in
+  // any order of arrival (JobConfig.deterministic); else in fp32.
+  bool exact_sums = false;
 };
 
 struct ChunkOutcome {
@@ -116,9 +113,9 @@ class RoundState {
   // common::Validate for the chunk's element count (see ChunkElements()).
   // NOT_FOUND for a worker that is not live; ABORTED / FAILED_PRECONDITION for
   // rounds out of the window; INVALID_ARGUMENT for a chunk index out of range,
-  // a weight that is not finite or outside [kMinWeight, kExactSumMaxTerm), or a
-  // value whose product with the weight is outside the exact sum's range
-  // (then nothing is counted).
+  // a weight that is not finite or outside the sums' range
+  // (ChunkSum::CheckWeight), or a value whose product with the weight does
+  // not fit the round's sum (then nothing is counted).
   absl::StatusOr<ChunkOutcome> AddChunk(std::string_view worker, uint64_t round,
                                         uint32_t chunk_index,
                                         common::Codec codec,
@@ -210,15 +207,15 @@ class RoundState {
   Worker& RecordOf(std::string_view worker);
   // Accumulator slot of a round: rounds alternate between the two slots.
   static int Slot(uint64_t round) { return static_cast<int>(round & 1); }
-  // The accumulator of chunk `chunk_index` in `slot`, allocated (zeroed) if
-  // the chunk has none.
-  ExactSum& AccumulatorOf(int slot, uint32_t chunk_index);
-  // acc[slot][chunk c] += w · decode(payload), exactly.
-  // INVALID_ARGUMENT, with nothing added, if a term is out of range.
+  // The sum of chunk `chunk_index` in `slot`, made (zero) if the chunk has
+  // none.
+  ChunkSum& AccumulatorOf(int slot, uint32_t chunk_index);
+  // acc[slot][chunk c] += w · decode(payload).
+  // INVALID_ARGUMENT, with nothing added, if it does not fit.
   absl::Status Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
                           common::Pieces payload, float w);
   // The mean of chunk `chunk_index` of `slot` (zeros if it has no weight);
-  // frees its accumulator.
+  // its sum is kept for reuse.
   std::vector<float> TakeMean(int slot, uint32_t chunk_index);
   // Takes the means of the open round, hands them over and advances the open
   // round.
@@ -242,11 +239,10 @@ class RoundState {
   // Σ w·Δ per element, chunk by chunk, for rounds with Slot(round) == i; a
   // chunk's is null until its first contribution, and again once its mean
   // was taken.
-  std::array<std::vector<std::unique_ptr<ExactSum>>, 2> acc_;
-  std::array<std::vector<ExactScalar>, 2> weight_sum_;  // Σ w per chunk
-  // Accumulators of full chunks whose means were taken, for reuse: at most
-  // as many as two rounds had at once.
-  std::vector<std::unique_ptr<ExactSum>> spare_;
+  std::array<std::vector<std::unique_ptr<ChunkSum>>, 2> acc_;
+  // Sums of full chunks whose means were taken, for reuse: at most as many
+  // as two rounds had at once.
+  std::vector<std::unique_ptr<ChunkSum>> spare_;
   std::array<bool, 2> has_chunk_ = {false, false};  // a chunk of that round
   std::optional<absl::Time> deadline_;              // of the open round
   absl::Time armed_at_;  // when deadline_ was set: the round's first chunk

@@ -1,0 +1,146 @@
+#include "server/job/chunk_sum.h"
+
+#include <algorithm>
+#include <cassert>
+#include <cfloat>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/status_macros.h"
+#include "server/job/exact_sum.h"
+
+namespace co2::server {
+namespace {
+
+// The smallest weight an exact sum takes: 2^−20, so that its units of 2^−60
+// keep at least 40 bits of every weight and of Σ w.
+constexpr double kMinExactWeight = 0x1p-20;
+
+// x[i] ← x[i] / divisor, divided in double: Σ w may exceed fp32's range, and
+// a quotient of fp32 values rounded via double is the correctly rounded fp32
+// one (the rank-valued mean (N − 1) / 2 comes out exact). In groups of eight
+// with a fixed-count inner loop, the shape GCC's -O2 vectoriser takes
+// (common/codec_kernels.inc): packed divisions, the same bits as one by one.
+void DivideInPlace(float* __restrict__ x, size_t n, double divisor) {
+  constexpr size_t kGroup = 8;
+  size_t i = 0;
+  for (; i + kGroup <= n; i += kGroup) {
+    for (size_t j = 0; j < kGroup; ++j) {
+      x[i + j] = static_cast<float>(static_cast<double>(x[i + j]) / divisor);
+    }
+  }
+  for (; i < n; ++i) {
+    x[i] = static_cast<float>(static_cast<double>(x[i]) / divisor);
+  }
+}
+
+class Fp32ChunkSum : public ChunkSum {
+ public:
+  explicit Fp32ChunkSum(size_t elements) : size_(elements) {}
+
+  size_t size() const override { return size_; }
+
+  absl::Status Add(common::Codec codec, common::Pieces payload,
+                   float w) override {
+    if (acc_.empty()) acc_.assign(size_, 0.0f);
+    const absl::Span<float> acc = absl::MakeSpan(acc_);
+    // Checked before anything is added: a float sum cannot be rolled back
+    // exactly, and one Inf would poison the round for every worker. The
+    // payload is read in place, part by part (common/payload_pieces.h).
+    CO2_RETURN_IF_ERROR(common::ForEachPart(
+        codec, payload, size_, [&](const common::EncodedRun& run) {
+          const std::optional<size_t> bad = common::FirstNonFiniteSum(
+              run, w, acc.subspan(run.first, run.count));
+          if (!bad) return absl::OkStatus();
+          return absl::InvalidArgumentError(absl::StrCat(
+              "element ", run.first + *bad, " of the chunk is not finite once "
+              "weight ", w, " times it is added to the round's sum (fp32 "
+              "overflow: the contribution's values are too large)"));
+        }));
+    common::AccumulatePieces(codec, payload, w, acc);
+    weight_sum_ += w;
+    return absl::OkStatus();
+  }
+
+  std::vector<float> TakeMean() override {
+    std::vector<float> mean = std::move(acc_);
+    acc_ = {};
+    if (mean.empty()) {
+      mean.assign(size_, 0.0f);
+    } else if (weight_sum_ > 0) {
+      DivideInPlace(mean.data(), mean.size(), weight_sum_);
+    } else {
+      std::fill(mean.begin(), mean.end(), 0.0f);
+    }
+    weight_sum_ = 0;
+    return mean;
+  }
+
+ private:
+  const size_t size_;
+  std::vector<float> acc_;  // empty until the first Add
+  double weight_sum_ = 0;
+};
+
+class ExactChunkSum : public ChunkSum {
+ public:
+  explicit ExactChunkSum(size_t elements) : size_(elements) {}
+
+  size_t size() const override { return size_; }
+
+  absl::Status Add(common::Codec codec, common::Pieces payload,
+                   float w) override {
+    if (sum_ == nullptr) sum_ = std::make_unique<ExactSum>(size_);
+    CO2_RETURN_IF_ERROR(sum_->Add(codec, payload, w));
+    // In range: CheckWeight bounds w, and the weight sum has as many terms
+    // as the element sums.
+    const absl::Status weighed = weight_sum_.Add(w);
+    assert(weighed.ok());
+    (void)weighed;
+    return absl::OkStatus();
+  }
+
+  std::vector<float> TakeMean() override {
+    std::vector<float> mean(size_, 0.0f);
+    const double weight = weight_sum_.Value();
+    if (sum_ != nullptr && weight > 0) {
+      sum_->Divide(weight, absl::MakeSpan(mean));
+    }
+    // The limbs are kept: memory the kernel hands out afresh is zeroed page
+    // by page, which costs more than the sum itself.
+    if (sum_ != nullptr) sum_->Clear();
+    weight_sum_ = ExactScalar();
+    return mean;
+  }
+
+ private:
+  const size_t size_;
+  std::unique_ptr<ExactSum> sum_;  // null until the first Add
+  ExactScalar weight_sum_;
+};
+
+}  // namespace
+
+std::unique_ptr<ChunkSum> ChunkSum::Create(bool exact, size_t elements) {
+  if (exact) return std::make_unique<ExactChunkSum>(elements);
+  return std::make_unique<Fp32ChunkSum>(elements);
+}
+
+absl::Status ChunkSum::CheckWeight(bool exact, double weight) {
+  // Either sum applies the weight in fp32: outside fp32's normal range it
+  // would round to 0 or inf. The exact sum's range is narrower.
+  const double low = exact ? kMinExactWeight : FLT_MIN;
+  const double high = exact ? kExactSumMaxTerm : FLT_MAX;
+  const bool in_range =
+      weight >= low && (exact ? static_cast<float>(weight) < high
+                              : weight <= high);
+  if (in_range) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight ", weight, " is outside the ",
+                   exact ? "exact sum's" : "fp32", " range [", low, ", ", high,
+                   exact ? ")" : "]"));
+}
+
+}  // namespace co2::server

@@ -53,6 +53,8 @@ ABSL_FLAG(std::vector<std::string>, workers,
           std::vector<std::string>({"2", "4", "8"}),
           "Numbers of workers N to run, one after the other.");
 ABSL_FLAG(int, shards, 2, "Shards S.");
+ABSL_FLAG(bool, deterministic, false,
+          "JobConfig.deterministic: the shards sum exactly.");
 ABSL_FLAG(std::string, downlink, "fp32",
           "The job's downlink codec: fp32 | bf16 | int8 (deltas go up as "
           "fp32).");
@@ -172,6 +174,7 @@ int RunClient() {
   options.job_config = common::DefaultJobConfig(0, 0);
   options.job_config.set_round_timeout_ms(600000);
   options.job_config.set_downlink_codec(v1::Codec(*downlink));
+  options.job_config.set_deterministic(absl::GetFlag(FLAGS_deterministic));
   std::vector<float> anchor(p, 0.0f);
   const std::vector<float> delta = MakeDelta(p, absl::GetFlag(FLAGS_rank));
   auto connected =
@@ -422,6 +425,8 @@ bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
                 absl::StrCat("--params=", p),
                 absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
                 "--downlink=" + std::string(common::CodecName(downlink)),
+                absl::StrCat("--deterministic=",
+                             absl::GetFlag(FLAGS_deterministic)),
                 absl::StrCat("--job=agg-", n, "-", rep),
                 absl::StrCat("--rank=", c)}),
         absl::StrCat(scratch, "/client-", c, ".log"), /*stdout_to_null=*/false,
@@ -707,6 +712,8 @@ int RunDriver() {
     << ", \"repetitions\": " << absl::GetFlag(FLAGS_repetitions)
     << ", \"uplink_codec\": \"fp32\", \"downlink_codec\": \"" << downlink_name
     << "\", \"staleness\": 1"
+    << ", \"deterministic\": "
+    << (absl::GetFlag(FLAGS_deterministic) ? "true" : "false")
     << ", \"copy_counter\": " << !absl::GetFlag(FLAGS_copy_counter).empty()
     << ", \"checkpoints\": " << !absl::GetFlag(FLAGS_checkpoint_dir).empty()
     << ", \"netns\": " << !absl::GetFlag(FLAGS_netns).empty()

@@ -27,7 +27,8 @@ mkdir -p "$out"
 
 common=(--task=fashion-mnist --workers=4 --epochs=2 --seed=1 --tau=8
         --optimizer=adamw --eval_every=20)
-co2=(--algo=co2 --lr=4e-3 --alpha=0.5 --beta=0 --gap_penalty=none --clip=none)
+co2=(--algo=co2 --lr=4e-3 --alpha=0.5 --beta=0 --gap_penalty=none --clip=none
+  --deterministic)
 
 echo "== CO2: 4 workers, tau=8 inner AdamW steps per round, the average of round r applied during round r+1"
 "$train" "${common[@]}" "${co2[@]}" "$@" --report="$out/co2.json"

@@ -81,6 +81,27 @@ TEST(ExactSumTest, AnyOrderAndAnyKernelGiveTheSameBits) {
   }
 }
 
+// Divide's vector loop rounds like the scalar Value(i) / divisor, for sums
+// of both signs and every magnitude the terms reach, with every kernel.
+TEST(ExactSumTest, DivideRoundsLikeTheScalarValue) {
+  const size_t n = 1000 + 3;
+  const std::vector<Term> terms = RandomTerms(24, n, 5);
+  for (const common::KernelIsa isa : common::SupportedKernelIsas()) {
+    common::ScopedKernelIsaForTesting pin(isa);
+    ExactSum sum(n);
+    for (const Term& t : terms) ASSERT_TRUE(sum.Add(t.x, t.w).ok());
+    for (const double divisor : {1.0, 3.0, 7.5e6, 1e-5}) {
+      const std::vector<float> mean = MeanOf(sum, divisor);
+      for (size_t i = 0; i < n; ++i) {
+        const float expected = static_cast<float>(sum.Value(i) / divisor);
+        ASSERT_EQ(Bits({mean[i]}), Bits({expected}))
+            << common::KernelIsaName(isa) << " element " << i << " divisor "
+            << divisor;
+      }
+    }
+  }
+}
+
 // Against a double-precision sum, the exact sum is at least as accurate as
 // adding in fp32, element by element, and within one fp32 rounding of it.
 TEST(ExactSumTest, AtLeastAsAccurateAsAnFp32Sum) {

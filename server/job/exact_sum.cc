@@ -70,6 +70,20 @@ bool AddTermsWithActiveIsa(const char* x, size_t n, double w, uint64_t* hi,
   }
 }
 
+void DivideWithActiveIsa(const uint64_t* hi, const uint64_t* lo, size_t n,
+                         double divisor, float* out) {
+  switch (common::ActiveKernelIsa()) {
+#if defined(__x86_64__)
+    case common::KernelIsa::kSse2:
+      return sse2::Kernels::Divide(hi, lo, n, divisor, out);
+    case common::KernelIsa::kAvx2:
+      return avx2::Kernels::Divide(hi, lo, n, divisor, out);
+#endif
+    default:
+      return portable::Kernels::Divide(hi, lo, n, divisor, out);
+  }
+}
+
 // Decoded values are taken in blocks of this many, in a buffer that stays
 // in L1 (fp32 payloads are read in place).
 constexpr size_t kBlock = 1024;
@@ -196,9 +210,7 @@ void ExactSum::Divide(double divisor, absl::Span<float> out) const {
     std::fill(out.begin(), out.end(), 0.0f);
     return;
   }
-  for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = static_cast<float>(ValueOf(hi_[i], lo_[i]) / divisor);
-  }
+  DivideWithActiveIsa(hi_.get(), lo_.get(), out.size(), divisor, out.data());
 }
 
 double ExactSum::Value(size_t i) const {

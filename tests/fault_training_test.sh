@@ -12,6 +12,10 @@
 #                   restore them from the journal (twice, at random rounds)
 #   worker_restart  kill -9 worker 1; the launcher (--max_restarts=1) restarts
 #                   it and it rejoins the running job
+#   node_restart    workers are nodes of 2 processes (--local_ranks=2):
+#                   kill -9 worker 1's second process; the launcher
+#                   (--max_restarts=1) restarts both of its processes and
+#                   the node rejoins the running job
 #   worker_stop     SIGSTOP worker 1 for five round deadlines, then SIGCONT;
 #                   rounds close without it meanwhile, and it is too far
 #                   behind to follow: it fails, the launcher
@@ -59,6 +63,8 @@ TOLERANCE=0.05       # test accuracy, absolute
 RUN_LIMIT=240        # seconds for one training run
 MODEL=small          # shard_kill_mid_round: wide (several chunks per shard)
 [[ $SCENARIO == shard_kill_mid_round ]] && MODEL=wide
+NODE_ARGS=()         # node_restart: two processes per worker, both runs
+[[ $SCENARIO == node_restart ]] && NODE_ARGS=(--local_ranks=2)
 
 WORK=$(mktemp -d /tmp/co2-fault-training.XXXXXX)
 NETNS=co2fault$$
@@ -150,10 +156,10 @@ wait_round() {
   done
 }
 
-# The pid of worker W's process of job JOB (its command line names this
-# test's run directory).
+# The pid of worker W's process of job JOB, local rank L (default 0; its
+# command line names this test's run directory).
 worker_pid() {
-  pgrep -f -- "--role=worker --worker=$1 --local_rank=0 --run_dir=$WORK/run-$2 " || true
+  pgrep -f -- "--role=worker --worker=$1 --local_rank=${3:-0} --run_dir=$WORK/run-$2 " || true
 }
 
 # start_training JOB [extra flags]: in the background; TRAIN_PID.
@@ -165,7 +171,7 @@ start_training() {
     --aggregators="$HOST:${SHARD_PORT[0]},$HOST:${SHARD_PORT[1]}" \
     --round_timeout=$ROUND_TIMEOUT --job="$job" --run_dir="$WORK/run-$job" \
     --keep_run_dir --progress=false --eval_every=0 --final_eval_examples=2000 \
-    --report="$WORK/$job.json" "$@" >"$WORK/train-$job.out" 2>&1 &
+    --report="$WORK/$job.json" "${NODE_ARGS[@]}" "$@" >"$WORK/train-$job.out" 2>&1 &
   TRAIN_PID=$!
 }
 
@@ -329,6 +335,18 @@ case $SCENARIO in
     finish_training fault
     grep -q "restarting it" "$WORK/train-fault.out" || fail "the launcher did not restart worker 1"
     ;;
+  node_restart)
+    start_training fault --max_restarts=1
+    wait_round fault $((4 + RANDOM % 10))
+    victim=$(worker_pid 1 fault 1)
+    [[ -n $victim ]] || fail "worker 1's local rank 1 not found"
+    log "kill -9 worker 1 local rank 1 (pid $victim) after round $(current_round fault)"
+    kill -9 "$victim"
+    finish_training fault
+    grep -q "worker 1 failed (local rank 1: .*); restarting it, all 2 local ranks" \
+      "$WORK/train-fault.out" || fail "the launcher did not restart worker 1's node"
+    [[ -s $WORK/run-fault/rank-1-1.json ]] || fail "worker 1's local rank 1 wrote no report"
+    ;;
   worker_stop)
     # Stopped for several deadlines, worker 1 falls behind what the shards
     # can replay: it fails with FAILED_PRECONDITION when it resumes and the
@@ -362,7 +380,7 @@ case $SCENARIO in
       fail "no worker log says its stream broke and reconnected"
     ;;
   *)
-    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | worker_stop | link_cut | worker_kill_*)"
+    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | link_cut | worker_kill_*)"
     ;;
 esac
 log "disturbed run took $((SECONDS - START)) s"

@@ -223,6 +223,15 @@ TEST(TrainerTest, BadFlagValueFailsBeforeSpawning) {
       RunCo2Train({"--algo=diloco", "--momentum=heavy_ball"}, /*timeout_s=*/30);
   EXPECT_NE(heavy.exit_code, 0);
   EXPECT_THAT(heavy.output, HasSubstr("--momentum is 'heavy_ball': diloco"));
+  const RunResult ddp =
+      RunCo2Train({"--algo=ddp", "--max_restarts=1"}, /*timeout_s=*/30);
+  EXPECT_NE(ddp.exit_code, 0);
+  EXPECT_THAT(ddp.output, HasSubstr("--max_restarts"));
+  EXPECT_THAT(ddp.output, HasSubstr("not ddp"));
+  const RunResult restart = RunCo2Train({"--restart=-1"}, /*timeout_s=*/30);
+  EXPECT_NE(restart.exit_code, 0);
+  EXPECT_THAT(restart.output, HasSubstr("--restart"));
+  EXPECT_THAT(restart.output, HasSubstr("must be >= 0, got -1"));
 }
 
 // diloco trains through the aggregator with its published outer settings

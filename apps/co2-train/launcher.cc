@@ -346,24 +346,48 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
       const bool failed = !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
       if (failed && failure.ok() && c.restarts < options.max_restarts) {
         // The worker rejoins the running job: it fetches the anchor and
-        // trains from the shards' round; the others never stopped.
-        ++c.restarts;
+        // trains from the shards' round; the others never stopped. All its
+        // local ranks restart together, in a rendezvous of their own.
+        const std::string why =
+            options.local_ranks == 1
+                ? DescribeExit(c.status)
+                : absl::StrCat("local rank ", c.local_rank, ": ",
+                               DescribeExit(c.status));
         std::fprintf(
-            user,
-            "%s[co2-train] worker %d failed (%s); restarting it (%d of %d)\n",
-            live ? "\r\033[K" : "", c.worker, DescribeExit(c.status).c_str(),
-            c.restarts, options.max_restarts);
+            user, "%s[co2-train] worker %d failed (%s); restarting it%s (%d of %d)\n",
+            live ? "\r\033[K" : "", c.worker, why.c_str(),
+            options.local_ranks == 1
+                ? ""
+                : absl::StrCat(", all ", options.local_ranks, " local ranks")
+                      .c_str(),
+            c.restarts + 1, options.max_restarts);
         std::fflush(user);
-        std::vector<std::string> args = c.args;
-        args.push_back("--rejoin");
-        const pid_t pid = Spawn(args, c.log, /*append=*/true, pgid, launcher, old_mask);
-        if (pid > 0) {
-          c.pid = pid;
-          c.running = true;
-          ++running;
-          continue;
+        const int worker = c.worker;
+        for (Child& sibling : children) {
+          if (sibling.worker != worker || !sibling.running) continue;
+          kill(sibling.pid, SIGKILL);
+          waitpid(sibling.pid, &sibling.status, 0);
+          sibling.running = false;
+          --running;
         }
-        failure = absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
+        for (Child& rank : children) {
+          if (rank.worker != worker || !failure.ok()) continue;
+          ++rank.restarts;
+          std::vector<std::string> args = rank.args;
+          args.push_back("--rejoin");
+          args.push_back(absl::StrCat("--restart=", rank.restarts));
+          const pid_t pid =
+              Spawn(args, rank.log, /*append=*/true, pgid, launcher, old_mask);
+          if (pid < 0) {
+            failure = absl::ResourceExhaustedError(
+                absl::StrCat("fork: ", strerror(errno)));
+            continue;
+          }
+          rank.pid = pid;
+          rank.running = true;
+          ++running;
+        }
+        continue;
       }
       if (failed && failure.ok()) {
         failure = absl::AbortedError(absl::StrCat(

@@ -112,8 +112,11 @@ ABSL_FLAG(std::string, role, "launcher", "Internal: launcher | worker.");
 ABSL_FLAG(int, worker, 0, "Internal: this process's worker.");
 ABSL_FLAG(int, local_rank, 0, "Internal: this process's local rank.");
 ABSL_FLAG(int, max_restarts, 0,
-          "Restart a worker process that dies, up to this many times per "
-          "worker; it rejoins the running job (not with ddp or --local_ranks > 1).");
+          "Restart a worker whose process dies (all its local ranks), up to "
+          "this many times per worker; it rejoins the running job (not with "
+          "ddp).");
+ABSL_FLAG(int, restart, 0,
+          "Internal: how many times the launcher restarted this worker.");
 ABSL_FLAG(bool, rejoin, false,
           "With --role=worker: this worker restarts into a running job "
           "(docs/reliability.md): it skips the start barrier and trains from "
@@ -186,6 +189,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   o.rejoin = absl::GetFlag(FLAGS_rejoin);
+  o.restart = absl::GetFlag(FLAGS_restart);
   o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   return o;
 }

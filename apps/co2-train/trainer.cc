@@ -201,11 +201,13 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
     return Bad("max_restarts",
                absl::StrCat("must be >= 0, got ", options.max_restarts));
   }
-  if (options.max_restarts > 0 &&
-      (options.algo == "ddp" || options.local_ranks > 1)) {
+  if (options.max_restarts > 0 && options.algo == "ddp") {
     return Bad("max_restarts",
-               "needs an aggregator algorithm (not ddp) and --local_ranks=1: "
-               "a worker restarts alone into the running job");
+               "needs an aggregator algorithm (not ddp): a worker restarts "
+               "alone into the running job");
+  }
+  if (options.restart < 0) {
+    return Bad("restart", absl::StrCat("must be >= 0, got ", options.restart));
   }
   if (options.aggregators.empty() &&
       !(options.aggregator_ca + options.aggregator_cert +
@@ -294,9 +296,12 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
 
   std::unique_ptr<ProcessGroup> local, global;
   if (options.local_ranks > 1) {
-    CO2_ASSIGN_OR_RETURN(local, CreateProcessGroup(MakeGroup(
-                                    options, local_rank, options.local_ranks,
-                                    absl::StrCat("node-", worker))));
+    // A restarted node meets under a name of its own: the store still
+    // holds the keys of the ranks that died.
+    CO2_ASSIGN_OR_RETURN(
+        local, CreateProcessGroup(MakeGroup(
+                   options, local_rank, options.local_ranks,
+                   absl::StrCat("node-", worker, "-", options.restart))));
   }
   if (algo == Algo::kDdp && world > 1) {
     CO2_ASSIGN_OR_RETURN(

@@ -89,9 +89,13 @@ struct TrainerOptions {
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.
   bool rejoin = false;
-  // Launcher: a worker process that dies is restarted (with `rejoin`) up to
-  // this many times before the run fails. Needs an aggregator algorithm and
-  // one local rank per worker.
+  // How many times the launcher restarted this worker's node: its local
+  // ranks meet in a rendezvous of that generation, apart from the stale
+  // keys of the ranks that died.
+  int restart = 0;
+  // Launcher: when a process of a worker dies, every local rank of that
+  // worker (its node) is restarted (with `rejoin`), up to this many times
+  // per worker before the run fails. Needs an aggregator algorithm.
   int max_restarts = 0;
   std::string report;                  // final JSON report path ("" = none)
   std::string run_dir;                 // scratch directory shared by ranks

@@ -354,7 +354,8 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
                 : absl::StrCat("local rank ", c.local_rank, ": ",
                                DescribeExit(c.status));
         std::fprintf(
-            user, "%s[co2-train] worker %d failed (%s); restarting it%s (%d of %d)\n",
+            user,
+            "%s[co2-train] worker %d failed (%s); restarting it%s (%d of %d)\n",
             live ? "\r\033[K" : "", c.worker, why.c_str(),
             options.local_ranks == 1
                 ? ""

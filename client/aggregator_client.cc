@@ -272,8 +272,8 @@ class AggregatorClient::Impl : public AnchorSource {
         }
         if (corrupt_next_update_ && !values.empty()) {
           corrupt_next_update_ = false;
-          values[0] = absl::bit_cast<float>(absl::bit_cast<uint32_t>(values[0]) ^
-                                            1u);
+          values[0] =
+              absl::bit_cast<float>(absl::bit_cast<uint32_t>(values[0]) ^ 1u);
         }
         if (chunks[c].anchor_digest != 0 && !mismatch.has_value() &&
             common::AnchorDigest(values) != chunks[c].anchor_digest) {
@@ -423,10 +423,10 @@ class AggregatorClient::Impl : public AnchorSource {
                             common::ChunkRange(shard.range.size(), chunk).begin
                      << "); fetching the shard's range [" << shard.range.begin
                      << ", " << shard.range.end << ") again";
-    absl::StatusOr<uint64_t> fetched = FetchAnchor(
-        shard.stub.get(), options_.job, options_.worker_id,
-        anchor.subspan(shard.range.begin, shard.range.size()),
-        absl::Now() + options_.rpc_timeout);
+    absl::StatusOr<uint64_t> fetched =
+        FetchAnchor(shard.stub.get(), options_.job, options_.worker_id,
+                    anchor.subspan(shard.range.begin, shard.range.size()),
+                    absl::Now() + options_.rpc_timeout);
     if (!fetched.ok()) {
       return WithShard(
           i, shard.address,
@@ -448,8 +448,7 @@ class AggregatorClient::Impl : public AnchorSource {
     }
     shard.healed_to_round = *fetched;
     CO2_LOG(INFO) << "worker " << options_.worker_id << ": shard " << i
-                  << "'s range fetched again, the anchor of round "
-                  << *fetched;
+                  << "'s range fetched again, the anchor of round " << *fetched;
     return absl::OkStatus();
   }
 

@@ -23,9 +23,10 @@ uint64_t Fnv1a(absl::Span<const float> values, uint64_t hash = kFnv1aOffset);
 // basis 14695981039346656037) over the values' bytes
 // taken as little-endian 64-bit words (the last one padded with zero bytes
 // for an odd count), word i into lane i mod 4, then byte-wise FNV-1a (from
-// the same basis) of the four lanes' 32 bytes (little-endian). Four lanes of 8-byte words run at memory speed,
-// where byte-wise FNV-1a does not; a change of any one word always changes
-// the digest (each step is a bijection of the lane).
+// the same basis) of the four lanes' 32 bytes (little-endian). Four lanes of
+// 8-byte words run at memory speed, where byte-wise FNV-1a does not; a change
+// of any one word always changes the digest (each step is a bijection of the
+// lane).
 uint64_t AnchorDigest(absl::Span<const float> values);
 
 }  // namespace co2::common

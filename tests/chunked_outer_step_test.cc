@@ -206,8 +206,8 @@ TEST(ChunkedOuterStepTest, AGapChunkThatCannotBeReadBackIsZero) {
 
   // The reference: the same last update with chunk 2 zeroed, in memory.
   auto zeroed = std::make_shared<UpdateChunks>(*first.update);
-  (*zeroed)[2] =
-      step.Message(0, 2, 2, std::string((*zeroed)[2]->payload().size(), '\0'), 0);
+  (*zeroed)[2] = step.Message(
+      0, 2, 2, std::string((*zeroed)[2]->payload().size(), '\0'), 0);
   std::vector<float> ref_anchor = anchor, ref_momentum = momentum;
   const KeptUpdate ref_last(zeroed);
   closed.round = 1;

@@ -41,8 +41,7 @@ TEST(AnchorDigestTest, AnyOneChangedBitChangesIt) {
     changed[i] = std::nextafter(changed[i], 1.0f);
     EXPECT_NE(AnchorDigest(changed), digest) << "element " << i;
   }
-  EXPECT_NE(AnchorDigest(absl::MakeConstSpan(values).subspan(0, 1000)),
-            digest);
+  EXPECT_NE(AnchorDigest(absl::MakeConstSpan(values).subspan(0, 1000)), digest);
 }
 
 }  // namespace

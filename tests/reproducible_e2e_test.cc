@@ -69,10 +69,11 @@ std::vector<float> RunWithDelays(uint32_t delay_seed) {
       for (uint64_t r = 0; r < rounds; ++r) {
         absl::SleepFor(absl::Milliseconds(delays() % 20));
         const std::vector<float> delta = RandomDelta(spec.params, w, r);
-        absl::Status s = (*client)->Push(r, delta, 1.0 + 3 * w,
-                                         absl::Now() + kTimeout);
+        absl::Status s =
+            (*client)->Push(r, delta, 1.0 + 3 * w, absl::Now() + kTimeout);
         if (s.ok()) s = (*client)->WaitForUpdate(r, absl::Now() + kTimeout);
-        if (s.ok()) s = (*client)->ApplyUpdate(r, absl::MakeSpan(anchor)).status();
+        if (s.ok())
+          s = (*client)->ApplyUpdate(r, absl::MakeSpan(anchor)).status();
         if (!s.ok()) {
           results[w] = s;
           return;
@@ -95,9 +96,9 @@ TEST(ReproducibleE2eTest, RandomDelaysGiveTheSameAnchorBits) {
   for (uint32_t seed : {2u, 3u}) {
     const std::vector<float> again = RunWithDelays(seed);
     ASSERT_EQ(again.size(), first.size());
-    EXPECT_EQ(std::memcmp(again.data(), first.data(),
-                          first.size() * sizeof(float)),
-              0)
+    EXPECT_EQ(
+        std::memcmp(again.data(), first.data(), first.size() * sizeof(float)),
+        0)
         << "delay seed " << seed;
   }
 }
@@ -120,8 +121,7 @@ TEST(ReproducibleE2eTest, AnAnchorCorruptedInMemoryIsHealedInTheSameRound) {
   // r + 1, so the shards still hold that anchor.
   for (uint64_t r = 0; r < 3; ++r) {
     const std::vector<float> delta = RandomDelta(spec.params, 0, r);
-    ASSERT_TRUE(
-        (*client)->Push(r, delta, 2.0, absl::Now() + kTimeout).ok());
+    ASSERT_TRUE((*client)->Push(r, delta, 2.0, absl::Now() + kTimeout).ok());
     ASSERT_TRUE((*client)->WaitForUpdate(r, absl::Now() + kTimeout).ok());
     if (r == 1) (*client)->CorruptNextUpdateForTesting();
     absl::StatusOr<uint64_t> applied =
@@ -182,9 +182,9 @@ TEST(ReproducibleE2eTest, AHealWhileTheShardMovesOnSkipsTheUpdateItHolds) {
   uint64_t round = 0;
   const std::vector<float> shards = cluster.Anchor("ahead", &round);
   ASSERT_EQ(round, 3u);
-  EXPECT_EQ(std::memcmp(shards.data(), anchor.data(),
-                        anchor.size() * sizeof(float)),
-            0);
+  EXPECT_EQ(
+      std::memcmp(shards.data(), anchor.data(), anchor.size() * sizeof(float)),
+      0);
   EXPECT_TRUE((*client)->Leave(absl::Now() + kTimeout).ok());
 }
 

@@ -658,7 +658,8 @@ TEST_F(RoundStateTest, AnyArrivalOrderGivesTheSameBitsWithExactSums) {
       if (!closed.has_value()) return -1;
       std::vector<float> flat;
       for (uint32_t c = 0; c < state_->num_chunks(); ++c) {
-        const std::vector<float>& m = mean[c].empty() ? closed->mean[c] : mean[c];
+        const std::vector<float>& m =
+            mean[c].empty() ? closed->mean[c] : mean[c];
         flat.insert(flat.end(), m.begin(), m.end());
       }
       EXPECT_EQ(flat.size(), n);

@@ -64,8 +64,7 @@ class ShardMetricsTest : public testing::Test {
     options.observer = &metrics_;
     v1::JobConfig config = Config(min_workers);
     config.set_deterministic(deterministic);
-    auto seeded =
-        shard_test::SeededShard(config, options, &clock_, {"a", "b"});
+    auto seeded = shard_test::SeededShard(config, options, &clock_, {"a", "b"});
     ASSERT_TRUE(seeded.ok()) << seeded.status();
     shard_ = *std::move(seeded);
   }

@@ -171,9 +171,9 @@ v1::JobConfig FromDict(const py::dict& values) {
           break;
         case FieldDescriptor::CPPTYPE_BOOL:
           if (!py::isinstance<py::bool_>(value)) {
-            throw py::value_error(absl::StrCat("JobConfig.", name,
-                                               " must be True or False, got ",
-                                               py::str(value).cast<std::string>()));
+            throw py::value_error(
+                absl::StrCat("JobConfig.", name, " must be True or False, got ",
+                             py::str(value).cast<std::string>()));
           }
           reflection->SetBool(&config, f, value.cast<bool>());
           break;

@@ -132,7 +132,8 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
     LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step) {
   const v1::ShardCheckpointHeader& h = checkpoint.header;
   return RestoreUpdate(h, h.rounds_closed() - 1, h.update_contributors(),
-                       checkpoint.update_chunks, h.update_chunk_digests(), step);
+                       checkpoint.update_chunks, h.update_chunk_digests(),
+                       step);
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<const UpdateChunks>>>

@@ -55,8 +55,11 @@ class Fp32ChunkSum : public ChunkSum {
               run, w, acc.subspan(run.first, run.count));
           if (!bad) return absl::OkStatus();
           return absl::InvalidArgumentError(absl::StrCat(
-              "element ", run.first + *bad, " of the chunk is not finite once "
-              "weight ", w, " times it is added to the round's sum (fp32 "
+              "element ", run.first + *bad,
+              " of the chunk is not finite once "
+              "weight ",
+              w,
+              " times it is added to the round's sum (fp32 "
               "overflow: the contribution's values are too large)"));
         }));
     common::AccumulatePieces(codec, payload, w, acc);
@@ -134,13 +137,12 @@ absl::Status ChunkSum::CheckWeight(bool exact, double weight) {
   const double low = exact ? kMinExactWeight : FLT_MIN;
   const double high = exact ? kExactSumMaxTerm : FLT_MAX;
   const bool in_range =
-      weight >= low && (exact ? static_cast<float>(weight) < high
-                              : weight <= high);
+      weight >= low &&
+      (exact ? static_cast<float>(weight) < high : weight <= high);
   if (in_range) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("weight ", weight, " is outside the ",
-                   exact ? "exact sum's" : "fp32", " range [", low, ", ", high,
-                   exact ? ")" : "]"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "weight ", weight, " is outside the ", exact ? "exact sum's" : "fp32",
+      " range [", low, ", ", high, exact ? ")" : "]"));
 }
 
 }  // namespace co2::server

@@ -124,8 +124,10 @@ bool ExactSum::AddRun(const float* x, size_t first, size_t n, float w,
   const char* bytes = reinterpret_cast<const char*>(x);
   uint64_t* hi = &hi_[first];
   uint64_t* lo = &lo_[first];
-  if (sign < 0) return AddTermsWithActiveIsa<Op::kTakeBack>(bytes, n, w, hi, lo);
-  if (terms_ == 0) return AddTermsWithActiveIsa<Op::kStore>(bytes, n, w, hi, lo);
+  if (sign < 0)
+    return AddTermsWithActiveIsa<Op::kTakeBack>(bytes, n, w, hi, lo);
+  if (terms_ == 0)
+    return AddTermsWithActiveIsa<Op::kStore>(bytes, n, w, hi, lo);
   return AddTermsWithActiveIsa<Op::kAdd>(bytes, n, w, hi, lo);
 }
 

@@ -92,9 +92,9 @@ absl::Status JobShard::RestoreJournalLocked() {
           ChunkSender{sender.worker_id(), sender.contribution_weight()});
     }
     rounds_.RestoreTakenChunk(h.chunk_index(), senders);
-    std::shared_ptr<const v1::OuterUpdate> update =
-        step_.Message(round, h.chunk_index(), h.contributors(),
-                      std::move(chunk.update), common::AnchorDigest(chunk.anchor));
+    std::shared_ptr<const v1::OuterUpdate> update = step_.Message(
+        round, h.chunk_index(), h.contributors(), std::move(chunk.update),
+        common::AnchorDigest(chunk.anchor));
     round_step.Restore(h.chunk_index(), update);
     updates_.AddStreamed(std::move(update));
   }

@@ -80,9 +80,9 @@ grpc::ByteBuffer SerializeUpdate(
   v1::OuterUpdate tail;
   tail.set_anchor_digest(update->anchor_digest());
   const std::string_view payload = update->payload();
-  return common::FrameWithPayload(
-      fields.SerializeAsString(), v1::OuterUpdate::kPayloadFieldNumber, payload,
-      std::move(update), tail.SerializeAsString());
+  return common::FrameWithPayload(fields.SerializeAsString(),
+                                  v1::OuterUpdate::kPayloadFieldNumber, payload,
+                                  std::move(update), tail.SerializeAsString());
 }
 
 absl::StatusOr<ExchangeMessage> ParseExchangeRequest(grpc::ByteBuffer* buffer) {

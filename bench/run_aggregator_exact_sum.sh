@@ -50,7 +50,7 @@ done
 import json, statistics, sys
 scratch, pairs, out, base = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 kinds = ("before", "after", "exact")
-shards = {}
+shards, memory = {}, {}
 machine = config = None
 for which in kinds:
     for i in range(pairs):
@@ -59,6 +59,9 @@ for which in kinds:
         for run in report["runs"]:
             shards.setdefault((which, run["workers"]), []).append(
                 run["cpu_s_per_round"]["shards"]["total"])
+            for rep in run["shards"]:
+                memory.setdefault((which, run["workers"]), []).extend(
+                    s["peak_minus_idle_over_range"] for s in rep)
 results = []
 for n in sorted({n for _, n in shards}):
     med = {k: statistics.median(shards[(k, n)]) for k in kinds}
@@ -68,6 +71,8 @@ for n in sorted({n for _, n in shards}):
         **{f"{k}_each": [round(x, 5) for x in shards[(k, n)]] for k in kinds},
         "after_over_before": round(med["after"] / med["before"], 3),
         "exact_over_before": round(med["exact"] / med["before"], 3),
+        **{f"shard_peak_minus_idle_over_range_{k}":
+           round(statistics.median(memory[(k, n)]), 2) for k in kinds},
     })
 config.pop("deterministic", None)
 report = {
@@ -76,7 +81,9 @@ report = {
             "base_commit (fp32 sums, no anchor digests); after = this tree "
             "(anchor digests, fp32 sums: the default); exact = this tree in a "
             "deterministic job (anchor digests, exact sums); target: at most "
-            "1.10 x before",
+            "1.10 x before. shard_peak_minus_idle_over_range: each shard's "
+            "peak RSS less its idle RSS over its fp32 range (no checkpoints), "
+            "median over shards and runs",
     "base_commit": base,
     "machine": machine,
     "config": config,
@@ -88,6 +95,9 @@ with open(out, "w") as f:
     f.write("\n")
 for r in results:
     print(f"N={r['workers']}: shards CPU/round before {r['shards_cpu_s_per_round_before']:.4f} s, "
-          f"after x{r['after_over_before']:.3f}, exact x{r['exact_over_before']:.3f}")
+          f"after x{r['after_over_before']:.3f}, exact x{r['exact_over_before']:.3f}; "
+          f"shard memory over range {r['shard_peak_minus_idle_over_range_before']}, "
+          f"{r['shard_peak_minus_idle_over_range_after']}, "
+          f"{r['shard_peak_minus_idle_over_range_exact']}")
 print(f"wrote {out}")
 PY

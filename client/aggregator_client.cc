@@ -427,24 +427,21 @@ class AggregatorClient::Impl : public AnchorSource {
         FetchAnchor(shard.stub.get(), options_.job, options_.worker_id,
                     anchor.subspan(shard.range.begin, shard.range.size()),
                     absl::Now() + options_.rpc_timeout);
+    auto cannot_mend = [&](const std::string& why) {
+      return WithShard(i, shard.address,
+                       absl::DataLossError(absl::StrCat(
+                           "the anchor of round ", anchor_round,
+                           " differs from the shard's digest", why)));
+    };
     if (!fetched.ok()) {
-      return WithShard(
-          i, shard.address,
-          absl::DataLossError(absl::StrCat(
-              "the anchor of round ", anchor_round,
-              " differs from the shard's digest and fetching it again "
-              "failed: ",
-              fetched.status().ToString())));
+      return cannot_mend(absl::StrCat(" and fetching it again failed: ",
+                                      fetched.status().ToString()));
     }
     const uint64_t ahead = options_.job_config.max_staleness() + 1;
     if (*fetched < anchor_round || *fetched > anchor_round + ahead) {
-      return WithShard(
-          i, shard.address,
-          absl::DataLossError(absl::StrCat(
-              "the anchor of round ", anchor_round,
-              " differs from the shard's digest, and the shard holds the "
-              "anchor of round ",
-              *fetched, ": this worker cannot mend it; restart it")));
+      return cannot_mend(absl::StrCat(
+          ", and the shard holds the anchor of round ", *fetched,
+          ": this worker cannot mend it; restart it"));
     }
     shard.healed_to_round = *fetched;
     CO2_LOG(INFO) << "worker " << options_.worker_id << ": shard " << i

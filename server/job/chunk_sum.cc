@@ -38,19 +38,17 @@ void DivideInPlace(float* __restrict__ x, size_t n, double divisor) {
 
 class Fp32ChunkSum : public ChunkSum {
  public:
-  explicit Fp32ChunkSum(size_t elements) : size_(elements) {}
-
-  size_t size() const override { return size_; }
+  explicit Fp32ChunkSum(size_t elements) : ChunkSum(elements) {}
 
   absl::Status Add(common::Codec codec, common::Pieces payload,
                    float w) override {
-    if (acc_.empty()) acc_.assign(size_, 0.0f);
+    if (acc_.empty()) acc_.assign(size(), 0.0f);
     const absl::Span<float> acc = absl::MakeSpan(acc_);
     // Checked before anything is added: a float sum cannot be rolled back
     // exactly, and one Inf would poison the round for every worker. The
     // payload is read in place, part by part (common/payload_pieces.h).
     CO2_RETURN_IF_ERROR(common::ForEachPart(
-        codec, payload, size_, [&](const common::EncodedRun& run) {
+        codec, payload, size(), [&](const common::EncodedRun& run) {
           const std::optional<size_t> bad = common::FirstNonFiniteSum(
               run, w, acc.subspan(run.first, run.count));
           if (!bad) return absl::OkStatus();
@@ -71,7 +69,7 @@ class Fp32ChunkSum : public ChunkSum {
     std::vector<float> mean = std::move(acc_);
     acc_ = {};
     if (mean.empty()) {
-      mean.assign(size_, 0.0f);
+      mean.assign(size(), 0.0f);
     } else if (weight_sum_ > 0) {
       DivideInPlace(mean.data(), mean.size(), weight_sum_);
     } else {
@@ -82,20 +80,17 @@ class Fp32ChunkSum : public ChunkSum {
   }
 
  private:
-  const size_t size_;
   std::vector<float> acc_;  // empty until the first Add
   double weight_sum_ = 0;
 };
 
 class ExactChunkSum : public ChunkSum {
  public:
-  explicit ExactChunkSum(size_t elements) : size_(elements) {}
-
-  size_t size() const override { return size_; }
+  explicit ExactChunkSum(size_t elements) : ChunkSum(elements) {}
 
   absl::Status Add(common::Codec codec, common::Pieces payload,
                    float w) override {
-    if (sum_ == nullptr) sum_ = std::make_unique<ExactSum>(size_);
+    if (sum_ == nullptr) sum_ = std::make_unique<ExactSum>(size());
     CO2_RETURN_IF_ERROR(sum_->Add(codec, payload, w));
     // In range: CheckWeight bounds w, and the weight sum has as many terms
     // as the element sums.
@@ -106,7 +101,7 @@ class ExactChunkSum : public ChunkSum {
   }
 
   std::vector<float> TakeMean() override {
-    std::vector<float> mean(size_, 0.0f);
+    std::vector<float> mean(size(), 0.0f);
     const double weight = weight_sum_.Value();
     if (sum_ != nullptr && weight > 0) {
       sum_->Divide(weight, absl::MakeSpan(mean));
@@ -119,7 +114,6 @@ class ExactChunkSum : public ChunkSum {
   }
 
  private:
-  const size_t size_;
   std::unique_ptr<ExactSum> sum_;  // null until the first Add
   ExactScalar weight_sum_;
 };

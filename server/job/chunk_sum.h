@@ -34,7 +34,7 @@ class ChunkSum {
 
   virtual ~ChunkSum() = default;
 
-  virtual size_t size() const = 0;
+  size_t size() const { return size_; }
   // sum += w · decode(payload) and Σ w += w. `payload` must have passed
   // validation for size() elements of `codec`, and `w` CheckWeight.
   // INVALID_ARGUMENT naming the first element that does not fit.
@@ -42,6 +42,12 @@ class ChunkSum {
                            float w) = 0;
   // The mean (zeros when nothing was added), and back to a zero sum.
   virtual std::vector<float> TakeMean() = 0;
+
+ protected:
+  explicit ChunkSum(size_t elements) : size_(elements) {}
+
+ private:
+  const size_t size_;
 };
 
 }  // namespace co2::server

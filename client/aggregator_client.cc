@@ -439,9 +439,9 @@ class AggregatorClient::Impl : public AnchorSource {
     }
     const uint64_t ahead = options_.job_config.max_staleness() + 1;
     if (*fetched < anchor_round || *fetched > anchor_round + ahead) {
-      return cannot_mend(absl::StrCat(
-          ", and the shard holds the anchor of round ", *fetched,
-          ": this worker cannot mend it; restart it"));
+      return cannot_mend(
+          absl::StrCat(", and the shard holds the anchor of round ", *fetched,
+                       ": this worker cannot mend it; restart it"));
     }
     shard.healed_to_round = *fetched;
     CO2_LOG(INFO) << "worker " << options_.worker_id << ": shard " << i

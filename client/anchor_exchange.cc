@@ -4,7 +4,9 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace co2::client {
@@ -20,12 +22,34 @@ std::optional<uint64_t> OwedUpdate(uint32_t staleness, uint64_t rounds,
   return round - 1;
 }
 
+const char* HealReasonOf(const absl::Status& status) {
+  // The wording is the shards' and the stream's (round_state.cc,
+  // shard_members.cc, job_shard.cc, shard_stream.cc); anchor_exchange_test
+  // pins it.
+  const absl::string_view message = status.message();
+  switch (status.code()) {
+    case absl::StatusCode::kFailedPrecondition:
+      return absl::StrContains(message, "cannot follow the shard") ||
+                     absl::StrContains(message, "older than the oldest update")
+                 ? "behind"
+                 : nullptr;
+    case absl::StatusCode::kAborted:
+      return absl::StrContains(message, "is stale") ? "stale" : nullptr;
+    case absl::StatusCode::kNotFound:
+      return absl::StrContains(message, "is not a live member") ? "dropped"
+                                                                 : nullptr;
+    default:
+      return nullptr;
+  }
+}
+
 AnchorExchange::AnchorExchange(const AnchorExchangeOptions& options,
                                std::unique_ptr<AggregatorClient> client,
                                absl::Span<const float> x0)
     : options_(options),
       client_(std::move(client)),
-      staleness_(client_->job_config().max_staleness()),
+      job_config_(client_->job_config()),
+      staleness_(job_config_.max_staleness()),
       anchor_(x0.begin(), x0.end()) {}
 
 absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
@@ -135,19 +159,21 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
         absl::StrCat("AnchorExchange: round ", round,
                      " is past the job's last round ", options_.rounds - 1));
   }
+  absl::Status status;
   if (staleness_ == 1) {
     // U of round r−1 normally arrived while this round computed. Δ_r is taken
     // against A_r, so the update is applied only after the push.
     const std::optional<uint64_t> owed =
         OwedUpdate(staleness_, options_.rounds, round);
-    if (owed) CO2_RETURN_IF_ERROR(AwaitUpdate(*owed, times));
-    CO2_RETURN_IF_ERROR(Push(round, steps, x, times));
-    if (owed) CO2_RETURN_IF_ERROR(Apply(*owed, times));
+    if (owed) status = AwaitUpdate(*owed, times);
+    if (status.ok()) status = Push(round, steps, x, times);
+    if (owed && status.ok()) status = Apply(*owed, times);
   } else {
-    CO2_RETURN_IF_ERROR(Push(round, steps, x, times));
-    CO2_RETURN_IF_ERROR(AwaitUpdate(round, times));
-    CO2_RETURN_IF_ERROR(Apply(round, times));
+    status = Push(round, steps, x, times);
+    if (status.ok()) status = AwaitUpdate(round, times);
+    if (status.ok()) status = Apply(round, times);
   }
+  if (!status.ok()) return Heal(std::move(status), x, times);
   CopyAnchorTo(x);
   return absl::OkStatus();
 }
@@ -159,9 +185,42 @@ absl::Status AnchorExchange::Drain(uint64_t owed, absl::Span<float> x,
         absl::StrCat("AnchorExchange::Drain: ", x.size(),
                      " parameters, the job has ", anchor_.size()));
   }
-  CO2_RETURN_IF_ERROR(AwaitUpdate(owed, times));
-  CO2_RETURN_IF_ERROR(Apply(owed, times));
+  absl::Status status = AwaitUpdate(owed, times);
+  if (status.ok()) status = Apply(owed, times);
+  if (!status.ok()) return Heal(std::move(status), x, times);
   CopyAnchorTo(x);
+  return absl::OkStatus();
+}
+
+absl::Status AnchorExchange::Heal(absl::Status failed, absl::Span<float> x,
+                                  ExchangeTimes& times) {
+  const char* reason = HealReasonOf(failed);
+  if (reason == nullptr || !options_.reconnect) return failed;
+  const absl::Time start = options_.clock->Now();
+  CO2_LOG(WARNING) << "the shards cannot take this worker back where it is ("
+                   << reason << ": " << failed.message()
+                   << "); fetching their anchor to continue at their round";
+  // The old client's streams end before the new one joins under the same
+  // worker id.
+  client_.reset();
+  absl::StatusOr<std::unique_ptr<AggregatorClient>> connected =
+      options_.reconnect(absl::MakeSpan(anchor_));
+  if (!connected.ok()) {
+    return absl::Status(
+        failed.code(),
+        absl::StrCat(failed.message(), "; healing by fetching the anchor "
+                     "failed too: ", connected.status().ToString()));
+  }
+  client_ = *std::move(connected);
+  CO2_RETURN_IF_ERROR(client_->TrackAnchor(anchor_));
+  CopyAnchorTo(x);
+  times.healed_round = client_->start_round();
+  times.heal_reason = reason;
+  times.heal_time = options_.clock->Now() - start;
+  CO2_LOG(WARNING) << "healed (" << reason << ") in "
+                   << absl::FormatDuration(times.heal_time)
+                   << ": continuing at round " << *times.healed_round
+                   << " with the shards' anchor";
   return absl::OkStatus();
 }
 

@@ -55,7 +55,21 @@ struct AnchorExchangeOptions {
   // status ends the wait with it (a Python caller checks for Ctrl-C here).
   std::function<absl::Status()> check_interrupt;
   absl::Duration interrupt_poll = absl::Milliseconds(200);
+  // Heals a worker the shards cannot take back where it is (HealReasonOf):
+  // connects this worker again as a rejoining one (ClientOptions::rejoin),
+  // fetching the shards' anchor into the span. Null: no healing, the
+  // boundary fails with the shards' reason.
+  std::function<absl::StatusOr<std::unique_ptr<AggregatorClient>>(
+      absl::Span<float> anchor)>
+      reconnect;
 };
+
+// Why a failed boundary can be healed by fetching the anchor again: the
+// shards moved past what they can replay to this worker ("behind", after a
+// pause or a cut link), refused its contribution as stale ("stale"), or no
+// longer count it as a member ("dropped", its lease expired). Null for any
+// other failure.
+const char* HealReasonOf(const absl::Status& status);
 
 // What one boundary cost, added to by Boundary and Drain.
 struct ExchangeTimes {
@@ -65,6 +79,11 @@ struct ExchangeTimes {
   // Anchor ranges that differed from their shard's digest when an update
   // was applied, and were fetched again.
   uint64_t anchor_mismatches = 0;
+  // Set when this boundary healed: the worker rejoined at `healed_round`
+  // (A and x hold that round's anchor, every update before it applied).
+  std::optional<uint64_t> healed_round;
+  const char* heal_reason = nullptr;  // HealReasonOf the failure healed
+  absl::Duration heal_time;           // from the failure to the anchor
 };
 
 class AnchorExchange {
@@ -79,8 +98,11 @@ class AnchorExchange {
   AnchorExchange(const AnchorExchange&) = delete;
   AnchorExchange& operator=(const AnchorExchange&) = delete;
 
+  // The round the worker started at (after a heal: the round it rejoined
+  // at). Like client(), not after a heal failed.
   uint64_t start_round() const { return client_->start_round(); }
   uint32_t staleness() const { return staleness_; }
+  const v1::JobConfig& job_config() const { return job_config_; }
   const std::vector<float>& anchor() const { return anchor_; }
   const AggregatorClient& client() const { return *client_; }
   // The uplink's error-feedback residual (AggregatorClient::residual).
@@ -90,11 +112,14 @@ class AnchorExchange {
   }
 
   // The boundary of `round` after `steps` inner steps: x (size P) holds the
-  // live parameters and, on success, the anchor that starts round + 1.
+  // live parameters and, on success, the anchor that starts round + 1, or,
+  // when the boundary healed (times.healed_round), the anchor of the round
+  // it rejoined at.
   absl::Status Boundary(uint64_t round, int steps, absl::Span<float> x,
                         ExchangeTimes& times);
 
-  // Waits for and applies U of `owed`, then x ← A (the final anchor).
+  // Waits for and applies U of `owed`, then x ← A (the final anchor); heals
+  // as Boundary does.
   absl::Status Drain(uint64_t owed, absl::Span<float> x, ExchangeTimes& times);
 
   // Waits until U of `round` has arrived from every shard, without applying
@@ -115,12 +140,18 @@ class AnchorExchange {
 
   absl::Status Push(uint64_t round, int steps, absl::Span<float> x,
                     ExchangeTimes& times);
+  // After `failed`: when it can be healed and options.reconnect is set,
+  // replaces the client by a rejoining one, A and x by the shards' anchor,
+  // and records it in `times`; else `failed` itself.
+  absl::Status Heal(absl::Status failed, absl::Span<float> x,
+                    ExchangeTimes& times);
   // A ← A + decode(U) of `round`, counting digest mismatches into `times`.
   absl::Status Apply(uint64_t round, ExchangeTimes& times);
   void CopyAnchorTo(absl::Span<float> x) const;
 
   const AnchorExchangeOptions options_;
   std::unique_ptr<AggregatorClient> client_;
+  const v1::JobConfig job_config_;
   const uint32_t staleness_;
   std::vector<float> anchor_;
 };

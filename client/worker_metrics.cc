@@ -92,7 +92,20 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& registry,
           registry, "co2_worker_anchor_mismatches_total",
           "Shard ranges of the anchor that differed from the digest their "
           "shard sent with an outer update, and were fetched again.",
-          WorkerLabels(job, worker))) {}
+          WorkerLabels(job, worker))),
+      heals_(prometheus::BuildCounter()
+                 .Name("co2_worker_heals_total")
+                 .Help("Boundaries at which the shards could not take this "
+                       "worker back where it was (reason: behind, stale, "
+                       "dropped) and it fetched their anchor to continue at "
+                       "their round.")
+                 .Register(registry)),
+      labels_(WorkerLabels(job, worker)),
+      heal_seconds_(AddHistogram(
+          registry, "co2_worker_heal_seconds",
+          "Time from a boundary's failure to the shards' anchor, per heal.",
+          WorkerLabels(job, worker),
+          common::ExponentialBuckets(0.01, 2.0, 14))) {}
 
 void WorkerMetrics::ObserveRound(const WorkerRoundSample& sample) {
   rounds_.Increment();
@@ -108,6 +121,12 @@ void WorkerMetrics::ObserveRound(const WorkerRoundSample& sample) {
   bytes_sent_.Increment(static_cast<double>(sample.bytes_sent));
   staleness_.Set(static_cast<double>(sample.staleness));
   anchor_mismatches_.Increment(static_cast<double>(sample.anchor_mismatches));
+  if (sample.heal_reason != nullptr) {
+    prometheus::Labels labels = labels_;
+    labels["reason"] = sample.heal_reason;
+    heals_.Add(labels).Increment();
+    heal_seconds_.Observe(absl::ToDoubleSeconds(sample.heal_time));
+  }
 }
 
 void WorkerMetrics::ObserveInnerStep(absl::Duration step) {

@@ -22,6 +22,12 @@
 //                                                     shard's digest after an
 //                                                     update (and were fetched
 //                                                     again)
+//   co2_worker_heals_total{reason}         counter    boundaries that fetched
+//                                                     the shards' anchor to
+//                                                     continue at their round
+//                                                     (behind, stale, dropped)
+//   co2_worker_heal_seconds                histogram  from the failure to the
+//                                                     shards' anchor
 //
 // Torch-free, so any trainer can link it. Serve() starts a MetricsServer of its
 // own; the constructor records into a borrowed registry instead (tests, or a
@@ -30,6 +36,7 @@
 #define CO2_CLIENT_WORKER_METRICS_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -53,6 +60,8 @@ struct WorkerRoundSample {
   uint64_t bytes_sent = 0;      // contribution payload bytes of the round
   uint64_t staleness = 0;       // rounds between the update applied and now
   uint64_t anchor_mismatches = 0;  // anchor ranges fetched again (digest)
+  const char* heal_reason = nullptr;  // the round healed, and why
+  absl::Duration heal_time;           // how long the heal took
 };
 
 class WorkerMetrics {
@@ -91,6 +100,9 @@ class WorkerMetrics {
   prometheus::Gauge& staleness_;
   prometheus::Counter& exposed_comm_total_;
   prometheus::Counter& anchor_mismatches_;
+  prometheus::Family<prometheus::Counter>& heals_;
+  const std::map<std::string, std::string> labels_;
+  prometheus::Histogram& heal_seconds_;
 };
 
 }  // namespace co2::client

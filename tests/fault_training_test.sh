@@ -20,6 +20,10 @@
 #                   rounds close without it meanwhile, and it is too far
 #                   behind to follow: it fails, the launcher
 #                   (--max_restarts=1) restarts it and it rejoins
+#   worker_stop_heal
+#                   the same without --max_restarts: worker 1 heals in its
+#                   own process (co2-train --heal), fetching the shards'
+#                   anchor and continuing at their round
 #   link_cut        the workers run in a network namespace joined to the
 #                   shards by a veth pair; the link goes down for longer than
 #                   the keepalive (streams break) and comes back (needs
@@ -40,8 +44,9 @@
 # After each: training completes; every worker's final model hash equals the
 # hash of the anchor in the shards' checkpoints (co2-checkpoint); every
 # worker's rounds are contiguous up to the last (none for a worker restarted
-# after the last round) and the shards closed exactly that many; the final test accuracy is within TOLERANCE of an undisturbed
-# run of the same job. Every wait is bounded (timeout). Exit 0: pass; 77:
+# after the last round; a worker that healed skips to the round it names)
+# and the shards closed exactly that many; the final test accuracy is within
+# TOLERANCE of an undisturbed run of the same job. Every wait is bounded (timeout). Exit 0: pass; 77:
 # skipped (no root for link_cut); else failure, with the logs kept.
 #
 # Usage: fault_training_test.sh BUILD_DIR SCENARIO [SEED]
@@ -200,8 +205,9 @@ for path in sorted(glob.glob(run + "/rank-*.json")):
     r = json.load(open(path))
     got = [x["round"] for x in r["rounds"]]
     # None: a worker restarted after the last round (it fetched the anchor).
-    want = list(range(rounds - len(got), rounds))
-    if got != want:
+    # A worker that healed continues at the round its report names.
+    steps = [x.get("healed_to") or x["round"] + 1 for x in r["rounds"][:-1]]
+    if (got and got[-1] != rounds - 1) or got[1:] != steps:
         sys.exit(f"{path}: rounds {got} are not contiguous up to {rounds - 1}")
     if r["final_hash"] != last["anchor_fnv1a"]:
         sys.exit(f"{path}: final model {r['final_hash']} differs from the "
@@ -365,6 +371,23 @@ case $SCENARIO in
     (( during > before )) || fail "worker 0 stalled while worker 1 was stopped"
     finish_training fault
     ;;
+  worker_stop_heal)
+    # As worker_stop, with no restart to fall back on: worker 1's stale
+    # contribution or lost updates are mended in its own process.
+    start_training fault
+    wait_round fault $((4 + RANDOM % 10))
+    victim=$(worker_pid 1 fault)
+    [[ -n $victim ]] || fail "worker 1 not found"
+    before=$(current_round fault)
+    log "SIGSTOP worker 1 (pid $victim) after round $before for 10 s (deadline $ROUND_TIMEOUT)"
+    kill -STOP "$victim"
+    sleep 10
+    kill -CONT "$victim"
+    finish_training fault
+    grep -q "healed (" "$WORK/run-fault/rank-1-0.log" ||
+      fail "worker 1 did not heal: $(grep -E 'stale|cannot follow|failed' "$WORK/run-fault/rank-1-0.log" | tail -3)"
+    log "worker 1: $(grep -o 'healed ([a-z]*) in [^:]*: continuing at round [0-9]*' "$WORK/run-fault/rank-1-0.log" | head -1)"
+    ;;
   link_cut)
     # A worker that misses more rounds than the shards can replay is
     # restarted by the launcher and rejoins.
@@ -380,7 +403,7 @@ case $SCENARIO in
       fail "no worker log says its stream broke and reconnected"
     ;;
   *)
-    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | link_cut | worker_kill_*)"
+    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | worker_kill_*)"
     ;;
 esac
 log "disturbed run took $((SECONDS - START)) s"

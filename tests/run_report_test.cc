@@ -112,6 +112,41 @@ TEST(RunReportTest, ARestartedRankReportsTheRoundsFromItsRejoin) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A rank that healed at the boundary of round 1 continued at round 4: its
+// rounds skip 2 and 3, and after that boundary it holds the parameters the
+// others had after round 3's.
+TEST(RunReportTest, AHealedRankSkipsToTheRoundItContinuedAt) {
+  std::vector<RankReport> ranks = {MakeRank(0, 0, 6), MakeRank(1, 0, 6)};
+  std::vector<RankRound>& healed = ranks[1].rounds;
+  healed.erase(healed.begin() + 2, healed.begin() + 4);  // rounds 0 1 4 5
+  healed[1].healed_to = 4;
+  healed[1].heal_reason = "behind";
+  healed[1].params_hash = "h3";
+  auto summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->rounds, 6);
+  EXPECT_TRUE(summary->params_identical) << summary->first_difference;
+  healed[1].params_hash = "h1";  // what it held before: not the anchor of 4
+  summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok());
+  EXPECT_FALSE(summary->params_identical);
+  EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("round 1"));
+  healed[1].healed_to = 0;  // the same gap without a heal
+  EXPECT_EQ(Summarize(ranks).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  std::string dir = ::testing::TempDir() + "/run_report_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  healed[1].healed_to = 4;
+  ASSERT_TRUE(WriteRankReport(dir + "/rank.json", ranks[1]).ok());
+  auto read = ReadRankReport(dir + "/rank.json");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->rounds[1].healed_to, 4u);
+  EXPECT_EQ(read->rounds[1].heal_reason, "behind");
+  EXPECT_EQ(read->rounds[0].healed_to, 0u);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(RunReportTest, ARankRestartedAfterTheLastRoundReportsNone) {
   // Worker 0 restarted after worker 1 had run every round: it fetched the
   // final anchor and trained no round. The merge takes the curve and the

@@ -58,6 +58,28 @@ TEST(WorkerMetricsTest, ARoundBecomesItsSeries) {
                   "co2_worker_inner_step_seconds_count" + labels + " 9"));
 }
 
+TEST(WorkerMetricsTest, HealsAreCountedByReasonAndTimed) {
+  prometheus::Registry registry;
+  WorkerMetrics metrics(registry, "job", "worker-1");
+  WorkerRoundSample sample;
+  metrics.ObserveRound(sample);  // no heal: no series with a reason
+  EXPECT_FALSE(absl::StrContains(common::MetricsText(registry),
+                                 "co2_worker_heals_total{"));
+  sample.heal_reason = "behind";
+  sample.heal_time = absl::Milliseconds(300);
+  metrics.ObserveRound(sample);
+  metrics.ObserveRound(sample);
+  sample.heal_reason = "dropped";
+  sample.heal_time = absl::Milliseconds(100);
+  metrics.ObserveRound(sample);
+  const std::string text = common::MetricsText(registry);
+  EXPECT_TRUE(Has(text, "co2_worker_heals_total{co2_job=\"job\",reason=\"behind\",worker=\"worker-1\"} 2")) << text;
+  EXPECT_TRUE(Has(text, "co2_worker_heals_total{co2_job=\"job\",reason=\"dropped\",worker=\"worker-1\"} 1"));
+  const std::string labels = "{co2_job=\"job\",worker=\"worker-1\"}";
+  EXPECT_TRUE(Has(text, "co2_worker_heal_seconds_count" + labels + " 3"));
+  EXPECT_NEAR(Sample(text, "co2_worker_heal_seconds_sum" + labels), 0.7, 1e-9);
+}
+
 TEST(WorkerMetricsTest, ServeExposesThemOverHttp) {
   auto metrics = WorkerMetrics::Serve("127.0.0.1:0", "job", "w0");
   ASSERT_TRUE(metrics.ok()) << metrics.status();

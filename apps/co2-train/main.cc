@@ -115,6 +115,10 @@ ABSL_FLAG(int, max_restarts, 0,
           "Restart a worker whose process dies (all its local ranks), up to "
           "this many times per worker; it rejoins the running job (not with "
           "ddp).");
+ABSL_FLAG(bool, heal, true,
+          "A worker the shards cannot take back where it is (too far behind, "
+          "a stale contribution, dropped after its lease) fetches their "
+          "anchor and continues at their round in the same process.");
 ABSL_FLAG(int, restart, 0,
           "Internal: how many times the launcher restarted this worker.");
 ABSL_FLAG(bool, rejoin, false,
@@ -190,6 +194,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   o.rejoin = absl::GetFlag(FLAGS_rejoin);
   o.restart = absl::GetFlag(FLAGS_restart);
+  o.heal = absl::GetFlag(FLAGS_heal);
   o.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   return o;
 }

@@ -96,6 +96,10 @@ Struct RoundToStruct(const RankRound& r) {
   Put(s, "boundary_s", Num(r.boundary_s));
   Put(s, "bytes_sent", Num(static_cast<double>(r.bytes_sent)));
   Put(s, "params_hash", Str(r.params_hash));
+  if (r.healed_to > 0) {
+    Put(s, "healed_to", Num(static_cast<double>(r.healed_to)));
+    Put(s, "heal_reason", Str(r.heal_reason));
+  }
   return s;
 }
 
@@ -111,17 +115,20 @@ RankRound RoundFromStruct(const Struct& s) {
   r.boundary_s = GetNum(s, "boundary_s");
   r.bytes_sent = static_cast<uint64_t>(GetNum(s, "bytes_sent"));
   r.params_hash = GetStr(s, "params_hash");
+  if (s.fields().count("healed_to")) {
+    r.healed_to = static_cast<uint64_t>(GetNum(s, "healed_to"));
+    r.heal_reason = GetStr(s, "heal_reason");
+  }
   return r;
 }
 
-// Rank r's entry for round n; null if r has none (it rejoined later). The
-// rounds of a rank are contiguous up to the last (Summarize checks).
+// Rank r's entry for round n; null if r has none (it rejoined later, or
+// healed past it). A rank's rounds rise (Summarize checks).
 const RankRound* RoundOf(const RankReport& r, uint64_t n) {
-  if (r.rounds.empty() || n < r.rounds.front().round ||
-      n > r.rounds.back().round) {
-    return nullptr;
-  }
-  return &r.rounds[n - r.rounds.front().round];
+  auto it = std::lower_bound(
+      r.rounds.begin(), r.rounds.end(), n,
+      [](const RankRound& round, uint64_t x) { return round.round < x; });
+  return it != r.rounds.end() && it->round == n ? &*it : nullptr;
 }
 
 const RankReport& Longest(const std::vector<RankReport>& ranks) {
@@ -213,10 +220,11 @@ absl::StatusOr<RankReport> ReadRankReport(const std::string& path) {
 absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
   MergedSummary out;
   if (ranks.empty()) return absl::InvalidArgumentError("no rank reports");
-  // A restarted worker reports the rounds from the one it rejoined at, so
-  // rounds are matched by number; every rank must end at the same round. A
-  // worker restarted after the job's last round reports none (its final
-  // model, the anchor it fetched, is still compared).
+  // A restarted worker reports the rounds from the one it rejoined at, and
+  // one that healed skips from the round it healed at to the one it
+  // continued at, so rounds are matched by number; every rank must end at
+  // the same round. A worker restarted after the job's last round reports
+  // none (its final model, the anchor it fetched, is still compared).
   const RankReport* longest = &Longest(ranks);
   const size_t rounds = longest->rounds.size();
   out.rounds = static_cast<int>(rounds);
@@ -226,9 +234,12 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
   double train_s = 0;
   for (const RankReport& r : ranks) {
     const uint64_t last = rounds > 0 ? longest->rounds.back().round : 0;
-    bool contiguous = true;
-    for (size_t i = 0; i < r.rounds.size() && contiguous; ++i) {
-      contiguous = r.rounds[i].round == last - (r.rounds.size() - 1 - i);
+    bool contiguous = r.rounds.empty() || r.rounds.back().round == last;
+    for (size_t i = 1; i < r.rounds.size() && contiguous; ++i) {
+      const RankRound& before = r.rounds[i - 1];
+      contiguous = r.rounds[i].round == (before.healed_to > 0
+                                             ? before.healed_to
+                                             : before.round + 1);
     }
     if (!contiguous) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -249,16 +260,19 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
       ++ranks_with_rounds;
     }
     for (size_t i = 0; i < r.rounds.size() && out.params_identical; ++i) {
-      // Contiguous up to the same last round: `longest` has this one.
-      if (r.rounds[i].params_hash !=
-          RoundOf(*longest, r.rounds[i].round)->params_hash) {
+      // After a boundary that healed, the rank holds the anchor that starts
+      // round healed_to: the parameters every rank had after the boundary
+      // of round healed_to − 1.
+      const RankRound& mine = r.rounds[i];
+      const RankRound* theirs = RoundOf(
+          *longest, mine.healed_to > 0 ? mine.healed_to - 1 : mine.round);
+      if (theirs != nullptr && mine.params_hash != theirs->params_hash) {
         out.params_identical = false;
         out.first_difference = absl::StrCat(
-            "round ", r.rounds[i].round, ": worker ", r.worker, " rank ",
-            r.local_rank, " (", r.rounds[i].params_hash,
-            ") differs from worker ", longest->worker, " rank ",
-            longest->local_rank, " (",
-            RoundOf(*longest, r.rounds[i].round)->params_hash, ")");
+            "round ", mine.round, ": worker ", r.worker, " rank ",
+            r.local_rank, " (", mine.params_hash, ") differs from worker ",
+            longest->worker, " rank ", longest->local_rank, " (",
+            theirs->params_hash, ")");
       }
     }
   }

@@ -27,6 +27,10 @@ struct RankRound {
   double boundary_s = 0;
   uint64_t bytes_sent = 0;
   std::string params_hash;  // hex, after the boundary
+  // The worker healed at this boundary (co2-train --heal): the round it
+  // continued at (0: none), and why.
+  uint64_t healed_to = 0;
+  std::string heal_reason;
 };
 
 struct RankReport {

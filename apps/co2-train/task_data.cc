@@ -74,14 +74,18 @@ absl::StatusOr<Batch> NextBatch(const TrainerOptions& o, TaskData& data,
 }
 
 void SkipBatches(const TrainerOptions& o, TaskData& data, int rank, int world,
-                 int64_t first_step) {
+                 int64_t from_step, int64_t to_step) {
   if (data.task == Task::kCharLm) {
-    for (int64_t step = 0; step < first_step; ++step) {
+    for (int64_t step = from_step; step < to_step; ++step) {
       data.sampler->Sample(o.batch_size, &data.windows);
     }
     return;
   }
-  for (int64_t epoch = 0; epoch * data.steps_per_epoch < first_step; ++epoch) {
+  // The shuffles NextBatch would have made: those of the epochs that start
+  // in [from_step, to_step).
+  const int64_t per_epoch = data.steps_per_epoch;
+  for (int64_t epoch = (from_step + per_epoch - 1) / per_epoch;
+       epoch * per_epoch < to_step; ++epoch) {
     DeterministicShuffle(absl::MakeSpan(data.shard),
                          MixSeed(o.seed, 1 + epoch * world + rank));
   }

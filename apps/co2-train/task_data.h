@@ -45,10 +45,11 @@ int64_t TotalSteps(const TrainerOptions& o, int64_t steps_per_epoch);
 absl::StatusOr<Batch> NextBatch(const TrainerOptions& o, TaskData& data,
                                 int rank, int world, int64_t step);
 
-// Puts the data stream where it stands before inner step `first_step`, as
-// if steps [0, first_step) had been drawn.
+// Puts the data stream, standing before inner step `from_step`, where it
+// stands before step `to_step`, as if steps [from_step, to_step) had been
+// drawn.
 void SkipBatches(const TrainerOptions& o, TaskData& data, int rank, int world,
-                 int64_t first_step);
+                 int64_t from_step, int64_t to_step);
 
 struct TaskEval {
   double metric = 0;  // accuracy (fashion-mnist) or perplexity (charlm)

@@ -310,8 +310,8 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   }
   CO2_ASSIGN_OR_RETURN(common::Codec uplink, common::ParseCodec(options.codec));
   std::unique_ptr<AggregatorClient> client;
+  ClientOptions client_options;
   if (algo != Algo::kDdp && leader) {
-    ClientOptions client_options;
     client_options.addresses = options.aggregators;
     client_options.job = options.job.empty() ? "co2-train" : options.job;
     client_options.worker_id = absl::StrCat("worker-", worker);
@@ -365,6 +365,13 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   optimizer_options.uplink_codec = uplink;
   optimizer_options.hash_params = options.hash_params;
   optimizer_options.verify_final_anchor = options.verify_final_anchor;
+  if (client != nullptr && options.heal) {
+    optimizer_options.reconnect = [client_options](absl::Span<float> anchor) {
+      ClientOptions rejoin = client_options;
+      rejoin.rejoin = true;
+      return AggregatorClient::Connect(rejoin, anchor);
+    };
+  }
   const int64_t total_rounds = (total_steps + options.tau - 1) / options.tau;
   optimizer_options.rounds = static_cast<uint64_t>(total_rounds);
   CO2_ASSIGN_OR_RETURN(
@@ -403,6 +410,8 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
         sample.push = s.push;
         sample.bytes_sent = s.bytes_sent;
         sample.anchor_mismatches = s.anchor_mismatches;
+        sample.heal_reason = s.heal_reason;
+        sample.heal_time = s.heal_time;
         sample.staleness = StalenessOf(algo);
         metrics->ObserveRound(sample);
       }
@@ -417,6 +426,8 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
       r.boundary_s = absl::ToDoubleSeconds(s.boundary);
       r.bytes_sent = s.bytes_sent;
       r.params_hash = Hex(s.params_hash);
+      r.healed_to = s.healed_to;
+      if (s.heal_reason != nullptr) r.heal_reason = s.heal_reason;
       const size_t index = s.round + 1;
       if (leader && options.eval_every > 0 && index % options.eval_every == 0) {
         CO2_ASSIGN_OR_RETURN(TaskEval e, EvaluateTask(options, data, *model,
@@ -438,7 +449,7 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   // A worker that joined a running job starts at the step of its round.
   const int64_t first_step =
       std::min(total_steps, static_cast<int64_t>(co2->round()) * options.tau);
-  SkipBatches(options, data, rank, world, first_step);
+  SkipBatches(options, data, rank, world, 0, first_step);
   for (int64_t step = first_step; step < total_steps && status.ok(); ++step) {
     const absl::Time step_start = absl::Now();
     absl::StatusOr<Batch> batch = NextBatch(options, data, rank, world, step);
@@ -475,6 +486,14 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
     round_work += absl::Now() - step_start;
     status = co2->Step();
     if (status.ok()) status = record_rounds();
+    // A worker that healed continues at the shards' round, from its first
+    // step (its inner optimizer state kept).
+    const int64_t next = std::min(
+        total_steps, static_cast<int64_t>(co2->round()) * options.tau);
+    if (status.ok() && next > step + 1) {
+      SkipBatches(options, data, rank, world, step + 1, next);
+      step = next - 1;
+    }
   }
   if (status.ok() && fault.kind == InjectedFault::Kind::kKillBeforeFinish) {
     KillSelf("before Finish");

@@ -89,6 +89,10 @@ struct TrainerOptions {
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.
   bool rejoin = false;
+  // A worker leader the shards cannot take back where it is (behind what
+  // they can replay, a stale contribution, dropped after its lease) fetches
+  // their anchor and continues at their round in the same process.
+  bool heal = true;
   // How many times the launcher restarted this worker's node: its local
   // ranks meet in a rendezvous of that generation, apart from the stale
   // keys of the ranks that died.

@@ -118,6 +118,7 @@ absl::Status Co2Optimizer::Init() {
       eo.leave_timeout = options_.leave_timeout;
       eo.uplink_codec = options_.uplink_codec;
       eo.clock = options_.clock;
+      eo.reconnect = options_.reconnect;
       CO2_ASSIGN_OR_RETURN(
           exchange_,
           AnchorExchange::Create(eo, std::move(client_), HostParams()));
@@ -205,8 +206,9 @@ absl::Status Co2Optimizer::Step() {
   return absl::OkStatus();
 }
 
-absl::Status Co2Optimizer::ExchangeAndBroadcast(std::optional<uint64_t> owed,
-                                                RoundStats& stats) {
+absl::StatusOr<std::optional<uint64_t>> Co2Optimizer::ExchangeAndBroadcast(
+    std::optional<uint64_t> owed, RoundStats& stats) {
+  std::optional<uint64_t> healed;
   if (exchange_ != nullptr) {
     absl::Status status = absl::OkStatus();
     try {
@@ -218,6 +220,9 @@ absl::Status Co2Optimizer::ExchangeAndBroadcast(std::optional<uint64_t> owed,
       stats.push += times.push;
       stats.bytes_sent += times.bytes_sent;
       stats.anchor_mismatches += times.anchor_mismatches;
+      healed = times.healed_round;
+      stats.heal_reason = times.heal_reason;
+      stats.heal_time = times.heal_time;
       if (status.ok() && !staging_.empty()) {
         torch::NoGradGuard no_grad;
         flat_->params().copy_(
@@ -231,26 +236,40 @@ absl::Status Co2Optimizer::ExchangeAndBroadcast(std::optional<uint64_t> owed,
   if (local_ != nullptr && local_->size() > 1) {
     CO2_RETURN_IF_ERROR(local_->Broadcast(flat_->params().data_ptr<float>(),
                                           flat_->numel(), 0));
+    if (uses_aggregator_) {
+      // The round the leader healed to, or −1 (exact in a float for any run
+      // shorter than 2^24 rounds).
+      float round = healed ? static_cast<float>(*healed) : -1.0f;
+      CO2_RETURN_IF_ERROR(local_->Broadcast(&round, 1, 0));
+      healed.reset();
+      if (round >= 0) healed = static_cast<uint64_t>(round);
+    }
   }
-  return absl::OkStatus();
+  return healed;
 }
 
 absl::Status Co2Optimizer::Boundary() {
   RoundStats stats = current_;
   stats.round = round_;
   const absl::Time start = options_.clock->Now();
+  std::optional<uint64_t> healed;
   if (uses_aggregator_) {
-    CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(std::nullopt, stats));
-    anchor_round_ = round_ + 1;
+    CO2_ASSIGN_OR_RETURN(healed, ExchangeAndBroadcast(std::nullopt, stats));
+    anchor_round_ = healed.value_or(round_ + 1);
+    stats.healed_to = healed.value_or(0);
   }
   stats.boundary = options_.clock->Now() - start;
   if (options_.hash_params) stats.params_hash = ParamsHash();
   rounds_.push_back(stats);
   current_ = RoundStats();
-  ++round_;
+  // A healed worker holds the anchor that starts the round it rejoined at.
+  round_ = healed.value_or(round_ + 1);
   steps_in_round_ = 0;
   return absl::OkStatus();
 }
+
+// Heals in a row Finish allows before it gives up on the last update.
+constexpr int kMaxDrains = 4;
 
 absl::Status Co2Optimizer::Finish() {
   if (finished_) return absl::OkStatus();
@@ -259,16 +278,33 @@ absl::Status Co2Optimizer::Finish() {
   }
   absl::Status status = absl::OkStatus();
   if (steps_in_round_ > 0) status = Boundary();
-  const std::optional<uint64_t> owed =
+  // The update of the last round is still in flight: apply it, so that the
+  // final model is the final anchor on every worker. A heal moves the
+  // worker to the shards' round, which may owe one more.
+  std::optional<uint64_t> owed =
       OwedUpdate(StalenessOf(options_.algo), options_.rounds, round_);
-  if (status.ok() && uses_aggregator_ && owed) {
-    // The update of the last round is still in flight: apply it, so that
-    // the final model is the final anchor on every worker.
+  for (int drains = 0; status.ok() && uses_aggregator_ && owed; ++drains) {
+    if (drains == kMaxDrains) {
+      status = absl::UnavailableError(absl::StrCat(
+          "Co2Optimizer::Finish: still owing the update of round ", *owed,
+          " after ", kMaxDrains, " heals"));
+      break;
+    }
     RoundStats drain;
     drain.round = round_;
     const absl::Time start = options_.clock->Now();
-    status = ExchangeAndBroadcast(owed, drain);
-    if (status.ok()) anchor_round_ = round_ + 1;
+    absl::StatusOr<std::optional<uint64_t>> healed =
+        ExchangeAndBroadcast(owed, drain);
+    status = healed.status();
+    owed.reset();
+    if (status.ok()) {
+      anchor_round_ = healed->value_or(round_ + 1);
+      if (healed->has_value()) {
+        drain.healed_to = **healed;
+        round_ = **healed;
+        owed = OwedUpdate(StalenessOf(options_.algo), options_.rounds, round_);
+      }
+    }
     drain.boundary = options_.clock->Now() - start;
     if (status.ok() && options_.hash_params) drain.params_hash = ParamsHash();
     if (status.ok()) rounds_.push_back(drain);
@@ -314,7 +350,7 @@ MemoryReport Co2Optimizer::Memory() const {
   report.optimizer_state = OptimizerStateBytes(*inner_);
   if (exchange_ != nullptr) {
     const auto downlink = common::CodecFromWire(
-        exchange_->client().job_config().downlink_codec());
+        exchange_->job_config().downlink_codec());
     report.client_buffers =
         common::EncodedSize(options_.uplink_codec, p) +
         common::EncodedSize(downlink.ok() ? *downlink : common::Codec::kFp32,

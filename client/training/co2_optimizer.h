@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -74,6 +75,14 @@ struct Co2OptimizerOptions {
   // Finish checks the final anchor against the shards' before it leaves
   // (AggregatorClient::VerifyAnchor: P·4 bytes down on the local leader).
   bool verify_final_anchor = true;
+  // Heals the local leader when the shards cannot take it back where it is
+  // (AnchorExchangeOptions::reconnect, client/anchor_exchange.h): it
+  // rejoins, fetches the shards' anchor and continues at their round in
+  // this process, its inner optimizer state kept; round() jumps there, on
+  // every local rank. Null: the boundary fails instead.
+  std::function<absl::StatusOr<std::unique_ptr<AggregatorClient>>(
+      absl::Span<float> anchor)>
+      reconnect;
   common::Clock* clock = common::Clock::Real();  // borrowed
 };
 
@@ -89,6 +98,12 @@ struct RoundStats {
   // Anchor ranges that differed from their shard's digest when this
   // boundary applied an update, and were fetched again.
   uint64_t anchor_mismatches = 0;
+  // This boundary healed (Co2OptimizerOptions::reconnect): the round it
+  // moved this rank to (0: none) and, on the local leader, why
+  // (HealReasonOf) and how long from the failure to the shards' anchor.
+  uint64_t healed_to = 0;
+  const char* heal_reason = nullptr;
+  absl::Duration heal_time;
   uint64_t params_hash = 0;       // after the boundary, if hash_params
 };
 
@@ -160,9 +175,10 @@ class Co2Optimizer {
   absl::Status Boundary();
   // The leader's exchange of the round's boundary (or, with `owed`, the
   // drain of that update), through the host copy of x when x lives on a
-  // device; then x is broadcast to the local ranks.
-  absl::Status ExchangeAndBroadcast(std::optional<uint64_t> owed,
-                                    RoundStats& stats);
+  // device; then x is broadcast to the local ranks. The round the leader
+  // healed to, if it did, on every local rank.
+  absl::StatusOr<std::optional<uint64_t>> ExchangeAndBroadcast(
+      std::optional<uint64_t> owed, RoundStats& stats);
   absl::Span<float> HostParams();
 
   const Co2OptimizerOptions options_;

@@ -37,7 +37,7 @@ const char* HealReasonOf(const absl::Status& status) {
       return absl::StrContains(message, "is stale") ? "stale" : nullptr;
     case absl::StatusCode::kNotFound:
       return absl::StrContains(message, "is not a live member") ? "dropped"
-                                                                 : nullptr;
+                                                                : nullptr;
     default:
       return nullptr;
   }
@@ -206,10 +206,11 @@ absl::Status AnchorExchange::Heal(absl::Status failed, absl::Span<float> x,
   absl::StatusOr<std::unique_ptr<AggregatorClient>> connected =
       options_.reconnect(absl::MakeSpan(anchor_));
   if (!connected.ok()) {
-    return absl::Status(
-        failed.code(),
-        absl::StrCat(failed.message(), "; healing by fetching the anchor "
-                     "failed too: ", connected.status().ToString()));
+    return absl::Status(failed.code(),
+                        absl::StrCat(failed.message(),
+                                     "; healing by fetching the anchor "
+                                     "failed too: ",
+                                     connected.status().ToString()));
   }
   client_ = *std::move(connected);
   CO2_RETURN_IF_ERROR(client_->TrackAnchor(anchor_));

@@ -3,8 +3,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "common/codec.h"
 #include "common/clock.h"
+#include "common/codec.h"
 #include "gtest/gtest.h"
 #include "server/job/round_state.h"
 

@@ -73,8 +73,13 @@ TEST(WorkerMetricsTest, HealsAreCountedByReasonAndTimed) {
   sample.heal_time = absl::Milliseconds(100);
   metrics.ObserveRound(sample);
   const std::string text = common::MetricsText(registry);
-  EXPECT_TRUE(Has(text, "co2_worker_heals_total{co2_job=\"job\",reason=\"behind\",worker=\"worker-1\"} 2")) << text;
-  EXPECT_TRUE(Has(text, "co2_worker_heals_total{co2_job=\"job\",reason=\"dropped\",worker=\"worker-1\"} 1"));
+  EXPECT_TRUE(Has(text,
+                  "co2_worker_heals_total{co2_job=\"job\",reason=\"behind\","
+                  "worker=\"worker-1\"} 2"))
+      << text;
+  EXPECT_TRUE(Has(text,
+                  "co2_worker_heals_total{co2_job=\"job\",reason=\"dropped\","
+                  "worker=\"worker-1\"} 1"));
   const std::string labels = "{co2_job=\"job\",worker=\"worker-1\"}";
   EXPECT_TRUE(Has(text, "co2_worker_heal_seconds_count" + labels + " 3"));
   EXPECT_NEAR(Sample(text, "co2_worker_heal_seconds_sum" + labels), 0.7, 1e-9);

@@ -237,9 +237,8 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
     bool contiguous = r.rounds.empty() || r.rounds.back().round == last;
     for (size_t i = 1; i < r.rounds.size() && contiguous; ++i) {
       const RankRound& before = r.rounds[i - 1];
-      contiguous = r.rounds[i].round == (before.healed_to > 0
-                                             ? before.healed_to
-                                             : before.round + 1);
+      contiguous = r.rounds[i].round ==
+                   (before.healed_to > 0 ? before.healed_to : before.round + 1);
     }
     if (!contiguous) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -269,10 +268,9 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
       if (theirs != nullptr && mine.params_hash != theirs->params_hash) {
         out.params_identical = false;
         out.first_difference = absl::StrCat(
-            "round ", mine.round, ": worker ", r.worker, " rank ",
-            r.local_rank, " (", mine.params_hash, ") differs from worker ",
-            longest->worker, " rank ", longest->local_rank, " (",
-            theirs->params_hash, ")");
+            "round ", mine.round, ": worker ", r.worker, " rank ", r.local_rank,
+            " (", mine.params_hash, ") differs from worker ", longest->worker,
+            " rank ", longest->local_rank, " (", theirs->params_hash, ")");
       }
     }
   }

@@ -488,8 +488,8 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
     if (status.ok()) status = record_rounds();
     // A worker that healed continues at the shards' round, from its first
     // step (its inner optimizer state kept).
-    const int64_t next = std::min(
-        total_steps, static_cast<int64_t>(co2->round()) * options.tau);
+    const int64_t next =
+        std::min(total_steps, static_cast<int64_t>(co2->round()) * options.tau);
     if (status.ok() && next > step + 1) {
       SkipBatches(options, data, rank, world, step + 1, next);
       step = next - 1;

@@ -285,9 +285,9 @@ absl::Status Co2Optimizer::Finish() {
       OwedUpdate(StalenessOf(options_.algo), options_.rounds, round_);
   for (int drains = 0; status.ok() && uses_aggregator_ && owed; ++drains) {
     if (drains == kMaxDrains) {
-      status = absl::UnavailableError(absl::StrCat(
-          "Co2Optimizer::Finish: still owing the update of round ", *owed,
-          " after ", kMaxDrains, " heals"));
+      status = absl::UnavailableError(
+          absl::StrCat("Co2Optimizer::Finish: still owing the update of round ",
+                       *owed, " after ", kMaxDrains, " heals"));
       break;
     }
     RoundStats drain;
@@ -349,8 +349,8 @@ MemoryReport Co2Optimizer::Memory() const {
   report.staging = staging_.size() * sizeof(float);
   report.optimizer_state = OptimizerStateBytes(*inner_);
   if (exchange_ != nullptr) {
-    const auto downlink = common::CodecFromWire(
-        exchange_->job_config().downlink_codec());
+    const auto downlink =
+        common::CodecFromWire(exchange_->job_config().downlink_codec());
     report.client_buffers =
         common::EncodedSize(options_.uplink_codec, p) +
         common::EncodedSize(downlink.ok() ? *downlink : common::Codec::kFp32,

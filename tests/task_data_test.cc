@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -33,9 +34,13 @@ TEST(TaskDataTest, TotalStepsTakesTheSmallerBound) {
   EXPECT_EQ(TotalSteps(o, 30), 100);
 }
 
-// Skipping to a step draws exactly the batch that drawing every step before
-// it would have drawn (a rejoining worker trains the batches it would have).
-void ExpectSkipEqualsDrawing(Task task, int batch_size, int64_t step) {
+// Drawing steps [0, from), then skipping to a step draws exactly the batch
+// that drawing every step before it would have drawn (a rejoining worker,
+// from 0, or a healed one, from where it was, trains the batches it would
+// have).
+void ExpectSkipEqualsDrawing(Task task, int batch_size, int64_t step,
+                             int64_t from = 0) {
+  SCOPED_TRACE(absl::StrCat("from ", from, " to ", step));
   const TrainerOptions o = Options(batch_size);
   TaskData drawn, skipped;
   ASSERT_TRUE(LoadTaskData(o, task, 1, 2, drawn).ok());
@@ -43,7 +48,10 @@ void ExpectSkipEqualsDrawing(Task task, int batch_size, int64_t step) {
   absl::StatusOr<Batch> want;
   for (int64_t s = 0; s <= step; ++s) want = NextBatch(o, drawn, 1, 2, s);
   ASSERT_TRUE(want.ok()) << want.status();
-  SkipBatches(o, skipped, 1, 2, step);
+  for (int64_t s = 0; s < from; ++s) {
+    ASSERT_TRUE(NextBatch(o, skipped, 1, 2, s).ok());
+  }
+  SkipBatches(o, skipped, 1, 2, from, step);
   absl::StatusOr<Batch> got = NextBatch(o, skipped, 1, 2, step);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(torch::equal(got->input, want->input));
@@ -53,10 +61,17 @@ void ExpectSkipEqualsDrawing(Task task, int batch_size, int64_t step) {
 TEST(TaskDataTest, SkippingIntoALaterEpochEqualsDrawingFashionMnist) {
   // 60,000 / 2 ranks / 1,000 = 30 steps per epoch: step 35 is in epoch 1.
   ExpectSkipEqualsDrawing(Task::kFashionMnist, 1000, 35);
+  // From the middle of a run: within an epoch, across one, from an epoch's
+  // first step (its shuffle not drawn yet), to an epoch's first step.
+  ExpectSkipEqualsDrawing(Task::kFashionMnist, 1000, 20, 10);
+  ExpectSkipEqualsDrawing(Task::kFashionMnist, 1000, 35, 10);
+  ExpectSkipEqualsDrawing(Task::kFashionMnist, 1000, 65, 30);
+  ExpectSkipEqualsDrawing(Task::kFashionMnist, 1000, 60, 31);
 }
 
 TEST(TaskDataTest, SkippingEqualsDrawingCharLm) {
   ExpectSkipEqualsDrawing(Task::kCharLm, 8, 20);
+  ExpectSkipEqualsDrawing(Task::kCharLm, 8, 20, 7);
 }
 
 TEST(TaskDataTest, RanksDrawDifferentBatches) {

@@ -18,8 +18,8 @@
 #                   the node rejoins the running job
 #   worker_stop     SIGSTOP worker 1 for five round deadlines, then SIGCONT;
 #                   rounds close without it meanwhile, and it is too far
-#                   behind to follow: it fails, the launcher
-#                   (--max_restarts=1) restarts it and it rejoins
+#                   behind to follow: it heals in its own process (or, if
+#                   that fails, the launcher restarts it: --max_restarts=1)
 #   worker_stop_heal
 #                   the same without --max_restarts: worker 1 heals in its
 #                   own process (co2-train --heal), fetching the shards'
@@ -27,7 +27,7 @@
 #   link_cut        the workers run in a network namespace joined to the
 #                   shards by a veth pair; the link goes down for longer than
 #                   the keepalive (streams break) and comes back (needs
-#                   root); a worker left behind is restarted as above
+#                   root); a worker left behind heals, or is restarted
 #   worker_kill_first_round, worker_kill_middle_round,
 #   worker_kill_round_before_last, worker_kill_last_round
 #                   a worker kills itself with SIGKILL at that exact round,
@@ -353,11 +353,14 @@ case $SCENARIO in
       "$WORK/train-fault.out" || fail "the launcher did not restart worker 1's node"
     [[ -s $WORK/run-fault/rank-1-1.json ]] || fail "worker 1's local rank 1 wrote no report"
     ;;
-  worker_stop)
+  worker_stop | worker_stop_heal)
     # Stopped for several deadlines, worker 1 falls behind what the shards
-    # can replay: it fails with FAILED_PRECONDITION when it resumes and the
-    # launcher restarts it, so that it fetches the anchor and rejoins.
-    start_training fault --max_restarts=1
+    # can replay, or its contribution is stale, when it resumes: it heals
+    # in its own process, fetching the shards' anchor. worker_stop keeps a
+    # restart to fall back on; worker_stop_heal has none and checks the heal.
+    restarts=()
+    [[ $SCENARIO == worker_stop ]] && restarts=(--max_restarts=1)
+    start_training fault "${restarts[@]}"
     wait_round fault $((4 + RANDOM % 10))
     victim=$(worker_pid 1 fault)
     [[ -n $victim ]] || fail "worker 1 not found"
@@ -370,27 +373,15 @@ case $SCENARIO in
     log "SIGCONT; worker 0 went from round $before to $during meanwhile"
     (( during > before )) || fail "worker 0 stalled while worker 1 was stopped"
     finish_training fault
-    ;;
-  worker_stop_heal)
-    # As worker_stop, with no restart to fall back on: worker 1's stale
-    # contribution or lost updates are mended in its own process.
-    start_training fault
-    wait_round fault $((4 + RANDOM % 10))
-    victim=$(worker_pid 1 fault)
-    [[ -n $victim ]] || fail "worker 1 not found"
-    before=$(current_round fault)
-    log "SIGSTOP worker 1 (pid $victim) after round $before for 10 s (deadline $ROUND_TIMEOUT)"
-    kill -STOP "$victim"
-    sleep 10
-    kill -CONT "$victim"
-    finish_training fault
-    grep -q "healed (" "$WORK/run-fault/rank-1-0.log" ||
-      fail "worker 1 did not heal: $(grep -E 'stale|cannot follow|failed' "$WORK/run-fault/rank-1-0.log" | tail -3)"
-    log "worker 1: $(grep -o 'healed ([a-z]*) in [^:]*: continuing at round [0-9]*' "$WORK/run-fault/rank-1-0.log" | head -1)"
+    if [[ $SCENARIO == worker_stop_heal ]]; then
+      grep -q "healed (" "$WORK/run-fault/rank-1-0.log" ||
+        fail "worker 1 did not heal: $(grep -E 'stale|cannot follow|failed' "$WORK/run-fault/rank-1-0.log" | tail -3)"
+      log "worker 1: $(grep -o 'healed ([a-z]*) in [^:]*: continuing at round [0-9]*' "$WORK/run-fault/rank-1-0.log" | head -1)"
+    fi
     ;;
   link_cut)
-    # A worker that misses more rounds than the shards can replay is
-    # restarted by the launcher and rejoins.
+    # A worker that misses more rounds than the shards can replay heals; one
+    # whose streams stay down past --connect_timeout is restarted.
     start_training fault --max_restarts=2
     wait_round fault $((4 + RANDOM % 10))
     log "link down after round $(current_round fault) for 25 s (keepalive 10 + 10 s)"

@@ -235,7 +235,9 @@ absl::Status AnchorExchange::VerifyAnchor(uint64_t anchor_round) {
 }
 
 void AnchorExchange::Leave() {
-  // Best effort: every update this worker needs has arrived already.
+  // Best effort: every update this worker needs has arrived already. No
+  // client is left after a heal that failed.
+  if (client_ == nullptr) return;
   client_->Leave(options_.clock->Now() + options_.leave_timeout).IgnoreError();
 }
 

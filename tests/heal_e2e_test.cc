@@ -35,17 +35,17 @@ struct Trainer {
 // `pause(r)` runs after round r's boundary; with `heal`, the exchange
 // reconnects as a rejoining worker when the shards refuse it.
 void Train(const E2eSpec& spec, const Cluster& cluster,
-           const v1::JobConfig& config, int worker, bool heal,
-           Barrier& joined, const std::function<void(uint64_t)>& pause,
-           Trainer& out) {
+           const v1::JobConfig& config, int worker, bool heal, Barrier& joined,
+           const std::function<void(uint64_t)>& pause, Trainer& out) {
   std::vector<float> x = InitialAnchor(spec.params);
   const client::ClientOptions options =
       WorkerOptions(cluster.addresses(), "heal", config, worker);
-  auto connected = client::AggregatorClient::Connect(options, absl::MakeSpan(x));
+  auto connected =
+      client::AggregatorClient::Connect(options, absl::MakeSpan(x));
   const bool all = joined.ArriveAndWait([] {}, kTimeout);
   if (!connected.ok() || !all) {
-    out.status = connected.ok() ? absl::DeadlineExceededError("join") :
-                                  connected.status();
+    out.status = connected.ok() ? absl::DeadlineExceededError("join")
+                                : connected.status();
     return;
   }
   client::AnchorExchangeOptions eo;
@@ -60,8 +60,7 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
       return client::AggregatorClient::Connect(rejoin, anchor);
     };
   }
-  auto exchange =
-      client::AnchorExchange::Create(eo, *std::move(connected), x);
+  auto exchange = client::AnchorExchange::Create(eo, *std::move(connected), x);
   if (!exchange.ok()) {
     out.status = exchange.status();
     return;
@@ -69,7 +68,8 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
   uint64_t round = 0;
   while (round < spec.rounds) {
     const std::vector<float>& a = (*exchange)->anchor();
-    for (size_t j = 0; j < spec.params; ++j) x[j] = a[j] - Delta(worker, round, j);
+    for (size_t j = 0; j < spec.params; ++j)
+      x[j] = a[j] - Delta(worker, round, j);
     client::ExchangeTimes times;
     out.status = (*exchange)->Boundary(round, 1, absl::MakeSpan(x), times);
     if (!out.status.ok()) return;
@@ -106,21 +106,23 @@ TEST(HealE2eTest, AWorkerLeftBehindHealsAndEndsOnTheShardsAnchor) {
   absl::Notification far_ahead;
   Trainer steady, stopped;
   std::thread t0([&] {
-    Train(spec, cluster, config, 0, /*heal=*/false, joined,
-          [&](uint64_t r) {
-            done0 = r + 1;
-            if (r + 1 == 8) far_ahead.Notify();
-          },
-          steady);
+    Train(
+        spec, cluster, config, 0, /*heal=*/false, joined,
+        [&](uint64_t r) {
+          done0 = r + 1;
+          if (r + 1 == 8) far_ahead.Notify();
+        },
+        steady);
   });
   std::thread t1([&] {
-    Train(spec, cluster, config, 1, /*heal=*/true, joined,
-          [&](uint64_t r) {
-            // Stops after round 1 until worker 0 is six rounds further on:
-            // past what the shards replay, and its next push stale.
-            if (r == 1) far_ahead.WaitForNotificationWithTimeout(kTimeout);
-          },
-          stopped);
+    Train(
+        spec, cluster, config, 1, /*heal=*/true, joined,
+        [&](uint64_t r) {
+          // Stops after round 1 until worker 0 is six rounds further on:
+          // past what the shards replay, and its next push stale.
+          if (r == 1) far_ahead.WaitForNotificationWithTimeout(kTimeout);
+        },
+        stopped);
   });
   t0.join();
   t1.join();

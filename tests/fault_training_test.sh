@@ -206,7 +206,7 @@ for path in sorted(glob.glob(run + "/rank-*.json")):
     got = [x["round"] for x in r["rounds"]]
     # None: a worker restarted after the last round (it fetched the anchor).
     # A worker that healed continues at the round its report names.
-    steps = [x.get("healed_to") or x["round"] + 1 for x in r["rounds"][:-1]]
+    steps = [x.get("healed_to", x["round"] + 1) for x in r["rounds"][:-1]]
     if (got and got[-1] != rounds - 1) or got[1:] != steps:
         sys.exit(f"{path}: rounds {got} are not contiguous up to {rounds - 1}")
     if r["final_hash"] != last["anchor_fnv1a"]:

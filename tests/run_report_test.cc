@@ -131,7 +131,7 @@ TEST(RunReportTest, AHealedRankSkipsToTheRoundItContinuedAt) {
   ASSERT_TRUE(summary.ok());
   EXPECT_FALSE(summary->params_identical);
   EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("round 1"));
-  healed[1].healed_to = 0;  // the same gap without a heal
+  healed[1].healed_to.reset();  // the same gap without a heal
   EXPECT_EQ(Summarize(ranks).status().code(),
             absl::StatusCode::kInvalidArgument);
 
@@ -143,7 +143,7 @@ TEST(RunReportTest, AHealedRankSkipsToTheRoundItContinuedAt) {
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->rounds[1].healed_to, 4u);
   EXPECT_EQ(read->rounds[1].heal_reason, "behind");
-  EXPECT_EQ(read->rounds[0].healed_to, 0u);
+  EXPECT_FALSE(read->rounds[0].healed_to.has_value());
   std::filesystem::remove_all(dir);
 }
 

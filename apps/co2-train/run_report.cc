@@ -96,8 +96,8 @@ Struct RoundToStruct(const RankRound& r) {
   Put(s, "boundary_s", Num(r.boundary_s));
   Put(s, "bytes_sent", Num(static_cast<double>(r.bytes_sent)));
   Put(s, "params_hash", Str(r.params_hash));
-  if (r.healed_to > 0) {
-    Put(s, "healed_to", Num(static_cast<double>(r.healed_to)));
+  if (r.healed_to) {
+    Put(s, "healed_to", Num(static_cast<double>(*r.healed_to)));
     Put(s, "heal_reason", Str(r.heal_reason));
   }
   return s;
@@ -238,7 +238,7 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
     for (size_t i = 1; i < r.rounds.size() && contiguous; ++i) {
       const RankRound& before = r.rounds[i - 1];
       contiguous = r.rounds[i].round ==
-                   (before.healed_to > 0 ? before.healed_to : before.round + 1);
+                   before.healed_to.value_or(before.round + 1);
     }
     if (!contiguous) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -261,10 +261,10 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
     for (size_t i = 0; i < r.rounds.size() && out.params_identical; ++i) {
       // After a boundary that healed, the rank holds the anchor that starts
       // round healed_to: the parameters every rank had after the boundary
-      // of round healed_to − 1.
+      // of round healed_to − 1 (none for A_0: nothing to compare).
       const RankRound& mine = r.rounds[i];
       const RankRound* theirs = RoundOf(
-          *longest, mine.healed_to > 0 ? mine.healed_to - 1 : mine.round);
+          *longest, mine.healed_to ? *mine.healed_to - 1 : mine.round);
       if (theirs != nullptr && mine.params_hash != theirs->params_hash) {
         out.params_identical = false;
         out.first_difference = absl::StrCat(

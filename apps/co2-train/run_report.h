@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,8 @@ struct RankRound {
   uint64_t bytes_sent = 0;
   std::string params_hash;  // hex, after the boundary
   // The worker healed at this boundary (co2-train --heal): the round it
-  // continued at (0: none), and why.
-  uint64_t healed_to = 0;
+  // continued at, and why.
+  std::optional<uint64_t> healed_to;
   std::string heal_reason;
 };
 

@@ -206,9 +206,8 @@ absl::Status Co2Optimizer::Step() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<uint64_t>> Co2Optimizer::ExchangeAndBroadcast(
-    std::optional<uint64_t> owed, RoundStats& stats) {
-  std::optional<uint64_t> healed;
+absl::Status Co2Optimizer::ExchangeAndBroadcast(std::optional<uint64_t> owed,
+                                                RoundStats& stats) {
   if (exchange_ != nullptr) {
     absl::Status status = absl::OkStatus();
     try {
@@ -220,7 +219,7 @@ absl::StatusOr<std::optional<uint64_t>> Co2Optimizer::ExchangeAndBroadcast(
       stats.push += times.push;
       stats.bytes_sent += times.bytes_sent;
       stats.anchor_mismatches += times.anchor_mismatches;
-      healed = times.healed_round;
+      stats.healed_to = times.healed_round;
       stats.heal_reason = times.heal_reason;
       stats.heal_time = times.heal_time;
       if (status.ok() && !staging_.empty()) {
@@ -239,31 +238,30 @@ absl::StatusOr<std::optional<uint64_t>> Co2Optimizer::ExchangeAndBroadcast(
     if (uses_aggregator_) {
       // The round the leader healed to, or −1 (exact in a float for any run
       // shorter than 2^24 rounds).
-      float round = healed ? static_cast<float>(*healed) : -1.0f;
+      float round =
+          stats.healed_to ? static_cast<float>(*stats.healed_to) : -1.0f;
       CO2_RETURN_IF_ERROR(local_->Broadcast(&round, 1, 0));
-      healed.reset();
-      if (round >= 0) healed = static_cast<uint64_t>(round);
+      stats.healed_to.reset();
+      if (round >= 0) stats.healed_to = static_cast<uint64_t>(round);
     }
   }
-  return healed;
+  return absl::OkStatus();
 }
 
 absl::Status Co2Optimizer::Boundary() {
   RoundStats stats = current_;
   stats.round = round_;
   const absl::Time start = options_.clock->Now();
-  std::optional<uint64_t> healed;
   if (uses_aggregator_) {
-    CO2_ASSIGN_OR_RETURN(healed, ExchangeAndBroadcast(std::nullopt, stats));
-    anchor_round_ = healed.value_or(round_ + 1);
-    stats.healed_to = healed.value_or(0);
+    CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(std::nullopt, stats));
+    anchor_round_ = stats.healed_to.value_or(round_ + 1);
   }
   stats.boundary = options_.clock->Now() - start;
   if (options_.hash_params) stats.params_hash = ParamsHash();
   rounds_.push_back(stats);
   current_ = RoundStats();
   // A healed worker holds the anchor that starts the round it rejoined at.
-  round_ = healed.value_or(round_ + 1);
+  round_ = stats.healed_to.value_or(round_ + 1);
   steps_in_round_ = 0;
   return absl::OkStatus();
 }
@@ -293,15 +291,12 @@ absl::Status Co2Optimizer::Finish() {
     RoundStats drain;
     drain.round = round_;
     const absl::Time start = options_.clock->Now();
-    absl::StatusOr<std::optional<uint64_t>> healed =
-        ExchangeAndBroadcast(owed, drain);
-    status = healed.status();
+    status = ExchangeAndBroadcast(owed, drain);
     owed.reset();
     if (status.ok()) {
-      anchor_round_ = healed->value_or(round_ + 1);
-      if (healed->has_value()) {
-        drain.healed_to = **healed;
-        round_ = **healed;
+      anchor_round_ = drain.healed_to.value_or(round_ + 1);
+      if (drain.healed_to) {
+        round_ = *drain.healed_to;
         owed = OwedUpdate(StalenessOf(options_.algo), options_.rounds, round_);
       }
     }

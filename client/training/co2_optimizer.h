@@ -99,9 +99,9 @@ struct RoundStats {
   // boundary applied an update, and were fetched again.
   uint64_t anchor_mismatches = 0;
   // This boundary healed (Co2OptimizerOptions::reconnect): the round it
-  // moved this rank to (0: none) and, on the local leader, why
-  // (HealReasonOf) and how long from the failure to the shards' anchor.
-  uint64_t healed_to = 0;
+  // moved this rank to and, on the local leader, why (HealReasonOf) and how
+  // long from the failure to the shards' anchor.
+  std::optional<uint64_t> healed_to;
   const char* heal_reason = nullptr;
   absl::Duration heal_time;
   uint64_t params_hash = 0;       // after the boundary, if hash_params
@@ -175,10 +175,10 @@ class Co2Optimizer {
   absl::Status Boundary();
   // The leader's exchange of the round's boundary (or, with `owed`, the
   // drain of that update), through the host copy of x when x lives on a
-  // device; then x is broadcast to the local ranks. The round the leader
-  // healed to, if it did, on every local rank.
-  absl::StatusOr<std::optional<uint64_t>> ExchangeAndBroadcast(
-      std::optional<uint64_t> owed, RoundStats& stats);
+  // device; then x is broadcast to the local ranks, and the round the leader
+  // healed to, if it did, into every local rank's stats.healed_to.
+  absl::Status ExchangeAndBroadcast(std::optional<uint64_t> owed,
+                                    RoundStats& stats);
   absl::Span<float> HostParams();
 
   const Co2OptimizerOptions options_;

@@ -237,8 +237,8 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
     bool contiguous = r.rounds.empty() || r.rounds.back().round == last;
     for (size_t i = 1; i < r.rounds.size() && contiguous; ++i) {
       const RankRound& before = r.rounds[i - 1];
-      contiguous = r.rounds[i].round ==
-                   before.healed_to.value_or(before.round + 1);
+      contiguous =
+          r.rounds[i].round == before.healed_to.value_or(before.round + 1);
     }
     if (!contiguous) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -263,8 +263,8 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
       // round healed_to: the parameters every rank had after the boundary
       // of round healed_to − 1 (none for A_0: nothing to compare).
       const RankRound& mine = r.rounds[i];
-      const RankRound* theirs = RoundOf(
-          *longest, mine.healed_to ? *mine.healed_to - 1 : mine.round);
+      const RankRound* theirs =
+          RoundOf(*longest, mine.healed_to ? *mine.healed_to - 1 : mine.round);
       if (theirs != nullptr && mine.params_hash != theirs->params_hash) {
         out.params_identical = false;
         out.first_difference = absl::StrCat(

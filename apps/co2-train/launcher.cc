@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -83,6 +84,34 @@ std::string DescribeExit(int status) {
                         strsignal(WTERMSIG(status)), ")");
   }
   return absl::StrCat("status ", status);
+}
+
+// Kills the local ranks of `worker` that still run and starts all of them
+// again into the running job (--rejoin), in the rendezvous of their next
+// restart (--restart=K). RESOURCE_EXHAUSTED if a fork fails.
+absl::Status RestartWorker(std::vector<Child>& children, int worker,
+                           pid_t pgid, pid_t launcher, const sigset_t& mask) {
+  for (Child& c : children) {
+    if (c.worker != worker || !c.running) continue;
+    kill(c.pid, SIGKILL);
+    waitpid(c.pid, &c.status, 0);
+    c.running = false;
+  }
+  for (Child& c : children) {
+    if (c.worker != worker) continue;
+    ++c.restarts;
+    std::vector<std::string> args = c.args;
+    args.push_back("--rejoin");
+    args.push_back(absl::StrCat("--restart=", c.restarts));
+    const pid_t pid = Spawn(args, c.log, /*append=*/true, pgid, launcher, mask);
+    if (pid < 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("fork: ", strerror(errno)));
+    }
+    c.pid = pid;
+    c.running = true;
+  }
+  return absl::OkStatus();
 }
 
 // The last `lines` lines of a file.
@@ -353,41 +382,20 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
                 ? DescribeExit(c.status)
                 : absl::StrCat("local rank ", c.local_rank, ": ",
                                DescribeExit(c.status));
+        const std::string ranks =
+            options.local_ranks == 1
+                ? ""
+                : absl::StrCat(", all ", options.local_ranks, " local ranks");
         std::fprintf(
             user,
             "%s[co2-train] worker %d failed (%s); restarting it%s (%d of %d)\n",
-            live ? "\r\033[K" : "", c.worker, why.c_str(),
-            options.local_ranks == 1
-                ? ""
-                : absl::StrCat(", all ", options.local_ranks, " local ranks")
-                      .c_str(),
+            live ? "\r\033[K" : "", c.worker, why.c_str(), ranks.c_str(),
             c.restarts + 1, options.max_restarts);
         std::fflush(user);
-        const int worker = c.worker;
-        for (Child& sibling : children) {
-          if (sibling.worker != worker || !sibling.running) continue;
-          kill(sibling.pid, SIGKILL);
-          waitpid(sibling.pid, &sibling.status, 0);
-          sibling.running = false;
-          --running;
-        }
-        for (Child& rank : children) {
-          if (rank.worker != worker || !failure.ok()) continue;
-          ++rank.restarts;
-          std::vector<std::string> args = rank.args;
-          args.push_back("--rejoin");
-          args.push_back(absl::StrCat("--restart=", rank.restarts));
-          const pid_t pid =
-              Spawn(args, rank.log, /*append=*/true, pgid, launcher, old_mask);
-          if (pid < 0) {
-            failure = absl::ResourceExhaustedError(
-                absl::StrCat("fork: ", strerror(errno)));
-            continue;
-          }
-          rank.pid = pid;
-          rank.running = true;
-          ++running;
-        }
+        failure = RestartWorker(children, c.worker, pgid, launcher, old_mask);
+        running = static_cast<size_t>(
+            std::count_if(children.begin(), children.end(),
+                          [](const Child& child) { return child.running; }));
         continue;
       }
       if (failed && failure.ok()) {

@@ -89,8 +89,8 @@ std::string DescribeExit(int status) {
 // Kills the local ranks of `worker` that still run and starts all of them
 // again into the running job (--rejoin), in the rendezvous of their next
 // restart (--restart=K). RESOURCE_EXHAUSTED if a fork fails.
-absl::Status RestartWorker(std::vector<Child>& children, int worker,
-                           pid_t pgid, pid_t launcher, const sigset_t& mask) {
+absl::Status RestartWorker(std::vector<Child>& children, int worker, pid_t pgid,
+                           pid_t launcher, const sigset_t& mask) {
   for (Child& c : children) {
     if (c.worker != worker || !c.running) continue;
     kill(c.pid, SIGKILL);

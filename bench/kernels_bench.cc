@@ -185,7 +185,7 @@ void BM_OuterStep(benchmark::State& state) {
   std::vector<float> update = RandomFloats(n, 9);
   for (auto _ : state) {
     co2::server::OuterStepStats stats =
-        co2::server::OuterStep(config, delta, update, absl::MakeSpan(momentum),
+        co2::server::OuterStep(config, 0, delta, update, absl::MakeSpan(momentum),
                                absl::MakeSpan(update));
     benchmark::DoNotOptimize(stats);
     benchmark::ClobberMemory();

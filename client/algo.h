@@ -42,6 +42,10 @@ struct OuterDefaults {
 };
 OuterDefaults OuterDefaultsOf(Algo algo);
 
+// The momentum period N of delayed Nesterov momentum where the user sets
+// none (JobConfig.momentum_period).
+inline constexpr uint32_t kDefaultMomentumPeriod = 4;
+
 }  // namespace co2::client
 
 #endif  // CO2_CLIENT_ALGO_H_

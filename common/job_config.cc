@@ -82,9 +82,25 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
   if (!(c.beta() >= 0 && c.beta() < 1)) {
     return Invalid("beta", "must be in [0, 1)", c.beta());
   }
-  if (c.momentum() != v1::MOMENTUM_HEAVY_BALL &&
-      c.momentum() != v1::MOMENTUM_NESTEROV) {
-    return Invalid("momentum", "must be HEAVY_BALL or NESTEROV", c.momentum());
+  switch (c.momentum()) {
+    case v1::MOMENTUM_HEAVY_BALL:
+    case v1::MOMENTUM_NESTEROV:
+      if (c.momentum_period() != 0) {
+        return Invalid("momentum_period",
+                       "must be 0 unless momentum is DELAYED_NESTEROV",
+                       c.momentum_period());
+      }
+      break;
+    case v1::MOMENTUM_DELAYED_NESTEROV:
+      if (c.momentum_period() == 0) {
+        return Invalid("momentum_period",
+                       "must be >= 1 with DELAYED_NESTEROV momentum", 0);
+      }
+      break;
+    default:
+      return Invalid("momentum",
+                     "must be HEAVY_BALL, NESTEROV or DELAYED_NESTEROV",
+                     c.momentum());
   }
   switch (c.gap_penalty()) {
     case v1::GAP_PENALTY_NONE:
@@ -156,14 +172,17 @@ absl::StatusOr<v1::Clip> ParseClip(absl::string_view name) {
 absl::StatusOr<v1::Momentum> ParseMomentum(absl::string_view name) {
   if (name == "heavy_ball") return v1::MOMENTUM_HEAVY_BALL;
   if (name == "nesterov") return v1::MOMENTUM_NESTEROV;
+  if (name == "delayed_nesterov") return v1::MOMENTUM_DELAYED_NESTEROV;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown momentum \"", name, "\" (heavy_ball, nesterov)"));
+      absl::StrCat("unknown momentum \"", name,
+                   "\" (heavy_ball, nesterov, delayed_nesterov)"));
 }
 
 std::string DescribeJobConfig(const v1::JobConfig& c) {
   return absl::StrCat(
       "P=", c.num_parameters(), " S=", c.num_shards(), " alpha=", c.alpha(),
       " beta=", c.beta(), " momentum=", v1::Momentum_Name(c.momentum()),
+      " momentum_period=", c.momentum_period(),
       " penalty=", v1::GapPenalty_Name(c.gap_penalty()),
       " lambda=", c.penalty_lambda(), " clip=", v1::Clip_Name(c.clip()),
       " clip_value=", c.clip_value(),

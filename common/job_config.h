@@ -16,8 +16,8 @@ namespace co2::common {
 
 inline constexpr uint32_t kProtocolVersion = 2;
 
-// The defaults documented in docs/: CO2 with staleness 1, α = 1, β = 0.5,
-// heavy ball, gap-aware penalty, adaptive clipping k = 3, fp32 downlink.
+// The defaults documented in docs/: CO2 with staleness 1, α = 0.5, β = 0,
+// heavy ball, no penalty, no clipping, fp32 downlink.
 v1::JobConfig DefaultJobConfig(uint64_t num_parameters, uint32_t num_shards);
 
 // INVALID_ARGUMENT naming the field and value for anything out of range.
@@ -32,7 +32,7 @@ absl::Status CheckSameJobConfig(const v1::JobConfig& job,
 absl::StatusOr<v1::GapPenalty> ParseGapPenalty(absl::string_view name);
 // "none" | "value" | "adaptive".
 absl::StatusOr<v1::Clip> ParseClip(absl::string_view name);
-// "heavy_ball" | "nesterov".
+// "heavy_ball" | "nesterov" | "delayed_nesterov".
 absl::StatusOr<v1::Momentum> ParseMomentum(absl::string_view name);
 
 // One line, for logs: "P=... S=... alpha=... beta=... ...".

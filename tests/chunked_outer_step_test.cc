@@ -46,6 +46,11 @@ TEST(OuterConfigOfTest, TranslatesEveryField) {
   o = OuterConfigOf(c);
   EXPECT_EQ(o.penalty, GapPenalty::kNone);
   EXPECT_EQ(o.clip, ClipMode::kNone);
+  c.set_momentum(v1::MOMENTUM_DELAYED_NESTEROV);
+  c.set_momentum_period(3);
+  o = OuterConfigOf(c);
+  EXPECT_EQ(o.momentum, MomentumKind::kDelayedNesterov);
+  EXPECT_EQ(o.momentum_period, 3u);
 }
 
 // Adaptive clipping on, staleness 2, the gap-aware penalty unless told.
@@ -56,6 +61,7 @@ v1::JobConfig StepConfig(size_t n, float beta, v1::Codec downlink,
   c.set_alpha(0.7f);
   c.set_beta(beta);
   c.set_momentum(momentum);
+  if (momentum == v1::MOMENTUM_DELAYED_NESTEROV) c.set_momentum_period(2);
   c.set_max_staleness(2);
   c.set_gap_penalty(penalty);
   c.set_clip(v1::CLIP_ADAPTIVE);
@@ -149,7 +155,7 @@ TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
       EXPECT_TRUE(chunk.empty()) << "the mean's chunks are freed as they go";
     }
     OuterStepStats ref_stats =
-        OuterStep(OuterConfigOf(config), mean, gap, absl::MakeSpan(ref_m),
+        OuterStep(OuterConfigOf(config), r, mean, gap, absl::MakeSpan(ref_m),
                   absl::MakeSpan(update));
     EXPECT_EQ(stats.clipped, ref_stats.clipped);
     EXPECT_NEAR(stats.momentum_norm_sq, ref_stats.momentum_norm_sq,
@@ -184,7 +190,8 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Combine(
         testing::Values(0.0f, 0.9f),
         testing::Values(v1::CODEC_FP32, v1::CODEC_BF16, v1::CODEC_INT8),
-        testing::Values(v1::MOMENTUM_HEAVY_BALL, v1::MOMENTUM_NESTEROV),
+        testing::Values(v1::MOMENTUM_HEAVY_BALL, v1::MOMENTUM_NESTEROV,
+                        v1::MOMENTUM_DELAYED_NESTEROV),
         testing::Values(v1::GAP_PENALTY_GAP_AWARE, v1::GAP_PENALTY_NONE),
         testing::Bool()));
 

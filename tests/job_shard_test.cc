@@ -382,7 +382,7 @@ TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
     }
     ASSERT_EQ(shard->Poll(), 1) << "round " << r;
     // The reference: the step on the whole range, then what workers decode.
-    OuterStep(outer, delta, gap, absl::MakeSpan(momentum),
+    OuterStep(outer, r, delta, gap, absl::MakeSpan(momentum),
               absl::MakeSpan(update));
     for (uint32_t c = 0; c < chunks; ++c) {
       const common::Range range = common::ChunkRange(n, c);

@@ -35,18 +35,20 @@ struct StepResult {
   OuterStepStats stats;
 };
 
-// Runs OuterStep on copies, so the inputs can be reused.
+// Runs OuterStep of `round` on copies, so the inputs can be reused.
 StepResult Step(const OuterConfig& config, const std::vector<float>& delta,
-                const std::vector<float>& gap, std::vector<float> momentum) {
+                const std::vector<float>& gap, std::vector<float> momentum,
+                uint64_t round = 0) {
   StepResult r;
   r.update.assign(delta.size(), std::nanf(""));
-  r.stats = OuterStep(config, delta, gap, absl::MakeSpan(momentum),
+  r.stats = OuterStep(config, round, delta, gap, absl::MakeSpan(momentum),
                       absl::MakeSpan(r.update));
   r.momentum = std::move(momentum);
   return r;
 }
 
-// The algorithm written the obvious way, in double, one block at a time.
+// The algorithm written the obvious way, in double, one block at a time;
+// for delayed Nesterov, `m` is the period's v (outer_optimizer.h).
 struct ReferenceStats {
   double mean_penalty = 1.0;
   double momentum_norm_sq = 0.0;
@@ -57,8 +59,12 @@ ReferenceStats ReferenceStep(const OuterConfig& c,
                              const std::vector<float>& delta,
                              const std::vector<float>& gap,
                              std::vector<double>& m,
-                             std::vector<double>& update) {
+                             std::vector<double>& update, uint64_t round = 0) {
   const size_t n = delta.size();
+  const bool delayed = c.momentum == MomentumKind::kDelayedNesterov;
+  const double period = delayed ? c.momentum_period : 1.0;
+  const bool milestone = !delayed || (round + 1) % c.momentum_period == 0;
+  const double decay = delayed ? 1.0 : c.beta;
   ReferenceStats stats;
   double penalty_sum = 0.0;
   for (size_t begin = 0; begin < n; begin += kBlock) {
@@ -77,11 +83,11 @@ ReferenceStats ReferenceStep(const OuterConfig& c,
       }
       penalty_sum += lambda;
       scaled[j - begin] = delta[j] / lambda;
-      m[j] = c.beta * m[j] + scaled[j - begin];
+      m[j] = decay * m[j] + scaled[j - begin];
     }
     double bound = std::numeric_limits<double>::infinity();
-    if (c.clip == ClipMode::kValue) bound = c.clip_value;
-    if (c.clip == ClipMode::kAdaptive) {
+    if (milestone && c.clip == ClipMode::kValue) bound = period * c.clip_value;
+    if (milestone && c.clip == ClipMode::kAdaptive) {
       double sum_sq = 0.0;
       for (size_t j = begin; j < end; ++j) sum_sq += m[j] * m[j];
       bound = c.clip_value * std::sqrt(sum_sq / len);
@@ -90,10 +96,15 @@ ReferenceStats ReferenceStep(const OuterConfig& c,
       const double clipped = std::clamp(m[j], -bound, bound);
       if (clipped != m[j]) ++stats.clipped;
       m[j] = clipped;
-      stats.momentum_norm_sq += m[j] * m[j];
-      update[j] = c.momentum == MomentumKind::kNesterov
-                      ? -c.alpha * (c.beta * m[j] + scaled[j - begin])
-                      : -c.alpha * m[j];
+      stats.momentum_norm_sq += m[j] * m[j] / (period * period);
+      if (c.momentum == MomentumKind::kHeavyBall) {
+        update[j] = -c.alpha * m[j];
+      } else {
+        const double lookahead = milestone ? c.beta : 0.0;
+        update[j] =
+            -c.alpha / period * (lookahead * m[j] + scaled[j - begin]);
+      }
+      if (delayed && milestone) m[j] *= c.beta;
     }
   }
   if (n > 0) stats.mean_penalty = penalty_sum / static_cast<double>(n);
@@ -136,6 +147,11 @@ class OuterOptimizerSweepTest : public ::testing::TestWithParam<Variant> {
     // Small enough that both clip modes cut a good share of the elements.
     c.clip_value = c.clip == ClipMode::kValue ? 1.5f : 1.2f;
     c.momentum = std::get<2>(GetParam());
+    if (c.momentum == MomentumKind::kDelayedNesterov) {
+      c.momentum_period = 2;
+      // Its value bound is N·φ, on v, a sum of N rounds.
+      if (c.clip == ClipMode::kValue) c.clip_value = 0.5f;
+    }
     return c;
   }
   size_t Size() const { return std::get<3>(GetParam()); }
@@ -156,13 +172,14 @@ TEST_P(OuterOptimizerSweepTest, MatchesDoubleReferenceOverSeveralSteps) {
   std::vector<double> ref_update(n);
   size_t total_clipped = 0;
 
-  for (int step = 0; step < 4; ++step) {
-    SCOPED_TRACE(absl::StrCat("step ", step));
+  for (uint64_t round = 0; round < 4; ++round) {
+    SCOPED_TRACE(absl::StrCat("round ", round));
     const std::vector<float> delta = RandomVector(n, 1.0f, rng);
     const ReferenceStats want =
-        ReferenceStep(config, delta, gap, ref_momentum, ref_update);
-    const OuterStepStats got = OuterStep(
-        config, delta, gap, absl::MakeSpan(momentum), absl::MakeSpan(update));
+        ReferenceStep(config, delta, gap, ref_momentum, ref_update, round);
+    const OuterStepStats got =
+        OuterStep(config, round, delta, gap, absl::MakeSpan(momentum),
+                  absl::MakeSpan(update));
     for (size_t j = 0; j < n; ++j) {
       ASSERT_TRUE(Close("momentum", j, momentum[j], ref_momentum[j]));
       ASSERT_TRUE(Close("update", j, update[j], ref_update[j]));
@@ -204,7 +221,7 @@ TEST_P(OuterOptimizerSweepTest, GapMayBeTheUpdateBuffer) {
   std::vector<float> m = m0;
   std::vector<float> buffer = gap;
   const OuterStepStats stats = OuterStep(
-      config, delta, buffer, absl::MakeSpan(m), absl::MakeSpan(buffer));
+      config, 0, delta, buffer, absl::MakeSpan(m), absl::MakeSpan(buffer));
   EXPECT_EQ(m, separate.momentum);
   EXPECT_EQ(buffer, separate.update);
   EXPECT_EQ(stats.mean_penalty, separate.stats.mean_penalty);
@@ -297,34 +314,36 @@ TEST_P(OuterOptimizerSweepTest, EveryKernelIsaGivesThePortableBits) {
   constexpr float kMin = std::numeric_limits<float>::min();
   constexpr float kInf = std::numeric_limits<float>::infinity();
   const float nan = std::nanf("");
-  for (int kind = 0; kind < 4; ++kind) {
-    std::mt19937 rng(17 + kind);
+  // Round 1 is a milestone of delayed Nesterov's period of 2, round 0 not.
+  for (int kind = 0; kind < 8; ++kind) {
+    const uint64_t round = kind / 4;
+    std::mt19937 rng(17 + kind % 4);
     std::vector<float> delta = RandomVector(n, 1.0f, rng);
     std::vector<float> gap = RandomVector(n, 0.5f, rng);
     std::vector<float> m0 = RandomVector(n, 0.5f, rng);
-    if (kind == 1) {  // subnormal and tiny values
+    if (kind % 4 == 1) {  // subnormal and tiny values
       for (float* v : {&delta[0], &gap[0], &m0[0]}) {
         for (size_t j = 0; j < n; ++j) v[j] *= kMin * 0x1p-10f;
       }
-    } else if (kind == 2) {  // near FLT_MAX: products and sums overflow
+    } else if (kind % 4 == 2) {  // near FLT_MAX: products and sums overflow
       Sprinkle(delta, 3, {kMax, -kMax, 0.9f * kMax});
       Sprinkle(gap, 5, {kMax, -0.5f * kMax});
       Sprinkle(m0, 7, {kMax, -kMax});
-    } else if (kind == 3) {  // NaN and ±Inf
+    } else if (kind % 4 == 3) {  // NaN and ±Inf
       Sprinkle(delta, 11, {nan, kInf});
       Sprinkle(gap, 13, {-kInf, nan});
       Sprinkle(m0, 2, {nan, -kInf, kInf});
     }
-    SCOPED_TRACE(absl::StrCat("input kind ", kind));
+    SCOPED_TRACE(absl::StrCat("input kind ", kind % 4, ", round ", round));
     StepResult want;
     {
       common::ScopedKernelIsaForTesting pin(common::KernelIsa::kPortable);
-      want = Step(config, delta, gap, m0);
+      want = Step(config, delta, gap, m0, round);
     }
     for (common::KernelIsa isa : isas) {
       SCOPED_TRACE(common::KernelIsaName(isa));
       common::ScopedKernelIsaForTesting pin(isa);
-      const StepResult got = Step(config, delta, gap, m0);
+      const StepResult got = Step(config, delta, gap, m0, round);
       EXPECT_EQ(Bits(got.momentum), Bits(want.momentum));
       EXPECT_EQ(Bits(got.update), Bits(want.update));
       EXPECT_EQ(Bits(got.stats.mean_penalty), Bits(want.stats.mean_penalty));
@@ -333,7 +352,7 @@ TEST_P(OuterOptimizerSweepTest, EveryKernelIsaGivesThePortableBits) {
       EXPECT_EQ(got.stats.clipped, want.stats.clipped);
       // And with the update written over the gap, as a shard does.
       std::vector<float> m = m0, buffer = gap;
-      OuterStep(config, delta, buffer, absl::MakeSpan(m),
+      OuterStep(config, round, delta, buffer, absl::MakeSpan(m),
                 absl::MakeSpan(buffer));
       EXPECT_EQ(Bits(m), Bits(want.momentum));
       EXPECT_EQ(Bits(buffer), Bits(want.update));
@@ -344,7 +363,7 @@ TEST_P(OuterOptimizerSweepTest, EveryKernelIsaGivesThePortableBits) {
 std::string VariantName(const ::testing::TestParamInfo<Variant>& info) {
   const char* penalty[] = {"NoPenalty", "Constant", "GapAware"};
   const char* clip[] = {"NoClip", "ValueClip", "AdaptiveClip"};
-  const char* momentum[] = {"HeavyBall", "Nesterov"};
+  const char* momentum[] = {"HeavyBall", "Nesterov", "DelayedNesterov"};
   return absl::StrCat(penalty[static_cast<int>(std::get<0>(info.param))],
                       clip[static_cast<int>(std::get<1>(info.param))],
                       momentum[static_cast<int>(std::get<2>(info.param))], "N",
@@ -358,7 +377,8 @@ INSTANTIATE_TEST_SUITE_P(
                           GapPenalty::kGapAware),
         ::testing::Values(ClipMode::kNone, ClipMode::kValue,
                           ClipMode::kAdaptive),
-        ::testing::Values(MomentumKind::kHeavyBall, MomentumKind::kNesterov),
+        ::testing::Values(MomentumKind::kHeavyBall, MomentumKind::kNesterov,
+                          MomentumKind::kDelayedNesterov),
         ::testing::Values(size_t{1}, size_t{13}, size_t{1000}, kBlock,
                           2 * kBlock + 17)),
     VariantName);
@@ -485,9 +505,63 @@ TEST(OuterOptimizerTest, UnitAlphaZeroBetaUpdateIsMinusMeanDelta) {
   }
 }
 
+TEST(OuterOptimizerTest, DelayedNesterovMovesAPeriodAsOneNesterovStep) {
+  // Over a period of N rounds the updates add up to one Nesterov step on
+  // the period's mean D, and the momentum carries into the next period.
+  OuterConfig delayed;
+  delayed.alpha = 0.5f;
+  delayed.beta = 0.75f;
+  delayed.penalty = GapPenalty::kNone;
+  delayed.clip = ClipMode::kNone;
+  delayed.momentum = MomentumKind::kDelayedNesterov;
+  delayed.momentum_period = 4;
+  OuterConfig nesterov = delayed;
+  nesterov.momentum = MomentumKind::kNesterov;
+  nesterov.momentum_period = 1;
+  const std::vector<float> gap(2, 0.0f);
+  std::vector<float> v(2, 0.0f), m(2, 0.0f);
+  for (uint64_t period = 0; period < 2; ++period) {
+    SCOPED_TRACE(absl::StrCat("period ", period));
+    std::vector<float> moved(2, 0.0f), sum(2, 0.0f);
+    for (uint64_t i = 0; i < 4; ++i) {
+      const uint64_t round = 4 * period + i;
+      // Powers of two: every sum and product below is exact.
+      const std::vector<float> d = {static_cast<float>(1 << i),
+                                    -static_cast<float>(2 << (3 - i))};
+      const StepResult r = Step(delayed, d, gap, v, round);
+      v = r.momentum;
+      for (size_t j = 0; j < 2; ++j) {
+        moved[j] += r.update[j];
+        sum[j] += d[j];
+      }
+      if (i < 3) {
+        EXPECT_THAT(r.update, ElementsAre(FloatEq(-0.125f * d[0]),
+                                          FloatEq(-0.125f * d[1])));
+      }
+    }
+    const std::vector<float> mean = {sum[0] / 4, sum[1] / 4};
+    const StepResult one = Step(nesterov, mean, gap, m);
+    m = one.momentum;
+    EXPECT_THAT(moved, ElementsAre(FloatEq(one.update[0]),
+                                   FloatEq(one.update[1])));
+    // The next period starts from β·m, scaled by N.
+    EXPECT_THAT(v, ElementsAre(FloatEq(4 * 0.75f * m[0]),
+                               FloatEq(4 * 0.75f * m[1])));
+  }
+}
+
+TEST(OuterOptimizerTest, DelayedNesterovNeedsAPeriod) {
+  OuterConfig c;
+  c.momentum = MomentumKind::kDelayedNesterov;
+  c.momentum_period = 0;
+  const absl::Status status = ValidateOuterConfig(c);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("momentum_period must be >= 1"));
+}
+
 TEST(OuterOptimizerTest, EmptySpans) {
   OuterConfig c;
-  const OuterStepStats stats = OuterStep(c, {}, {}, {}, {});
+  const OuterStepStats stats = OuterStep(c, 0, {}, {}, {}, {});
   EXPECT_EQ(stats.mean_penalty, 1.0);
   EXPECT_EQ(stats.momentum_norm_sq, 0.0);
   EXPECT_EQ(stats.clipped, 0u);

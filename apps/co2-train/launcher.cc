@@ -248,6 +248,7 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"alpha", absl::StrCat(options.alpha)},
           {"beta", absl::StrCat(options.beta)},
           {"momentum", options.momentum},
+          {"momentum_period", absl::StrCat(options.momentum_period)},
           {"gap_penalty", options.gap_penalty},
           {"clip", options.clip},
           {"clip_value", absl::StrCat(options.clip_value)},

@@ -42,7 +42,10 @@ ABSL_FLAG(std::optional<float>, beta, std::nullopt,
           "Outer momentum (docs/results.md; slowmo needs > 0, e.g. 0.5); "
           "unset: 0, diloco 0.9.");
 ABSL_FLAG(std::optional<std::string>, momentum, std::nullopt,
-          "heavy_ball | nesterov; unset: heavy_ball, diloco nesterov.");
+          "heavy_ball | nesterov | delayed_nesterov; unset: heavy_ball, "
+          "diloco nesterov.");
+ABSL_FLAG(std::optional<uint32_t>, momentum_period, std::nullopt,
+          "delayed_nesterov: rounds between momentum steps; unset: 4.");
 ABSL_FLAG(std::string, gap_penalty, "none", "none | constant | gap_aware");
 ABSL_FLAG(float, penalty_lambda, 1.0f, "λ of --gap_penalty=constant.");
 ABSL_FLAG(std::string, clip, "none",
@@ -158,6 +161,10 @@ co2::client::TrainerOptions ReadOptions() {
       absl::GetFlag(FLAGS_momentum)
           .value_or(outer_algo == co2::client::Algo::kDiLoCo ? "nesterov"
                                                              : "heavy_ball");
+  o.momentum_period = absl::GetFlag(FLAGS_momentum_period)
+                          .value_or(o.momentum == "delayed_nesterov"
+                                        ? co2::client::kDefaultMomentumPeriod
+                                        : 0);
   o.gap_penalty = absl::GetFlag(FLAGS_gap_penalty);
   o.penalty_lambda = absl::GetFlag(FLAGS_penalty_lambda);
   o.clip = absl::GetFlag(FLAGS_clip);

@@ -73,6 +73,7 @@ absl::StatusOr<v1::JobConfig> MakeJobConfig(const TrainerOptions& options,
   CO2_ASSIGN_OR_RETURN(v1::Momentum momentum,
                        common::ParseMomentum(options.momentum));
   c.set_momentum(momentum);
+  c.set_momentum_period(options.momentum_period);
   CO2_ASSIGN_OR_RETURN(v1::GapPenalty penalty,
                        common::ParseGapPenalty(options.gap_penalty));
   c.set_gap_penalty(penalty);

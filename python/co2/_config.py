@@ -23,7 +23,9 @@ class JobConfig:
     Attributes:
         alpha: outer learning rate, > 0.
         beta: outer momentum, in [0, 1).
-        momentum: ``"heavy_ball"`` or ``"nesterov"``.
+        momentum: ``"heavy_ball"``, ``"nesterov"`` or ``"delayed_nesterov"``
+            (the momentum steps once every ``momentum_period`` rounds).
+        momentum_period: N of ``"delayed_nesterov"``, >= 1 there; 0 otherwise.
         gap_penalty: ``"none"``, ``"constant"`` or ``"gap_aware"``.
         penalty_lambda: Λ for ``gap_penalty="constant"``, >= 1.
         clip: outer-momentum clipping: ``"none"``, ``"value"`` or ``"adaptive"``.
@@ -46,6 +48,7 @@ class JobConfig:
     alpha: float = 0.5
     beta: float = 0.0
     momentum: str = "heavy_ball"
+    momentum_period: int = 0
     gap_penalty: str = "none"
     penalty_lambda: float = 1.0
     clip: str = "none"

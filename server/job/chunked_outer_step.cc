@@ -34,8 +34,17 @@ OuterConfig OuterConfigOf(const v1::JobConfig& c) {
   OuterConfig o;
   o.alpha = c.alpha();
   o.beta = c.beta();
-  o.momentum = c.momentum() == v1::MOMENTUM_NESTEROV ? MomentumKind::kNesterov
-                                                     : MomentumKind::kHeavyBall;
+  switch (c.momentum()) {
+    case v1::MOMENTUM_NESTEROV:
+      o.momentum = MomentumKind::kNesterov;
+      break;
+    case v1::MOMENTUM_DELAYED_NESTEROV:
+      o.momentum = MomentumKind::kDelayedNesterov;
+      o.momentum_period = c.momentum_period();
+      break;
+    default:
+      o.momentum = MomentumKind::kHeavyBall;
+  }
   switch (c.gap_penalty()) {
     case v1::GAP_PENALTY_CONSTANT:
       o.penalty = GapPenalty::kConstant;
@@ -146,7 +155,7 @@ std::shared_ptr<const v1::OuterUpdate> RoundStep::Step(uint32_t chunk_index,
   std::vector<float> encoded_from(fp32 ? 0 : r.size());  // U before encoding
   const absl::Span<float> update =
       fp32 ? Fp32Floats(payload) : absl::MakeSpan(encoded_from);
-  AddStats(OuterStep(step_.outer(), mean, gap, momentum, update), r.size(),
+  AddStats(OuterStep(step_.outer(), round_, mean, gap, momentum, update), r.size(),
            &result_.stats, &penalty_sum_);
   std::vector<float>().swap(mean);
   if (!fp32) {

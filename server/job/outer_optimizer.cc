@@ -81,6 +81,50 @@ uint32_t* GroupMaxScratch() {
   return scratch.get();
 }
 
+// One round's step as the kernels run it: m ← decay·m + Δ/Λ (clipped with
+// `clip`, `clip_value`); update = neg_alpha·m (heavy ball) or
+// neg_alpha·(lookahead·m + Δ/Λ) (`nesterov`); then m ← keep·m.
+struct Coefficients {
+  float neg_alpha = -1.0f;
+  float decay = 0.0f;
+  float lookahead = 0.0f;
+  bool nesterov = false;
+  GapPenalty penalty = GapPenalty::kNone;
+  float penalty_lambda = 1.0f;
+  ClipMode clip = ClipMode::kNone;
+  float clip_value = 1.0f;
+  float keep = 1.0f;
+};
+
+bool IsMilestone(const OuterConfig& config, uint64_t round) {
+  return (round + 1) % config.momentum_period == 0;
+}
+
+Coefficients CoefficientsOf(const OuterConfig& config, uint64_t round) {
+  Coefficients k;
+  k.neg_alpha = -config.alpha;
+  k.decay = config.beta;
+  k.lookahead = config.beta;
+  k.nesterov = config.momentum != MomentumKind::kHeavyBall;
+  k.penalty = config.penalty;
+  k.penalty_lambda = config.penalty_lambda;
+  k.clip = config.clip;
+  k.clip_value = config.clip_value;
+  if (config.momentum == MomentumKind::kDelayedNesterov) {
+    const float period = static_cast<float>(config.momentum_period);
+    k.neg_alpha = -config.alpha / period;
+    k.decay = 1.0f;
+    if (IsMilestone(config, round)) {
+      k.keep = config.beta;
+      if (k.clip == ClipMode::kValue) k.clip_value *= period;
+    } else {
+      k.lookahead = 0.0f;
+      k.clip = ClipMode::kNone;
+    }
+  }
+  return k;
+}
+
 struct Totals {
   double penalty_sum = 0.0;
   double norm_sq = 0.0;
@@ -92,18 +136,18 @@ struct Totals {
 #include "common/per_isa_kernels.inc"
 #undef CO2_KERNELS_FILE
 
-Totals Step(const OuterConfig& config, absl::Span<const float> mean_delta,
+Totals Step(const Coefficients& k, absl::Span<const float> mean_delta,
             absl::Span<const float> gap, absl::Span<float> momentum,
             absl::Span<float> update) {
   switch (common::ActiveKernelIsa()) {
 #if defined(__x86_64__)
     case common::KernelIsa::kSse2:
-      return sse2::Step(config, mean_delta, gap, momentum, update);
+      return sse2::Step(k, mean_delta, gap, momentum, update);
     case common::KernelIsa::kAvx2:
-      return avx2::Step(config, mean_delta, gap, momentum, update);
+      return avx2::Step(k, mean_delta, gap, momentum, update);
 #endif
     default:
-      return portable::Step(config, mean_delta, gap, momentum, update);
+      return portable::Step(k, mean_delta, gap, momentum, update);
   }
 }
 
@@ -121,6 +165,14 @@ absl::Status ValidateOuterConfig(const OuterConfig& config) {
   switch (config.momentum) {
     case MomentumKind::kHeavyBall:
     case MomentumKind::kNesterov:
+      break;
+    case MomentumKind::kDelayedNesterov:
+      if (config.momentum_period < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "momentum_period must be >= 1 with delayed Nesterov momentum, "
+            "got ",
+            config.momentum_period));
+      }
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
@@ -159,7 +211,7 @@ absl::Status ValidateOuterConfig(const OuterConfig& config) {
   return absl::OkStatus();
 }
 
-OuterStepStats OuterStep(const OuterConfig& config,
+OuterStepStats OuterStep(const OuterConfig& config, uint64_t round,
                          absl::Span<const float> mean_delta,
                          absl::Span<const float> gap,
                          absl::Span<float> momentum, absl::Span<float> update) {
@@ -174,11 +226,16 @@ OuterStepStats OuterStep(const OuterConfig& config,
     std::abort();
   }
 
-  const Totals totals = Step(config, mean_delta, gap, momentum, update);
+  const Totals totals =
+      Step(CoefficientsOf(config, round), mean_delta, gap, momentum, update);
   OuterStepStats stats;
   stats.mean_penalty =
       n == 0 ? 1.0 : totals.penalty_sum / static_cast<double>(n);
   stats.momentum_norm_sq = totals.norm_sq;
+  if (config.momentum == MomentumKind::kDelayedNesterov) {
+    const double period = config.momentum_period;
+    stats.momentum_norm_sq /= period * period;
+  }
   stats.clipped = totals.clipped;
   return stats;
 }

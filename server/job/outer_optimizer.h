@@ -1,6 +1,7 @@
 // The CO2 outer step (docs/algorithm.md, "Shard", steps 2-6) as pure
-// arithmetic on spans of one shard's range: staleness gap penalty, heavy-ball
-// or Nesterov outer momentum, outer-momentum clipping and the outer update U.
+// arithmetic on spans of one shard's range: staleness gap penalty, heavy-ball,
+// Nesterov or delayed Nesterov outer momentum, outer-momentum clipping and
+// the outer update U.
 // Reductions (mean |g|, rms(m)) are taken per block of common::kBlockElements
 // counted from the start of the spans; shard ranges are block-aligned, so the
 // result does not depend on the number of shards. Every common::KernelIsa
@@ -9,6 +10,7 @@
 #define CO2_SERVER_OUTER_OPTIMIZER_H_
 
 #include <cstddef>
+#include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -17,7 +19,7 @@ namespace co2::server {
 
 enum class GapPenalty { kNone, kConstant, kGapAware };
 enum class ClipMode { kNone, kValue, kAdaptive };
-enum class MomentumKind { kHeavyBall, kNesterov };
+enum class MomentumKind { kHeavyBall, kNesterov, kDelayedNesterov };
 
 // Added to mean |g| in the gap-aware penalty so a zero gap gives Λ = 1.
 inline constexpr float kGapEpsilon = 1e-12f;
@@ -26,6 +28,8 @@ struct OuterConfig {
   float alpha = 1.0f;  // outer learning rate, > 0
   float beta = 0.0f;   // outer momentum, in [0, 1)
   MomentumKind momentum = MomentumKind::kHeavyBall;
+  // N for kDelayedNesterov, >= 1: the momentum steps once every N rounds.
+  uint32_t momentum_period = 1;
   GapPenalty penalty = GapPenalty::kGapAware;
   float penalty_lambda = 1.0f;  // Λ for kConstant, >= 1
   ClipMode clip = ClipMode::kAdaptive;
@@ -37,22 +41,35 @@ absl::Status ValidateOuterConfig(const OuterConfig& config);
 
 struct OuterStepStats {
   double mean_penalty = 1.0;      // mean of Λ over the elements
-  double momentum_norm_sq = 0.0;  // ||m||² after clipping
+  // ||m||² after clipping (delayed Nesterov: ||v/N||² of the stepped v at
+  // a milestone, of the sum so far between).
+  double momentum_norm_sq = 0.0;
   size_t clipped = 0;             // elements of m changed by clipping
 };
 
-// One outer step. All spans have the same length.
+// The outer step of round `round`. All spans have the same length.
 //   Λ_j  = 1 | λ | max(1, |gap_j| · r), with r = 1 / (mean_block |gap| +
 //          kGapEpsilon) rounded to float once per block
 //   m    ← β·m + mean_delta / Λ, then clipped:
 //          kValue: clamp(m, −φ, φ); kAdaptive: clamp(m, −k·rms_block(m), +...)
 //   update = −α·m (heavy ball) or −α·(β·m + mean_delta/Λ) (Nesterov, with the
 //          clipped m).
+// Delayed Nesterov (Liu et al. 2024, "Asynchronous Local-SGD Training for
+// Language Modeling") steps the momentum once every N = momentum_period
+// rounds, at the rounds with (round + 1) mod N = 0, and moves the anchor by
+// the plain mean in between; over a period it moves by what one Nesterov
+// step on the period's average would. `momentum` holds v, N times the
+// momentum plus the period's sum so far:
+//   v    ← v + mean_delta / Λ
+//   other rounds:  update = −(α/N)·(mean_delta/Λ)
+//   milestone:     v clipped (kValue: ±N·φ; kAdaptive: ±k·rms_block(v)),
+//                  update = −(α/N)·(β·v + mean_delta/Λ), then v ← β·v.
+// With β = 0 (no momentum kept) it is the plain mean at α/N every round.
 // `mean_delta` is D_r, `gap` the last decoded update (U_{r+1}); `momentum`
 // is updated in place; `update` receives U_{r+2} before encoding. `update`
 // may be the same memory as `gap` (a shard keeps one U buffer); no other
 // overlap is allowed.
-OuterStepStats OuterStep(const OuterConfig& config,
+OuterStepStats OuterStep(const OuterConfig& config, uint64_t round,
                          absl::Span<const float> mean_delta,
                          absl::Span<const float> gap,
                          absl::Span<float> momentum, absl::Span<float> update);

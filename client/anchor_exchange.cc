@@ -22,6 +22,27 @@ std::optional<uint64_t> OwedUpdate(uint32_t staleness, uint64_t rounds,
   return round - 1;
 }
 
+float EagerScale(const v1::JobConfig& config, uint64_t round) {
+  double scale = config.alpha();
+  switch (config.momentum()) {
+    case v1::MOMENTUM_NESTEROV:
+      scale *= 1.0 + config.beta();
+      break;
+    case v1::MOMENTUM_DELAYED_NESTEROV: {
+      const uint32_t period = std::max<uint32_t>(config.momentum_period(), 1);
+      if ((round + 1) % period == 0) scale *= 1.0 + config.beta();
+      scale /= period;
+      break;
+    }
+    default:
+      break;
+  }
+  if (config.gap_penalty() == v1::GAP_PENALTY_CONSTANT) {
+    scale /= config.penalty_lambda();
+  }
+  return static_cast<float>(scale);
+}
+
 const char* HealReasonOf(const absl::Status& status) {
   // The wording is the shards' and the stream's (round_state.cc,
   // shard_members.cc, job_shard.cc, shard_stream.cc); anchor_exchange_test
@@ -50,7 +71,12 @@ AnchorExchange::AnchorExchange(const AnchorExchangeOptions& options,
       client_(std::move(client)),
       job_config_(client_->job_config()),
       staleness_(job_config_.max_staleness()),
-      anchor_(x0.begin(), x0.end()) {}
+      anchor_(x0.begin(), x0.end()) {
+  if (options_.eager_share != 0) {
+    eager_offset_.assign(anchor_.size(), 0.0f);
+    last_delta_.assign(anchor_.size(), 0.0f);
+  }
+}
 
 absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
     const AnchorExchangeOptions& options,
@@ -79,6 +105,14 @@ absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
         "AnchorExchange: a one-round-stale job needs rounds (the job's number "
         "of rounds) > 0");
   }
+  if (options.eager_share != 0 &&
+      (config.max_staleness() != 1 ||
+       !(options.eager_share > 0 && options.eager_share <= 1))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AnchorExchange: eager updates need a one-round-stale job (co2) and "
+        "a share in (0, 1]; the job has max_staleness ",
+        config.max_staleness(), ", the share is ", options.eager_share));
+  }
   if (!(options.samples_per_step > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("AnchorExchange: samples_per_step must be > 0, got ",
@@ -93,10 +127,16 @@ absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
 
 absl::Status AnchorExchange::Push(uint64_t round, int steps,
                                   absl::Span<float> x, ExchangeTimes& times) {
-  // Δ = A − x, in place: x is overwritten with the new anchor right after.
+  // Δ = A − x (with eager updates A + e − x, from where the round started),
+  // in place: x is overwritten with the next start point right after.
   const float* a = anchor_.data();
   float* d = x.data();
-  for (size_t i = 0; i < x.size(); ++i) d[i] = a[i] - d[i];
+  if (eager_offset_.empty()) {
+    for (size_t i = 0; i < x.size(); ++i) d[i] = a[i] - d[i];
+  } else {
+    const float* e = eager_offset_.data();
+    for (size_t i = 0; i < x.size(); ++i) d[i] = (a[i] + e[i]) - d[i];
+  }
   const double weight = steps * options_.samples_per_step;
   const absl::Time pushed = options_.clock->Now();
   CO2_RETURN_IF_ERROR(
@@ -146,6 +186,21 @@ void AnchorExchange::CopyAnchorTo(absl::Span<float> x) const {
   std::memcpy(x.data(), anchor_.data(), anchor_.size() * sizeof(float));
 }
 
+void AnchorExchange::TakeEagerStep(uint64_t round,
+                                   absl::Span<const float> delta) {
+  // The step Δ_r replaces Δ_{r−1} in is that of round r − 1 (round 0 has
+  // none before it: its own).
+  const float k =
+      EagerScale(job_config_, round == 0 ? 0 : round - 1) *
+      static_cast<float>(options_.eager_share);
+  float* e = eager_offset_.data();
+  float* last = last_delta_.data();
+  for (size_t i = 0; i < delta.size(); ++i) {
+    e[i] = -k * (delta[i] - last[i]);
+    last[i] = delta[i];
+  }
+}
+
 absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
                                       absl::Span<float> x,
                                       ExchangeTimes& times) {
@@ -167,6 +222,7 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
         OwedUpdate(staleness_, options_.rounds, round);
     if (owed) status = AwaitUpdate(*owed, times);
     if (status.ok()) status = Push(round, steps, x, times);
+    if (status.ok() && !eager_offset_.empty()) TakeEagerStep(round, x);
     if (owed && status.ok()) status = Apply(*owed, times);
   } else {
     status = Push(round, steps, x, times);
@@ -175,6 +231,7 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
   }
   if (!status.ok()) return Heal(std::move(status), x, times);
   CopyAnchorTo(x);
+  for (size_t i = 0; i < eager_offset_.size(); ++i) x[i] += eager_offset_[i];
   return absl::OkStatus();
 }
 
@@ -215,6 +272,9 @@ absl::Status AnchorExchange::Heal(absl::Status failed, absl::Span<float> x,
   client_ = *std::move(connected);
   CO2_RETURN_IF_ERROR(client_->TrackAnchor(anchor_));
   CopyAnchorTo(x);
+  // The rejoined worker starts from the shards' anchor, with no Δ before.
+  std::fill(eager_offset_.begin(), eager_offset_.end(), 0.0f);
+  std::fill(last_delta_.begin(), last_delta_.end(), 0.0f);
   times.healed_round = client_->start_round();
   times.heal_reason = reason;
   times.heal_time = options_.clock->Now() - start;

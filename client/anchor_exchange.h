@@ -11,7 +11,18 @@
 //   staleness 0        push Δ_r, wait for U of round r, apply it (localsgd,
 //                      slowmo).
 //
-// Memory: A (P floats) and the client's send and receive buffers.
+// Eager updates (Kale et al. 2025, "Eager Updates For Overlapped
+// Communication and Computation in DiLoCo"; AnchorExchangeOptions::
+// eager_share), staleness 1 only: the anchor stays the shards', but the
+// worker starts round r + 1 from x = A_{r+1} + e_{r+1}, where
+//   e_{r+1} = −k·share·(Δ_r − Δ_{r−1}),  k = EagerScale(config, r − 1):
+// the update of round r − 1 as if its mean held this worker's fresh Δ_r in
+// place of its stale Δ_{r−1}, so its own latest progress is not dropped
+// for a round. Δ is then taken against the round's start point, A + e, so
+// the shards' mean holds each worker's inner progress only.
+//
+// Memory: A (P floats) and the client's send and receive buffers; with eager
+// updates also e and the last Δ (2·P floats).
 // One thread calls everything; stats() of the client from any thread.
 #ifndef CO2_CLIENT_ANCHOR_EXCHANGE_H_
 #define CO2_CLIENT_ANCHOR_EXCHANGE_H_
@@ -62,7 +73,16 @@ struct AnchorExchangeOptions {
   std::function<absl::StatusOr<std::unique_ptr<AggregatorClient>>(
       absl::Span<float> anchor)>
       reconnect;
+  // Eager updates (above): this worker's share of a round's mean, in
+  // (0, 1] (1/M for M workers of equal weight); 0: off. Needs staleness 1.
+  double eager_share = 0;
 };
+
+// ∂U/∂D of the shards' step of `round` (server/job/outer_optimizer.h) with
+// the gap penalty at 1 and no clipping: α for heavy ball, α·(1 + β) for
+// Nesterov, α/N or, at a momentum step, α·(1 + β)/N for delayed Nesterov;
+// divided by λ for a constant penalty. The eager update's k.
+float EagerScale(const v1::JobConfig& config, uint64_t round);
 
 // Why a failed boundary can be healed by fetching the anchor again: the
 // shards moved past what they can replay to this worker ("behind", after a
@@ -148,12 +168,19 @@ class AnchorExchange {
   // A ← A + decode(U) of `round`, counting digest mismatches into `times`.
   absl::Status Apply(uint64_t round, ExchangeTimes& times);
   void CopyAnchorTo(absl::Span<float> x) const;
+  // With eager updates, after the push of `round` (x holds Δ_r): e and the
+  // last Δ for the next round's start.
+  void TakeEagerStep(uint64_t round, absl::Span<const float> delta);
 
   const AnchorExchangeOptions options_;
   std::unique_ptr<AggregatorClient> client_;
   const v1::JobConfig job_config_;
   const uint32_t staleness_;
   std::vector<float> anchor_;
+  // Eager updates only: the offset e of this round's start from A, and the
+  // last Δ pushed (zeros before the first and after a heal).
+  std::vector<float> eager_offset_;
+  std::vector<float> last_delta_;
 };
 
 }  // namespace co2::client

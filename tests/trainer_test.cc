@@ -232,6 +232,45 @@ TEST(TrainerTest, BadFlagValueFailsBeforeSpawning) {
   EXPECT_NE(restart.exit_code, 0);
   EXPECT_THAT(restart.output, HasSubstr("--restart"));
   EXPECT_THAT(restart.output, HasSubstr("must be >= 0, got -1"));
+  const RunResult eager =
+      RunCo2Train({"--algo=localsgd", "--eager"}, /*timeout_s=*/30);
+  EXPECT_NE(eager.exit_code, 0);
+  EXPECT_THAT(eager.output, HasSubstr("--eager is for --algo=co2"));
+  const RunResult period = RunCo2Train(
+      {"--momentum=nesterov", "--momentum_period=3"}, /*timeout_s=*/30);
+  EXPECT_NE(period.exit_code, 0);
+  EXPECT_THAT(period.output,
+              HasSubstr("momentum_period must be 0 unless momentum is "
+                        "DELAYED_NESTEROV, got 3"));
+}
+
+// Eager updates with delayed Nesterov momentum, on a node of two local
+// ranks: every worker starts its rounds from its own offset, and what the
+// ranks must agree on after every boundary is the anchor.
+TEST(TrainerTest, EagerUpdatesWithDelayedNesterovKeepTheAnchorsIdentical) {
+  TempDir dir;
+  const std::string report = dir.path() + "/eager.json";
+  const RunResult run = RunCo2Train(
+      {"--algo=co2", "--workers=2", "--local_ranks=2", "--tau=4",
+       "--steps=24", "--eager", "--momentum=delayed_nesterov",
+       "--momentum_period=2", "--beta=0.5", "--eval_every=0",
+       "--final_eval_examples=500", "--progress=false",
+       absl::StrCat("--report=", report)},
+      /*timeout_s=*/300);
+  EXPECT_EQ(run.exit_code, 0) << run.output;
+  EXPECT_THAT(run.output,
+              HasSubstr("identical on every rank after every boundary: yes"));
+  std::ifstream in(report);
+  std::stringstream text;
+  text << in.rdbuf();
+  Struct doc;
+  ASSERT_TRUE(
+      google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
+      << text.str();
+  const Struct& settings = Field(doc, "settings").struct_value();
+  EXPECT_EQ(Field(settings, "eager").string_value(), "true");
+  EXPECT_EQ(Field(settings, "momentum").string_value(), "delayed_nesterov");
+  EXPECT_EQ(Field(settings, "momentum_period").string_value(), "2");
 }
 
 // diloco trains through the aggregator with its published outer settings

@@ -46,6 +46,9 @@ ABSL_FLAG(std::optional<std::string>, momentum, std::nullopt,
           "diloco nesterov.");
 ABSL_FLAG(std::optional<uint32_t>, momentum_period, std::nullopt,
           "delayed_nesterov: rounds between momentum steps; unset: 4.");
+ABSL_FLAG(bool, eager, false,
+          "co2: each worker starts a round from the anchor plus the eager "
+          "update of its own latest delta (docs/algorithm.md).");
 ABSL_FLAG(std::string, gap_penalty, "none", "none | constant | gap_aware");
 ABSL_FLAG(float, penalty_lambda, 1.0f, "λ of --gap_penalty=constant.");
 ABSL_FLAG(std::string, clip, "none",
@@ -190,6 +193,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.group_address = absl::GetFlag(FLAGS_group_address);
   o.hash_params = absl::GetFlag(FLAGS_hash_params);
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
+  o.eager = absl::GetFlag(FLAGS_eager);
   o.verify_final_anchor = absl::GetFlag(FLAGS_verify_final_anchor);
   o.inject_fault = absl::GetFlag(FLAGS_inject_fault);
   o.round_timeout = absl::GetFlag(FLAGS_round_timeout);

@@ -157,6 +157,11 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
     return Bad("model", "wide is for --task=fashion-mnist only");
   }
   CO2_ASSIGN_OR_RETURN(const Algo algo, ParseAlgo(options.algo));
+  if (options.eager && algo != Algo::kCo2) {
+    return Bad("eager", absl::StrCat("is for --algo=co2 (a one-round-stale "
+                                     "average), not ",
+                                     options.algo));
+  }
   if (algo == Algo::kDiLoCo && options.momentum != "nesterov") {
     return Bad("momentum", absl::StrCat("is '", options.momentum,
                                         "': diloco runs Nesterov momentum"));
@@ -366,6 +371,7 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   optimizer_options.uplink_codec = uplink;
   optimizer_options.hash_params = options.hash_params;
   optimizer_options.verify_final_anchor = options.verify_final_anchor;
+  if (options.eager) optimizer_options.eager_share = 1.0 / options.workers;
   if (client != nullptr && options.heal) {
     optimizer_options.reconnect = [client_options](absl::Span<float> anchor) {
       ClientOptions rejoin = client_options;

@@ -88,6 +88,8 @@ struct TrainerOptions {
   absl::Duration round_timeout = absl::Seconds(60);  // embedded shards
   // JobConfig.deterministic: exact, order-independent sums on the shards.
   bool deterministic = false;
+  // co2 only: eager updates (Co2OptimizerOptions::eager_share = 1/workers).
+  bool eager = false;
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.
   bool rejoin = false;

@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <cstring>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -119,6 +121,7 @@ absl::Status Co2Optimizer::Init() {
       eo.uplink_codec = options_.uplink_codec;
       eo.clock = options_.clock;
       eo.reconnect = options_.reconnect;
+      eo.eager_share = options_.eager_share;
       CO2_ASSIGN_OR_RETURN(
           exchange_,
           AnchorExchange::Create(eo, std::move(client_), HostParams()));
@@ -257,7 +260,9 @@ absl::Status Co2Optimizer::Boundary() {
     anchor_round_ = stats.healed_to.value_or(round_ + 1);
   }
   stats.boundary = options_.clock->Now() - start;
-  if (options_.hash_params) stats.params_hash = ParamsHash();
+  if (options_.hash_params) {
+    CO2_ASSIGN_OR_RETURN(stats.params_hash, BoundaryHash());
+  }
   rounds_.push_back(stats);
   current_ = RoundStats();
   // A healed worker holds the anchor that starts the round it rejoined at.
@@ -341,6 +346,7 @@ MemoryReport Co2Optimizer::Memory() const {
   report.grads = p * sizeof(float);
   report.anchor =
       exchange_ != nullptr ? exchange_->anchor().size() * sizeof(float) : 0;
+  if (options_.eager_share != 0) report.anchor *= 3;
   report.staging = staging_.size() * sizeof(float);
   report.optimizer_state = OptimizerStateBytes(*inner_);
   if (exchange_ != nullptr) {
@@ -355,6 +361,22 @@ MemoryReport Co2Optimizer::Memory() const {
     }
   }
   return report;
+}
+
+absl::StatusOr<uint64_t> Co2Optimizer::BoundaryHash() {
+  if (options_.eager_share == 0) return ParamsHash();
+  uint64_t hash =
+      exchange_ != nullptr ? common::Fnv1a(absl::MakeConstSpan(
+                                 exchange_->anchor()))
+                           : 0;
+  if (local_ != nullptr && local_->size() > 1) {
+    // The leader's bytes, as they are: a broadcast copies them.
+    float bytes[sizeof hash / sizeof(float)];
+    std::memcpy(bytes, &hash, sizeof hash);
+    CO2_RETURN_IF_ERROR(local_->Broadcast(bytes, std::size(bytes), 0));
+    std::memcpy(&hash, bytes, sizeof hash);
+  }
+  return hash;
 }
 
 uint64_t Co2Optimizer::ParamsHash() const {

@@ -83,6 +83,10 @@ struct Co2OptimizerOptions {
   std::function<absl::StatusOr<std::unique_ptr<AggregatorClient>>(
       absl::Span<float> anchor)>
       reconnect;
+  // Eager updates (co2 only; AnchorExchangeOptions::eager_share,
+  // client/anchor_exchange.h): this worker's share of a round's mean, e.g.
+  // 1/M for M workers; 0: off.
+  double eager_share = 0;
   common::Clock* clock = common::Clock::Real();  // borrowed
 };
 
@@ -104,14 +108,19 @@ struct RoundStats {
   std::optional<uint64_t> healed_to;
   const char* heal_reason = nullptr;
   absl::Duration heal_time;
-  uint64_t params_hash = 0;       // after the boundary, if hash_params
+  // After the boundary, if hash_params: of the live parameters, or with
+  // eager updates of the anchor (what every rank shares: each worker's
+  // parameters are the anchor plus its own eager offset).
+  uint64_t params_hash = 0;
 };
 
 // Bytes held by this process for the model, by buffer.
 struct MemoryReport {
   size_t params = 0;           // live parameters (flat)
   size_t grads = 0;            // gradients (flat)
-  size_t anchor = 0;           // anchor copy (leader of co2/localsgd/slowmo)
+  // Anchor copy (leader of the aggregator algorithms); with eager updates
+  // also their offset and last Δ.
+  size_t anchor = 0;
   size_t staging = 0;          // host staging for device parameters
   size_t optimizer_state = 0;  // inner optimizer state tensors
   size_t client_buffers = 0;   // AggregatorClient send + receive (+ residual)
@@ -180,6 +189,8 @@ class Co2Optimizer {
   absl::Status ExchangeAndBroadcast(std::optional<uint64_t> owed,
                                     RoundStats& stats);
   absl::Span<float> HostParams();
+  // RoundStats::params_hash of a boundary.
+  absl::StatusOr<uint64_t> BoundaryHash();
 
   const Co2OptimizerOptions options_;
   FlatParams* const flat_;

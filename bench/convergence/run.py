@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Convergence study: CO2 against DDP, Local-SGD and SlowMo, with ablations.
+"""Convergence study: CO2 against DDP, DiLoCo and Local-SGD, with ablations.
 
 One command runs every configuration of the study with co2-train (4 workers,
 fixed seeds, the same number of inner steps, hence samples, per algorithm),
@@ -11,7 +11,7 @@ Runs are cached in --work (one report per run id), so an interrupted study
 resumes where it stopped. Standard library only (Debian's python3); gnuplot
 draws the plots.
 
-  bench/convergence/run.py                 # the full study (about 45 min, 2 cores)
+  bench/convergence/run.py                 # the full study (about 90 min, 2 cores)
   bench/convergence/run.py --quick         # smoke test (about 1 min)
   bench/convergence/run.py --only 'fashion-mnist/tau12/'  # a subset
 """
@@ -32,15 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKERS = 4
 
-# Per task: steps of the full study (a multiple of every τ), batch, eval sizes,
-# the metric the table reports, the inner AdamW learning rates, and which
-# variants run: `seeded` with every seed at the first τ (the headline rows),
-# `ablations` with the first seed at the first τ, `later_tau` with the first
-# seed at the other τs. charlm's LSTM costs about twice Fashion-MNIST's CNN
-# per run on 2 cores, so fewer of its rows get three seeds: the study stays
-# within 60 minutes. charlm trains on short windows (8 × 16 bytes per step):
-# the cost of co2's one-round-stale anchor is per round, so the LSTM gets 96
-# rounds at τ = 12 for the price of 24 with 16 × 32-byte windows.
+# Per task: steps of the full study (a multiple of every τ, and at least 20
+# rounds at τ = 128), batch, eval sizes, the metric the table reports, the
+# inner AdamW learning rates, and which variants run: `seeded` with every
+# seed at every τ (ddp, which has no rounds, at the first τ only), `single`
+# with the first seed at every τ, `ablations` with the first seed at the
+# first τ. charlm trains on short windows (8 × 16 bytes per step): the cost
+# of co2's one-round-stale anchor is per round, so the LSTM gets many
+# rounds for few bytes.
 #
 # Learning rates (seed 1 sweeps, docs/results.md): "base" is DDP's best and
 # every synchronous algorithm uses it; "co2" is co2's best. co2 halves the
@@ -53,23 +52,22 @@ WORKERS = 4
 # charlm, ddp: 2.205 at 4e-3, 2.176 at 8e-3, 2.184 at 1.6e-2; co2: 2.187 at
 # 1.6e-2, 2.163 at 3.2e-2, 2.203 at 6.4e-2.
 TASKS = {
-    "fashion-mnist": dict(steps=1920, quick_steps=48, batch=16,
+    "fashion-mnist": dict(steps=3072, quick_steps=48, batch=16,
                           flags=["--eval_examples=1000", "--final_eval_examples=0"],
                           metric="test_accuracy", curve="metric",
                           higher_better=True, lr=dict(base=2e-3, co2=4e-3),
-                          seeded=["ddp", "co2", "localsgd", "slowmo"],
-                          ablations=["co2-penalty", "co2-clip", "co2-int8",
-                                     "co2-base-lr"],
-                          later_tau=["co2", "localsgd", "slowmo", "co2-penalty"]),
-    "charlm": dict(steps=1152, quick_steps=96, batch=8,
+                          seeded=["ddp", "diloco", "co2-eager"],
+                          single=["localsgd", "co2", "co2-dn", "co2-eager-dn"],
+                          ablations=["slowmo", "co2-penalty", "co2-clip",
+                                     "co2-int8", "co2-base-lr"]),
+    "charlm": dict(steps=2688, quick_steps=96, batch=8,
                    flags=["--seq_len=16", "--eval_examples=200",
                           "--final_eval_examples=1000"],
                    metric="val_loss", curve="eval_loss",
                    higher_better=False, lr=dict(base=8e-3, co2=3.2e-2),
-                   seeded=["ddp", "co2"],
-                   ablations=["localsgd", "slowmo", "co2-penalty", "co2-clip",
-                              "co2-int8"],
-                   later_tau=["co2", "localsgd", "slowmo"]),
+                   seeded=["ddp", "diloco", "co2-eager"],
+                   single=["localsgd", "co2", "co2-dn", "co2-eager-dn"],
+                   ablations=["slowmo", "co2-penalty", "co2-clip", "co2-int8"]),
 }
 
 # The outer step every co2 run starts from (the defaults this study chose,
@@ -78,6 +76,9 @@ TASKS = {
 CO2_OUTER = ["--alpha=0.5", "--beta=0", "--momentum=heavy_ball",
              "--gap_penalty=none", "--clip=none"]
 
+DELAYED_NESTEROV = ["--momentum=delayed_nesterov", "--momentum_period=4",
+                    "--alpha=1.5", "--beta=0.7"]
+
 # Variants: name -> (algo, which of the task's learning rates, extra flags).
 # localsgd forces α=1, β=0, no penalty, no clip (trainer.cc); slowmo forces
 # no penalty, no clip.
@@ -85,7 +86,13 @@ VARIANTS = {
     "ddp": ("ddp", "base", []),
     "localsgd": ("localsgd", "base", []),
     "slowmo": ("slowmo", "base", ["--alpha=1", "--beta=0.5"]),
+    "diloco": ("diloco", "base", []),
     "co2": ("co2", "co2", CO2_OUTER),
+    # Outer momentum under the one-round-stale average (docs/algorithm.md),
+    # at the settings the τ = 48 sweep chose (docs/results.md).
+    "co2-eager": ("co2", "co2", CO2_OUTER + ["--eager", "--alpha=0.9"]),
+    "co2-dn": ("co2", "co2", CO2_OUTER + DELAYED_NESTEROV),
+    "co2-eager-dn": ("co2", "co2", CO2_OUTER + DELAYED_NESTEROV + ["--eager"]),
     # Ablations: the paper's two stabilisers, each switched on.
     "co2-penalty": ("co2", "co2", CO2_OUTER + ["--gap_penalty=gap_aware"]),
     "co2-clip": ("co2", "co2", CO2_OUTER + ["--clip=adaptive", "--clip_value=3"]),
@@ -135,14 +142,16 @@ def plan(quick, seeds, taus, outer_flags):
         # Seed-major order, so that a study cut short still has one seed of
         # every row.
         for s in seeds:
-            for v in t["seeded"]:
-                add(task, v, taus[0], s)
+            for tau in taus:
+                for v in t["seeded"]:
+                    if v != "ddp" or tau == taus[0]:
+                        add(task, v, tau, s)
+                if s == seeds[0]:
+                    for v in t["single"]:
+                        add(task, v, tau, s)
             if s == seeds[0]:
                 for v in t["ablations"]:
                     add(task, v, taus[0], s)
-                for tau in taus[1:]:
-                    for v in t["later_tau"]:
-                        add(task, v, tau, s)
     if not quick:
         task = "fashion-mnist"
         for v in STRESS["variants"]:
@@ -256,6 +265,13 @@ def summarize(results):
         if vals:
             row["mean"] = statistics.mean(vals)
             row["std"] = statistics.stdev(vals) if len(vals) > 1 else 0.0
+        ok = [r for r in rs if r["status"] == "ok"]
+        if ok:
+            # Every worker's bytes up, per sample the job trained on.
+            row["bytes_per_sample"] = statistics.mean(
+                r["bytes_sent"] / (r["steps"] * r["samples_per_step"]) for r in ok)
+            row["exposed_comm"] = statistics.mean(
+                r["exposed_comm_fraction"] for r in ok)
         rows.append(row)
     # Gaps to ddp of the same task.
     ddp = {r["task"]: r for r in rows if r["variant"] == "ddp" and "mean" in r}
@@ -282,13 +298,19 @@ def fmt(row):
 
 
 def table(rows):
-    lines = ["| task | τ / case | variant | metric | mean ± std | runs ok / diverged / total | vs ddp |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| task | τ / case | variant | metric | mean ± std | runs ok / diverged / total "
+             "| vs ddp | bytes up / sample | exposed comm. |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         case = r["group"].split("/")[1]
         metric = "test acc. %" if r["metric"] == "test_accuracy" else "val loss"
+        per_sample = (f"{r['bytes_per_sample']:,.0f}" if "bytes_per_sample" in r
+                      else "")
+        exposed = (f"{100 * r['exposed_comm']:.1f} %" if "exposed_comm" in r
+                   else "")
         lines.append(f"| {r['task']} | {case} | {r['variant']} | {metric} | {fmt(r)} | "
-                     f"{r['n']} / {r['diverged']} / {r['runs']} | {r.get('vs_ddp', '')} |")
+                     f"{r['n']} / {r['diverged']} / {r['runs']} | {r.get('vs_ddp', '')} "
+                     f"| {per_sample} | {exposed} |")
     return "\n".join(lines)
 
 
@@ -393,7 +415,7 @@ def main():
     ap.add_argument("--docs", default=os.path.join(ROOT, "docs/results.md"),
                     help="file whose convergence markers get the table ('' = none)")
     ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--taus", default="12,48")
+    ap.add_argument("--taus", default="12,48,128")
     ap.add_argument("--only", default="", help="regex on run ids")
     ap.add_argument("--jobs", type=int, default=1, help="runs at a time")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per run")

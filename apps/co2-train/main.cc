@@ -31,7 +31,10 @@ ABSL_FLAG(int64_t, steps, 0,
           "Inner steps (0: unbounded); the smaller bound wins.");
 ABSL_FLAG(uint64_t, seed, 1, "Seeds the model, the data partition and order.");
 ABSL_FLAG(std::string, optimizer, "adamw", "Inner optimizer: adamw | sgd.");
-ABSL_FLAG(double, lr, 1e-3, "Inner learning rate.");
+ABSL_FLAG(std::optional<double>, lr, std::nullopt,
+          "Inner learning rate; unset: the study's best (docs/results.md): "
+          "fashion-mnist 4e-3 for co2, 2e-3 otherwise; charlm 3.2e-2 for "
+          "co2, 8e-3 otherwise.");
 ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine");
 ABSL_FLAG(double, weight_decay, 0.01, "Inner weight decay.");
 ABSL_FLAG(int, batch_size, 32, "Examples per local rank and inner step.");
@@ -46,9 +49,10 @@ ABSL_FLAG(std::optional<std::string>, momentum, std::nullopt,
           "diloco nesterov.");
 ABSL_FLAG(std::optional<uint32_t>, momentum_period, std::nullopt,
           "delayed_nesterov: rounds between momentum steps; unset: 4.");
-ABSL_FLAG(bool, eager, false,
+ABSL_FLAG(bool, eager, true,
           "co2: each worker starts a round from the anchor plus the eager "
-          "update of its own latest delta (docs/algorithm.md).");
+          "update of its own latest delta (docs/algorithm.md); the "
+          "synchronous algorithms have no stale average to make up for.");
 ABSL_FLAG(std::string, gap_penalty, "none", "none | constant | gap_aware");
 ABSL_FLAG(float, penalty_lambda, 1.0f, "λ of --gap_penalty=constant.");
 ABSL_FLAG(std::string, clip, "none",
@@ -146,7 +150,8 @@ co2::client::TrainerOptions ReadOptions() {
   o.steps = absl::GetFlag(FLAGS_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
-  o.lr = absl::GetFlag(FLAGS_lr);
+  o.lr = absl::GetFlag(FLAGS_lr).value_or(
+      co2::client::DefaultLearningRate(o.task, o.algo));
   o.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
   o.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   o.batch_size = absl::GetFlag(FLAGS_batch_size);

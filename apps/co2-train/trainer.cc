@@ -150,6 +150,12 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec) {
   return f;
 }
 
+double DefaultLearningRate(absl::string_view task, absl::string_view algo) {
+  const bool co2 = algo == "co2";
+  if (task == "charlm") return co2 ? 3.2e-2 : 8e-3;
+  return co2 ? 4e-3 : 2e-3;
+}
+
 absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
   CO2_ASSIGN_OR_RETURN(Task task, ParseTask(options.task));
   CO2_ASSIGN_OR_RETURN(ModelSize size, ParseModelSize(options.model));
@@ -157,11 +163,6 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
     return Bad("model", "wide is for --task=fashion-mnist only");
   }
   CO2_ASSIGN_OR_RETURN(const Algo algo, ParseAlgo(options.algo));
-  if (options.eager && algo != Algo::kCo2) {
-    return Bad("eager", absl::StrCat("is for --algo=co2 (a one-round-stale "
-                                     "average), not ",
-                                     options.algo));
-  }
   if (algo == Algo::kDiLoCo && options.momentum != "nesterov") {
     return Bad("momentum", absl::StrCat("is '", options.momentum,
                                         "': diloco runs Nesterov momentum"));
@@ -371,7 +372,9 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   optimizer_options.uplink_codec = uplink;
   optimizer_options.hash_params = options.hash_params;
   optimizer_options.verify_final_anchor = options.verify_final_anchor;
-  if (options.eager) optimizer_options.eager_share = 1.0 / options.workers;
+  if (options.eager && algo == Algo::kCo2) {
+    optimizer_options.eager_share = 1.0 / options.workers;
+  }
   if (client != nullptr && options.heal) {
     optimizer_options.reconnect = [client_options](absl::Span<float> anchor) {
       ClientOptions rejoin = client_options;

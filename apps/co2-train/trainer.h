@@ -88,7 +88,8 @@ struct TrainerOptions {
   absl::Duration round_timeout = absl::Seconds(60);  // embedded shards
   // JobConfig.deterministic: exact, order-independent sums on the shards.
   bool deterministic = false;
-  // co2 only: eager updates (Co2OptimizerOptions::eager_share = 1/workers).
+  // Eager updates (Co2OptimizerOptions::eager_share = 1/workers); co2 only:
+  // the synchronous algorithms have no stale average to make up for.
   bool eager = false;
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.
@@ -143,6 +144,11 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec);
 
 // Checks ranges and names (INVALID_ARGUMENT naming the flag and value).
 absl::Status ValidateTrainerOptions(const TrainerOptions& options);
+
+// The inner learning rate of `algo` on `task` where the user gives none:
+// the best of the convergence study's sweeps (docs/results.md). co2's is
+// larger: its outer step is smaller than a synchronous average's.
+double DefaultLearningRate(absl::string_view task, absl::string_view algo);
 
 // Checks that the data set of the task loads and validates (used by the
 // launcher before it spawns anything, so a bad install fails in one line).

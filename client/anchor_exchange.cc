@@ -186,6 +186,23 @@ void AnchorExchange::CopyAnchorTo(absl::Span<float> x) const {
   std::memcpy(x.data(), anchor_.data(), anchor_.size() * sizeof(float));
 }
 
+absl::Status AnchorExchange::RestoreEager(absl::Span<const float> offset,
+                                          absl::Span<const float> last_delta) {
+  if (eager_offset_.empty()) {
+    return absl::InvalidArgumentError(
+        "AnchorExchange::RestoreEager: eager updates are off (eager_share 0)");
+  }
+  if (offset.size() != eager_offset_.size() ||
+      last_delta.size() != last_delta_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AnchorExchange::RestoreEager: ", offset.size(), " and ",
+        last_delta.size(), " elements, the job has ", eager_offset_.size()));
+  }
+  eager_offset_.assign(offset.begin(), offset.end());
+  last_delta_.assign(last_delta.begin(), last_delta.end());
+  return absl::OkStatus();
+}
+
 void AnchorExchange::TakeEagerStep(uint64_t round,
                                    absl::Span<const float> delta) {
   // The step Δ_r replaces Δ_{r−1} in is that of round r − 1 (round 0 has

@@ -130,6 +130,15 @@ class AnchorExchange {
   absl::Status RestoreResidual(absl::Span<const float> residual) {
     return client_->RestoreResidual(residual);
   }
+  // Eager updates' state (empty when they are off): e, the offset of the
+  // next round's start from A, and the last Δ pushed. With the anchor and
+  // the residual, what a worker saves to resume bit for bit.
+  absl::Span<const float> eager_offset() const { return eager_offset_; }
+  absl::Span<const float> last_delta() const { return last_delta_; }
+  // Replaces both after a resume (the caller starts from A + offset).
+  // INVALID_ARGUMENT when eager updates are off or a size is not P.
+  absl::Status RestoreEager(absl::Span<const float> offset,
+                            absl::Span<const float> last_delta);
 
   // The boundary of `round` after `steps` inner steps: x (size P) holds the
   // live parameters and, on success, the anchor that starts round + 1, or,

@@ -94,6 +94,11 @@ class Optimizer:
         update_timeout: seconds one update may be waited for.
         verify_final_anchor: ``finish()`` checks the final anchor against the
             shards' bit for bit.
+        eager_share: co2 only: eager updates (docs/algorithm.md, "Outer
+            momentum under a one-round-stale average") with this worker's
+            share of a round's mean, 1/M for M workers of equal weight; each
+            round then starts from the anchor plus the eager update of this
+            worker's own latest Δ. 0 (the default): off.
 
     Raises:
         ValueError: a bad argument or config value, naming it.
@@ -124,6 +129,7 @@ class Optimizer:
         connect_timeout: float = 60.0,
         update_timeout: float = 300.0,
         verify_final_anchor: bool = True,
+        eager_share: float = 0.0,
     ) -> None:
         # ValueError for an algorithm the C++ side does not run with shards.
         outer_defaults = _core.outer_defaults(algo)
@@ -177,7 +183,8 @@ class Optimizer:
             config=values, uplink_codec=uplink_codec, rounds=rounds,
             samples_per_step=float(samples_per_step), ca_file=ca_file, cert_file=cert_file,
             key_file=key_file, token_file=token_file, rejoin=rejoin,
-            connect_timeout=float(connect_timeout), update_timeout=float(update_timeout))
+            connect_timeout=float(connect_timeout), update_timeout=float(update_timeout),
+            eager_share=float(eager_share))
         self._exchange: Optional[Any] = None
         self._final_stats: Dict[str, Any] = {}
         self._connected = False
@@ -211,12 +218,18 @@ class Optimizer:
                 self._exchange = _core.Exchange(
                     **self._join, resume_round=resume_round, x=self._host.address,
                     numel=self._host.numel)
-                self._host.scatter()
                 start_round = self._exchange.start_round
                 residual = self._resume.get("residual") if self._resume else None
                 if residual is not None:
                     residual = residual.contiguous()
                     self._exchange.restore_residual(residual.data_ptr(), residual.numel())
+                eager = self._resume.get("eager") if self._resume else None
+                if eager is not None:
+                    offset, last = (t.contiguous() for t in eager)
+                    self._exchange.restore_eager(offset.data_ptr(), last.data_ptr(),
+                                                 offset.numel())
+                    self._host.buffer.add_(offset)  # the round starts at A + e
+                self._host.scatter()
             start_round = self._broadcast_start(start_round)
         except BaseException:
             self._broken = True
@@ -299,8 +312,9 @@ class Optimizer:
 
     def state_dict(self) -> Dict[str, Any]:
         """What this worker needs to resume after preemption: the inner
-        optimizer's state, the round, the anchor the round starts from, and a
-        lossy uplink codec's error-feedback residual.
+        optimizer's state, the round, the anchor the round starts from, a
+        lossy uplink codec's error-feedback residual, and with eager updates
+        their offset and last Δ.
 
         Call it at a round boundary (after the step that ended a round).
         With co2, local rank 0 first waits for the update of the round it
@@ -330,13 +344,18 @@ class Optimizer:
             residual = torch.empty(self._host.numel, dtype=torch.float32)
             if self._exchange.copy_residual(residual.data_ptr(), residual.numel()) == 0:
                 residual = None  # a fp32 uplink keeps none
+            eager = (torch.empty(self._host.numel, dtype=torch.float32),
+                     torch.empty(self._host.numel, dtype=torch.float32))
+            if not self._exchange.copy_eager(eager[0].data_ptr(), eager[1].data_ptr(),
+                                             self._host.numel):
+                eager = None  # eager updates are off
         else:
-            residual = None
+            residual = eager = None
         return {
             "inner": self._inner.state_dict(),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
                     "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
-                    "residual": residual},
+                    "residual": residual, "eager": eager},
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:

@@ -92,11 +92,11 @@ VARIANTS = {
     "co2": ("co2", "co2", CO2_OUTER),
     # Outer momentum under the one-round-stale average (docs/algorithm.md),
     # at the settings the τ = 48 sweep chose (docs/results.md).
-    "co2-eager": ("co2", "co2", CO2_OUTER + ["--eager", "--alpha=0.9"]),
+    "co2-eager": ("co2", "co2", CO2_OUTER + ["--eager=true", "--alpha=0.9"]),
     # co2-train's default for co2: eager updates at the default α = 0.5.
-    "co2-eager-a0.5": ("co2", "co2", CO2_OUTER + ["--eager"]),
+    "co2-eager-a0.5": ("co2", "co2", CO2_OUTER + ["--eager=true"]),
     "co2-dn": ("co2", "co2", CO2_OUTER + DELAYED_NESTEROV),
-    "co2-eager-dn": ("co2", "co2", CO2_OUTER + DELAYED_NESTEROV + ["--eager"]),
+    "co2-eager-dn": ("co2", "co2", CO2_OUTER + DELAYED_NESTEROV + ["--eager=true"]),
     # Ablations: the paper's two stabilisers, each switched on.
     "co2-penalty": ("co2", "co2", CO2_OUTER + ["--gap_penalty=gap_aware"]),
     "co2-clip": ("co2", "co2", CO2_OUTER + ["--clip=adaptive", "--clip_value=3"]),

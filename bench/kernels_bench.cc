@@ -184,9 +184,9 @@ void BM_OuterStep(benchmark::State& state) {
   std::vector<float> momentum = RandomFloats(n, 8);
   std::vector<float> update = RandomFloats(n, 9);
   for (auto _ : state) {
-    co2::server::OuterStepStats stats =
-        co2::server::OuterStep(config, 0, delta, update, absl::MakeSpan(momentum),
-                               absl::MakeSpan(update));
+    co2::server::OuterStepStats stats = co2::server::OuterStep(
+        config, 0, delta, update, absl::MakeSpan(momentum),
+        absl::MakeSpan(update));
     benchmark::DoNotOptimize(stats);
     benchmark::ClobberMemory();
   }

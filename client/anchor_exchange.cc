@@ -207,9 +207,8 @@ void AnchorExchange::TakeEagerStep(uint64_t round,
                                    absl::Span<const float> delta) {
   // The step Δ_r replaces Δ_{r−1} in is that of round r − 1 (round 0 has
   // none before it: its own).
-  const float k =
-      EagerScale(job_config_, round == 0 ? 0 : round - 1) *
-      static_cast<float>(options_.eager_share);
+  const float k = EagerScale(job_config_, round == 0 ? 0 : round - 1) *
+                  static_cast<float>(options_.eager_share);
   float* e = eager_offset_.data();
   float* last = last_delta_.data();
   for (size_t i = 0; i < delta.size(); ++i) {

@@ -110,7 +110,8 @@ std::vector<float> ReferenceAnchor(const E2eSpec& spec,
       }
       mean[j] = static_cast<float>(sum / total_weight);
     }
-    server::OuterStep(outer, r, mean, gap, absl::MakeSpan(m), absl::MakeSpan(update));
+    server::OuterStep(outer, r, mean, gap, absl::MakeSpan(m),
+                      absl::MakeSpan(update));
     // Encoded chunk by chunk within each shard, as the shards do.
     for (uint32_t s = 0; s < spec.shards; ++s) {
       const common::Range range = *common::ShardRangeFor(n, spec.shards, s);

@@ -120,9 +120,8 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
     client::ExchangeTimes times;
     out.status = (*exchange)->Boundary(round, 1, absl::MakeSpan(x), times);
     if (!out.status.ok()) return;
-    const float k =
-        client::EagerScale(config, round == 0 ? 0 : round - 1) *
-        static_cast<float>(share);
+    const float k = client::EagerScale(config, round == 0 ? 0 : round - 1) *
+                    static_cast<float>(share);
     const std::vector<float>& a = (*exchange)->anchor();
     for (size_t j = 0; j < n; ++j) {
       const float e = -k * (delta[j] - last_delta[j]);
@@ -188,8 +187,7 @@ TEST(EagerE2eTest, IsRefusedForASynchronousJob) {
   Cluster cluster(spec.shards);
   std::vector<float> x = InitialAnchor(spec.params);
   auto connected = client::AggregatorClient::Connect(
-      WorkerOptions(cluster.addresses(), "sync", config, 0),
-      absl::MakeSpan(x));
+      WorkerOptions(cluster.addresses(), "sync", config, 0), absl::MakeSpan(x));
   ASSERT_TRUE(connected.ok()) << connected.status();
   client::AnchorExchangeOptions eo;
   eo.eager_share = 1.0;

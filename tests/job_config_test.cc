@@ -78,11 +78,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadField{"momentum", [](auto* c) { c->set_momentum(v1::Momentum(9)); },
                  "momentum must be HEAVY_BALL, NESTEROV or DELAYED_NESTEROV, "
                  "got 9"},
-        BadField{"no_period",
-                 [](auto* c) {
-                   c->set_momentum(v1::MOMENTUM_DELAYED_NESTEROV);
-                 },
-                 "momentum_period must be >= 1 with DELAYED_NESTEROV"},
+        BadField{
+            "no_period",
+            [](auto* c) { c->set_momentum(v1::MOMENTUM_DELAYED_NESTEROV); },
+            "momentum_period must be >= 1 with DELAYED_NESTEROV"},
         BadField{"unused_period",
                  [](auto* c) {
                    c->set_momentum(v1::MOMENTUM_NESTEROV);
@@ -118,8 +117,7 @@ TEST(JobConfigTest, ParsesNamesAndRejectsUnknownOnes) {
   EXPECT_EQ(*ParseGapPenalty("gap_aware"), v1::GAP_PENALTY_GAP_AWARE);
   EXPECT_EQ(*ParseClip("value"), v1::CLIP_VALUE);
   EXPECT_EQ(*ParseMomentum("nesterov"), v1::MOMENTUM_NESTEROV);
-  EXPECT_EQ(*ParseMomentum("delayed_nesterov"),
-            v1::MOMENTUM_DELAYED_NESTEROV);
+  EXPECT_EQ(*ParseMomentum("delayed_nesterov"), v1::MOMENTUM_DELAYED_NESTEROV);
   const absl::Status s = ParseClip("sometimes").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("\"sometimes\""), std::string::npos) << s;

@@ -101,8 +101,7 @@ ReferenceStats ReferenceStep(const OuterConfig& c,
         update[j] = -c.alpha * m[j];
       } else {
         const double lookahead = milestone ? c.beta : 0.0;
-        update[j] =
-            -c.alpha / period * (lookahead * m[j] + scaled[j - begin]);
+        update[j] = -c.alpha / period * (lookahead * m[j] + scaled[j - begin]);
       }
       if (delayed && milestone) m[j] *= c.beta;
     }
@@ -372,15 +371,16 @@ std::string VariantName(const ::testing::TestParamInfo<Variant>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllVariants, OuterOptimizerSweepTest,
-    ::testing::Combine(
-        ::testing::Values(GapPenalty::kNone, GapPenalty::kConstant,
-                          GapPenalty::kGapAware),
-        ::testing::Values(ClipMode::kNone, ClipMode::kValue,
-                          ClipMode::kAdaptive),
-        ::testing::Values(MomentumKind::kHeavyBall, MomentumKind::kNesterov,
-                          MomentumKind::kDelayedNesterov),
-        ::testing::Values(size_t{1}, size_t{13}, size_t{1000}, kBlock,
-                          2 * kBlock + 17)),
+    ::testing::Combine(::testing::Values(GapPenalty::kNone,
+                                         GapPenalty::kConstant,
+                                         GapPenalty::kGapAware),
+                       ::testing::Values(ClipMode::kNone, ClipMode::kValue,
+                                         ClipMode::kAdaptive),
+                       ::testing::Values(MomentumKind::kHeavyBall,
+                                         MomentumKind::kNesterov,
+                                         MomentumKind::kDelayedNesterov),
+                       ::testing::Values(size_t{1}, size_t{13}, size_t{1000},
+                                         kBlock, 2 * kBlock + 17)),
     VariantName);
 
 // ---------------------------------------------------------------------------
@@ -542,11 +542,11 @@ TEST(OuterOptimizerTest, DelayedNesterovMovesAPeriodAsOneNesterovStep) {
     const std::vector<float> mean = {sum[0] / 4, sum[1] / 4};
     const StepResult one = Step(nesterov, mean, gap, m);
     m = one.momentum;
-    EXPECT_THAT(moved, ElementsAre(FloatEq(one.update[0]),
-                                   FloatEq(one.update[1])));
+    EXPECT_THAT(moved,
+                ElementsAre(FloatEq(one.update[0]), FloatEq(one.update[1])));
     // The next period starts from β·m, scaled by N.
-    EXPECT_THAT(v, ElementsAre(FloatEq(4 * 0.75f * m[0]),
-                               FloatEq(4 * 0.75f * m[1])));
+    EXPECT_THAT(
+        v, ElementsAre(FloatEq(4 * 0.75f * m[0]), FloatEq(4 * 0.75f * m[1])));
   }
 }
 

@@ -247,11 +247,10 @@ TEST(TrainerTest, EagerUpdatesWithDelayedNesterovKeepTheAnchorsIdentical) {
   TempDir dir;
   const std::string report = dir.path() + "/eager.json";
   const RunResult run = RunCo2Train(
-      {"--algo=co2", "--workers=2", "--local_ranks=2", "--tau=4",
-       "--steps=24", "--eager", "--momentum=delayed_nesterov",
-       "--momentum_period=2", "--beta=0.5", "--eval_every=0",
-       "--final_eval_examples=500", "--progress=false",
-       absl::StrCat("--report=", report)},
+      {"--algo=co2", "--workers=2", "--local_ranks=2", "--tau=4", "--steps=24",
+       "--eager", "--momentum=delayed_nesterov", "--momentum_period=2",
+       "--beta=0.5", "--eval_every=0", "--final_eval_examples=500",
+       "--progress=false", absl::StrCat("--report=", report)},
       /*timeout_s=*/300);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output,

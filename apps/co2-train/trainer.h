@@ -46,7 +46,7 @@ struct TrainerOptions {
   float beta = 0.0f;
   // heavy_ball | nesterov | delayed_nesterov
   std::string momentum = "heavy_ball";
-  uint32_t momentum_period = 0;  // N of delayed_nesterov (0 otherwise)
+  uint32_t momentum_period = 0;         // N of delayed_nesterov (0 otherwise)
   std::string gap_penalty = "none";     // none | constant | gap_aware
   float penalty_lambda = 1.0f;          // for gap_penalty=constant
   std::string clip = "none";            // none | value | adaptive

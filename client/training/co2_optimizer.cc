@@ -365,10 +365,9 @@ MemoryReport Co2Optimizer::Memory() const {
 
 absl::StatusOr<uint64_t> Co2Optimizer::BoundaryHash() {
   if (options_.eager_share == 0) return ParamsHash();
-  uint64_t hash =
-      exchange_ != nullptr ? common::Fnv1a(absl::MakeConstSpan(
-                                 exchange_->anchor()))
-                           : 0;
+  uint64_t hash = exchange_ != nullptr
+                      ? common::Fnv1a(absl::MakeConstSpan(exchange_->anchor()))
+                      : 0;
   if (local_ != nullptr && local_->size() > 1) {
     // The leader's bytes, as they are: a broadcast copies them.
     float bytes[sizeof hash / sizeof(float)];

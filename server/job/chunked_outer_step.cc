@@ -155,8 +155,8 @@ std::shared_ptr<const v1::OuterUpdate> RoundStep::Step(uint32_t chunk_index,
   std::vector<float> encoded_from(fp32 ? 0 : r.size());  // U before encoding
   const absl::Span<float> update =
       fp32 ? Fp32Floats(payload) : absl::MakeSpan(encoded_from);
-  AddStats(OuterStep(step_.outer(), round_, mean, gap, momentum, update), r.size(),
-           &result_.stats, &penalty_sum_);
+  AddStats(OuterStep(step_.outer(), round_, mean, gap, momentum, update),
+           r.size(), &result_.stats, &penalty_sum_);
   std::vector<float>().swap(mean);
   if (!fp32) {
     common::Encode(codec, update,

@@ -66,6 +66,16 @@ absl::Status Cluster::Restart(
   return StartShard(i, addresses_[i]);
 }
 
+absl::StatusOr<std::unique_ptr<client::AggregatorClient>> ConnectWithEveryone(
+    const client::ClientOptions& options, absl::Span<float> x, Barrier& joined,
+    absl::Duration timeout) {
+  auto connected = client::AggregatorClient::Connect(options, x);
+  const bool all = joined.ArriveAndWait([] {}, timeout);
+  if (!connected.ok()) return connected.status();
+  if (!all) return absl::DeadlineExceededError("the other workers did not join");
+  return connected;
+}
+
 bool Barrier::ArriveAndWait(const std::function<void()>& action,
                             absl::Duration timeout) {
   absl::MutexLock lock(&mu_);

@@ -99,6 +99,13 @@ client::ClientOptions WorkerOptions(const std::vector<std::string>& addresses,
 // The parameters every worker starts from: Initial(j) for j < params.
 std::vector<float> InitialAnchor(size_t params);
 
+// Connects with `x` (its anchor on return), then waits at `joined` until
+// every worker has connected (within `timeout`): all of them take part in
+// round 0. DEADLINE_EXCEEDED when the others did not come.
+absl::StatusOr<std::unique_ptr<client::AggregatorClient>> ConnectWithEveryone(
+    const client::ClientOptions& options, absl::Span<float> x, Barrier& joined,
+    absl::Duration timeout);
+
 // One worker following the CO2 boundary protocol for spec.rounds rounds and
 // draining the last update; `after_round` (may be empty) runs after each of
 // its boundaries. With `joined`, the worker waits there after connecting

@@ -41,11 +41,9 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
   const client::ClientOptions options =
       WorkerOptions(cluster.addresses(), "heal", config, worker);
   auto connected =
-      client::AggregatorClient::Connect(options, absl::MakeSpan(x));
-  const bool all = joined.ArriveAndWait([] {}, kTimeout);
-  if (!connected.ok() || !all) {
-    out.status = connected.ok() ? absl::DeadlineExceededError("join")
-                                : connected.status();
+      ConnectWithEveryone(options, absl::MakeSpan(x), joined, kTimeout);
+  if (!connected.ok()) {
+    out.status = connected.status();
     return;
   }
   client::AnchorExchangeOptions eo;

@@ -240,18 +240,12 @@ TEST(TrainerTest, BadFlagValueFailsBeforeSpawning) {
                         "DELAYED_NESTEROV, got 3"));
 }
 
-// Eager updates with delayed Nesterov momentum, on a node of two local
-// ranks: every worker starts its rounds from its own offset, and what the
-// ranks must agree on after every boundary is the anchor.
-TEST(TrainerTest, EagerUpdatesWithDelayedNesterovKeepTheAnchorsIdentical) {
-  TempDir dir;
-  const std::string report = dir.path() + "/eager.json";
-  const RunResult run = RunCo2Train(
-      {"--algo=co2", "--workers=2", "--local_ranks=2", "--tau=4", "--steps=24",
-       "--eager", "--momentum=delayed_nesterov", "--momentum_period=2",
-       "--beta=0.5", "--eval_every=0", "--final_eval_examples=500",
-       "--progress=false", absl::StrCat("--report=", report)},
-      /*timeout_s=*/300);
+// Runs co2-train with `args`, expects it to succeed with every rank
+// identical after every boundary, and returns the settings of its report.
+Struct SettingsOfRun(const TempDir& dir, std::vector<std::string> args) {
+  const std::string report = dir.path() + "/run.json";
+  args.push_back(absl::StrCat("--report=", report));
+  const RunResult run = RunCo2Train(args, /*timeout_s=*/300);
   EXPECT_EQ(run.exit_code, 0) << run.output;
   EXPECT_THAT(run.output,
               HasSubstr("identical on every rank after every boundary: yes"));
@@ -259,10 +253,22 @@ TEST(TrainerTest, EagerUpdatesWithDelayedNesterovKeepTheAnchorsIdentical) {
   std::stringstream text;
   text << in.rdbuf();
   Struct doc;
-  ASSERT_TRUE(
+  EXPECT_TRUE(
       google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
       << text.str();
-  const Struct& settings = Field(doc, "settings").struct_value();
+  return Field(doc, "settings").struct_value();
+}
+
+// Eager updates with delayed Nesterov momentum, on a node of two local
+// ranks: every worker starts its rounds from its own offset, and what the
+// ranks must agree on after every boundary is the anchor.
+TEST(TrainerTest, EagerUpdatesWithDelayedNesterovKeepTheAnchorsIdentical) {
+  TempDir dir;
+  const Struct settings = SettingsOfRun(
+      dir, {"--algo=co2", "--workers=2", "--local_ranks=2", "--tau=4",
+            "--steps=24", "--eager", "--momentum=delayed_nesterov",
+            "--momentum_period=2", "--beta=0.5", "--eval_every=0",
+            "--final_eval_examples=500", "--progress=false"});
   EXPECT_EQ(Field(settings, "eager").string_value(), "true");
   EXPECT_EQ(Field(settings, "momentum").string_value(), "delayed_nesterov");
   EXPECT_EQ(Field(settings, "momentum_period").string_value(), "2");
@@ -273,25 +279,12 @@ TEST(TrainerTest, EagerUpdatesWithDelayedNesterovKeepTheAnchorsIdentical) {
 TEST(TrainerTest, DiLoCoRunsWithItsOuterDefaults) {
   TempDir dir;
   auto settings_of = [&](const std::vector<std::string>& extra) {
-    const std::string report = dir.path() + "/diloco.json";
     std::vector<std::string> args = {
-        "--algo=diloco",    "--workers=2",
-        "--tau=4",          "--steps=16",
-        "--eval_every=0",   "--final_eval_examples=500",
-        "--progress=false", absl::StrCat("--report=", report)};
+        "--algo=diloco",  "--workers=2",   "--tau=4",
+        "--steps=16",     "--eval_every=0", "--final_eval_examples=500",
+        "--progress=false"};
     args.insert(args.end(), extra.begin(), extra.end());
-    const RunResult run = RunCo2Train(args, /*timeout_s=*/300);
-    EXPECT_EQ(run.exit_code, 0) << run.output;
-    EXPECT_THAT(run.output,
-                HasSubstr("identical on every rank after every boundary: yes"));
-    std::ifstream in(report);
-    std::stringstream text;
-    text << in.rdbuf();
-    Struct doc;
-    EXPECT_TRUE(
-        google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
-        << text.str();
-    return Field(doc, "settings").struct_value();
+    return SettingsOfRun(dir, std::move(args));
   };
   const Struct defaults = settings_of({});
   EXPECT_EQ(Field(defaults, "alpha").string_value(), "0.7");

@@ -51,7 +51,8 @@ def plot(runs, target, path, title):
                           f"title '{run['algo']}'")
     script = [
         "set terminal png size 800,500", f"set output '{path}'",
-        f"set title '{title}'", "set xlabel 'training time (s)'",
+        f"set title '{title}'", "set xlabel 'training time (s, log scale)'",
+        "set logscale x",
         "set ylabel 'validation accuracy (%), 1000 test images'",
         "set key bottom right", "set grid", "set yrange [70:*]",
         f"plot {', '.join(series)}, {100 * target} with lines dt 2 "

@@ -2,7 +2,8 @@
 # Every benchmark of docs/performance.md, each kept short; results go to
 # bench/results/. `make bench` runs this.
 #   bench/run_all.sh [BUILD_DIR]     (default build; ~7–9 min on 2 busy cores,
-#                                    and ~25 min more for the overlap as root)
+#                                    and ~30 min more as root: the overlap
+#                                    and the time to accuracy)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
@@ -19,7 +20,10 @@ if [ "$(id -u)" = 0 ]; then
   "$here/run_aggregator_links.sh" "$build"
   echo "== overlap (bench/results/overlap.json; ~25 min)"
   "$here/run_overlap.sh" "$build"
+  echo "== time to accuracy (bench/results/time_to_accuracy.json; ~3 min)"
+  "$here/run_time_to_accuracy.sh" "$build"
 else
-  echo "== aggregator over links and overlap skipped: they need root" \
-    "(sudo bench/run_aggregator_links.sh $build; sudo bench/run_overlap.sh $build)"
+  echo "== aggregator over links, overlap and time to accuracy skipped:" \
+    "they need root (sudo bench/run_aggregator_links.sh $build;" \
+    "sudo bench/run_overlap.sh $build; sudo bench/run_time_to_accuracy.sh $build)"
 fi

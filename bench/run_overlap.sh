@@ -13,25 +13,12 @@
 # whole-round reference of docs/performance.md §1), KEEP=1 keeps the scratch
 # directory with every log and rank report.
 #
-# The script runs in its own process session (setsid), whose scheduler
-# autogroup gets nice NICE: with autogroups, per-process nice does not count
-# against other process sessions, and on a shared machine other users'
-# builds would otherwise take most of the CPU that the workers' step time is
-# measured on.
+# The script runs in its own process session with nice NICE
+# (ov_own_session, bench/overlap/netns.sh).
 set -euo pipefail
-if [ -z "${CO2_OVERLAP_SESSION:-}" ]; then
-  # Not a process group leader here, so setsid execs in place: $! is the
-  # script itself, which a terminal's Ctrl-C does not reach directly.
-  CO2_OVERLAP_SESSION=1 setsid "$0" "$@" &
-  child=$!
-  trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM
-  rc=0
-  wait "$child" || rc=$?
-  if kill -0 "$child" 2>/dev/null; then wait "$child" || rc=$?; fi
-  exit "$rc"
-fi
-echo "${NICE:--10}" >/proc/self/autogroup 2>/dev/null || true
 here=$(cd "$(dirname "$0")" && pwd)
+source "$here/overlap/netns.sh"
+ov_own_session "$@"
 build=$(cd "${1:-build}" && pwd)
 train=$build/bin/co2-train
 aggregator=$build/bin/co2-aggregator
@@ -43,7 +30,6 @@ shards=${SHARDS:-2}
 workers=4
 run_limit=300  # seconds: the bound of any one run
 
-source "$here/overlap/netns.sh"
 scratch=$(mktemp -d /tmp/co2-overlap-XXXXXX)
 cleanup() {
   ov_down
@@ -54,28 +40,16 @@ trap 'exit 130' INT TERM
 ov_down
 ov_up "$workers"
 
-agg_list() {
-  local s list=""
-  for ((s = 0; s < shards; s++)); do list+="${list:+,}$OV_AGG_ADDR:$((50051 + s))"; done
-  echo "$list"
-}
-
 # One run: NAME ALGO TAU STEPS. The shards are fresh for every run.
 run() {
-  local name=$1 algo=$2 tau=$3 n=$4 dir=$scratch/runs/$1 i s pids=()
+  local name=$1 algo=$2 tau=$3 n=$4 dir=$scratch/runs/$1 i
   local common=(--task=fashion-mnist --model=wide --threads=1 --batch_size=32
     --seed=1 --beta=0.5 --eval_every=0 --final_eval_examples=64
     --progress=false --hash_params=false --group_timeout=120s --update_timeout=120s
     --steps="$n" --tau="$tau" --role=worker --worker=0)
   mkdir -p "$dir"
-  for ((s = 0; s < shards; s++)); do
-    ip netns exec "$OV_PREFIX-agg" timeout "$run_limit" "$aggregator" \
-      --insecure --port=$((50051 + s)) --shard_index="$s" \
-      --num_shards="$shards" --metrics_port=-1 ${AGG_ARGS:-} \
-      >"$dir/shard-$s.log" 2>&1 &
-    pids+=($!)
-  done
-  sleep 0.5
+  # shellcheck disable=SC2086  # AGG_ARGS: several flags
+  ov_start_shards "$dir" "$shards" "$run_limit" "$aggregator" ${AGG_ARGS:-}
   local worker_pids=()
   for ((i = 0; i < workers; i++)); do
     local args=("${common[@]}")
@@ -86,7 +60,8 @@ run() {
     else
       args+=(--algo="$algo" --workers="$workers" --worker="$i"
         --run_dir="$dir" --job="overlap-$name"
-        --aggregators="$(agg_list)" --group_address="$(ov_worker_addr "$i")")
+        --aggregators="$(ov_agg_list "$shards")"
+        --group_address="$(ov_worker_addr "$i")")
     fi
     mkdir -p "$dir/w$i"
     ip netns exec "$OV_PREFIX-w$i" timeout "$run_limit" "$train" "${args[@]}" \
@@ -97,7 +72,7 @@ run() {
   for i in "${!worker_pids[@]}"; do
     wait "${worker_pids[$i]}" || { failed=1; tail -5 "$dir/w$i/log" >&2; }
   done
-  for s in "${pids[@]}"; do kill "$s" 2>/dev/null || true; wait "$s" 2>/dev/null || true; done
+  ov_stop_shards
   if [ "$failed" = 1 ]; then echo "run $name failed" >&2; return 1; fi
   if [ "$algo" = local ]; then
     for ((i = 0; i < workers; i++)); do cp "$dir/w$i/rank-0-0.json" "$dir/rank-$i-0.json"; done

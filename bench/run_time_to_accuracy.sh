@@ -9,23 +9,16 @@
 # time_to_accuracy.png: validation accuracy (1,000 test images) against
 # training time, and how long each takes to reach ddp's final accuracy
 # minus 0.5 points. Needs root, iproute2, gnuplot.
-#   sudo bench/run_time_to_accuracy.sh [BUILD_DIR]      (default build; ~10 min)
+#   sudo bench/run_time_to_accuracy.sh [BUILD_DIR]      (default build; ~3 min)
 # Environment: RATE (100mbit), TAU (24), STEPS (ddp's inner steps, 1536),
-# SHARDS (2), NICE (-10), KEEP=1 keeps the scratch directory.
+# SHARDS (2), NICE (-10), KEEP=1 keeps the scratch directory. It runs in
+# its own process session with nice NICE (ov_own_session,
+# bench/overlap/netns.sh).
 set -euo pipefail
-if [ -z "${CO2_TTA_SESSION:-}" ]; then
-  # Its own process session, whose autogroup gets nice NICE (as
-  # bench/run_overlap.sh: other sessions' load counts less against it).
-  CO2_TTA_SESSION=1 setsid "$0" "$@" &
-  child=$!
-  trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM
-  rc=0
-  wait "$child" || rc=$?
-  if kill -0 "$child" 2>/dev/null; then wait "$child" || rc=$?; fi
-  exit "$rc"
-fi
-echo "${NICE:--10}" >/proc/self/autogroup 2>/dev/null || true
 here=$(cd "$(dirname "$0")" && pwd)
+OV_PREFIX=co2tta
+source "$here/overlap/netns.sh"
+ov_own_session "$@"
 build=$(cd "${1:-build}" && pwd)
 train=$build/bin/co2-train
 aggregator=$build/bin/co2-aggregator
@@ -38,8 +31,6 @@ shards=${SHARDS:-2}
 workers=4
 run_limit=900  # seconds: the bound of any one run
 
-OV_PREFIX=co2tta
-source "$here/overlap/netns.sh"
 scratch=$(mktemp -d /tmp/co2-tta-XXXXXX)
 cleanup() {
   ov_down
@@ -51,15 +42,9 @@ ov_down
 ov_up "$workers"
 ov_shape "$workers" "$rate"
 
-agg_list() {
-  local s list=""
-  for ((s = 0; s < shards; s++)); do list+="${list:+,}$OV_AGG_ADDR:$((50051 + s))"; done
-  echo "$list"
-}
-
 # One run: ALGO STEPS [co2-train flags...]. Fresh shards for every run.
 run() {
-  local algo=$1 n=$2 dir=$scratch/$1 i s pids=() worker_pids=()
+  local algo=$1 n=$2 dir=$scratch/$1 i worker_pids=()
   shift 2
   # About 16 evaluations per run, whatever its length.
   local eval_every=$(((n / tau + 15) / 16))
@@ -69,16 +54,10 @@ run() {
     --progress=false --hash_params=false --group_timeout=300s
     --update_timeout=300s --run_dir="$dir" --job="tta-$algo" "$@")
   mkdir -p "$dir"
-  for ((s = 0; s < shards; s++)); do
-    ip netns exec "$OV_PREFIX-agg" timeout "$run_limit" "$aggregator" \
-      --insecure --port=$((50051 + s)) --shard_index="$s" \
-      --num_shards="$shards" --metrics_port=-1 >"$dir/shard-$s.log" 2>&1 &
-    pids+=($!)
-  done
-  sleep 0.5
+  ov_start_shards "$dir" "$shards" "$run_limit" "$aggregator"
   for ((i = 0; i < workers; i++)); do
     ip netns exec "$OV_PREFIX-w$i" timeout "$run_limit" "$train" "${common[@]}" \
-      --role=worker --worker="$i" --aggregators="$(agg_list)" \
+      --role=worker --worker="$i" --aggregators="$(ov_agg_list "$shards")" \
       --group_address="$(ov_worker_addr "$i")" >"$dir/w$i.log" 2>&1 &
     worker_pids+=($!)
   done
@@ -86,7 +65,7 @@ run() {
   for i in "${!worker_pids[@]}"; do
     wait "${worker_pids[$i]}" || { failed=1; tail -5 "$dir/w$i.log" >&2; }
   done
-  for s in "${pids[@]}"; do kill "$s" 2>/dev/null || true; wait "$s" 2>/dev/null || true; done
+  ov_stop_shards
   if [ "$failed" = 1 ]; then echo "run $algo failed" >&2; return 1; fi
   echo "  $algo done" >&2
 }

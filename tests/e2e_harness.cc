@@ -76,6 +76,16 @@ absl::StatusOr<std::unique_ptr<client::AggregatorClient>> ConnectWithEveryone(
   return connected;
 }
 
+client::AnchorExchangeOptions ExchangeOptions(const E2eSpec& spec, int worker,
+                                              absl::Duration timeout) {
+  client::AnchorExchangeOptions eo;
+  eo.rounds = spec.rounds;
+  eo.samples_per_step = Weight(worker);
+  eo.update_timeout = timeout;
+  eo.push_timeout = timeout;
+  return eo;
+}
+
 bool Barrier::ArriveAndWait(const std::function<void()>& action,
                             absl::Duration timeout) {
   absl::MutexLock lock(&mu_);

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/aggregator_client.h"
+#include "client/anchor_exchange.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/codec.h"
 #include "server/job/shard_observer.h"
@@ -105,6 +106,11 @@ std::vector<float> InitialAnchor(size_t params);
 absl::StatusOr<std::unique_ptr<client::AggregatorClient>> ConnectWithEveryone(
     const client::ClientOptions& options, absl::Span<float> x, Barrier& joined,
     absl::Duration timeout);
+
+// AnchorExchange options for worker `worker` of spec: its rounds, its
+// Weight, `timeout` for every wait.
+client::AnchorExchangeOptions ExchangeOptions(const E2eSpec& spec, int worker,
+                                              absl::Duration timeout);
 
 // One worker following the CO2 boundary protocol for spec.rounds rounds and
 // draining the last update; `after_round` (may be empty) runs after each of

@@ -99,11 +99,7 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
     out.status = connected.status();
     return;
   }
-  client::AnchorExchangeOptions eo;
-  eo.rounds = spec.rounds;
-  eo.samples_per_step = Weight(worker);
-  eo.update_timeout = kTimeout;
-  eo.push_timeout = kTimeout;
+  client::AnchorExchangeOptions eo = ExchangeOptions(spec, worker, kTimeout);
   eo.eager_share = share;
   auto exchange = client::AnchorExchange::Create(eo, *std::move(connected), x);
   if (!exchange.ok()) {

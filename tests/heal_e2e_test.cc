@@ -46,11 +46,7 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
     out.status = connected.status();
     return;
   }
-  client::AnchorExchangeOptions eo;
-  eo.rounds = spec.rounds;
-  eo.samples_per_step = Weight(worker);
-  eo.update_timeout = kTimeout;
-  eo.push_timeout = kTimeout;
+  client::AnchorExchangeOptions eo = ExchangeOptions(spec, worker, kTimeout);
   if (heal) {
     eo.reconnect = [options](absl::Span<float> anchor) {
       client::ClientOptions rejoin = options;

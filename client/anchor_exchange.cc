@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/momentum_schedule.h"
 #include "common/status_macros.h"
 
 namespace co2::client {
@@ -30,7 +31,9 @@ float EagerScale(const v1::JobConfig& config, uint64_t round) {
       break;
     case v1::MOMENTUM_DELAYED_NESTEROV: {
       const uint32_t period = std::max<uint32_t>(config.momentum_period(), 1);
-      if ((round + 1) % period == 0) scale *= 1.0 + config.beta();
+      if (common::StepsDelayedMomentum(period, round)) {
+        scale *= 1.0 + config.beta();
+      }
       scale /= period;
       break;
     }
@@ -186,6 +189,13 @@ void AnchorExchange::CopyAnchorTo(absl::Span<float> x) const {
   std::memcpy(x.data(), anchor_.data(), anchor_.size() * sizeof(float));
 }
 
+void AnchorExchange::CopyStartTo(absl::Span<float> x) const {
+  if (eager_offset_.empty()) return CopyAnchorTo(x);
+  const float* a = anchor_.data();
+  const float* e = eager_offset_.data();
+  for (size_t i = 0; i < x.size(); ++i) x[i] = a[i] + e[i];
+}
+
 absl::Status AnchorExchange::RestoreEager(absl::Span<const float> offset,
                                           absl::Span<const float> last_delta) {
   if (eager_offset_.empty()) {
@@ -246,8 +256,7 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
     if (status.ok()) status = Apply(round, times);
   }
   if (!status.ok()) return Heal(std::move(status), x, times);
-  CopyAnchorTo(x);
-  for (size_t i = 0; i < eager_offset_.size(); ++i) x[i] += eager_offset_[i];
+  CopyStartTo(x);
   return absl::OkStatus();
 }
 

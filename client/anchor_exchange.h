@@ -177,6 +177,9 @@ class AnchorExchange {
   // A ← A + decode(U) of `round`, counting digest mismatches into `times`.
   absl::Status Apply(uint64_t round, ExchangeTimes& times);
   void CopyAnchorTo(absl::Span<float> x) const;
+  // x ← the next round's start point: A, or A + e with eager updates (one
+  // pass; Push takes Δ from the same sum).
+  void CopyStartTo(absl::Span<float> x) const;
   // With eager updates, after the push of `round` (x holds Δ_r): e and the
   // last Δ for the next round's start.
   void TakeEagerStep(uint64_t round, absl::Span<const float> delta);

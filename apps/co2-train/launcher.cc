@@ -255,7 +255,7 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"codec", options.codec},
           {"downlink_codec", options.downlink_codec},
           {"deterministic", options.deterministic ? "true" : "false"},
-          {"eager", options.eager && options.algo == "co2" ? "true" : "false"},
+          {"eager", RunsEagerUpdates(options) ? "true" : "false"},
           {"shards", absl::StrCat(options.shards)}};
 }
 

@@ -150,6 +150,10 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec) {
   return f;
 }
 
+bool RunsEagerUpdates(const TrainerOptions& options) {
+  return options.eager && options.algo == "co2";
+}
+
 double DefaultLearningRate(absl::string_view task, absl::string_view algo) {
   const bool co2 = algo == "co2";
   if (task == "charlm") return co2 ? 3.2e-2 : 8e-3;
@@ -372,7 +376,7 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   optimizer_options.uplink_codec = uplink;
   optimizer_options.hash_params = options.hash_params;
   optimizer_options.verify_final_anchor = options.verify_final_anchor;
-  if (options.eager && algo == Algo::kCo2) {
+  if (RunsEagerUpdates(options)) {
     optimizer_options.eager_share = 1.0 / options.workers;
   }
   if (client != nullptr && options.heal) {

@@ -145,6 +145,10 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec);
 // Checks ranges and names (INVALID_ARGUMENT naming the flag and value).
 absl::Status ValidateTrainerOptions(const TrainerOptions& options);
 
+// Whether the workers run eager updates: asked for, and the algorithm is co2
+// (the synchronous ones have no stale average to make up for).
+bool RunsEagerUpdates(const TrainerOptions& options);
+
 // The inner learning rate of `algo` on `task` where the user gives none:
 // the best of the convergence study's sweeps (docs/results.md). co2's is
 // larger: its outer step is smaller than a synchronous average's.

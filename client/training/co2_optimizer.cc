@@ -344,9 +344,12 @@ MemoryReport Co2Optimizer::Memory() const {
   const size_t p = static_cast<size_t>(flat_->numel());
   report.params = p * sizeof(float);
   report.grads = p * sizeof(float);
-  report.anchor =
-      exchange_ != nullptr ? exchange_->anchor().size() * sizeof(float) : 0;
-  if (options_.eager_share != 0) report.anchor *= 3;
+  if (exchange_ != nullptr) {
+    report.anchor = (exchange_->anchor().size() +
+                     exchange_->eager_offset().size() +
+                     exchange_->last_delta().size()) *
+                    sizeof(float);
+  }
   report.staging = staging_.size() * sizeof(float);
   report.optimizer_state = OptimizerStateBytes(*inner_);
   if (exchange_ != nullptr) {

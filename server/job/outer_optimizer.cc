@@ -19,6 +19,7 @@
 #include "absl/types/span.h"
 #include "common/kernel_isa.h"
 #include "common/layout.h"
+#include "common/momentum_schedule.h"
 
 // How: the spans are walked one block of common::kBlockElements at a time;
 // each block is finished before the next one is touched, so its working set
@@ -96,10 +97,6 @@ struct Coefficients {
   float keep = 1.0f;
 };
 
-bool IsMilestone(const OuterConfig& config, uint64_t round) {
-  return (round + 1) % config.momentum_period == 0;
-}
-
 Coefficients CoefficientsOf(const OuterConfig& config, uint64_t round) {
   Coefficients k;
   k.neg_alpha = -config.alpha;
@@ -114,7 +111,7 @@ Coefficients CoefficientsOf(const OuterConfig& config, uint64_t round) {
     const float period = static_cast<float>(config.momentum_period);
     k.neg_alpha = -config.alpha / period;
     k.decay = 1.0f;
-    if (IsMilestone(config, round)) {
+    if (common::StepsDelayedMomentum(config.momentum_period, round)) {
       k.keep = config.beta;
       if (k.clip == ClipMode::kValue) k.clip_value *= period;
     } else {

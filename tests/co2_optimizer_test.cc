@@ -361,6 +361,107 @@ TEST(Co2OptimizerTest, LocalRanksAverageGradientsAndShareTheAnchor) {
   }
 }
 
+// A node of 2 local ranks (gradients 2 and 4: the node's mean 3) leaves a
+// co2 job after round 1; worker 0 (gradient 1) goes on alone. α = 1, β = 0,
+// equal weights: rounds 0 and 1 move the anchor by −2τ (both counted, the
+// leaver's last Δ included), rounds 2..5 by −τ (worker 0 only: the shards
+// no longer wait for the node). The node ends on A_3, the anchor its last
+// update made.
+TEST(Co2OptimizerTest, ALeavingNodeIsCountedUntilItLeaves) {
+  constexpr int kTau = 2;
+  constexpr int kRounds = 6;
+  constexpr int kLeaveAfterRound = 1;
+  constexpr int64_t kParams = 5000;
+  Shards shards(1);
+  TempDir store;
+  const std::string job = "leave";
+  struct Rank {
+    std::string error;
+    float final_x = 0;
+    bool left = false;
+    absl::Status step_after;
+  };
+  std::vector<Rank> results(3);  // worker 0; the node's ranks 0 and 1
+  std::atomic<int> connected{0};
+  RunThreads(3, [&](int thread) {
+    Rank& out = results[thread];
+    const bool node = thread > 0;
+    const int local_rank = thread - 1;
+    std::unique_ptr<ProcessGroup> group;
+    if (node) {
+      GroupOptions group_options;
+      group_options.rank = local_rank;
+      group_options.size = 2;
+      group_options.store_dir = store.path();
+      group_options.prefix = "node";
+      group_options.timeout = absl::Seconds(30);
+      auto g = CreateProcessGroup(group_options);
+      if (!g.ok()) return void(out.error = g.status().ToString());
+      group = std::move(*g);
+    }
+    torch::Tensor w = torch::zeros({kParams}).requires_grad_(true);
+    auto flat = FlatParams::Create({w});
+    if (!flat.ok()) return void(out.error = flat.status().ToString());
+    torch::optim::SGD inner({w}, torch::optim::SGDOptions(1.0));
+    std::unique_ptr<AggregatorClient> client;
+    if (!node || local_rank == 0) {
+      auto c = AggregatorClient::Connect(
+          MakeClientOptions(shards, job, node ? "node" : "w0", Algo::kCo2, 0,
+                            kTau),
+          (*flat)->ParamSpan());
+      if (!c.ok()) return void(out.error = c.status().ToString());
+      client = std::move(*c);
+      // Both are members before either pushes: round 0 waits for both.
+      ++connected;
+      if (!co2::testing::WaitFor([&] { return connected == 2; },
+                                 absl::Seconds(30))) {
+        return void(out.error = "the other worker did not connect");
+      }
+    }
+    Co2OptimizerOptions options;
+    options.tau = kTau;
+    options.rounds = kRounds;
+    options.update_timeout = absl::Seconds(10);  // fail, do not hang
+    auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
+                                    std::move(client), group.get(), nullptr);
+    if (!opt.ok()) return void(out.error = opt.status().ToString());
+    const float c = !node ? 1.0f : 2.0f * (local_rank + 1);
+    for (int step = 0; step < kTau * kRounds && !(*opt)->left(); ++step) {
+      // Asked for during round 1; both ranks learn it at its boundary.
+      if (node && step == kLeaveAfterRound * kTau) (*opt)->RequestLeave();
+      (*opt)->ZeroGrad();
+      (w * c).sum().backward();
+      absl::Status s = (*opt)->Step();
+      if (!s.ok()) return void(out.error = s.ToString());
+    }
+    out.left = (*opt)->left();
+    if (out.left) {
+      (*opt)->ZeroGrad();
+      (w * c).sum().backward();
+      out.step_after = (*opt)->Step();
+      EXPECT_EQ((*opt)->round(), kLeaveAfterRound + 1u);
+    }
+    absl::Status s = (*opt)->Finish();
+    if (!s.ok()) out.error = s.ToString();
+    out.final_x = (*flat)->params()[0].item<float>();
+    EXPECT_TRUE(AllEqual((*flat)->params(), out.final_x));
+  });
+  for (int thread = 0; thread < 3; ++thread) {
+    EXPECT_EQ(results[thread].error, "") << "thread " << thread;
+  }
+  EXPECT_FALSE(results[0].left);
+  EXPECT_EQ(results[0].final_x, -(2 * 2 * kTau + 4 * kTau));
+  for (int thread = 1; thread < 3; ++thread) {
+    EXPECT_TRUE(results[thread].left) << "node rank " << thread - 1;
+    EXPECT_EQ(results[thread].final_x, -2 * 2 * kTau)
+        << "node rank " << thread - 1;
+    EXPECT_EQ(results[thread].step_after.code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(results[thread].step_after.message(),
+                ::testing::HasSubstr("leaving the job"));
+  }
+}
+
 TEST(Co2OptimizerTest, DdpAllReducesGradientsAcrossAllRanks) {
   constexpr int kRanks = 3;
   constexpr int64_t kParams = 1000;

@@ -147,6 +147,48 @@ TEST(RunReportTest, AHealedRankSkipsToTheRoundItContinuedAt) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(RunReportTest, ARankThatLeftEndsEarlyWithItsOwnFinalModel) {
+  // Worker 2 joined at round 2 and left before round 4 of 6: its rounds
+  // are compared by number, its final model (the anchor it left with) is
+  // not the others'.
+  std::vector<RankReport> ranks = {MakeRank(0, 0, 6), MakeRank(1, 0, 6),
+                                   MakeRank(2, 0, 4)};
+  RankReport& left = ranks[2];
+  left.rounds.erase(left.rounds.begin(), left.rounds.begin() + 2);  // 2 3
+  left.final_hash = "h3";
+  left.left_at = 4;
+  auto summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->rounds, 6);
+  EXPECT_TRUE(summary->params_identical) << summary->first_difference;
+  left.left_at = 5;  // its last round would be 4
+  EXPECT_EQ(Summarize(ranks).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  left.left_at.reset();  // ending early without leaving
+  EXPECT_EQ(Summarize(ranks).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  left.left_at = 4;
+  ranks[1].final_hash = "g";  // the workers that stayed disagree
+  summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok());
+  EXPECT_FALSE(summary->params_identical);
+  EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("worker 1"));
+  EXPECT_THAT(summary->first_difference,
+              ::testing::Not(::testing::HasSubstr("worker 2")));
+
+  std::string dir = ::testing::TempDir() + "/run_report_test.XXXXXX";
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  ASSERT_TRUE(WriteRankReport(dir + "/rank.json", left).ok());
+  auto read = ReadRankReport(dir + "/rank.json");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->left_at, 4u);
+  ASSERT_TRUE(WriteRankReport(dir + "/rank.json", ranks[0]).ok());
+  read = ReadRankReport(dir + "/rank.json");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_FALSE(read->left_at.has_value());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(RunReportTest, ARankRestartedAfterTheLastRoundReportsNone) {
   // Worker 0 restarted after worker 1 had run every round: it fetched the
   // final anchor and trained no round. The merge takes the curve and the

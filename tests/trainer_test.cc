@@ -238,6 +238,19 @@ TEST(TrainerTest, BadFlagValueFailsBeforeSpawning) {
   EXPECT_THAT(period.output,
               HasSubstr("momentum_period must be 0 unless momentum is "
                         "DELAYED_NESTEROV, got 3"));
+  const RunResult count =
+      RunCo2Train({"--workers=4", "--scale=0:2,10:5"}, /*timeout_s=*/30);
+  EXPECT_NE(count.exit_code, 0);
+  EXPECT_THAT(count.output,
+              HasSubstr("--scale entry '10:5': the count must be in [1, 4]"));
+  const RunResult order =
+      RunCo2Train({"--workers=4", "--scale=10:2,5:3"}, /*timeout_s=*/30);
+  EXPECT_NE(order.exit_code, 0);
+  EXPECT_THAT(order.output, HasSubstr("rounds must rise, after round 10"));
+  const RunResult ddp_scale =
+      RunCo2Train({"--algo=ddp", "--scale=4:1"}, /*timeout_s=*/30);
+  EXPECT_NE(ddp_scale.exit_code, 0);
+  EXPECT_THAT(ddp_scale.output, HasSubstr("--scale needs an aggregator"));
 }
 
 // Runs co2-train with `args`, expects it to succeed with every rank

@@ -41,9 +41,18 @@ struct Child {
   bool running = false;
   int status = 0;  // from waitpid
   int restarts = 0;
+  bool started = false;  // spawned at least once (a scaled job starts some later)
+  bool leaving = false;  // asked to leave the job (TrainerOptions::scale)
   std::string log;
   std::vector<std::string> args;
 };
+
+// "worker 2", "workers 2 and 3" or "workers 2 .. 5": workers [from, to).
+std::string WorkerRange(int from, int to) {
+  if (to - from == 1) return absl::StrCat("worker ", from);
+  if (to - from == 2) return absl::StrCat("workers ", from, " and ", from + 1);
+  return absl::StrCat("workers ", from, " .. ", to - 1);
+}
 
 // Forks and executes `args` in process group `pgid` (0: a new group led by
 // the child), stdout and stderr to `log` (appended to when `append`). The
@@ -86,32 +95,84 @@ std::string DescribeExit(int status) {
   return absl::StrCat("status ", status);
 }
 
-// Kills the local ranks of `worker` that still run and starts all of them
-// again into the running job (--rejoin), in the rendezvous of their next
-// restart (--restart=K). RESOURCE_EXHAUSTED if a fork fails.
-absl::Status RestartWorker(std::vector<Child>& children, int worker, pid_t pgid,
-                           pid_t launcher, const sigset_t& mask) {
-  for (Child& c : children) {
-    if (c.worker != worker || !c.running) continue;
-    kill(c.pid, SIGKILL);
-    waitpid(c.pid, &c.status, 0);
-    c.running = false;
-  }
+// Starts every local rank of `worker` with its args and `extra`, into the
+// process group `pgid` (0: a new one, then set to the first child's pid).
+// RESOURCE_EXHAUSTED if a fork fails.
+absl::Status SpawnWorker(std::vector<Child>& children, int worker,
+                         const std::vector<std::string>& extra, bool append,
+                         pid_t& pgid, pid_t launcher, const sigset_t& mask) {
   for (Child& c : children) {
     if (c.worker != worker) continue;
-    ++c.restarts;
     std::vector<std::string> args = c.args;
-    args.push_back("--rejoin");
-    args.push_back(absl::StrCat("--restart=", c.restarts));
-    const pid_t pid = Spawn(args, c.log, /*append=*/true, pgid, launcher, mask);
+    args.insert(args.end(), extra.begin(), extra.end());
+    const pid_t pid = Spawn(args, c.log, append, pgid, launcher, mask);
     if (pid < 0) {
       return absl::ResourceExhaustedError(
           absl::StrCat("fork: ", strerror(errno)));
     }
+    if (pgid == 0) pgid = pid;
     c.pid = pid;
     c.running = true;
+    c.started = true;
+    c.leaving = false;
   }
   return absl::OkStatus();
+}
+
+// Kills the local ranks of `worker` that still run and starts all of them
+// again into the running job (--rejoin), in the rendezvous of their next
+// restart (--restart=K). RESOURCE_EXHAUSTED if a fork fails.
+absl::Status RestartWorker(std::vector<Child>& children, int worker,
+                           pid_t& pgid, pid_t launcher, const sigset_t& mask) {
+  int restarts = 0;
+  for (Child& c : children) {
+    if (c.worker != worker) continue;
+    if (c.running) {
+      kill(c.pid, SIGKILL);
+      waitpid(c.pid, &c.status, 0);
+      c.running = false;
+    }
+    restarts = ++c.restarts;
+  }
+  return SpawnWorker(children, worker,
+                     {"--rejoin", absl::StrCat("--restart=", restarts)},
+                     /*append=*/true, pgid, launcher, mask);
+}
+
+// Applies the steps of TrainerOptions::scale that worker 0's progress has
+// reached (`done` rounds finished): starts workers into the running job
+// (--join) or asks the highest-numbered to leave (SIGTERM to their leader,
+// which leaves at its next boundary). `live` is the count before; returns
+// the count after and says what it did on `user`.
+absl::StatusOr<int> ApplyScale(const std::vector<ScaleStep>& scale,
+                               size_t& next, long done, int live,
+                               std::vector<Child>& children, pid_t& pgid,
+                               pid_t launcher, const sigset_t& mask,
+                               FILE* user, const char* clear) {
+  while (next < scale.size() && static_cast<uint64_t>(done) >= scale[next].round) {
+    const ScaleStep& step = scale[next++];
+    if (step.count > live) {
+      for (int w = live; w < step.count; ++w) {
+        CO2_RETURN_IF_ERROR(SpawnWorker(children, w, {"--join"},
+                                        /*append=*/true, pgid, launcher, mask));
+      }
+      std::fprintf(user, "%s[co2-train] round %ld: growing to %d workers (%s joining)\n",
+                   clear, done, step.count, WorkerRange(live, step.count).c_str());
+    } else if (step.count < live) {
+      for (Child& c : children) {
+        if (c.worker < step.count || c.worker >= live || !c.running) continue;
+        c.leaving = true;
+        if (c.local_rank == 0) kill(c.pid, SIGTERM);
+      }
+      std::fprintf(user,
+                   "%s[co2-train] round %ld: shrinking to %d workers (%s "
+                   "leaving at the next boundary)\n",
+                   clear, done, step.count, WorkerRange(step.count, live).c_str());
+    }
+    live = step.count;
+  }
+  std::fflush(user);
+  return live;
 }
 
 // The last `lines` lines of a file.
@@ -171,34 +232,15 @@ std::string ProgressLine(const TrainerOptions& options, const Progress& p) {
 }
 
 // Kills the children's process group and each child (a restarted child may
-// have missed the group), SIGTERM then SIGKILL after `grace`, and reaps
-// every child.
-void KillAll(std::vector<Child>& children, pid_t pgid, absl::Duration grace) {
-  if (pgid > 0) kill(-pgid, SIGTERM);
-  for (const Child& c : children) {
-    if (c.running) kill(c.pid, SIGTERM);
-  }
-  const absl::Time deadline = absl::Now() + grace;
-  bool sent_kill = false;
-  while (true) {
-    bool any = false;
-    for (Child& c : children) {
-      if (!c.running) continue;
-      if (waitpid(c.pid, &c.status, WNOHANG) == c.pid) {
-        c.running = false;
-      } else {
-        any = true;
-      }
-    }
-    if (!any) return;
-    if (!sent_kill && absl::Now() >= deadline) {
-      if (pgid > 0) kill(-pgid, SIGKILL);
-      for (const Child& c : children) {
-        if (c.running) kill(c.pid, SIGKILL);
-      }
-      sent_kill = true;
-    }
-    absl::SleepFor(absl::Milliseconds(20));  // reaping a dying group
+// have missed the group) with SIGKILL (SIGTERM asks a worker to leave the
+// job cleanly, which a run that ends has no use for), and reaps every child.
+void KillAll(std::vector<Child>& children, pid_t pgid) {
+  if (pgid > 0) kill(-pgid, SIGKILL);
+  for (Child& c : children) {
+    if (!c.running) continue;
+    kill(c.pid, SIGKILL);
+    waitpid(c.pid, &c.status, 0);
+    c.running = false;
   }
 }
 
@@ -256,6 +298,7 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"downlink_codec", options.downlink_codec},
           {"deterministic", options.deterministic ? "true" : "false"},
           {"eager", RunsEagerUpdates(options) ? "true" : "false"},
+          {"scale", options.scale},
           {"shards", absl::StrCat(options.shards)}};
 }
 
@@ -276,6 +319,10 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGCHLD);
   sigprocmask(SIG_BLOCK, &signals, &old_mask);
+  // Children start with SIGTERM blocked: a worker asked to leave before it
+  // installed its handler (RunWorker) gets the signal then, instead of dying.
+  sigset_t child_mask = old_mask;
+  sigaddset(&child_mask, SIGTERM);
 
   bool own_run_dir = false;
   if (options.run_dir.empty()) {
@@ -344,15 +391,15 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   const pid_t launcher = getpid();
   pid_t pgid = 0;
   absl::Status failure = absl::OkStatus();
-  for (Child& c : children) {
-    const pid_t pid = Spawn(c.args, c.log, /*append=*/false, pgid, launcher, old_mask);
-    if (pid < 0) {
-      failure = absl::ResourceExhaustedError(absl::StrCat("fork: ", strerror(errno)));
-      break;
-    }
-    if (pgid == 0) pgid = pid;
-    c.pid = pid;
-    c.running = true;
+  // ValidateTrainerOptions parsed it.
+  const std::vector<ScaleStep> scale =
+      ParseScale(options.scale, options.workers).value();
+  size_t scale_next = 0;
+  int live_workers = InitialWorkers(options);
+  if (!scale.empty() && scale.front().round == 0) scale_next = 1;
+  for (int w = 0; w < live_workers && failure.ok(); ++w) {
+    failure = SpawnWorker(children, w, {}, /*append=*/false, pgid, launcher,
+                          child_mask);
   }
 
   const bool live = options.progress && isatty(fileno(user));
@@ -375,7 +422,8 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
       c.running = false;
       --running;
       const bool failed = !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
-      if (failed && failure.ok() && c.restarts < options.max_restarts) {
+      if (failed && failure.ok() && !c.leaving &&
+          c.restarts < options.max_restarts) {
         // The worker rejoins the running job: it fetches the anchor and
         // trains from the shards' round; the others never stopped. All its
         // local ranks restart together, in a rendezvous of their own.
@@ -394,7 +442,7 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
             live ? "\r\033[K" : "", c.worker, why.c_str(), ranks.c_str(),
             c.restarts + 1, options.max_restarts);
         std::fflush(user);
-        failure = RestartWorker(children, c.worker, pgid, launcher, old_mask);
+        failure = RestartWorker(children, c.worker, pgid, launcher, child_mask);
         running = static_cast<size_t>(
             std::count_if(children.begin(), children.end(),
                           [](const Child& child) { return child.running; }));
@@ -409,6 +457,20 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
     }
     const std::vector<Progress> progress =
         ReadProgress(ProgressPath(options.run_dir));
+    if (failure.ok() && scale_next < scale.size()) {
+      absl::StatusOr<int> scaled = ApplyScale(
+          scale, scale_next, progress.empty() ? 0 : progress.back().round,
+          live_workers, children, pgid, launcher, child_mask, user,
+          live ? "\r\033[K" : "");
+      if (scaled.ok()) {
+        live_workers = *scaled;
+        running = static_cast<size_t>(
+            std::count_if(children.begin(), children.end(),
+                          [](const Child& child) { return child.running; }));
+      } else {
+        failure = scaled.status();
+      }
+    }
     if (live) {
       const std::string line = ProgressLine(
           options, progress.empty() ? Progress() : progress.back());
@@ -431,7 +493,7 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   }
   if (live) std::fprintf(user, "\n");
   std::fflush(user);
-  KillAll(children, pgid, absl::Seconds(5));
+  KillAll(children, pgid);
   for (auto& s : shards) s->Shutdown(absl::Seconds(1));
   sigprocmask(SIG_SETMASK, &old_mask, nullptr);
   if (!failure.ok()) {
@@ -446,6 +508,7 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
 
   std::vector<RankReport> reports;
   for (const Child& c : children) {
+    if (!c.started) continue;
     CO2_ASSIGN_OR_RETURN(
         RankReport r, ReadRankReport(RankReportPath(options.run_dir, c.worker,
                                                     c.local_rank)));

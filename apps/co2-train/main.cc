@@ -125,6 +125,16 @@ ABSL_FLAG(int, max_restarts, 0,
           "Restart a worker whose process dies (all its local ranks), up to "
           "this many times per worker; it rejoins the running job (not with "
           "ddp).");
+ABSL_FLAG(std::string, scale, "",
+          "Grow and shrink the job: ROUND:COUNT,... (e.g. 0:2,20:4,40:3): "
+          "from ROUND on, workers 0 .. COUNT-1 take part; the launcher starts "
+          "workers into the running job and stops the highest-numbered ones "
+          "with SIGTERM (not with ddp). --workers is the most there are.");
+ABSL_FLAG(bool, join, false,
+          "With --role=worker: this worker joins a running job as a new "
+          "member (docs/reliability.md): it skips the start barrier, fetches "
+          "the anchor and trains from the round the shards are in. Any "
+          "worker leaves the job cleanly on SIGTERM, at its next boundary.");
 ABSL_FLAG(bool, heal, true,
           "A worker the shards cannot take back where it is (too far behind, "
           "a stale contribution, dropped after its lease) fetches their "
@@ -209,6 +219,8 @@ co2::client::TrainerOptions ReadOptions() {
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
   o.rejoin = absl::GetFlag(FLAGS_rejoin);
+  o.join = absl::GetFlag(FLAGS_join);
+  o.scale = absl::GetFlag(FLAGS_scale);
   o.restart = absl::GetFlag(FLAGS_restart);
   o.heal = absl::GetFlag(FLAGS_heal);
   o.max_restarts = absl::GetFlag(FLAGS_max_restarts);

@@ -131,10 +131,15 @@ const RankRound* RoundOf(const RankReport& r, uint64_t n) {
   return it != r.rounds.end() && it->round == n ? &*it : nullptr;
 }
 
+// The rank that reached the last round, with the most rounds among those.
 const RankReport& Longest(const std::vector<RankReport>& ranks) {
+  auto key = [](const RankReport& r) {
+    return std::make_pair(r.rounds.empty() ? 0 : r.rounds.back().round + 1,
+                          r.rounds.size());
+  };
   const RankReport* longest = &ranks[0];
   for (const RankReport& r : ranks) {
-    if (r.rounds.size() > longest->rounds.size()) longest = &r;
+    if (key(r) > key(*longest)) longest = &r;
   }
   return *longest;
 }
@@ -180,6 +185,7 @@ absl::Status WriteRankReport(const std::string& path, const RankReport& r) {
     *rounds.add_values() = Obj(RoundToStruct(round));
   }
   Put(s, "rounds", List(std::move(rounds)));
+  if (r.left_at) Put(s, "left_at", Num(static_cast<double>(*r.left_at)));
   return WriteFileAtomically(path, ToJson(s));
 }
 
@@ -214,6 +220,9 @@ absl::StatusOr<RankReport> ReadRankReport(const std::string& path) {
       r.rounds.push_back(RoundFromStruct(v.struct_value()));
     }
   }
+  if (s.fields().count("left_at")) {
+    r.left_at = static_cast<uint64_t>(GetNum(s, "left_at"));
+  }
   return r;
 }
 
@@ -234,7 +243,10 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
   double train_s = 0;
   for (const RankReport& r : ranks) {
     const uint64_t last = rounds > 0 ? longest->rounds.back().round : 0;
-    bool contiguous = r.rounds.empty() || r.rounds.back().round == last;
+    bool contiguous =
+        r.rounds.empty() ||
+        (r.left_at ? r.rounds.back().round + 1 == *r.left_at
+                   : r.rounds.back().round == last);
     for (size_t i = 1; i < r.rounds.size() && contiguous; ++i) {
       const RankRound& before = r.rounds[i - 1];
       contiguous =
@@ -274,15 +286,21 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
       }
     }
   }
-  const bool finals_differ = std::any_of(
-      ranks.begin(), ranks.end(),
-      [&](const RankReport& r) { return r.final_hash != ranks[0].final_hash; });
+  // A worker that left holds the anchor of its last round, not the final.
+  std::vector<const RankReport*> stayed;
+  for (const RankReport& r : ranks) {
+    if (!r.left_at) stayed.push_back(&r);
+  }
+  const bool finals_differ =
+      std::any_of(stayed.begin(), stayed.end(), [&](const RankReport* r) {
+        return r->final_hash != stayed[0]->final_hash;
+      });
   if (out.params_identical && finals_differ) {
     out.params_identical = false;
     std::vector<std::string> hashes;
-    for (const RankReport& r : ranks) {
-      hashes.push_back(absl::StrCat("worker ", r.worker, " rank ", r.local_rank,
-                                    " ", r.final_hash));
+    for (const RankReport* r : stayed) {
+      hashes.push_back(absl::StrCat("worker ", r->worker, " rank ",
+                                    r->local_rank, " ", r->final_hash));
     }
     out.first_difference =
         absl::StrCat("final models differ: ", absl::StrJoin(hashes, ", "));
@@ -355,6 +373,7 @@ std::string MergedReportJson(const RunInfo& info,
     Put(rs, "exposed_comm_s", Num(r.exposed_comm_s));
     Put(rs, "bytes_sent", Num(static_cast<double>(r.bytes_sent)));
     Put(rs, "final_hash", Str(r.final_hash));
+    if (r.left_at) Put(rs, "left_at", Num(static_cast<double>(*r.left_at)));
     ListValue hashes;
     for (const RankRound& round : r.rounds) {
       *hashes.add_values() = Str(round.params_hash);

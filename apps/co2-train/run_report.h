@@ -48,6 +48,9 @@ struct RankReport {
   std::map<std::string, double> final_metrics;  // leader of worker 0 only
   std::map<std::string, double> memory_bytes;
   std::vector<RankRound> rounds;
+  // The worker left the job (a job that shrank) before computing this
+  // round; its last report round is the one before.
+  std::optional<uint64_t> left_at;
 };
 
 absl::Status WriteRankReport(const std::string& path, const RankReport& report);
@@ -72,9 +75,11 @@ struct MergedSummary {
 };
 
 // Merges the rank reports (all W × L of them). A rank may start at a later
-// round (a worker restarted into the job); rounds are compared by number.
-// INVALID_ARGUMENT when a rank's rounds are not contiguous up to the last
-// round of the longest.
+// round (a worker restarted into the job, or one that joined it) and end
+// earlier (one that left it); rounds are compared by number, final models
+// among the ranks that did not leave. INVALID_ARGUMENT when a rank's rounds
+// are not contiguous up to the last round of the longest (of a leaver: up to
+// the round before its left_at).
 absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks);
 
 // The user-facing JSON document.

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -108,6 +109,10 @@ GroupOptions MakeGroup(const TrainerOptions& options, int rank, int size,
   return g;
 }
 
+// SIGTERM: leave the job at the next boundary (Co2Optimizer::RequestLeave).
+volatile std::sig_atomic_t leave_signalled = 0;
+extern "C" void OnLeaveSignal(int) { leave_signalled = 1; }
+
 // inject_fault: dies as kill -9 would, with a log line saying where.
 [[noreturn]] void KillSelf(const std::string& where) {
   CO2_LOG(WARNING) << "inject_fault: SIGKILL " << where;
@@ -148,6 +153,43 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec) {
                             "kill_after_finish, flip_final_bit)"));
   }
   return f;
+}
+
+absl::StatusOr<std::vector<ScaleStep>> ParseScale(absl::string_view spec,
+                                                  int workers) {
+  std::vector<ScaleStep> steps;
+  if (spec.empty()) return steps;
+  for (absl::string_view entry : absl::StrSplit(spec, ',')) {
+    const std::pair<absl::string_view, absl::string_view> parts =
+        absl::StrSplit(entry, absl::MaxSplits(':', 1));
+    ScaleStep step;
+    if (!absl::SimpleAtoi(parts.first, &step.round) ||
+        !absl::SimpleAtoi(parts.second, &step.count)) {
+      return Bad("scale", absl::StrCat("entry '", entry,
+                                       "' is not ROUND:COUNT (e.g. 20:4)"));
+    }
+    if (step.count < 1 || step.count > workers) {
+      return Bad("scale",
+                 absl::StrCat("entry '", entry, "': the count must be in [1, ",
+                              workers, "] (--workers)"));
+    }
+    if (!steps.empty() && step.round <= steps.back().round) {
+      return Bad("scale", absl::StrCat("entry '", entry,
+                                       "': rounds must rise, after round ",
+                                       steps.back().round));
+    }
+    steps.push_back(step);
+  }
+  return steps;
+}
+
+int InitialWorkers(const TrainerOptions& options) {
+  const absl::StatusOr<std::vector<ScaleStep>> steps =
+      ParseScale(options.scale, options.workers);
+  if (steps.ok() && !steps->empty() && steps->front().round == 0) {
+    return steps->front().count;
+  }
+  return options.workers;
 }
 
 bool RunsEagerUpdates(const TrainerOptions& options) {
@@ -220,6 +262,16 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
   if (options.restart < 0) {
     return Bad("restart", absl::StrCat("must be >= 0, got ", options.restart));
   }
+  CO2_ASSIGN_OR_RETURN(const std::vector<ScaleStep> scale,
+                       ParseScale(options.scale, options.workers));
+  if (!scale.empty() && options.algo == "ddp") {
+    return Bad("scale",
+               "needs an aggregator algorithm (not ddp): ddp's group cannot "
+               "change size");
+  }
+  if (options.join && options.algo == "ddp") {
+    return Bad("join", "needs an aggregator algorithm (not ddp)");
+  }
   if (options.aggregators.empty() &&
       !(options.aggregator_ca + options.aggregator_cert +
         options.aggregator_key + options.aggregator_token_file)
@@ -272,9 +324,30 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   const int world = options.workers * options.local_ranks;
   const int rank = worker * options.local_ranks + local_rank;
   const bool leader = local_rank == 0;
+  const int initial_workers = InitialWorkers(options);
+  if (worker >= initial_workers && !options.join && !options.rejoin) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker, " is not one of the ", initial_workers,
+        " workers the job starts with (--scale=", options.scale,
+        "): start it with --join"));
+  }
   at::set_num_threads(options.threads);
   CO2_ASSIGN_OR_RETURN(InjectedFault fault,
                        ParseInjectedFault(options.inject_fault));
+  if (algo != Algo::kDdp) {
+    // From here on SIGTERM means: leave the job at the next boundary (the
+    // first one, when it comes before training starts).
+    struct sigaction action = {};
+    action.sa_handler = OnLeaveSignal;
+    action.sa_flags = SA_RESTART;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGTERM, &action, nullptr);
+  }
+  // The launcher starts workers with SIGTERM blocked until here.
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
   if (fault.worker != worker || options.rejoin) fault = InjectedFault();
 
   // Served from the start, before the data loads and the shards answer, so
@@ -353,13 +426,13 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
                                        "): ", connected.status().message()));
     }
     client = std::move(*connected);
-    if (options.workers > 1 && !options.rejoin) {
+    if (initial_workers > 1 && !options.rejoin && !options.join) {
       // Every worker joins before anyone pushes round 0, so that all of them
       // are required for every round: the rendezvous is the barrier. A
-      // restarted worker joins a running job and skips it.
+      // restarted or joining worker enters a running job and skips it.
       CO2_ASSIGN_OR_RETURN(
           std::unique_ptr<ProcessGroup> leaders,
-          CreateProcessGroup(MakeGroup(options, worker, options.workers,
+          CreateProcessGroup(MakeGroup(options, worker, initial_workers,
                                        "leaders", options.group_address)));
       float token = 1;
       CO2_RETURN_IF_ERROR(leaders->AllReduceMean(&token, 1));
@@ -498,8 +571,16 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
       KillSelf(absl::StrCat("in round ", fault.round, " before its boundary"));
     }
     round_work += absl::Now() - step_start;
+    if (leave_signalled) co2->RequestLeave();
     status = co2->Step();
     if (status.ok()) status = record_rounds();
+    if (co2->left()) {
+      CO2_LOG(INFO) << "worker " << worker << " rank " << local_rank
+                    << " left the job before round " << co2->round()
+                    << " (SIGTERM)";
+      report.left_at = co2->round();
+      break;
+    }
     // A worker that healed continues at the shards' round, from its first
     // step (its inner optimizer state kept).
     const int64_t next =

@@ -94,6 +94,17 @@ struct TrainerOptions {
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.
   bool rejoin = false;
+  // This worker joins a running job as a new member (the job grows): it
+  // skips the start barrier, fetches the anchor and trains from the shards'
+  // round. A worker leaves the job cleanly on SIGTERM: at its next boundary,
+  // once its last Δ is counted (Co2Optimizer::RequestLeave).
+  bool join = false;
+  // Launcher: how many of the `workers` take part from which round on,
+  // "ROUND:COUNT,..." with rising rounds (ParseScale); from round 0 all of
+  // them unless the first entry is round 0. The launcher starts workers
+  // into the running job (join) and stops the highest-numbered ones with
+  // SIGTERM when worker 0 has finished the round before. "" = fixed.
+  std::string scale;
   // A worker leader the shards cannot take back where it is (behind what
   // they can replay, a stale contribution, dropped after its lease) fetches
   // their anchor and continues at their round in the same process.
@@ -141,6 +152,20 @@ struct InjectedFault {
   int64_t round = 0;  // kKillInRound
 };
 absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec);
+
+// One step of TrainerOptions::scale: from `round` on, workers 0 .. count − 1
+// take part.
+struct ScaleStep {
+  uint64_t round = 0;
+  int count = 0;
+};
+// INVALID_ARGUMENT naming the entry: not ROUND:COUNT, a count outside
+// [1, workers], rounds that do not rise.
+absl::StatusOr<std::vector<ScaleStep>> ParseScale(absl::string_view spec,
+                                                  int workers);
+// The workers that start the job (TrainerOptions::scale's count at round 0,
+// else all of them); options must be valid.
+int InitialWorkers(const TrainerOptions& options);
 
 // Checks ranges and names (INVALID_ARGUMENT naming the flag and value).
 absl::Status ValidateTrainerOptions(const TrainerOptions& options);

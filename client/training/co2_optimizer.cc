@@ -163,7 +163,8 @@ void Co2Optimizer::ZeroGrad() { flat_->ZeroGrads(); }
 absl::Status Co2Optimizer::Step() {
   if (broken_ || finished_) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "Co2Optimizer::Step after ", finished_ ? "Finish" : "an error"));
+        "Co2Optimizer::Step after ",
+        !finished_ ? "an error" : left_ ? "leaving the job" : "Finish"));
   }
   if (options_.rounds > 0 && round_ >= options_.rounds) {
     return absl::FailedPreconditionError(
@@ -235,17 +236,20 @@ absl::Status Co2Optimizer::ExchangeAndBroadcast(std::optional<uint64_t> owed,
     }
     CO2_RETURN_IF_ERROR(status);
   }
+  leave_now_ = leader_ && leave_requested_;
   if (local_ != nullptr && local_->size() > 1) {
     CO2_RETURN_IF_ERROR(local_->Broadcast(flat_->params().data_ptr<float>(),
                                           flat_->numel(), 0));
     if (uses_aggregator_) {
       // The round the leader healed to, or −1 (exact in a float for any run
-      // shorter than 2^24 rounds).
-      float round =
-          stats.healed_to ? static_cast<float>(*stats.healed_to) : -1.0f;
-      CO2_RETURN_IF_ERROR(local_->Broadcast(&round, 1, 0));
+      // shorter than 2^24 rounds), and whether it leaves now.
+      float signal[2] = {
+          stats.healed_to ? static_cast<float>(*stats.healed_to) : -1.0f,
+          leave_now_ ? 1.0f : 0.0f};
+      CO2_RETURN_IF_ERROR(local_->Broadcast(signal, 2, 0));
       stats.healed_to.reset();
-      if (round >= 0) stats.healed_to = static_cast<uint64_t>(round);
+      if (signal[0] >= 0) stats.healed_to = static_cast<uint64_t>(signal[0]);
+      leave_now_ = signal[1] > 0;
     }
   }
   return absl::OkStatus();
@@ -268,6 +272,8 @@ absl::Status Co2Optimizer::Boundary() {
   // A healed worker holds the anchor that starts the round it rejoined at.
   round_ = stats.healed_to.value_or(round_ + 1);
   steps_in_round_ = 0;
+  const bool last = options_.rounds > 0 && round_ >= options_.rounds;
+  if (uses_aggregator_ && leave_now_ && !last) return End(/*leaving=*/true);
   return absl::OkStatus();
 }
 
@@ -281,11 +287,18 @@ absl::Status Co2Optimizer::Finish() {
   }
   absl::Status status = absl::OkStatus();
   if (steps_in_round_ > 0) status = Boundary();
+  if (!status.ok() || finished_) return status;
+  return End(/*leaving=*/false);
+}
+
+absl::Status Co2Optimizer::End(bool leaving) {
   // The update of the last round is still in flight: apply it, so that the
-  // final model is the final anchor on every worker. A heal moves the
-  // worker to the shards' round, which may owe one more.
-  std::optional<uint64_t> owed =
-      OwedUpdate(StalenessOf(options_.algo), options_.rounds, round_);
+  // final model is the final anchor on every worker (a leaving worker: that
+  // its Δ is counted). A heal moves the worker to the shards' round, which
+  // may owe one more; a leaving worker that healed owes nothing.
+  absl::Status status = absl::OkStatus();
+  std::optional<uint64_t> owed = OwedUpdate(
+      StalenessOf(options_.algo), leaving ? round_ : options_.rounds, round_);
   for (int drains = 0; status.ok() && uses_aggregator_ && owed; ++drains) {
     if (drains == kMaxDrains) {
       status = absl::UnavailableError(
@@ -302,14 +315,18 @@ absl::Status Co2Optimizer::Finish() {
       anchor_round_ = drain.healed_to.value_or(round_ + 1);
       if (drain.healed_to) {
         round_ = *drain.healed_to;
-        owed = OwedUpdate(StalenessOf(options_.algo), options_.rounds, round_);
+        if (!leaving) {
+          owed =
+              OwedUpdate(StalenessOf(options_.algo), options_.rounds, round_);
+        }
       }
     }
     drain.boundary = options_.clock->Now() - start;
     if (status.ok() && options_.hash_params) drain.params_hash = ParamsHash();
     if (status.ok()) rounds_.push_back(drain);
   }
-  if (status.ok() && exchange_ != nullptr && options_.verify_final_anchor) {
+  if (status.ok() && exchange_ != nullptr && options_.verify_final_anchor &&
+      !leaving) {
     status = exchange_->VerifyAnchor(anchor_round_);
   }
   if (!status.ok()) {
@@ -318,6 +335,7 @@ absl::Status Co2Optimizer::Finish() {
   }
   if (exchange_ != nullptr) exchange_->Leave();
   finished_ = true;
+  left_ = leaving;
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 #ifndef CO2_CLIENT_CO2_OPTIMIZER_H_
 #define CO2_CLIENT_CO2_OPTIMIZER_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -156,6 +157,16 @@ class Co2Optimizer {
   // against the shards' (DATA_LOSS naming both hashes if they differ); then
   // the leader leaves the job.
   absl::Status Finish();
+  // Asks to leave the job at the next boundary, before its last round (a job
+  // that shrinks; co2-train calls it on SIGTERM). Any thread may call it;
+  // only the local leader's call counts, and its node's ranks learn it with
+  // that boundary. There every rank waits for the update of the round it
+  // contributed to last (so its Δ is counted, and x is that anchor), the
+  // leader leaves every shard, and left() turns true: the optimizer is
+  // finished (Finish does nothing more, Step is FAILED_PRECONDITION).
+  // Ignored by ddp, whose group cannot shrink, and after the last boundary.
+  void RequestLeave() { leave_requested_ = true; }
+  bool left() const { return left_; }
 
   // Zeroes the flat gradients (use instead of the inner zero_grad).
   void ZeroGrad();
@@ -182,10 +193,15 @@ class Co2Optimizer {
 
   absl::Status Init();
   absl::Status Boundary();
+  // Finish, or with `leaving` the end of RequestLeave: no owed update past
+  // the round this worker computed last, no final check against the shards
+  // (their anchor moves on).
+  absl::Status End(bool leaving);
   // The leader's exchange of the round's boundary (or, with `owed`, the
   // drain of that update), through the host copy of x when x lives on a
-  // device; then x is broadcast to the local ranks, and the round the leader
-  // healed to, if it did, into every local rank's stats.healed_to.
+  // device; then x is broadcast to the local ranks, with the round the leader
+  // healed to, if it did, into every local rank's stats.healed_to, and
+  // whether it leaves now, into leave_now_.
   absl::Status ExchangeAndBroadcast(std::optional<uint64_t> owed,
                                     RoundStats& stats);
   absl::Span<float> HostParams();
@@ -211,6 +227,9 @@ class Co2Optimizer {
   bool pushed_any_ = false;
   bool broken_ = false;
   bool finished_ = false;
+  std::atomic<bool> leave_requested_{false};
+  bool leave_now_ = false;  // every rank: the leader leaves at this boundary
+  bool left_ = false;
   RoundStats current_;
   std::vector<RoundStats> rounds_;
 };

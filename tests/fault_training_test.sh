@@ -40,12 +40,17 @@
 #   worker_kill_after_finish
 #                   the same after Finish, before its report: it rejoins
 #                   after the others left, with no round to compute
+#   grow_shrink     4 workers, a longer run: the job starts with 2, grows to
+#                   4 (co2-train --scale: workers 2 and 3 join the running
+#                   job) and shrinks to 3 (worker 3 leaves on SIGTERM, its
+#                   last Δ counted); the undisturbed run has 4 throughout
 #
 # After each: training completes; every worker's final model hash equals the
 # hash of the anchor in the shards' checkpoints (co2-checkpoint); every
 # worker's rounds are contiguous up to the last (none for a worker restarted
-# after the last round; a worker that healed skips to the round it names)
-# and the shards closed exactly that many; the final test accuracy is within
+# after the last round; a worker that healed skips to the round it names; a
+# worker that left ends before the round its report names, with the anchor
+# it left with) and the shards closed exactly that many; the final test accuracy is within
 # TOLERANCE of an undisturbed run of the same job. Every wait is bounded (timeout). Exit 0: pass; 77:
 # skipped (no root for link_cut); else failure, with the logs kept.
 #
@@ -70,6 +75,14 @@ MODEL=small          # shard_kill_mid_round: wide (several chunks per shard)
 [[ $SCENARIO == shard_kill_mid_round ]] && MODEL=wide
 NODE_ARGS=()         # node_restart: two processes per worker, both runs
 [[ $SCENARIO == node_restart ]] && NODE_ARGS=(--local_ranks=2)
+WORKERS=2
+if [[ $SCENARIO == grow_shrink ]]; then
+  # Long enough for the joining workers' processes to start (seconds) and
+  # take part in many rounds.
+  WORKERS=4
+  STEPS=960
+  ROUNDS=$(( (STEPS + TAU - 1) / TAU ))
+fi
 
 WORK=$(mktemp -d /tmp/co2-fault-training.XXXXXX)
 NETNS=co2fault$$
@@ -172,7 +185,7 @@ start_training() {
   local job=$1
   shift
   "${IN_NS[@]}" timeout -s KILL "$RUN_LIMIT" "$TRAIN" --task=fashion-mnist \
-    --model=$MODEL --workers=2 --tau=$TAU --steps=$STEPS --threads=1 --seed=7 \
+    --model=$MODEL --workers=$WORKERS --tau=$TAU --steps=$STEPS --threads=1 --seed=7 \
     --aggregators="$HOST:${SHARD_PORT[0]},$HOST:${SHARD_PORT[1]}" \
     --round_timeout=$ROUND_TIMEOUT --job="$job" --run_dir="$WORK/run-$job" \
     --keep_run_dir --progress=false --eval_every=0 --final_eval_examples=2000 \
@@ -205,10 +218,16 @@ for path in sorted(glob.glob(run + "/rank-*.json")):
     r = json.load(open(path))
     got = [x["round"] for x in r["rounds"]]
     # None: a worker restarted after the last round (it fetched the anchor).
-    # A worker that healed continues at the round its report names.
+    # A worker that healed continues at the round its report names; one
+    # that left ends before the round its report names.
     steps = [x.get("healed_to", x["round"] + 1) for x in r["rounds"][:-1]]
-    if (got and got[-1] != rounds - 1) or got[1:] != steps:
-        sys.exit(f"{path}: rounds {got} are not contiguous up to {rounds - 1}")
+    end = r.get("left_at", rounds) - 1
+    if (got and got[-1] != end) or got[1:] != steps:
+        sys.exit(f"{path}: rounds {got} are not contiguous up to {end}")
+    if "left_at" in r:
+        print(f"{path.split('/')[-1]}: rounds {got[0]}..{got[-1]}, then left "
+              f"the job", file=sys.stderr)
+        continue
     if r["final_hash"] != last["anchor_fnv1a"]:
         sys.exit(f"{path}: final model {r['final_hash']} differs from the "
                  f"shards' anchor {last['anchor_fnv1a']}")
@@ -379,6 +398,32 @@ case $SCENARIO in
       log "worker 1: $(grep -o 'healed ([a-z]*) in [^:]*: continuing at round [0-9]*' "$WORK/run-fault/rank-1-0.log" | head -1)"
     fi
     ;;
+  grow_shrink)
+    start_training fault --scale=0:2,20:4,90:3
+    finish_training fault
+    grep -q "growing to 4 workers (workers 2 and 3 joining)" "$WORK/train-fault.out" ||
+      fail "the launcher did not grow the job"
+    grep -q "shrinking to 3 workers (worker 3 leaving" "$WORK/train-fault.out" ||
+      fail "the launcher did not shrink the job"
+    grep -q "left the job before round" "$WORK/run-fault/rank-3-0.log" ||
+      fail "worker 3 did not leave the job: $(tail -3 "$WORK/run-fault/rank-3-0.log")"
+    grep -q "worker worker-3 left" "$WORK/shard0.log" "$WORK/shard1.log" ||
+      fail "no shard saw worker 3 leave"
+    python3 - "$WORK/run-fault" "$ROUNDS" <<'EOF' || fail "the workers' rounds do not show the job growing and shrinking"
+import json, sys
+run, rounds = sys.argv[1], int(sys.argv[2])
+first = {}
+for w in range(4):
+    r = json.load(open(f"{run}/rank-{w}-0.json"))
+    first[w] = r["rounds"][0]["round"]
+    print(f"worker {w}: rounds {first[w]}..{r['rounds'][-1]['round']}"
+          + (f", left before round {r['left_at']}" if "left_at" in r else ""),
+          file=sys.stderr)
+    assert (w == 3) == ("left_at" in r), f"worker {w}: left_at"
+assert first[0] == first[1] == 0, first
+assert 20 <= first[2] < rounds and 20 <= first[3] < rounds, first
+EOF
+    ;;
   link_cut)
     # A worker that misses more rounds than the shards can replay heals; one
     # whose streams stay down past --connect_timeout is restarted.
@@ -394,7 +439,7 @@ case $SCENARIO in
       fail "no worker log says its stream broke and reconnected"
     ;;
   *)
-    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | worker_kill_*)"
+    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | worker_kill_* | grow_shrink)"
     ;;
 esac
 log "disturbed run took $((SECONDS - START)) s"

@@ -197,6 +197,7 @@ class Optimizer:
         self._bytes_sent = 0
         self._broken = False
         self._finished = False
+        self._left = False
 
     def connect(self) -> None:
         """Joins the job (local rank 0) and sets the parameters to the
@@ -280,14 +281,35 @@ class Optimizer:
         that anchor is checked against the shards' (``verify_final_anchor``);
         then the worker leaves the job.
         """
+        self._end(leaving=False)
+
+    def leave(self) -> None:
+        """Leaves the job before its last round (a job that shrinks).
+
+        A partial round is closed; with co2 the update of the round this
+        worker computed last is waited for and applied, so its Δ is counted
+        and the parameters are that anchor; then the worker leaves the job,
+        and the shards no longer wait for it from the next round. Every rank
+        of a node calls it at the same step, as ``finish()``. After it the
+        optimizer is finished (``left`` is True).
+        """
+        self._end(leaving=True)
+
+    @property
+    def left(self) -> bool:
+        """Whether this worker left the job with ``leave()``."""
+        return self._left
+
+    def _end(self, leaving: bool) -> None:
         if self._finished:
             return
-        self._check_usable("finish")
+        self._check_usable("leave" if leaving else "finish")
         self.connect()
         try:
             if self._steps_in_round > 0:
                 self._boundary()
-            owed = _core.owed_update(self._staleness, self.rounds, self._round)
+            last = self._round if leaving else self.rounds
+            owed = _core.owed_update(self._staleness, last, self._round)
             if owed is not None:
                 if self._exchange is not None:
                     self._host.gather()
@@ -297,7 +319,7 @@ class Optimizer:
                 self._broadcast_params()
                 self._anchor_round = self._round + 1
             if self._exchange is not None:
-                if self._verify:
+                if self._verify and not leaving:
                     self._exchange.verify_anchor(self._anchor_round)
                 self._exchange.leave()
                 # The streams close now, while the shards are up.
@@ -307,6 +329,7 @@ class Optimizer:
             self._broken = True
             raise
         self._finished = True
+        self._left = leaving
 
     # --- checkpoints ---
 
@@ -433,7 +456,8 @@ class Optimizer:
 
     def _check_usable(self, what: str) -> None:
         if self._finished:
-            raise Error("FAILED_PRECONDITION", f"co2.Optimizer.{what} after finish()")
+            ended = "leave()" if self._left else "finish()"
+            raise Error("FAILED_PRECONDITION", f"co2.Optimizer.{what} after {ended}")
         if self._broken:
             raise Error("FAILED_PRECONDITION", f"co2.Optimizer.{what} after an error")
 

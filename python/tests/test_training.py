@@ -43,6 +43,30 @@ def _run_together(agg, job, n, *extra):
     return results(procs)
 
 
+def test_a_worker_that_leaves_is_waited_for_no_longer():
+    # Worker 2 leaves after round 5 of 20: it ends on the anchor its round
+    # 4 update made (its last Δ counted), and the others finish the job
+    # without it (a round still waiting for it would time out).
+    with co2.local_aggregator(num_shards=2) as agg:
+        procs = [start_worker(["--aggregators", ",".join(agg.addresses), "--job", "shrink",
+                               "--worker", str(i), "--workers", "3", "--rounds", "20",
+                               "--tau", "4", "--update_timeout", "20", "--wait_for_go",
+                               *(["--leave_after_rounds", "5"] if i == 2 else [])])
+                 for i in range(3)]
+        for p in procs:
+            wait_for_line(p, '"joined"')
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        out = results(procs)
+    for r in out:
+        assert "error" not in r, r
+    assert [r["left"] for r in out] == [False, False, True]
+    assert out[2]["stats"]["round"] == 5 and out[2]["anchor_round"] == 6, out[2]
+    assert out[0]["stats"]["round"] == 20 and out[0]["digest"] == out[1]["digest"]
+    assert out[2]["digest"] != out[0]["digest"]
+
+
 @pytest.mark.parametrize("codec,eager_share", [("fp32", 0.0), ("int8", 0.0), ("fp32", 0.5)])
 def test_a_job_stopped_at_round_10_and_resumed_ends_bit_identical(tmp_path, codec, eager_share):
     # int8: the error-feedback residual is part of the saved state; with

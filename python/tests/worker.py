@@ -36,6 +36,8 @@ def main() -> int:
     ap.add_argument("--stop_after_rounds", type=int, default=0,
                     help="save the optimizer's state_dict to --state after this many "
                          "rounds and stop without finishing (preemption)")
+    ap.add_argument("--leave_after_rounds", type=int, default=0,
+                    help="leave the job after this many rounds (a job that shrinks)")
     ap.add_argument("--resume", default="",
                     help="rejoin and load the state_dict in this file ({worker}: the index)")
     ap.add_argument("--state", default="", help="where to save it ({worker}: the index)")
@@ -80,9 +82,13 @@ def main() -> int:
                 torch.save(opt.state_dict(), args.state)
                 print(json.dumps({"worker": args.worker, "stopped_at": opt.round}), flush=True)
                 return 0
-        opt.finish()
+            if args.leave_after_rounds and step + 1 == args.leave_after_rounds * args.tau:
+                opt.leave()
+                break
+        if not opt.left:
+            opt.finish()
         result.update(losses=losses, digest=params_digest(model), stats=opt.stats(),
-                      anchor_round=opt.anchor_round)
+                      anchor_round=opt.anchor_round, left=opt.left)
     except co2.Error as e:
         result.update(error_code=e.code, error=e.message)
     print(json.dumps(result), flush=True)

@@ -273,6 +273,35 @@ class StderrToFile {
   FILE* user_ = nullptr;
 };
 
+std::string NewJobName(absl::Time started) {
+  return absl::StrCat("co2-train-", getpid(), "-", absl::ToUnixMillis(started));
+}
+
+// With a checkpoint directory: the job's name is kept in DIR/job, written by
+// the first run and read by --resume (unless --job names it), and the
+// embedded shards' checkpoints go to DIR/shards.
+absl::Status ResumableJob(TrainerOptions& options, absl::Time started) {
+  std::error_code ec;
+  std::filesystem::create_directories(options.checkpoint_dir + "/shards", ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "cannot create ", options.checkpoint_dir, "/shards: ", ec.message()));
+  }
+  const std::string path = options.checkpoint_dir + "/job";
+  if (options.resume) {
+    if (!options.job.empty()) return absl::OkStatus();
+    std::ifstream in(path);
+    if (!(in >> options.job)) {
+      return absl::NotFoundError(absl::StrCat(
+          "--resume: no job name in ", path,
+          " (is --checkpoint_dir the one of the run to continue?)"));
+    }
+    return absl::OkStatus();
+  }
+  if (options.job.empty()) options.job = NewJobName(started);
+  return WriteFileAtomically(path, options.job + "\n");
+}
+
 std::map<std::string, std::string> Settings(const TrainerOptions& options) {
   return {{"task", options.task},
           {"model", options.model},
@@ -340,9 +369,10 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
         "cannot create ", options.run_dir, "/store: ", ec.message()));
   }
   std::filesystem::remove(ProgressPath(options.run_dir), ec);
-  if (options.job.empty()) {
-    options.job =
-        absl::StrCat("co2-train-", getpid(), "-", absl::ToUnixMillis(started));
+  if (!options.checkpoint_dir.empty()) {
+    CO2_RETURN_IF_ERROR(ResumableJob(options, started));
+  } else if (options.job.empty()) {
+    options.job = NewJobName(started);
   }
 
   const StderrToFile quiet(options.run_dir + "/aggregator.log");
@@ -355,6 +385,10 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
       shard_options.registry.shard_index = i;
       shard_options.registry.num_shards = options.shards;
       shard_options.registry.default_round_timeout = options.round_timeout;
+      if (!options.checkpoint_dir.empty()) {
+        shard_options.registry.checkpoint_dir =
+            absl::StrCat(options.checkpoint_dir, "/shards");
+      }
       CO2_ASSIGN_OR_RETURN(std::unique_ptr<server::AggregatorServer> s,
                            server::AggregatorServer::Start(shard_options));
       options.aggregators.push_back(absl::StrCat("127.0.0.1:", s->port()));

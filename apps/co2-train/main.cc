@@ -135,6 +135,14 @@ ABSL_FLAG(bool, join, false,
           "member (docs/reliability.md): it skips the start barrier, fetches "
           "the anchor and trains from the round the shards are in. Any "
           "worker leaves the job cleanly on SIGTERM, at its next boundary.");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Save each worker's state at every round boundary here (and the "
+          "embedded shards' checkpoints and the job's name), so that --resume "
+          "continues the job after every process stopped.");
+ABSL_FLAG(bool, resume, false,
+          "Continue the job of --checkpoint_dir: every worker joins at the "
+          "round of its checkpoint with its saved state; the run ends with "
+          "the bits it would have had without stopping.");
 ABSL_FLAG(bool, heal, true,
           "A worker the shards cannot take back where it is (too far behind, "
           "a stale contribution, dropped after its lease) fetches their "
@@ -221,6 +229,8 @@ co2::client::TrainerOptions ReadOptions() {
   o.rejoin = absl::GetFlag(FLAGS_rejoin);
   o.join = absl::GetFlag(FLAGS_join);
   o.scale = absl::GetFlag(FLAGS_scale);
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.resume = absl::GetFlag(FLAGS_resume);
   o.restart = absl::GetFlag(FLAGS_restart);
   o.heal = absl::GetFlag(FLAGS_heal);
   o.max_restarts = absl::GetFlag(FLAGS_max_restarts);

@@ -3,12 +3,14 @@
 #include <signal.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -19,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "apps/co2-train/run_report.h"
 #include "apps/co2-train/task_data.h"
+#include "apps/co2-train/worker_checkpoint.h"
 #include "client/aggregator_client.h"
 #include "client/collectives/process_group.h"
 #include "client/training/batches.h"
@@ -272,6 +275,20 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
   if (options.join && options.algo == "ddp") {
     return Bad("join", "needs an aggregator algorithm (not ddp)");
   }
+  if (!options.checkpoint_dir.empty() && options.algo == "ddp") {
+    return Bad("checkpoint_dir",
+               "needs an aggregator algorithm (not ddp): the shards hold the "
+               "job's state a resume continues from");
+  }
+  if (options.resume && options.checkpoint_dir.empty()) {
+    return Bad("resume", "needs --checkpoint_dir, where the run saved its "
+                         "checkpoints");
+  }
+  if (options.resume && (options.join || options.rejoin || !scale.empty())) {
+    return Bad("resume",
+               "resumes every worker of the job together: not with --join, "
+               "--rejoin or --scale");
+  }
   if (options.aggregators.empty() &&
       !(options.aggregator_ca + options.aggregator_cert +
         options.aggregator_key + options.aggregator_token_file)
@@ -377,6 +394,22 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
                        FlatParams::Create(model->parameters()));
   CO2_ASSIGN_OR_RETURN(std::unique_ptr<torch::optim::Optimizer> inner,
                        MakeInner(options, model->parameters()));
+  const std::string job = options.job.empty() ? "co2-train" : options.job;
+  const std::string checkpoint_path =
+      WorkerCheckpointPath(options.checkpoint_dir, worker);
+  std::optional<WorkerCheckpoint> resumed;
+  if (options.resume && algo != Algo::kDdp) {
+    CO2_ASSIGN_OR_RETURN(resumed,
+                         LoadWorkerCheckpoint(checkpoint_path, job, *inner));
+    // The leader joins with the anchor the checkpoint's round starts from.
+    if (resumed->anchor.size() != static_cast<size_t>(flat->numel())) {
+      return absl::DataLossError(absl::StrCat(
+          checkpoint_path, " holds an anchor of ", resumed->anchor.size(),
+          " parameters, the model has ", flat->numel()));
+    }
+    std::copy(resumed->anchor.begin(), resumed->anchor.end(),
+              flat->ParamSpan().begin());
+  }
 
   std::unique_ptr<ProcessGroup> local, global;
   if (options.local_ranks > 1) {
@@ -397,13 +430,14 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   ClientOptions client_options;
   if (algo != Algo::kDdp && leader) {
     client_options.addresses = options.aggregators;
-    client_options.job = options.job.empty() ? "co2-train" : options.job;
+    client_options.job = job;
     client_options.worker_id = absl::StrCat("worker-", worker);
     CO2_ASSIGN_OR_RETURN(client_options.job_config,
                          MakeJobConfig(options, algo));
     client_options.job_config.set_rounds(
         static_cast<uint64_t>((total_steps + options.tau - 1) / options.tau));
     client_options.rejoin = options.rejoin;
+    if (resumed) client_options.resume_round = resumed->round;
     client_options.uplink_codec = uplink;
     client_options.tls.ca_file = options.aggregator_ca;
     client_options.tls.cert_file = options.aggregator_cert;
@@ -456,15 +490,30 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
     optimizer_options.reconnect = [client_options](absl::Span<float> anchor) {
       ClientOptions rejoin = client_options;
       rejoin.rejoin = true;
+      rejoin.resume_round.reset();  // it fetches the shards' anchor
       return AggregatorClient::Connect(rejoin, anchor);
     };
   }
   const int64_t total_rounds = (total_steps + options.tau - 1) / options.tau;
   optimizer_options.rounds = static_cast<uint64_t>(total_rounds);
+  if (!options.checkpoint_dir.empty()) {
+    optimizer_options.checkpoint_every = 1;
+    optimizer_options.save_checkpoint =
+        [&checkpoint_path, &job, &inner](const WorkerCheckpoint& c) {
+          return SaveWorkerCheckpoint(checkpoint_path, job, c, *inner);
+        };
+  }
+  if (resumed) optimizer_options.resume = &*resumed;
   CO2_ASSIGN_OR_RETURN(
       std::unique_ptr<Co2Optimizer> co2,
       Co2Optimizer::Create(optimizer_options, flat.get(), inner.get(),
                            std::move(client), local.get(), global.get()));
+  if (resumed) {
+    CO2_LOG(INFO) << "worker " << worker << " rank " << local_rank
+                  << " resumed the job at round " << resumed->round
+                  << " from " << checkpoint_path;
+    resumed.reset();
+  }
 
   const bool reporter = worker == 0 && leader;
   FILE* progress = nullptr;

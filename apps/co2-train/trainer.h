@@ -105,6 +105,15 @@ struct TrainerOptions {
   // into the running job (join) and stops the highest-numbered ones with
   // SIGTERM when worker 0 has finished the round before. "" = fixed.
   std::string scale;
+  // Worker checkpoints (apps/co2-train/worker_checkpoint.h) at every round
+  // boundary into this directory, which the embedded shards also keep their
+  // checkpoints and the job's name in; "" = none. Every round, so that the
+  // shards, which replay the last two rounds' updates, are never further
+  // than a resume can follow.
+  std::string checkpoint_dir;
+  // Continue the job of checkpoint_dir after every process of it stopped:
+  // each worker joins at the round of its checkpoint with its saved state.
+  bool resume = false;
   // A worker leader the shards cannot take back where it is (behind what
   // they can replay, a stale contribution, dropped after its lease) fetches
   // their anchor and continues at their round in the same process.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/training/torch_status.h"
 #include "common/fnv_hash.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace co2::client {
@@ -139,6 +140,7 @@ absl::Status Co2Optimizer::Init() {
   }
   round_ = start_round_;
   anchor_round_ = start_round_;
+  if (options_.resume != nullptr) return RestoreCheckpoint();
   float* x = flat_->params().data_ptr<float>();
   if (local_ != nullptr && local_->size() > 1) {
     CO2_RETURN_IF_ERROR(local_->Broadcast(x, p, 0));
@@ -148,6 +150,92 @@ absl::Status Co2Optimizer::Init() {
     CO2_RETURN_IF_ERROR(global_->Broadcast(x, p, 0));
   }
   return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::RestoreCheckpoint() {
+  const WorkerCheckpoint& c = *options_.resume;
+  if (!uses_aggregator_) {
+    return absl::InvalidArgumentError(
+        "Co2Optimizer: ddp does not resume from a WorkerCheckpoint");
+  }
+  if (start_round_ != c.round) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Co2Optimizer: the checkpoint is of round ", c.round,
+        ", the shards took this worker back at round ", start_round_,
+        " (join with resume_round = the checkpoint's round)"));
+  }
+  const size_t p = static_cast<size_t>(flat_->numel());
+  if (exchange_ != nullptr) {
+    if (c.params.size() != p) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Co2Optimizer: the checkpoint holds ", c.params.size(),
+                       " parameters, the model ", p));
+    }
+    if (!c.residual.empty()) {
+      CO2_RETURN_IF_ERROR(exchange_->RestoreResidual(c.residual));
+    }
+    if (!c.eager_offset.empty()) {
+      CO2_RETURN_IF_ERROR(exchange_->RestoreEager(c.eager_offset, c.eager_last));
+    }
+    try {
+      torch::NoGradGuard no_grad;
+      flat_->params().copy_(torch::from_blob(const_cast<float*>(c.params.data()),
+                                             {flat_->numel()}, torch::kFloat));
+    } catch (...) {
+      return TorchExceptionToStatus("Co2Optimizer: x <- the checkpoint's");
+    }
+  }
+  if (local_ != nullptr && local_->size() > 1) {
+    CO2_RETURN_IF_ERROR(
+        local_->Broadcast(flat_->params().data_ptr<float>(), p, 0));
+  }
+  // The checkpoint was taken at this round's boundary, its steps done.
+  steps_ = c.steps;
+  steps_in_round_ = options_.tau;
+  resuming_ = true;
+  const absl::Status boundary = Boundary();
+  resuming_ = false;
+  return boundary;
+}
+
+absl::Status Co2Optimizer::SaveCheckpoint(RoundStats& stats) {
+  if (exchange_ == nullptr || options_.checkpoint_every <= 0 ||
+      !options_.save_checkpoint || resuming_ ||
+      (round_ + 1) % options_.checkpoint_every != 0) {
+    return absl::OkStatus();
+  }
+  // Once the previous round's update is here, every contribution before
+  // this round's is in on the shards: a resume needs only this round's Δ.
+  const std::optional<uint64_t> owed =
+      OwedUpdate(exchange_->staleness(), options_.rounds, round_);
+  if (owed) {
+    ExchangeTimes times;
+    const absl::Status awaited = exchange_->AwaitUpdate(*owed, times);
+    stats.exposed_comm += times.exposed_comm;
+    if (!awaited.ok()) {
+      // The boundary meets the same failure and heals or fails with it.
+      CO2_LOG(WARNING) << "no checkpoint at round " << round_ << ": "
+                       << awaited.message();
+      return absl::OkStatus();
+    }
+  }
+  WorkerCheckpoint c;
+  c.round = round_;
+  c.steps = steps_;
+  try {
+    const absl::Span<const float> x = HostParams();
+    c.params.assign(x.begin(), x.end());
+  } catch (...) {
+    return TorchExceptionToStatus("Co2Optimizer: checkpoint of x");
+  }
+  c.anchor = exchange_->anchor();
+  const absl::Span<const float> residual = exchange_->residual();
+  c.residual.assign(residual.begin(), residual.end());
+  const absl::Span<const float> offset = exchange_->eager_offset();
+  c.eager_offset.assign(offset.begin(), offset.end());
+  const absl::Span<const float> last = exchange_->last_delta();
+  c.eager_last.assign(last.begin(), last.end());
+  return options_.save_checkpoint(c);
 }
 
 absl::Span<float> Co2Optimizer::HostParams() {
@@ -260,6 +348,7 @@ absl::Status Co2Optimizer::Boundary() {
   stats.round = round_;
   const absl::Time start = options_.clock->Now();
   if (uses_aggregator_) {
+    CO2_RETURN_IF_ERROR(SaveCheckpoint(stats));
     CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(std::nullopt, stats));
     anchor_round_ = stats.healed_to.value_or(round_ + 1);
   }

@@ -50,6 +50,22 @@ class Optimizer;
 
 namespace co2::client {
 
+// What a worker's local leader saves to resume bit for bit after every
+// process of the job stopped (a preemption): the state at the boundary of
+// `round` once the update of round − 1 has arrived (so every contribution
+// before this round's is in on the shards) and before this round's Δ is
+// pushed. The inner optimizer's state goes with it (the caller saves it:
+// it is the state after this round's steps).
+struct WorkerCheckpoint {
+  uint64_t round = 0;  // its τ inner steps are done, its Δ not pushed
+  uint64_t steps = 0;  // inner steps of this worker so far
+  std::vector<float> params;        // x after the round's steps
+  std::vector<float> anchor;        // A_round
+  std::vector<float> residual;      // the uplink's; empty for fp32
+  std::vector<float> eager_offset;  // eager updates' state; empty when off
+  std::vector<float> eager_last;
+};
+
 struct Co2OptimizerOptions {
   Algo algo = Algo::kCo2;
   // Inner steps per round. For ddp it only groups steps into rounds for stats.
@@ -88,6 +104,21 @@ struct Co2OptimizerOptions {
   // client/anchor_exchange.h): this worker's share of a round's mean, e.g.
   // 1/M for M workers; 0: off.
   double eager_share = 0;
+  // Aggregator algorithms: every `checkpoint_every` rounds (0: never) the
+  // local leader passes a WorkerCheckpoint to `save_checkpoint` (a failure
+  // fails the boundary). With co2 it first waits for the previous round's
+  // update, which has normally arrived already. Every round (1) when all
+  // workers may stop at once: the shards replay two rounds of updates and
+  // are then at most one round past any worker's checkpoint; from an older
+  // one the worker is behind them and can only heal (fetch their anchor).
+  int checkpoint_every = 0;
+  std::function<absl::Status(const WorkerCheckpoint&)> save_checkpoint;
+  // Resumes from a WorkerCheckpoint (borrowed until Create returns; on every
+  // local rank, which share the leader's inner optimizer state): the leader's
+  // client joined with resume_round = resume->round and the saved anchor.
+  // Create restores x, the residual and the eager state and completes the
+  // boundary the checkpoint was taken at; round() is the next one.
+  const WorkerCheckpoint* resume = nullptr;
   common::Clock* clock = common::Clock::Real();  // borrowed
 };
 
@@ -207,6 +238,10 @@ class Co2Optimizer {
   absl::Span<float> HostParams();
   // RoundStats::params_hash of a boundary.
   absl::StatusOr<uint64_t> BoundaryHash();
+  // The leader's WorkerCheckpoint at this boundary, when one is due.
+  absl::Status SaveCheckpoint(RoundStats& stats);
+  // Init's part for options_.resume.
+  absl::Status RestoreCheckpoint();
 
   const Co2OptimizerOptions options_;
   FlatParams* const flat_;
@@ -230,6 +265,7 @@ class Co2Optimizer {
   std::atomic<bool> leave_requested_{false};
   bool leave_now_ = false;  // every rank: the leader leaves at this boundary
   bool left_ = false;
+  bool resuming_ = false;  // the boundary a WorkerCheckpoint was taken at
   RoundStats current_;
   std::vector<RoundStats> rounds_;
 };

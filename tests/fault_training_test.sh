@@ -40,6 +40,12 @@
 #   worker_kill_after_finish
 #                   the same after Finish, before its report: it rejoins
 #                   after the others left, with no round to compute
+#   job_resume      every process of the job killed at once, at a random
+#                   round: the launcher, the workers (kill -9) and both
+#                   shards; the shards restart from their checkpoints and
+#                   co2-train --resume continues from the workers'
+#                   checkpoints (--checkpoint_dir, both runs); the final
+#                   model must be bit-identical to the undisturbed run's
 #   grow_shrink     4 workers, a longer run: the job starts with 2, grows to
 #                   4 (co2-train --scale: workers 2 and 3 join the running
 #                   job) and shrinks to 3 (worker 3 leaves on SIGTERM, its
@@ -76,6 +82,8 @@ MODEL=small          # shard_kill_mid_round: wide (several chunks per shard)
 NODE_ARGS=()         # node_restart: two processes per worker, both runs
 [[ $SCENARIO == node_restart ]] && NODE_ARGS=(--local_ranks=2)
 WORKERS=2
+RESUMABLE=""          # job_resume: worker checkpoints in both runs
+[[ $SCENARIO == job_resume ]] && RESUMABLE=yes
 if [[ $SCENARIO == grow_shrink ]]; then
   # Long enough for the joining workers' processes to start (seconds) and
   # take part in many rounds.
@@ -189,7 +197,9 @@ start_training() {
     --aggregators="$HOST:${SHARD_PORT[0]},$HOST:${SHARD_PORT[1]}" \
     --round_timeout=$ROUND_TIMEOUT --job="$job" --run_dir="$WORK/run-$job" \
     --keep_run_dir --progress=false --eval_every=0 --final_eval_examples=2000 \
-    --report="$WORK/$job.json" "${NODE_ARGS[@]}" "$@" >"$WORK/train-$job.out" 2>&1 &
+    --report="$WORK/$job.json" "${NODE_ARGS[@]}" \
+    ${RESUMABLE:+--checkpoint_dir="$WORK/wck-$job"} "$@" \
+    >>"$WORK/train-$job.out" 2>&1 &
   TRAIN_PID=$!
 }
 
@@ -398,6 +408,24 @@ case $SCENARIO in
       log "worker 1: $(grep -o 'healed ([a-z]*) in [^:]*: continuing at round [0-9]*' "$WORK/run-fault/rank-1-0.log" | head -1)"
     fi
     ;;
+  job_resume)
+    start_training fault
+    wait_round fault $((3 + RANDOM % 20))
+    log "kill -9 co2-train, its workers and both shards after round $(current_round fault)"
+    pkill -9 -f -- "--run_dir=$WORK/run-fault" || true
+    kill -9 "${SHARD_PID[0]}" "${SHARD_PID[1]}"
+    wait "$TRAIN_PID" "${SHARD_PID[0]}" "${SHARD_PID[1]}" 2>/dev/null || true
+    restart_shard 0
+    restart_shard 1
+    log "shards restarted from their checkpoints; co2-train --resume"
+    start_training fault --resume
+    finish_training fault
+    grep -q "resumed the job at round" "$WORK"/run-fault/rank-*.log ||
+      fail "no worker log says it resumed"
+    log "$(grep -ho 'resumed the job at round [0-9]*' "$WORK"/run-fault/rank-*.log | sort -u | tr '\n' ' ')"
+    [[ $(anchor_hash base) == "$(anchor_hash fault)" ]] ||
+      fail "the resumed job's final model differs from the undisturbed run's"
+    ;;
   grow_shrink)
     start_training fault --scale=0:2,20:4,90:3
     finish_training fault
@@ -439,7 +467,7 @@ EOF
       fail "no worker log says its stream broke and reconnected"
     ;;
   *)
-    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | worker_kill_* | grow_shrink)"
+    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | worker_kill_* | grow_shrink | job_resume)"
     ;;
 esac
 log "disturbed run took $((SECONDS - START)) s"

@@ -363,6 +363,9 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
     own_run_dir = true;
   }
   std::error_code ec;
+  // Rendezvous keys left by an earlier run in the same directory (one that
+  // was killed) would be taken for this run's.
+  std::filesystem::remove_all(options.run_dir + "/store", ec);
   std::filesystem::create_directories(options.run_dir + "/store", ec);
   if (ec) {
     return absl::PermissionDeniedError(absl::StrCat(

@@ -3,7 +3,8 @@
 # 4 workers, each in its own network namespace behind a tc-tbf-shaped link,
 # and the aggregator shards in another (bench/overlap/netns.sh), train
 # Fashion-MNIST's CNN with ddp, localsgd, diloco and co2 (co2-train's
-# defaults: eager updates), each from the same seed. Every algorithm but ddp
+# defaults: each algorithm's inner lr from the convergence study, co2 with
+# eager updates), each from the same seed. Every algorithm but ddp
 # runs twice ddp's steps, so that each has the time to pass ddp's final
 # accuracy if it can. Writes bench/results/time_to_accuracy.json and
 # time_to_accuracy.png: validation accuracy (1,000 test images) against
@@ -71,9 +72,9 @@ run() {
 }
 
 echo "link $rate, tau $tau" >&2
-run ddp "$steps" --lr=2e-3
-run localsgd $((2 * steps)) --lr=2e-3
-run diloco $((2 * steps)) --lr=2e-3
+run ddp "$steps"
+run localsgd $((2 * steps))
+run diloco $((2 * steps))
 run co2 $((2 * steps))
 
 /usr/bin/python3 "$here/overlap/time_to_accuracy.py" --scratch="$scratch" \

@@ -33,8 +33,8 @@ ABSL_FLAG(uint64_t, seed, 1, "Seeds the model, the data partition and order.");
 ABSL_FLAG(std::string, optimizer, "adamw", "Inner optimizer: adamw | sgd.");
 ABSL_FLAG(std::optional<double>, lr, std::nullopt,
           "Inner learning rate; unset: the study's best (docs/results.md): "
-          "fashion-mnist 4e-3 for co2, 2e-3 otherwise; charlm 3.2e-2 for "
-          "co2, 8e-3 otherwise.");
+          "fashion-mnist 4e-3 for co2, 5e-4 for diloco, 2e-3 otherwise; "
+          "charlm 3.2e-2 for co2, 2e-3 for diloco, 8e-3 otherwise.");
 ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine");
 ABSL_FLAG(double, weight_decay, 0.01, "Inner weight decay.");
 ABSL_FLAG(int, batch_size, 32, "Examples per local rank and inner step.");

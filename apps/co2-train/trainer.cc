@@ -200,9 +200,10 @@ bool RunsEagerUpdates(const TrainerOptions& options) {
 }
 
 double DefaultLearningRate(absl::string_view task, absl::string_view algo) {
-  const bool co2 = algo == "co2";
-  if (task == "charlm") return co2 ? 3.2e-2 : 8e-3;
-  return co2 ? 4e-3 : 2e-3;
+  const bool charlm = task == "charlm";
+  if (algo == "co2") return charlm ? 3.2e-2 : 4e-3;
+  if (algo == "diloco") return charlm ? 2e-3 : 5e-4;
+  return charlm ? 8e-3 : 2e-3;
 }
 
 absl::Status ValidateTrainerOptions(const TrainerOptions& options) {

@@ -185,7 +185,8 @@ bool RunsEagerUpdates(const TrainerOptions& options);
 
 // The inner learning rate of `algo` on `task` where the user gives none:
 // the best of the convergence study's sweeps (docs/results.md). co2's is
-// larger: its outer step is smaller than a synchronous average's.
+// larger: its outer step is smaller than a synchronous average's; diloco's
+// smaller: its Nesterov outer step amplifies the round's Δ.
 double DefaultLearningRate(absl::string_view task, absl::string_view algo);
 
 // Checks that the data set of the task loads and validates (used by the

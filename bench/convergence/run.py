@@ -11,9 +11,11 @@ Runs are cached in --work (one report per run id), so an interrupted study
 resumes where it stopped. Standard library only (Debian's python3); gnuplot
 draws the plots.
 
-  bench/convergence/run.py                 # the full study (about 90 min, 2 cores)
+  bench/convergence/run.py                 # the full study (about 70 min, 2 cores)
   bench/convergence/run.py --quick         # smoke test (about 1 min)
   bench/convergence/run.py --only 'fashion-mnist/tau12/'  # a subset
+  bench/convergence/run.py --only 'charlm/tau48/diloco/seed1' --lrs 4e-3,1.6e-2
+                                           # an inner-lr sweep of those runs
 """
 import argparse
 import json
@@ -35,15 +37,18 @@ WORKERS = 4
 # Per task: steps of the full study (a multiple of every τ, and at least 20
 # rounds at τ = 128), batch, eval sizes, the metric the table reports, the
 # inner AdamW learning rates, and which variants run: `seeded` with every
-# seed at every τ (ddp, which has no rounds, at the first τ only), `single`
-# with the first seed at every τ, `ablations` with the first seed at the
-# first τ. charlm trains on short windows (8 × 16 bytes per step): the cost
-# of co2's one-round-stale anchor is per round, so the LSTM gets many
-# rounds for few bytes.
+# seed at every τ (ddp, which has no rounds, at the first τ only), `best_co2`
+# (τ → the co2 variant best on seed 1 at that τ, in the table) also with
+# every seed at that τ, `single` with the first seed at every τ, `ablations`
+# with the first seed at the first τ. charlm trains on short windows (8 × 16
+# bytes per step): the cost of co2's one-round-stale anchor is per round, so
+# the LSTM gets many rounds for few bytes.
 #
 # Learning rates (seed 1 sweeps, docs/results.md): "base" is DDP's best and
-# every synchronous algorithm uses it; "co2" is co2's best. co2 halves the
-# outer step (α = 0.5, docs/usage.md §4), so its best inner lr is larger.
+# ddp, localsgd and slowmo use it; "co2" is co2's best; "diloco" is
+# DiLoCo's. co2 halves the outer step (α = 0.5, docs/usage.md §4), so its
+# best inner lr is larger; DiLoCo's Nesterov outer step (α = 0.7, β = 0.9)
+# amplifies the round's delta, so its best is smaller.
 # Fashion-MNIST, ddp at 1 epoch: 85.5 % at 1e-3, 86.3 % at 2e-3, 86.2 % at
 # 3e-3; at batch 16 and 2 epochs (seed 1) 87.43 % at 1e-3, 87.78 % at 2e-3,
 # 87.44 % at 3e-3. co2 (batch 32, 2 epochs): 87.57 % at 4e-3, 87.60 % at
@@ -51,12 +56,20 @@ WORKERS = 4
 # reason as charlm's short windows: twice the rounds for the same samples.
 # charlm, ddp: 2.205 at 4e-3, 2.176 at 8e-3, 2.184 at 1.6e-2; co2: 2.187 at
 # 1.6e-2, 2.163 at 3.2e-2, 2.203 at 6.4e-2.
+# diloco, at the study's own steps and flags, τ = 48, seed 1 (run.py --lrs,
+# bench/results/convergence_lr_sweep.json): Fashion-MNIST 88.84 % at
+# 2.5e-4, 89.55 % at 5e-4, 89.35 % at 1e-3, 89.18 % at 2e-3, 87.02 % at
+# 4e-3; charlm 2.2260 at 1e-3, 2.1512 at 2e-3, 2.1517 at 4e-3, 2.1733 at
+# 8e-3, 2.2500 at 1.6e-2.
 TASKS = {
     "fashion-mnist": dict(steps=3072, quick_steps=48, batch=16,
                           flags=["--eval_examples=1000", "--final_eval_examples=0"],
                           metric="test_accuracy", curve="metric",
-                          higher_better=True, lr=dict(base=2e-3, co2=4e-3),
+                          higher_better=True,
+                          lr=dict(base=2e-3, co2=4e-3, diloco=5e-4),
                           seeded=["ddp", "diloco", "co2-eager"],
+                          best_co2={12: "co2-eager-dn", 48: "co2-eager",
+                                    128: "co2-eager-a0.5"},
                           single=["localsgd", "co2", "co2-eager-a0.5", "co2-dn",
                                   "co2-eager-dn"],
                           ablations=["slowmo", "co2-penalty", "co2-clip",
@@ -65,8 +78,11 @@ TASKS = {
                    flags=["--seq_len=16", "--eval_examples=200",
                           "--final_eval_examples=1000"],
                    metric="val_loss", curve="eval_loss",
-                   higher_better=False, lr=dict(base=8e-3, co2=3.2e-2),
+                   higher_better=False,
+                   lr=dict(base=8e-3, co2=3.2e-2, diloco=2e-3),
                    seeded=["ddp", "diloco", "co2-eager"],
+                   best_co2={12: "co2", 48: "co2-eager-a0.5",
+                             128: "co2-eager-a0.5"},
                    single=["localsgd", "co2", "co2-eager-a0.5", "co2-dn",
                            "co2-eager-dn"],
                    ablations=["slowmo", "co2-penalty", "co2-clip", "co2-int8"]),
@@ -88,7 +104,7 @@ VARIANTS = {
     "ddp": ("ddp", "base", []),
     "localsgd": ("localsgd", "base", []),
     "slowmo": ("slowmo", "base", ["--alpha=1", "--beta=0.5"]),
-    "diloco": ("diloco", "base", []),
+    "diloco": ("diloco", "diloco", []),
     "co2": ("co2", "co2", CO2_OUTER),
     # Outer momentum under the one-round-stale average (docs/algorithm.md),
     # at the settings the τ = 48 sweep chose (docs/results.md).
@@ -147,12 +163,14 @@ def plan(quick, seeds, taus, outer_flags):
         # every row.
         for s in seeds:
             for tau in taus:
-                for v in t["seeded"]:
+                seeded = list(dict.fromkeys(t["seeded"] + [t["best_co2"][tau]]))
+                for v in seeded:
                     if v != "ddp" or tau == taus[0]:
                         add(task, v, tau, s)
                 if s == seeds[0]:
                     for v in t["single"]:
-                        add(task, v, tau, s)
+                        if v not in seeded:
+                            add(task, v, tau, s)
             if s == seeds[0]:
                 for v in t["ablations"]:
                     add(task, v, taus[0], s)
@@ -162,6 +180,41 @@ def plan(quick, seeds, taus, outer_flags):
             add(task, v, taus[0], seeds[0], extra=STRESS["flags"],
                 group=f"{task}/{STRESS['name']}/{v}")
     return runs
+
+
+def at_lr(spec, lr):
+    """The run `spec` with only its inner lr changed; its own id unless lr is
+    the plan's (then it is the study's run, cached or not)."""
+    arg = f"--lr={lr:g}"
+    if spec["args"][-1] == arg:  # plan() appends --lr last
+        return dict(spec, lr=lr)
+    g = f"{spec['group']}-lr{lr:g}"
+    return dict(spec, group=g, id=f"{g}/seed{spec['seed']}", lr=lr,
+                args=spec["args"][:-1] + [arg])
+
+
+def write_lr_sweep(path, results, head):
+    """Merges `results` into the lr-sweep file at `path`, one entry per
+    (task, τ, variant, seed, lr): a later run of the same replaces it."""
+    def key(r):
+        return (r["task"], r["tau"], r["variant"], r["seed"], r["lr"])
+    runs = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            runs = {key(r): r for r in json.load(f)["runs"]}
+    for r in results:
+        runs[key(r)] = r
+    runs = [runs[k] for k in sorted(runs)]
+    summary = [dict(task=r["task"], tau=r["tau"], variant=r["variant"], seed=r["seed"],
+                    lr=r["lr"], metric=TASKS[r["task"]]["metric"],
+                    value=r.get("final_metrics", {}).get(TASKS[r["task"]]["metric"]),
+                    status=r["status"]) for r in runs]
+    with open(path, "w") as f:
+        json.dump(dict(head, study="convergence_lr_sweep", summary=summary, runs=runs),
+                  f, indent=1)
+    for row in summary:
+        print(f"{row['task']:14} tau{row['tau']:<4} {row['variant']:10} seed{row['seed']} "
+              f"lr {row['lr']:<8g} {row['metric']} {row['value']} ({row['status']})")
 
 
 def run_one(spec, binary, work, timeout, rerun, cached_only=False):
@@ -426,6 +479,10 @@ def main():
     ap.add_argument("--rerun", action="store_true", help="ignore cached runs")
     ap.add_argument("--outer", default="",
                     help="extra outer flags for every non-ddp run, e.g. '--beta=0.2'")
+    ap.add_argument("--lrs", default="",
+                    help="an inner-lr sweep: the selected runs at each of these lrs "
+                         "(comma-separated), merged into <out>/convergence_lr_sweep.json; "
+                         "the study's outputs are left alone")
     ap.add_argument("--list", action="store_true", help="print the plan and exit")
     ap.add_argument("--cached_only", action="store_true",
                     help="run nothing: summarise the runs already in --work")
@@ -438,6 +495,8 @@ def main():
     runs = plan(a.quick, seeds, taus, shlex.split(a.outer))
     if a.only:
         runs = [r for r in runs if re.search(a.only, r["id"])]
+    if a.lrs:
+        runs = [at_lr(r, float(lr)) for r in runs for lr in a.lrs.split(",")]
     if a.list:
         for r in runs:
             print(r["id"], " ".join(r["args"]))
@@ -454,6 +513,12 @@ def main():
                                                   a.cached_only), runs))
     not_run = [s["id"] for s, r in zip(runs, results) if r is None]
     results = [r for r in results if r is not None]
+    if a.lrs:
+        write_lr_sweep(os.path.join(a.out, "convergence_lr_sweep.json"), results,
+                       dict(note="each run is the study's run (run.py's plan) with only "
+                                 "--lr changed: run.py --only ... --lrs ...",
+                            binary=a.bin, git_head=git_head(), machine=machine(load_at_start)))
+        return 1 if any(r["status"] == "failed" for r in results) else 0
     rows = summarize(results)
     name = "convergence_quick" if a.quick else "convergence"
     pngs = plots(results, a.out, name)

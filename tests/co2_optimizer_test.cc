@@ -7,12 +7,15 @@
 #include <stdlib.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <ostream>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -460,6 +463,131 @@ TEST(Co2OptimizerTest, ALeavingNodeIsCountedUntilItLeaves) {
     EXPECT_THAT(results[thread].step_after.message(),
                 ::testing::HasSubstr("leaving the job"));
   }
+}
+
+// Every worker of a co2 job (AdamW inner steps, eager updates, 2 shards)
+// stops at the boundary of round 3, right after saving its WorkerCheckpoint
+// (the save fails the boundary, so its Δ_3 is never pushed: a process that
+// died there). New optimizers resume from the checkpoints and the inner
+// states saved with them; the job ends with the bits of the same job run
+// without stopping.
+TEST(Co2OptimizerTest, AJobResumedFromWorkerCheckpointsEndsBitIdentical) {
+  constexpr int kTau = 3;
+  constexpr int kRounds = 7;
+  constexpr uint64_t kStopAt = 3;
+  constexpr int64_t kParams = 65536 + 1000;  // spans both shards
+  Shards shards(2);
+  struct Worker {
+    torch::Tensor w;
+    std::unique_ptr<FlatParams> flat;
+    std::unique_ptr<torch::optim::AdamW> inner;
+    std::unique_ptr<Co2Optimizer> opt;
+  };
+  struct Saved {
+    WorkerCheckpoint checkpoint;
+    std::string inner;  // the inner optimizer's serialized state
+  };
+  // Runs worker `i` of `job` from round start to the end (or until its
+  // boundary of `stop_at` when `saved`), returning its final parameters.
+  auto run = [&](const std::string& job, int i, Saved* saved,
+                 std::optional<uint64_t> stop_at,
+                 std::atomic<int>& connected) -> absl::StatusOr<torch::Tensor> {
+    Worker wk;
+    wk.w = torch::linspace(-1, 1, kParams).requires_grad_(true);
+    CO2_ASSIGN_OR_RETURN(wk.flat, FlatParams::Create({wk.w}));
+    wk.inner = std::make_unique<torch::optim::AdamW>(
+        std::vector<torch::Tensor>{wk.w}, torch::optim::AdamWOptions(1e-2));
+    ClientOptions client_options = MakeClientOptions(
+        shards, job, absl::StrCat("w", i), Algo::kCo2, 0, kTau);
+    const bool resuming = saved != nullptr && !stop_at;
+    if (resuming) {
+      client_options.resume_round = saved->checkpoint.round;
+      std::copy(saved->checkpoint.anchor.begin(),
+                saved->checkpoint.anchor.end(), wk.flat->ParamSpan().begin());
+      std::istringstream in(saved->inner);
+      torch::serialize::InputArchive archive;
+      archive.load_from(in);
+      wk.inner->load(archive);
+    }
+    CO2_ASSIGN_OR_RETURN(
+        std::unique_ptr<AggregatorClient> client,
+        AggregatorClient::Connect(client_options, wk.flat->ParamSpan()));
+    ++connected;
+    if (!co2::testing::WaitFor([&] { return connected % 2 == 0; },
+                               absl::Seconds(30))) {
+      return absl::DeadlineExceededError("the other worker did not connect");
+    }
+    Co2OptimizerOptions options;
+    options.tau = kTau;
+    options.rounds = kRounds;
+    options.eager_share = 0.5;
+    options.update_timeout = absl::Seconds(10);  // fail, do not hang
+    if (stop_at) {
+      options.checkpoint_every = 1;
+      options.save_checkpoint = [&](const WorkerCheckpoint& c) {
+        if (c.round != *stop_at) return absl::OkStatus();
+        saved->checkpoint = c;
+        std::ostringstream out;
+        torch::serialize::OutputArchive archive;
+        wk.inner->save(archive);
+        archive.save_to(out);
+        saved->inner = out.str();
+        return absl::CancelledError("stopped after the checkpoint");
+      };
+    }
+    if (resuming) options.resume = &saved->checkpoint;
+    CO2_ASSIGN_OR_RETURN(
+        wk.opt, Co2Optimizer::Create(options, wk.flat.get(), wk.inner.get(),
+                                     std::move(client), nullptr, nullptr));
+    const float c = 0.5f + i;
+    for (int64_t step = wk.opt->round() * kTau; step < kTau * kRounds;
+         ++step) {
+      wk.opt->ZeroGrad();
+      ((wk.w * c).sum() + 0.5 * wk.w.pow(2).sum()).backward();
+      absl::Status status = wk.opt->Step();
+      if (status.code() == absl::StatusCode::kCancelled && stop_at) {
+        return torch::Tensor();
+      }
+      CO2_RETURN_IF_ERROR(status);
+    }
+    CO2_RETURN_IF_ERROR(wk.opt->Finish());
+    return wk.flat->params().clone();
+  };
+  std::vector<torch::Tensor> whole(2), resumed(2);
+  std::vector<Saved> saved(2);
+  std::vector<std::string> errors(2);
+  std::atomic<int> connected{0};
+  auto in_threads = [&](const std::function<absl::StatusOr<torch::Tensor>(
+                            int)>& body,
+                        std::vector<torch::Tensor>* out) {
+    RunThreads(2, [&](int i) {
+      absl::StatusOr<torch::Tensor> x = body(i);
+      if (!x.ok()) {
+        errors[i] = x.status().ToString();
+      } else if (out != nullptr) {
+        (*out)[i] = *x;
+      }
+    });
+  };
+  in_threads([&](int i) { return run("whole", i, nullptr, {}, connected); },
+             &whole);
+  in_threads(
+      [&](int i) { return run("resumed", i, &saved[i], kStopAt, connected); },
+      nullptr);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(errors[i], "") << "worker " << i;
+    ASSERT_EQ(saved[i].checkpoint.round, kStopAt) << "worker " << i;
+    EXPECT_EQ(saved[i].checkpoint.steps, kStopAt * kTau + kTau);
+    EXPECT_FALSE(saved[i].checkpoint.eager_offset.empty());
+  }
+  in_threads(
+      [&](int i) { return run("resumed", i, &saved[i], {}, connected); },
+      &resumed);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(errors[i], "") << "worker " << i;
+    EXPECT_TRUE(torch::equal(resumed[i], whole[i])) << "worker " << i;
+  }
+  EXPECT_TRUE(torch::equal(whole[0], whole[1]));
 }
 
 TEST(Co2OptimizerTest, DdpAllReducesGradientsAcrossAllRanks) {

@@ -139,5 +139,63 @@ TEST(HealE2eTest, AWorkerLeftBehindHealsAndEndsOnTheShardsAnchor) {
       << "the healed worker ends on another anchor";
 }
 
+// Worker 1 joins a running job (it fetches the anchor that starts round 2)
+// and worker 0, the only other member, leaves before it sends round 1. No
+// live worker takes part in round 1 any more: it closes with no
+// contributions, worker 1 gets the update it owes and trains the job to its
+// end alone, on the shards' anchor bit for bit.
+TEST(HealE2eTest, ARoundNoMemberTakesPartInClosesAndTheJoinerGoesOn) {
+  E2eSpec spec;
+  spec.params = 2 * common::kChunkElements + 77;
+  spec.shards = 2;
+  spec.workers = 2;
+  spec.rounds = 6;
+  v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
+  config.set_min_workers(1);
+  config.set_rounds(spec.rounds);
+  Cluster cluster(spec.shards);
+  const absl::Time deadline = absl::Now() + kTimeout;
+
+  std::vector<float> a0 = InitialAnchor(spec.params);
+  auto w0 = client::AggregatorClient::Connect(
+      WorkerOptions(cluster.addresses(), "orphan", config, 0),
+      absl::MakeSpan(a0));
+  ASSERT_TRUE(w0.ok()) << w0.status();
+  std::vector<float> delta(spec.params);
+  for (size_t j = 0; j < spec.params; ++j) delta[j] = Delta(0, 0, j);
+  ASSERT_TRUE((*w0)->Push(0, delta, Weight(0), deadline).ok());
+  ASSERT_TRUE((*w0)->WaitForUpdate(0, deadline).ok());  // round 0 closed
+
+  std::vector<float> x = InitialAnchor(spec.params);
+  auto w1 = client::AggregatorClient::Connect(
+      WorkerOptions(cluster.addresses(), "orphan", config, 1),
+      absl::MakeSpan(x));
+  ASSERT_TRUE(w1.ok()) << w1.status();
+  EXPECT_EQ((*w1)->start_round(), 2u);
+  ASSERT_TRUE((*w0)->Leave(deadline).ok());
+  w0->reset();
+
+  auto exchange = client::AnchorExchange::Create(
+      ExchangeOptions(spec, 1, kTimeout), *std::move(w1), x);
+  ASSERT_TRUE(exchange.ok()) << exchange.status();
+  for (uint64_t round = 2; round < spec.rounds; ++round) {
+    const std::vector<float>& a = (*exchange)->anchor();
+    for (size_t j = 0; j < spec.params; ++j) x[j] = a[j] - Delta(1, round, j);
+    client::ExchangeTimes times;
+    const absl::Status s =
+        (*exchange)->Boundary(round, 1, absl::MakeSpan(x), times);
+    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s;
+  }
+  client::ExchangeTimes times;
+  ASSERT_TRUE(
+      (*exchange)->Drain(spec.rounds - 1, absl::MakeSpan(x), times).ok());
+  uint64_t round = 0;
+  const std::vector<float> shards = cluster.Anchor("orphan", &round);
+  EXPECT_EQ(round, spec.rounds + 1);
+  ASSERT_EQ(shards.size(), spec.params);
+  EXPECT_EQ(std::memcmp(x.data(), shards.data(), spec.params * sizeof(float)),
+            0);
+}
+
 }  // namespace
 }  // namespace co2::testing

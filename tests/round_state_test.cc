@@ -59,6 +59,7 @@ class RoundStateTest : public ::testing::Test {
     options.round_timeout = kTimeout;
     options.deadline = deadline;
     options.exact_sums = exact_sums_;
+    options.rounds = rounds_;
     state_ = std::make_unique<RoundState>(options, &clock_);
   }
 
@@ -104,6 +105,7 @@ class RoundStateTest : public ::testing::Test {
   common::FakeClock clock_;
   std::unique_ptr<RoundState> state_;
   bool exact_sums_ = false;  // RoundOptions::exact_sums for the next Init
+  uint64_t rounds_ = 0;      // RoundOptions::rounds for the next Init
 };
 
 // --- N workers with rank-valued deltas, swept over N and shard size. ---
@@ -794,6 +796,45 @@ TEST_F(RoundStateTest, NeverClosesWithoutACompleteContribution) {
   state_->RemoveWorker("a");
   EXPECT_FALSE(state_->TryClose().has_value());
   EXPECT_EQ(state_->open_round(), 0u);
+}
+
+// Every worker healed: each left the rounds and joined again at the round
+// after the open one (the anchor it fetched starts that round). Nothing can
+// complete the open round, so it closes with no contributions (mean 0),
+// once none of them is still without a round; the next one needs them all.
+// Never past the job's last round.
+TEST_F(RoundStateTest, ARoundNoLiveWorkerTakesPartInClosesEmpty) {
+  rounds_ = 3;
+  Init(2 * kChunkElements);
+  state_->AddWorker("a", 0);
+  state_->AddWorker("b", 0);
+  SendAll("a", 0, Constant(1));
+  SendAll("b", 0, Constant(3));
+  ASSERT_TRUE(state_->TryClose().has_value());
+  state_->RemoveWorker("a");
+  state_->RemoveWorker("b");
+  state_->AddWorker("a", 2);
+  state_->AddWorker("b", UINT64_MAX);  // joined, not fetched yet
+  EXPECT_FALSE(state_->TryClose().has_value());
+  state_->AddWorker("b", 2);
+  std::optional<ClosedRound> closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->round, 1u);
+  EXPECT_EQ(closed->contributors, 0u);
+  EXPECT_FALSE(closed->quorum_close);
+  ExpectMean(Flat(*closed), Constant(0));
+  EXPECT_FALSE(state_->TryClose().has_value());  // round 2 needs both
+  SendAll("a", 2, Constant(1));
+  SendAll("b", 2, Constant(3));
+  closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_EQ(closed->contributors, 2u);
+  ExpectMean(Flat(*closed), Constant(2));
+  // Past the last round (2) nothing closes, even with no one required.
+  state_->AddWorker("a", 4);
+  state_->AddWorker("b", 4);
+  EXPECT_FALSE(state_->TryClose().has_value());
+  EXPECT_EQ(state_->open_round(), 3u);
 }
 
 TEST_F(RoundStateTest, NextRoundDeadlineStartsWhenItOpens) {

@@ -243,6 +243,16 @@ std::optional<ClosedRound> RoundState::TryClose() {
   if (all_required_done && complete > 0) {
     return Close(complete, total_weight, /*quorum_close=*/false);
   }
+  // No live worker takes part in the open round: each of them joined at a
+  // later one (every worker healed or rejoined and fetched the anchor that
+  // starts the next round), so no contribution can complete it. It closes
+  // with what it holds (its mean 0 where nothing came: the outer step moves
+  // the anchor by momentum alone), so that they get the update they owe.
+  if (all_required_done && complete == 0 && live_workers_ > 0 &&
+      !HasWorkerWithoutRound() &&
+      (options_.rounds == 0 || open_ < options_.rounds)) {
+    return Close(0, 0, /*quorum_close=*/false);
+  }
   if (!deadline_.has_value() || clock_->Now() < *deadline_) {
     return std::nullopt;
   }

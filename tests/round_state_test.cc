@@ -802,7 +802,7 @@ TEST_F(RoundStateTest, NeverClosesWithoutACompleteContribution) {
 // after the open one (the anchor it fetched starts that round). Nothing can
 // complete the open round, so it closes with no contributions (mean 0),
 // once none of them is still without a round; the next one needs them all.
-// Never past the job's last round.
+// Only in a job that states its rounds, and never past the last.
 TEST_F(RoundStateTest, ARoundNoLiveWorkerTakesPartInClosesEmpty) {
   rounds_ = 3;
   Init(2 * kChunkElements);
@@ -835,6 +835,17 @@ TEST_F(RoundStateTest, ARoundNoLiveWorkerTakesPartInClosesEmpty) {
   state_->AddWorker("b", 4);
   EXPECT_FALSE(state_->TryClose().has_value());
   EXPECT_EQ(state_->open_round(), 3u);
+  // Nor in a job that does not state its rounds: a worker that joined
+  // after the last round looks the same.
+  rounds_ = 0;
+  Init(1000);
+  state_->AddWorker("a", 0);
+  SendAll("a", 0, Constant(1));
+  ASSERT_TRUE(state_->TryClose().has_value());
+  state_->AddWorker("late", 2);
+  state_->RemoveWorker("a");
+  EXPECT_FALSE(state_->TryClose().has_value());
+  EXPECT_EQ(state_->open_round(), 1u);
 }
 
 TEST_F(RoundStateTest, NextRoundDeadlineStartsWhenItOpens) {

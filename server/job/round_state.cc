@@ -248,9 +248,11 @@ std::optional<ClosedRound> RoundState::TryClose() {
   // starts the next round), so no contribution can complete it. It closes
   // with what it holds (its mean 0 where nothing came: the outer step moves
   // the anchor by momentum alone), so that they get the update they owe.
+  // Only in a job that states its rounds: without them, a worker that
+  // joined after the last round would look the same, and the job's final
+  // anchor must not move.
   if (all_required_done && complete == 0 && live_workers_ > 0 &&
-      !HasWorkerWithoutRound() &&
-      (options_.rounds == 0 || open_ < options_.rounds)) {
+      !HasWorkerWithoutRound() && open_ < options_.rounds) {
     return Close(0, 0, /*quorum_close=*/false);
   }
   if (!deadline_.has_value() || clock_->Now() < *deadline_) {

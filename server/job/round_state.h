@@ -58,8 +58,9 @@ struct RoundOptions {
   // Sum contributions exactly, so that a round's mean is the same bits in
   // any order of arrival (JobConfig.deterministic); else in fp32.
   bool exact_sums = false;
-  // The job's rounds (JobConfig.rounds); 0: not stated. No round past the
-  // last closes without contributions (TryClose).
+  // The job's rounds (JobConfig.rounds); 0: not stated. Only a job that
+  // states them closes a round without contributions, and never past the
+  // last (TryClose).
   uint64_t rounds = 0;
 };
 

@@ -2,8 +2,8 @@
 # Every benchmark of docs/performance.md, each kept short; results go to
 # bench/results/. `make bench` runs this.
 #   bench/run_all.sh [BUILD_DIR]     (default build; ~7–9 min on 2 busy cores,
-#                                    and ~30 min more as root: the overlap
-#                                    and the time to accuracy)
+#                                    and ~55 min more as root: the overlap,
+#                                    the time to accuracy and the chaos run)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
@@ -22,8 +22,11 @@ if [ "$(id -u)" = 0 ]; then
   "$here/run_overlap.sh" "$build"
   echo "== time to accuracy (bench/results/time_to_accuracy.json; ~3 min)"
   "$here/run_time_to_accuracy.sh" "$build"
+  echo "== goodput under chaos (bench/results/chaos.json; ~22 min)"
+  "$here/chaos/run.sh" "$build"
 else
-  echo "== aggregator over links, overlap and time to accuracy skipped:" \
+  echo "== aggregator over links, overlap, time to accuracy and chaos skipped:" \
     "they need root (sudo bench/run_aggregator_links.sh $build;" \
-    "sudo bench/run_overlap.sh $build; sudo bench/run_time_to_accuracy.sh $build)"
+    "sudo bench/run_overlap.sh $build; sudo bench/run_time_to_accuracy.sh $build;" \
+    "sudo bench/chaos/run.sh $build)"
 fi

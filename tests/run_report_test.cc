@@ -189,6 +189,20 @@ TEST(RunReportTest, ARankThatLeftEndsEarlyWithItsOwnFinalModel) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(RunReportTest, ARankThatHealedInFinishEndsWithTheFinalAnchor) {
+  // Worker 1 stopped in round 3 of 6 and healed in Finish's drain, to the
+  // round after the last (7, the final anchor's): its rounds end at 3.
+  std::vector<RankReport> ranks = {MakeRank(0, 0, 6), MakeRank(1, 0, 4)};
+  ranks[1].rounds.back().healed_to = 7;
+  ranks[1].rounds.back().heal_reason = "behind";
+  auto summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_TRUE(summary->params_identical) << summary->first_difference;
+  ranks[1].rounds.back().healed_to.reset();  // the same end without a heal
+  EXPECT_EQ(Summarize(ranks).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(RunReportTest, ARankRestartedAfterTheLastRoundReportsNone) {
   // Worker 0 restarted after worker 1 had run every round: it fetched the
   // final anchor and trained no round. The merge takes the curve and the

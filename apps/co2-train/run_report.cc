@@ -243,10 +243,14 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
   double train_s = 0;
   for (const RankReport& r : ranks) {
     const uint64_t last = rounds > 0 ? longest->rounds.back().round : 0;
+    // A rank that healed past the last round (in Finish) ends with the
+    // final anchor all the same.
+    const RankRound* end = r.rounds.empty() ? nullptr : &r.rounds.back();
     bool contiguous =
-        r.rounds.empty() ||
-        (r.left_at ? r.rounds.back().round + 1 == *r.left_at
-                   : r.rounds.back().round == last);
+        end == nullptr ||
+        (r.left_at ? end->round + 1 == *r.left_at
+                   : end->round == last ||
+                         (end->healed_to && *end->healed_to > last));
     for (size_t i = 1; i < r.rounds.size() && contiguous; ++i) {
       const RankRound& before = r.rounds[i - 1];
       contiguous =

@@ -538,7 +538,17 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   auto record_rounds = [&]() -> absl::Status {
     while (consumed < co2->rounds().size()) {
       const RoundStats& s = co2->rounds()[consumed++];
-      if (s.steps == 0) continue;
+      if (s.steps == 0) {
+        // A heal in Finish's drain: the last round's boundary continued at
+        // the round it names (past the job's last, with the final anchor).
+        if (s.healed_to && !report.rounds.empty()) {
+          report.rounds.back().healed_to = s.healed_to;
+          if (s.heal_reason != nullptr) {
+            report.rounds.back().heal_reason = s.heal_reason;
+          }
+        }
+        continue;
+      }
       if (metrics != nullptr) {
         WorkerRoundSample sample;
         sample.inner_steps = s.steps;

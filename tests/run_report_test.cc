@@ -189,6 +189,21 @@ TEST(RunReportTest, ARankThatLeftEndsEarlyWithItsOwnFinalModel) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(RunReportTest, TheLongestRanksHealedRoundIsNotCompared) {
+  // Worker 1 healed at round 4 to round 6 and reports more rounds than
+  // worker 0, restarted at round 2: worker 1's round-4 entry holds A_6 (the
+  // hash of round 5's), which worker 0's round 4 is not compared with.
+  std::vector<RankReport> ranks = {MakeRank(0, 0, 7), MakeRank(1, 0, 7)};
+  ranks[0].rounds.erase(ranks[0].rounds.begin(), ranks[0].rounds.begin() + 2);
+  std::vector<RankRound>& healed = ranks[1].rounds;
+  healed.erase(healed.begin() + 5);  // 0 1 2 3 4 6
+  healed[4].healed_to = 6;
+  healed[4].params_hash = "h5";
+  auto summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_TRUE(summary->params_identical) << summary->first_difference;
+}
+
 TEST(RunReportTest, ARankThatHealedInFinishEndsWithTheFinalAnchor) {
   // Worker 1 stopped in round 3 of 6 and healed in Finish's drain, to the
   // round after the last (7, the final anchor's): its rounds end at 3.

@@ -278,10 +278,13 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
       // After a boundary that healed, the rank holds the anchor that starts
       // round healed_to: the parameters every rank had after the boundary
       // of round healed_to − 1 (none for A_0: nothing to compare).
+      // An entry of the longest rank that healed holds another round's
+      // anchor: nothing to compare with.
       const RankRound& mine = r.rounds[i];
       const RankRound* theirs =
           RoundOf(*longest, mine.healed_to ? *mine.healed_to - 1 : mine.round);
-      if (theirs != nullptr && mine.params_hash != theirs->params_hash) {
+      if (theirs != nullptr && !theirs->healed_to &&
+          mine.params_hash != theirs->params_hash) {
         out.params_identical = false;
         out.first_difference = absl::StrCat(
             "round ", mine.round, ": worker ", r.worker, " rank ", r.local_rank,

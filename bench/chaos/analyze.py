@@ -168,10 +168,13 @@ def main():
     free, chaos = summary["free"], summary["chaos"]
     goodput = (chaos["samples_per_s"] / free["samples_per_s"]
                if chaos["samples_per_s"] and free["samples_per_s"] else None)
-    worker_heals = [f["time_to_heal_s"] for f in faults
-                    if f["kind"] != "shard_kill" and f["time_to_heal_s"] is not None]
-    shard_heals = [f["time_to_heal_s"] for f in faults
-                   if f["kind"] == "shard_kill" and f["time_to_heal_s"] is not None]
+    def heals(kinds):
+        return [f["time_to_heal_s"] for f in faults
+                if f["kind"] in kinds and f["time_to_heal_s"] is not None]
+
+    worker_heals = heals(("worker_kill", "worker_stop"))
+    shard_heals = heals(("shard_kill",))
+    link_heals = heals(("link_cut",))
     result = dict(
         benchmark="chaos", minutes=a.minutes, seed=a.seed,
         machine=dict(cpus=os.cpu_count()),
@@ -183,7 +186,9 @@ def main():
             worker=dict(p50=pct(worker_heals, 0.5), p99=pct(worker_heals, 0.99),
                         count=len(worker_heals)),
             shard=dict(p50=pct(shard_heals, 0.5), p99=pct(shard_heals, 0.99),
-                       count=len(shard_heals))),
+                       count=len(shard_heals)),
+            link=dict(p50=pct(link_heals, 0.5), p99=pct(link_heals, 0.99),
+                      count=len(link_heals))),
         accuracy_delta=(None if chaos["test_accuracy"] is None
                         else round(chaos["test_accuracy"] - free["test_accuracy"], 4)),
         free=free, chaos=chaos, faults=faults,
@@ -195,7 +200,9 @@ def main():
     print(f"time to heal: workers p50 {result['time_to_heal_s']['worker']['p50']} s, "
           f"p99 {result['time_to_heal_s']['worker']['p99']} s "
           f"({len(worker_heals)}); shards p50 {result['time_to_heal_s']['shard']['p50']} s, "
-          f"p99 {result['time_to_heal_s']['shard']['p99']} s ({len(shard_heals)})")
+          f"p99 {result['time_to_heal_s']['shard']['p99']} s ({len(shard_heals)}); "
+          f"link p50 {result['time_to_heal_s']['link']['p50']} s, "
+          f"p99 {result['time_to_heal_s']['link']['p99']} s ({len(link_heals)})")
     print(f"rounds closed at their deadline: {chaos['rounds_closed_at_deadline']} "
           f"(undisturbed {free['rounds_closed_at_deadline']})")
     print(f"test accuracy {chaos['test_accuracy']} against {free['test_accuracy']}")

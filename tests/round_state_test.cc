@@ -761,6 +761,42 @@ TEST_F(RoundStateTest, AnAdaptedDeadlineDropsADeadWorkerInSeconds) {
   EXPECT_EQ(state_->RoundTimeout(), absl::Seconds(2));
 }
 
+// A worker a round closed without at its deadline (stopped, cut off, dead
+// until its lease expires) costs the job that one deadline: the next rounds
+// close as soon as the others are in, until it sends again.
+TEST_F(RoundStateTest, AWorkerARoundClosedWithoutIsNotWaitedForUntilItSendsAgain) {
+  Init(2 * kChunkElements);
+  for (const char* w : {"a", "b", "c"}) state_->AddWorker(w, 0);
+  SendAll("a", 0, Constant(1));
+  SendAll("b", 0, Constant(3));
+  clock_.Advance(kTimeout);
+  std::optional<ClosedRound> closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_TRUE(closed->quorum_close);
+
+  SendAll("a", 1, Constant(1));
+  EXPECT_FALSE(state_->TryClose().has_value());  // b is still waited for
+  SendAll("b", 1, Constant(3));
+  closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_FALSE(closed->quorum_close);
+  EXPECT_EQ(closed->contributors, 2u);
+  ExpectMean(Flat(*closed), Constant(2));
+  EXPECT_EQ(state_->live_workers(), 3u);
+
+  // c's round 1 arrives (folded into round 2): it is waited for again.
+  EXPECT_TRUE(Send("c", 1, 0, Constant(5))->folded);
+  SendAll("a", 2, Constant(1));
+  SendAll("b", 2, Constant(3));
+  EXPECT_TRUE(state_->TakeCompleteChunks().empty());
+  EXPECT_FALSE(state_->TryClose().has_value());
+  SendAll("c", 2, Constant(2));
+  closed = state_->TryClose();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_FALSE(closed->quorum_close);
+  EXPECT_EQ(closed->contributors, 3u);
+}
+
 TEST_F(RoundStateTest, DeadlineWithoutQuorumCountsOneMissThenCloses) {
   Init(1000, /*min_workers=*/2);
   for (const char* w : {"a", "b", "c"}) state_->AddWorker(w, 0);

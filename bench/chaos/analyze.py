@@ -11,8 +11,12 @@ link coming back; a shard kill from the kill):
   worker_kill  until the restarted worker logs that it joined the job
   worker_stop  until the job closes a round after the SIGCONT, or until the
                worker logs that it healed, whichever is later
+  link_cut     as worker_stop, from the link coming back
   shard_kill   until the job closes a round after the shard is back
-  link_cut     until the job closes a round after the link is back
+
+Contributions: the workers' pushes (co2_worker_rounds_total) against what
+each shard counted (co2_aggregator_contributions_total), both scraped every
+second and summed across restarts.
 """
 import argparse
 import datetime
@@ -25,6 +29,7 @@ import subprocess
 
 TAU = 16
 BATCH = 32
+SHARD_PORTS = (19460, 19461)
 LOG_TIME = re.compile(r"^[IWE](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+) ")
 
 
@@ -65,10 +70,11 @@ def next_round_after(points, t):
     return None
 
 
-def counter_increase(work, name, job, t0, t1):
-    """Sum over shards of the counter's increase in [t0, t1], across
-    restarts: a job's series starts at 0 with the job, and a value below
-    the last one is a restarted shard's count from 0."""
+def counter_increase(work, name, job, t0, t1, port=None):
+    """Sum over processes (or only the one at `port`) of the counter's
+    increase in [t0, t1], across restarts: a job's series starts at 0 with
+    the job, and a value below the last one is a restarted process's count
+    from 0."""
     total = 0.0
     last = {}
     path = os.path.join(work, "metrics.txt")
@@ -76,13 +82,15 @@ def counter_increase(work, name, job, t0, t1):
         return None
     with open(path) as f:
         for line in f:
-            t, port, series, value = line.split(" ", 3)
+            t, where, series, value = line.split(" ", 3)
             if not series.startswith(name) or f'co2_job="{job}"' not in series:
+                continue
+            if port is not None and not where.endswith(f":{port}"):
                 continue
             t, value = float(t), float(value)
             if t < t0 or t > t1:
                 continue
-            key = (port, series)
+            key = (where, series)
             prev = last.get(key, 0.0)
             total += value - prev if value >= prev else value
             last[key] = value
@@ -125,7 +133,7 @@ def main():
                     os.path.join(work, f"run-chaos/rank-{w}-0.log"),
                     "joined job", year) if t > t1]
                 healed = joined[0] if joined else None
-            elif kind == "worker_stop":
+            elif kind in ("worker_stop", "link_cut"):
                 w = target.split("-")[1]
                 round_at = next_round_after(chaos_points, t2)
                 heal = [t for t in log_times(
@@ -164,7 +172,11 @@ def main():
             duplicate_chunks=counter_increase(
                 work, "co2_aggregator_duplicate_chunks_total", job, t0, t1),
             late_chunks=counter_increase(
-                work, "co2_aggregator_late_chunks_total", job, t0, t1))
+                work, "co2_aggregator_late_chunks_total", job, t0, t1),
+            pushed=counter_increase(work, "co2_worker_rounds_total", job, t0, t1),
+            counted_by_shard=[counter_increase(
+                work, "co2_aggregator_contributions_total", job, t0, t1, port)
+                for port in SHARD_PORTS])
     free, chaos = summary["free"], summary["chaos"]
     goodput = (chaos["samples_per_s"] / free["samples_per_s"]
                if chaos["samples_per_s"] and free["samples_per_s"] else None)
@@ -206,6 +218,9 @@ def main():
     print(f"rounds closed at their deadline: {chaos['rounds_closed_at_deadline']} "
           f"(undisturbed {free['rounds_closed_at_deadline']})")
     print(f"test accuracy {chaos['test_accuracy']} against {free['test_accuracy']}")
+    print(f"contributions: workers pushed {chaos['pushed']}, shards counted "
+          f"{chaos['counted_by_shard']} (undisturbed {free['pushed']}, "
+          f"{free['counted_by_shard']})")
     for f_ in faults:
         print(f"  {f_['at_s']:7.1f} s  {f_['kind']:12} {f_['target']:9} "
               f"heal {f_['time_to_heal_s']}")

@@ -10,14 +10,19 @@
 #                checkpoint
 #   worker_stop  SIGSTOP of a random worker for 8 s, longer than its 4 s
 #                lease, then SIGCONT (it heals)
-#   link_cut     the workers' link to the shards down for 12 s
+#   link_cut     a random worker's link to the shards down for 12 s
+#                (its packets to and from the shards dropped, past its
+#                lease; it heals)
 # and, in both runs, the job growing from 4 to 5 workers at a third of its
 # rounds and shrinking back at two thirds (--scale). The undisturbed run
 # takes about MINUTES; bench/chaos/analyze.py writes
 # bench/results/chaos.json and prints goodput, time to heal, rounds closed
 # at their deadline and final accuracy against the undisturbed run.
-# Needs root and iproute2.
+# Needs root, iproute2, iptables and the cgroup v2 hierarchy (a link cut
+# drops the worker's packets by its sockets' ports and its cgroup).
 #   sudo bench/chaos/run.sh [BUILD_DIR] [MINUTES] [SEED]   (default build 10 1)
+# CO2_CHAOS_FAULTS="link_cut ..." draws from those kinds only;
+# CO2_CHAOS_KEEP=1 keeps the logs and scrapes of a run that succeeded.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -32,6 +37,10 @@ aggregator=$build/bin/co2-aggregator
 
 work=$(mktemp -d /tmp/co2-chaos.XXXXXX)
 netns=co2chaos$$
+cgroup2=$(awk '$3 == "cgroup2" {print $2; exit}' /proc/mounts)
+[[ -n $cgroup2 ]] || { echo "no cgroup v2 hierarchy mounted (link cuts need it)" >&2; exit 1; }
+command -v iptables >/dev/null || { echo "needs iptables (apt-get install iptables)" >&2; exit 1; }
+cut_cgroup=$cgroup2/co2chaos$$
 veth=co2x$$
 subnet=10.233.$(($$ % 250))
 host=$subnet.1
@@ -52,7 +61,10 @@ cleanup() {
   wait 2>/dev/null || true
   ip netns del "$netns" 2>/dev/null || true
   ip link del "${veth}a" 2>/dev/null || true
-  if [[ $status -eq 0 ]]; then rm -rf "$work"; else log "failed; logs kept in $work"; fi
+  rmdir "$cut_cgroup" 2>/dev/null || true
+  if [[ $status -ne 0 ]]; then log "failed; logs kept in $work"
+  elif [[ -n ${CO2_CHAOS_KEEP:-} ]]; then log "logs kept in $work"
+  else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 
@@ -64,6 +76,7 @@ ip link set "${veth}a" up
 ip netns exec "$netns" ip addr add "$subnet.2/30" dev "${veth}b"
 ip netns exec "$netns" ip link set "${veth}b" up
 ip netns exec "$netns" ip link set lo up
+mkdir "$cut_cgroup"
 
 # start_shard I PORT: PORT 0 picks a free one, remembered for restarts.
 start_shard() {
@@ -72,6 +85,7 @@ start_shard() {
   mkdir -p "$work/ckpt$i"
   "$aggregator" --insecure --host=0.0.0.0 --port="$port" --shard_index="$i" \
     --num_shards=2 --checkpoint_dir="$work/ckpt$i" --lease=4s \
+    --adaptive_round_deadline --round_deadline_floor=1s \
     --metrics_port=$((19460 + i)) \
     >>"$work/shard$i.log" 2>&1 &
   shard_pid[$i]=$!
@@ -90,6 +104,7 @@ run() {
   ip netns exec "$netns" timeout -s KILL $((minutes * 60 * 4 + 300)) "$train" \
     --task=fashion-mnist --workers=$workers --tau=$tau --steps="$steps" \
     --threads=1 --seed="$seed" --max_restarts=100 --round_timeout=3s \
+    --metrics_port=19470 \
     --aggregators="$host:${shard_port[0]},$host:${shard_port[1]}" \
     --job="$job" --run_dir="$work/run-$job" --keep_run_dir --progress=false \
     --eval_every=0 --final_eval_examples=0 --report="$work/$job.json" "$@" \
@@ -115,7 +130,8 @@ finish() {
 
 start_shard 0 0
 start_shard 1 0
-/usr/bin/python3 "$here/scrape.py" "$work" 19460 19461 &
+/usr/bin/python3 "$here/scrape.py" "$work" 127.0.0.1:19460 127.0.0.1:19461 \
+  $(for w in $(seq 0 $((workers - 1))); do echo "$subnet.2:$((19470 + w))"; done) &
 scrape_pid=$!
 
 # Steps for about MINUTES undisturbed, from a short probe of 4 workers
@@ -144,37 +160,62 @@ t_chaos=$(now)
 run chaos "$steps" --scale="$scale"
 timeline chaos &
 timeline_pid=$!
-kinds=(worker_kill shard_kill worker_stop link_cut)
+read -ra kinds <<<"${CO2_CHAOS_FAULTS:-worker_kill shard_kill worker_stop link_cut}"
+for kind in "${kinds[@]}"; do
+  [[ $kind =~ ^(worker_kill|shard_kill|worker_stop|link_cut)$ ]] ||
+    { log "CO2_CHAOS_FAULTS: unknown fault '$kind' (worker_kill, shard_kill, worker_stop, link_cut)"; exit 1; }
+done
 # A worker's first process (its leader), or nothing when it does not run.
 leader_pid() { pgrep -f -- "--role=worker --worker=$1 --local_rank=0 --run_dir=$work/run-chaos " | head -1 || true; }
+# cut_link PID / mend_link PID: drop, in the namespace, the packets between
+# the shards and PID's open connections (by their ports) and any it opens
+# meanwhile (by its cgroup, which new sockets take); then let them through.
+cut_link() {
+  local port
+  echo "$1" >"$cut_cgroup/cgroup.procs"
+  ip netns exec "$netns" iptables -A OUTPUT -d "$host" -m cgroup --path "${cut_cgroup#"$cgroup2"/}" -j DROP
+  for port in $(ip netns exec "$netns" ss -tnpH state established dst "$host" |
+                grep "pid=$1," | awk '{n = split($3, a, ":"); print a[n]}'); do
+    ip netns exec "$netns" iptables -A OUTPUT -p tcp --sport "$port" -j DROP
+    ip netns exec "$netns" iptables -A INPUT -p tcp --dport "$port" -j DROP
+  done
+}
+mend_link() {
+  ip netns exec "$netns" iptables -F OUTPUT
+  ip netns exec "$netns" iptables -F INPUT
+  echo "$1" >"$cgroup2/cgroup.procs" 2>/dev/null || true
+}
 while kill -0 "$train_pid" 2>/dev/null; do
   wait_until=$((SECONDS + 20 + RANDOM % 21))
   while (( SECONDS < wait_until )) && kill -0 "$train_pid" 2>/dev/null; do sleep 0.5; done
   kill -0 "$train_pid" 2>/dev/null || break
   kind=${kinds[RANDOM % ${#kinds[@]}]}
   case $kind in
-    worker_kill | worker_stop)
+    worker_kill | worker_stop | link_cut)
       w=$((RANDOM % 4)); pid=$(leader_pid "$w")
       [[ -n $pid ]] || continue
       t1=$(now)
-      if [[ $kind == worker_kill ]]; then
-        kill -9 "$pid" 2>/dev/null || continue
-        t2=$t1
-      else
-        kill -STOP "$pid" 2>/dev/null || continue
-        sleep 8
-        kill -CONT "$pid" 2>/dev/null || true
-        t2=$(now)
-      fi
+      case $kind in
+        worker_kill)
+          kill -9 "$pid" 2>/dev/null || continue
+          t2=$t1 ;;
+        worker_stop)
+          kill -STOP "$pid" 2>/dev/null || continue
+          sleep 8
+          kill -CONT "$pid" 2>/dev/null || true
+          t2=$(now) ;;
+        link_cut)
+          cut_link "$pid"
+          sleep 12
+          mend_link "$pid"
+          t2=$(now) ;;
+      esac
       target=worker-$w ;;
     shard_kill)
       i=$((RANDOM % 2)); t1=$(now)
       kill -9 "${shard_pid[$i]}"; wait "${shard_pid[$i]}" 2>/dev/null || true
       sleep 1; start_shard "$i" "${shard_port[$i]}"; t2=$(now)
       target=shard-$i ;;
-    link_cut)
-      t1=$(now); ip link set "${veth}a" down; sleep 12; ip link set "${veth}a" up; t2=$(now)
-      target=link ;;
   esac
   log "$kind $target"
   echo "$t1 $t2 $kind $target" >>"$work/events.txt"

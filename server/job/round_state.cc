@@ -86,6 +86,7 @@ void RoundState::AddWorker(std::string_view worker, uint64_t first_round) {
   if (!w.live) ++live_workers_;
   w.live = true;
   w.first_round = first_round;
+  w.missed = false;
   RecountSenders();
 }
 
@@ -186,7 +187,11 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
   }
   w.received[rel].Set(chunk_index);
   if (chunk_index == 0) w.weight0[rel] = weight;
-  if (rel == kOpen && Required(w) && ++senders_[chunk_index] == required_) {
+  if (w.missed) {
+    w.missed = false;  // back: required again, with what it has sent
+    RecountSenders();
+  } else if (rel == kOpen && Required(w) &&
+             ++senders_[chunk_index] == required_) {
     ready_.push_back(chunk_index);
   }
   if (!outcome.folded) {
@@ -232,12 +237,14 @@ std::optional<ClosedRound> RoundState::TryClose() {
   uint32_t complete = 0;
   double total_weight = 0;
   bool all_required_done = true;
+  bool any_missing = false;  // a live worker of this round not complete
   for (const auto& [id, w] : workers_) {
     if (w.received[kOpen].count() == num_chunks_) {
       ++complete;
       total_weight += w.weight0[kOpen];
     } else if (w.live && w.first_round <= open_) {
-      all_required_done = false;
+      any_missing = true;
+      if (Required(w)) all_required_done = false;
     }
   }
   if (all_required_done && complete > 0) {
@@ -251,7 +258,7 @@ std::optional<ClosedRound> RoundState::TryClose() {
   // Only in a job that states its rounds: without them, a worker that
   // joined after the last round would look the same, and the job's final
   // anchor must not move.
-  if (all_required_done && complete == 0 && live_workers_ > 0 &&
+  if (!any_missing && complete == 0 && live_workers_ > 0 &&
       !HasWorkerWithoutRound() && open_ < options_.rounds) {
     return Close(0, 0, /*quorum_close=*/false);
   }
@@ -326,6 +333,13 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
   closed.mean.resize(num_chunks_);
   for (uint32_t c = 0; c < num_chunks_; ++c) {
     if (!taken_.Test(c)) closed.mean[c] = TakeMean(slot, c);
+  }
+  if (quorum_close) {
+    for (auto& [id, w] : workers_) {
+      if (Required(w) && w.received[kOpen].count() < num_chunks_) {
+        w.missed = true;
+      }
+    }
   }
   acc_[slot].clear();
   taken_.Clear();

@@ -17,6 +17,9 @@
 //    has sent all chunks of r; or at its deadline (round_timeout after the
 //    round opened with a chunk in it, or after its first chunk) when at least
 //    min_workers did. A round never closes with no complete contribution.
+//  - A worker a round closed without at its deadline is not required again
+//    until it sends a chunk: a stopped, cut-off or dead worker costs the job
+//    one deadline, not one per round until its lease expires.
 //  - A chunk of r that every live worker required for r has sent can be taken
 //    ahead of the round's close (TakeCompleteChunks: the shard streams its
 //    update while the rest of the round arrives). A contribution to a chunk
@@ -202,6 +205,9 @@ class RoundState {
   struct Worker {
     bool live = false;
     uint64_t first_round = 0;
+    // A round closed at its deadline without its complete contribution; not
+    // required until it sends a chunk again.
+    bool missed = false;
     std::array<ChunkSet, 3> received;
     // The weight sent with chunk 0: the weight of the contribution.
     std::array<double, 3> weight0 = {0, 0, 0};
@@ -227,7 +233,7 @@ class RoundState {
                     bool quorum_close);
   // Whether `w` must contribute to the open round for it to be complete.
   bool Required(const Worker& w) const {
-    return w.live && w.first_round <= open_;
+    return w.live && w.first_round <= open_ && !w.missed;
   }
   // Recounts required_ and senders_ from the workers (membership changed, or
   // a new round opened).

@@ -37,13 +37,15 @@ v1::ShardCheckpointHeader Header(v1::Codec downlink, uint64_t rounds_closed) {
 
 // The update of round 4 in `codec`, chunk c holding c + 0.5 everywhere.
 UpdateChunks Update(const ChunkedOuterStep& step, common::Codec codec) {
+  const UpdateMessages messages(
+      Header(v1::Codec(static_cast<int>(codec)), 5).config(), step.num_chunks());
   UpdateChunks update;
   for (uint32_t c = 0; c < step.num_chunks(); ++c) {
     const common::Range r = common::ChunkRange(kElements, c);
     std::vector<float> values(r.size(), c + 0.5f);
     std::string bytes(common::EncodedSize(codec, r.size()), '\0');
     common::Encode(codec, values, absl::MakeSpan(bytes.data(), bytes.size()));
-    update.push_back(step.Message(4, c, 3, bytes, 100 + c));
+    update.push_back(messages.Make(4, c, 3, bytes, 100 + c));
   }
   return update;
 }
@@ -67,7 +69,8 @@ TEST(CheckpointStateTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
   ASSERT_TRUE(CheckCheckpointFits(checkpoint, common::Range{0, kElements}, 0,
                                   step.num_chunks())
                   .ok());
-  auto restored = RestoreLastUpdate(checkpoint, step);
+  auto restored = RestoreLastUpdate(
+      checkpoint, step, UpdateMessages(header.config(), step.num_chunks()));
   ASSERT_TRUE(restored.ok()) << restored.status();
   ASSERT_EQ((*restored)->size(), update.size());
   for (uint32_t c = 0; c < update.size(); ++c) {
@@ -132,7 +135,9 @@ TEST(CheckpointStateTest, RefusesAnUpdateChunkThatIsNotAnEncoding) {
   LoadedCheckpoint checkpoint = Loaded(5, 2);
   checkpoint.update_chunks[1] = "short";
   const ChunkedOuterStep step(checkpoint.header.config(), kElements);
-  auto restored = RestoreLastUpdate(checkpoint, step);
+  auto restored = RestoreLastUpdate(
+      checkpoint, step,
+      UpdateMessages(checkpoint.header.config(), step.num_chunks()));
   EXPECT_EQ(restored.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(restored.status().message().rfind("checkpoint of job \"job\": ", 0),
             0u)

@@ -9,9 +9,11 @@
 #include <vector>
 
 #include "common/codec.h"
+#include "common/fnv_hash.h"
 #include "common/job_config.h"
 #include "common/layout.h"
 #include "gtest/gtest.h"
+#include "server/job/update_chunks.h"
 #include "tests/stored_chunks.h"
 
 namespace co2::server {
@@ -70,12 +72,14 @@ v1::JobConfig StepConfig(size_t n, float beta, v1::Codec downlink,
   return c;
 }
 
-TEST(ChunkedOuterStepTest, MessagesNameTheRoundTheyMakeAndTheChunk) {
+TEST(UpdateMessagesTest, MessagesNameTheRoundTheyMakeAndTheChunk) {
   const size_t n = common::kChunkElements + 10;
-  ChunkedOuterStep step(StepConfig(n, 0, v1::CODEC_BF16), n);
+  const v1::JobConfig config = StepConfig(n, 0, v1::CODEC_BF16);
+  ChunkedOuterStep step(config, n);
   EXPECT_EQ(step.num_chunks(), 2u);
   EXPECT_EQ(step.elements(), n);
-  auto m = step.Message(7, 1, 3, "bytes", 42);
+  const UpdateMessages messages(config, step.num_chunks());
+  auto m = messages.Make(7, 1, 3, "bytes", 42);
   EXPECT_EQ(m->round(), 7u);
   EXPECT_EQ(m->anchor_round(), 7u + 1 + 2);  // U_r makes A_{r+1+s}
   EXPECT_EQ(m->chunk_index(), 1u);
@@ -83,6 +87,7 @@ TEST(ChunkedOuterStepTest, MessagesNameTheRoundTheyMakeAndTheChunk) {
   EXPECT_EQ(m->codec(), v1::CODEC_BF16);
   EXPECT_EQ(m->contributors(), 3u);
   EXPECT_EQ(m->payload(), "bytes");
+  EXPECT_EQ(m->anchor_digest(), 42u);
 }
 
 // `flat` cut into its chunks, as a closed round hands its mean over.
@@ -102,15 +107,29 @@ std::shared_ptr<const StoredUpdate> Stored(const UpdateChunks& chunks) {
   return StoreChunks(payloads);
 }
 
+// What RunRound made: the step's result and the update's messages.
+struct RoundRun : StepResult {
+  std::shared_ptr<const UpdateChunks> update;
+};
+
 // The step of a whole closed round, as a shard that streams nothing runs it
-// at the close.
-StepResult RunRound(const ChunkedOuterStep& step, ClosedRound& closed,
-                    const KeptUpdate* last, const OuterStepBuffers& buffers) {
+// at the close, and its update as `messages` makes it.
+RoundRun RunRound(const ChunkedOuterStep& step,
+                  const UpdateMessages& messages, ClosedRound& closed,
+                  const KeptUpdate* last, const OuterStepBuffers& buffers) {
   RoundStep round(step, closed.round,
                   last == nullptr ? std::nullopt : std::optional(*last),
                   buffers);
-  round.StepRest(closed);
-  return std::move(round).Finish();
+  auto update = std::make_shared<UpdateChunks>();
+  for (ChunkUpdate& chunk : round.StepRest(closed)) {
+    EXPECT_EQ(chunk.chunk_index, update->size());
+    update->push_back(messages.Make(closed.round, chunk.chunk_index,
+                                    closed.contributors,
+                                    std::move(chunk.payload),
+                                    chunk.anchor_digest));
+  }
+  RoundRun run{std::move(round).Finish(), std::move(update)};
+  return run;
 }
 
 // Chunk by chunk, with m kept only for β != 0 and the gap decoded from the
@@ -128,6 +147,7 @@ TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
   const v1::JobConfig config = StepConfig(n, beta, downlink, kind, penalty);
   const common::Codec codec = common::Codec(downlink);
   const ChunkedOuterStep step(config, n);
+  const UpdateMessages messages(config, step.num_chunks());
   std::vector<float> anchor(n, 1.0f), momentum(beta != 0 ? n : 0);
   // The reference state.
   std::vector<float> ref_anchor(n, 1.0f), ref_m(n, 0.0f), gap(n, 0.0f),
@@ -144,8 +164,8 @@ TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
           static_cast<float>(1 + i % 5);
     }
     closed.mean = InChunks(mean);
-    const StepResult result = RunRound(
-        step, closed, last.has_value() ? &*last : nullptr,
+    const RoundRun result = RunRound(
+        step, messages, closed, last.has_value() ? &*last : nullptr,
         OuterStepBuffers{absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
     EXPECT_TRUE(result.gap_error.ok()) << result.gap_error;
     EXPECT_EQ(result.unread_gap_chunks, 0u);
@@ -179,6 +199,13 @@ TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
     ASSERT_EQ(std::memcmp(anchor.data(), ref_anchor.data(), n * sizeof(float)),
               0)
         << "round " << r;
+    for (uint32_t c = 0; c < 3; ++c) {
+      const common::Range range = common::ChunkRange(n, c);
+      EXPECT_EQ(chunks[c]->anchor_digest(),
+                common::AnchorDigest(absl::MakeConstSpan(anchor).subspan(
+                    range.begin, range.size())))
+          << "round " << r << " chunk " << c;
+    }
     if (beta == 0) std::fill(ref_m.begin(), ref_m.end(), 0.0f);
     last.emplace(result.update);
     if (stored) last->Store(Stored(chunks));
@@ -200,27 +227,29 @@ INSTANTIATE_TEST_SUITE_P(
 // the step with that chunk of the last update all zeros, and says why.
 TEST(ChunkedOuterStepTest, AGapChunkThatCannotBeReadBackIsZero) {
   const size_t n = 2 * common::kChunkElements + 1000;
-  const ChunkedOuterStep step(StepConfig(n, 0.9f, v1::CODEC_FP32), n);
+  const v1::JobConfig config = StepConfig(n, 0.9f, v1::CODEC_FP32);
+  const ChunkedOuterStep step(config, n);
+  const UpdateMessages messages(config, step.num_chunks());
   ClosedRound closed;
   closed.contributors = 2;
   std::vector<float> mean(n);
   for (size_t i = 0; i < n; ++i) mean[i] = std::cos(0.01f * i);
   closed.mean = InChunks(mean);
   std::vector<float> anchor(n, 1.0f), momentum(n, 0.0f);
-  const StepResult first =
-      RunRound(step, closed, nullptr,
+  const RoundRun first =
+      RunRound(step, messages, closed, nullptr,
                {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
 
   // The reference: the same last update with chunk 2 zeroed, in memory.
   auto zeroed = std::make_shared<UpdateChunks>(*first.update);
-  (*zeroed)[2] = step.Message(
+  (*zeroed)[2] = messages.Make(
       0, 2, 2, std::string((*zeroed)[2]->payload().size(), '\0'), 0);
   std::vector<float> ref_anchor = anchor, ref_momentum = momentum;
   const KeptUpdate ref_last(zeroed);
   closed.round = 1;
   closed.mean = InChunks(mean);
-  const StepResult ref =
-      RunRound(step, closed, &ref_last,
+  const RoundRun ref =
+      RunRound(step, messages, closed, &ref_last,
                {absl::MakeSpan(ref_anchor), absl::MakeSpan(ref_momentum)});
 
   std::vector<std::string> payloads;
@@ -232,8 +261,9 @@ TEST(ChunkedOuterStepTest, AGapChunkThatCannotBeReadBackIsZero) {
       sizeof(kStoredPrefix) - 1 + payloads[0].size() + payloads[1].size();
   ASSERT_EQ(::truncate(path.c_str(), static_cast<off_t>(chunk2 + 100)), 0);
   closed.mean = InChunks(mean);
-  const StepResult result = RunRound(
-      step, closed, &last, {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
+  const RoundRun result =
+      RunRound(step, messages, closed, &last,
+               {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
   EXPECT_EQ(result.unread_gap_chunks, 1u);
   EXPECT_EQ(result.gap_error.code(), absl::StatusCode::kDataLoss)
       << result.gap_error;

@@ -103,12 +103,12 @@ absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
 namespace {
 
 // The update of `round` from its encoded `chunks` (moved out), as the
-// messages `step` makes.
+// messages `messages` makes.
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreUpdate(
     const v1::ShardCheckpointHeader& h, uint64_t round, uint32_t contributors,
     std::vector<std::string>& chunks,
     const google::protobuf::RepeatedField<uint64_t>& digests,
-    const ChunkedOuterStep& step) {
+    const ChunkedOuterStep& step, const UpdateMessages& messages) {
   const common::Codec codec = common::Codec(h.config().downlink_codec());
   auto update = std::make_shared<UpdateChunks>();
   for (uint32_t i = 0; i < step.num_chunks(); ++i) {
@@ -121,7 +121,7 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreUpdate(
     const uint64_t digest =
         static_cast<int>(i) < digests.size() ? digests[static_cast<int>(i)] : 0;
     update->push_back(
-        step.Message(round, i, contributors, std::move(bytes), digest));
+        messages.Make(round, i, contributors, std::move(bytes), digest));
   }
   return update;
 }
@@ -129,16 +129,18 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreUpdate(
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
-    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step) {
+    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step,
+    const UpdateMessages& messages) {
   const v1::ShardCheckpointHeader& h = checkpoint.header;
   return RestoreUpdate(h, h.rounds_closed() - 1, h.update_contributors(),
                        checkpoint.update_chunks, h.update_chunk_digests(),
-                       step);
+                       step, messages);
 }
 
 absl::StatusOr<std::vector<std::shared_ptr<const UpdateChunks>>>
 RestoreEarlierUpdates(LoadedCheckpoint& checkpoint,
-                      const ChunkedOuterStep& step) {
+                      const ChunkedOuterStep& step,
+                      const UpdateMessages& messages) {
   const v1::ShardCheckpointHeader& h = checkpoint.header;
   std::vector<std::shared_ptr<const UpdateChunks>> updates;
   for (int i = 0; i < h.earlier_updates_size(); ++i) {
@@ -147,7 +149,7 @@ RestoreEarlierUpdates(LoadedCheckpoint& checkpoint,
         std::shared_ptr<const UpdateChunks> update,
         RestoreUpdate(h, earlier.round(), earlier.contributors(),
                       checkpoint.earlier_update_chunks[i],
-                      earlier.chunk_digests(), step));
+                      earlier.chunk_digests(), step, messages));
     updates.push_back(std::move(update));
   }
   return updates;

@@ -52,16 +52,18 @@ absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
                                  uint32_t num_chunks);
 
 // The update of the checkpoint's last closed round (it must have one and
-// fit, see CheckCheckpointFits), its chunks moved out of `checkpoint` into
-// the messages `step` makes. DATA_LOSS for a chunk that is not a valid
-// encoding.
+// fit, see CheckCheckpointFits), its chunks (of the range `step` steps)
+// moved out of `checkpoint` into the messages `messages` makes. DATA_LOSS
+// for a chunk that is not a valid encoding.
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
-    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step);
+    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step,
+    const UpdateMessages& messages);
 // The same for the earlier updates the checkpoint keeps for replay, oldest
 // first (none in a checkpoint that keeps only the last).
 absl::StatusOr<std::vector<std::shared_ptr<const UpdateChunks>>>
 RestoreEarlierUpdates(LoadedCheckpoint& checkpoint,
-                      const ChunkedOuterStep& step);
+                      const ChunkedOuterStep& step,
+                      const UpdateMessages& messages);
 
 // DATA_LOSS "round journal <path>: chunk <i>: <what>".
 absl::Status JournalDataLoss(const std::string& path, uint32_t chunk_index,

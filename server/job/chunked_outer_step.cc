@@ -1,5 +1,7 @@
 #include "server/job/chunked_outer_step.h"
 
+#include <algorithm>
+#include <cassert>
 #include <utility>
 #include <vector>
 
@@ -73,26 +75,9 @@ OuterConfig OuterConfigOf(const v1::JobConfig& c) {
 ChunkedOuterStep::ChunkedOuterStep(const v1::JobConfig& config,
                                    size_t elements)
     : outer_(OuterConfigOf(config)),
-      downlink_(v1::Codec(config.downlink_codec())),
       codec_(common::Codec(config.downlink_codec())),
-      max_staleness_(config.max_staleness()),
       elements_(elements),
       num_chunks_(static_cast<uint32_t>(common::NumChunks(elements))) {}
-
-std::shared_ptr<const v1::OuterUpdate> ChunkedOuterStep::Message(
-    uint64_t round, uint32_t chunk_index, uint32_t contributors,
-    std::string payload, uint64_t anchor_digest) const {
-  auto msg = std::make_shared<v1::OuterUpdate>();
-  msg->set_round(round);
-  msg->set_anchor_round(round + 1 + max_staleness_);
-  msg->set_chunk_index(chunk_index);
-  msg->set_num_chunks(num_chunks_);
-  msg->set_codec(downlink_);
-  msg->set_contributors(contributors);
-  msg->set_payload(std::move(payload));
-  msg->set_anchor_digest(anchor_digest);
-  return msg;
-}
 
 RoundStep::RoundStep(const ChunkedOuterStep& step, uint64_t round,
                      std::optional<KeptUpdate> last,
@@ -102,7 +87,7 @@ RoundStep::RoundStep(const ChunkedOuterStep& step, uint64_t round,
       gap_(step.outer().penalty == GapPenalty::kGapAware ? std::move(last)
                                                          : std::nullopt),
       buffers_(buffers),
-      chunks_(step.num_chunks()) {}
+      stepped_(step.num_chunks(), false) {}
 
 // The gap is the last update as the workers decoded it: with the fp32
 // downlink the last update's payload itself (in memory, or read back from
@@ -111,9 +96,7 @@ RoundStep::RoundStep(const ChunkedOuterStep& step, uint64_t round,
 // With the fp32 downlink the step writes U_{r+2} straight into the payload;
 // other codecs write it to a scratch buffer, encode it and decode it back,
 // so that the anchor adds the bits the workers add.
-std::shared_ptr<const v1::OuterUpdate> RoundStep::Step(uint32_t chunk_index,
-                                                       std::vector<float>& mean,
-                                                       uint32_t contributors) {
+ChunkUpdate RoundStep::Step(uint32_t chunk_index, std::vector<float>& mean) {
   const common::Codec codec = step_.codec();
   const bool fp32 = codec == common::Codec::kFp32;
   const common::Range r = common::ChunkRange(step_.elements(), chunk_index);
@@ -167,28 +150,26 @@ std::shared_ptr<const v1::OuterUpdate> RoundStep::Step(uint32_t chunk_index,
   // The digest reads the chunk just written, while it is in cache.
   const absl::Span<float> anchor = buffers_.anchor.subspan(r.begin, r.size());
   common::AccumulateDecoded(codec, payload, 1.0f, anchor);
-  chunks_[chunk_index] =
-      step_.Message(round_, chunk_index, contributors, std::move(payload),
-                    common::AnchorDigest(anchor));
-  return chunks_[chunk_index];
+  stepped_[chunk_index] = true;
+  return ChunkUpdate{chunk_index, std::move(payload),
+                     common::AnchorDigest(anchor)};
 }
 
-void RoundStep::Restore(uint32_t chunk_index,
-                        std::shared_ptr<const v1::OuterUpdate> message) {
-  chunks_[chunk_index] = std::move(message);
-}
+void RoundStep::Restore(uint32_t chunk_index) { stepped_[chunk_index] = true; }
 
-void RoundStep::StepRest(ClosedRound& closed) {
+std::vector<ChunkUpdate> RoundStep::StepRest(ClosedRound& closed) {
+  std::vector<ChunkUpdate> rest;
   for (uint32_t c = 0; c < step_.num_chunks(); ++c) {
-    if (!stepped(c)) Step(c, closed.mean[c], closed.contributors);
+    if (!stepped(c)) rest.push_back(Step(c, closed.mean[c]));
   }
+  return rest;
 }
 
 StepResult RoundStep::Finish() && {
+  assert(std::find(stepped_.begin(), stepped_.end(), false) == stepped_.end());
   const size_t elements = step_.elements();
   result_.stats.mean_penalty =
       elements == 0 ? 1.0 : penalty_sum_ / static_cast<double>(elements);
-  result_.update = std::make_shared<const UpdateChunks>(std::move(chunks_));
   return std::move(result_);
 }
 

@@ -1,15 +1,16 @@
 // ChunkedOuterStep: the outer step (server/job/outer_optimizer.h) of one
-// shard's range, run chunk by chunk, and the update it publishes: U encoded in
-// the job's downlink codec as the OuterUpdate messages that carry it. The
-// step's reductions are per block and chunks are whole blocks, so this is the
-// step on the whole range, with no range-sized temporaries. The anchor adds
-// exactly the bits the workers decode, so anchors stay bit-identical on both
-// sides, and each message carries the digest of its chunk's anchor after
+// shard's range, run chunk by chunk, and the update it produces: U encoded
+// in the job's downlink codec, chunk by chunk, as payload bytes (the shard
+// wraps them in messages: UpdateMessages, server/job/update_chunks.h). The
+// step's reductions are per block and chunks are whole blocks, so this is
+// the step on the whole range, with no range-sized temporaries. The anchor
+// adds exactly the bits the workers decode, so anchors stay bit-identical
+// on both sides, and each chunk comes with the digest of its anchor after
 // the update, which workers check theirs against.
 //
-// ChunkedOuterStep holds only the job's constants and makes the messages;
-// const after construction, any thread. RoundStep (below) runs one round's
-// step on state that is the caller's (A, m), borrowed.
+// ChunkedOuterStep holds only the job's constants; const after
+// construction, any thread. RoundStep (below) runs one round's step on
+// state that is the caller's (A, m), borrowed.
 #ifndef CO2_SERVER_CHUNKED_OUTER_STEP_H_
 #define CO2_SERVER_CHUNKED_OUTER_STEP_H_
 
@@ -26,7 +27,6 @@
 #include "common/codec.h"
 #include "server/job/outer_optimizer.h"
 #include "server/job/round_state.h"
-#include "server/job/update_chunks.h"
 #include "server/storage/kept_update.h"
 
 namespace co2::server {
@@ -41,9 +41,16 @@ struct OuterStepBuffers {
   absl::Span<float> momentum;
 };
 
-// What one step made.
+// One chunk of a round's update: U_c encoded in the downlink codec, and the
+// digest of the chunk's anchor after it (common::AnchorDigest).
+struct ChunkUpdate {
+  uint32_t chunk_index = 0;
+  std::string payload;
+  uint64_t anchor_digest = 0;
+};
+
+// What one round's step found, besides its chunks.
 struct StepResult {
-  std::shared_ptr<const UpdateChunks> update;  // U, as the messages carrying it
   OuterStepStats stats;
   // Chunks whose gap could not be read back from the checkpoint that keeps
   // the last update (an I/O error, or a file truncated under the shard):
@@ -65,20 +72,10 @@ class ChunkedOuterStep {
   uint32_t num_chunks() const { return num_chunks_; }
 
   common::Codec codec() const { return codec_; }
-  // The message carrying chunk `chunk_index` of the update of `round`, with
-  // the digest of the chunk's anchor after it (common::AnchorDigest; 0 if
-  // not known).
-  std::shared_ptr<const v1::OuterUpdate> Message(uint64_t round,
-                                                 uint32_t chunk_index,
-                                                 uint32_t contributors,
-                                                 std::string payload,
-                                                 uint64_t anchor_digest) const;
 
  private:
   const OuterConfig outer_;
-  const v1::Codec downlink_;
   const common::Codec codec_;
-  const uint64_t max_staleness_;
   const size_t elements_;
   const uint32_t num_chunks_;
 };
@@ -92,32 +89,26 @@ class ChunkedOuterStep {
 // `last` is the encoded update of the last closed round (nullopt before the
 // first, or when none is kept): decoded, it is the gap (zeros without it),
 // read one chunk at a time. Holds that copy of it (so the shard's cache may
-// drop it) and the messages made so far; borrows `step` and the buffers,
-// which must outlive it. Not thread-safe.
+// drop it); borrows `step` and the buffers, which must outlive it. Not
+// thread-safe.
 class RoundStep {
  public:
   RoundStep(const ChunkedOuterStep& step, uint64_t round,
             std::optional<KeptUpdate> last, const OuterStepBuffers& buffers);
 
   uint64_t round() const { return round_; }
-  bool stepped(uint32_t chunk_index) const {
-    return chunks_[chunk_index] != nullptr;
-  }
+  bool stepped(uint32_t chunk_index) const { return stepped_[chunk_index]; }
   // Steps chunk `chunk_index` (not stepped yet) with its mean, which is
-  // freed, and returns the message carrying its update, made with
-  // `contributors`.
-  std::shared_ptr<const v1::OuterUpdate> Step(uint32_t chunk_index,
-                                              std::vector<float>& mean,
-                                              uint32_t contributors);
+  // freed, and returns its update.
+  ChunkUpdate Step(uint32_t chunk_index, std::vector<float>& mean);
   // Chunk `chunk_index` was stepped before the shard restarted (the round
   // journal has its update, and the restored anchor and momentum include
-  // it): `message` carries its update. Its stats are not in Finish's.
-  void Restore(uint32_t chunk_index,
-               std::shared_ptr<const v1::OuterUpdate> message);
-  // Steps every chunk not stepped yet, with closed.mean (freed) and
-  // closed.contributors: the rest of the round at its close.
-  void StepRest(ClosedRound& closed);
-  // Once every chunk is stepped: the update, in chunk order, and the stats.
+  // it). Its stats are not in Finish's.
+  void Restore(uint32_t chunk_index);
+  // Steps every chunk not stepped yet, with closed.mean (freed): the rest
+  // of the round at its close. Their updates, in chunk order.
+  std::vector<ChunkUpdate> StepRest(ClosedRound& closed);
+  // Once every chunk is stepped: the stats.
   StepResult Finish() &&;
 
  private:
@@ -125,7 +116,7 @@ class RoundStep {
   const uint64_t round_;
   const std::optional<KeptUpdate> gap_;  // null unless the penalty reads it
   const OuterStepBuffers buffers_;
-  UpdateChunks chunks_;  // null until stepped
+  std::vector<bool> stepped_;
   double penalty_sum_ = 0;
   StepResult result_;
 };

@@ -41,6 +41,7 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       options_(options),
       range_(range),
       step_(config, range.size()),
+      messages_(config, step_.num_chunks()),
       clock_(clock),
       rounds_(RoundOptions{range.size(), config.min_workers(),
                            absl::Milliseconds(config.round_timeout_ms()),
@@ -51,6 +52,7 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
                options.max_rejected_chunks),
       anchor_(range.size()),
       momentum_(step_.outer().beta != 0 ? range.size() : 0),
+      streamed_(step_, messages_),
       updates_(config.max_staleness() + 1),
       journal_(options.checkpoints == nullptr
                    ? nullptr
@@ -257,14 +259,14 @@ absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> JobShard::Fetch(
             : absl::StrCat("being seeded by worker \"", seed_.seeder(), "\""),
         "); retry"));
   }
-  if (!UnsteppedAnchorWholeLocked()) {
+  if (!streamed_.StartAnchorWhole()) {
     return absl::UnavailableError(absl::StrCat(
         "job \"", job_, "\": shard ", options_.shard_index,
-        " is sending the update of round ", open_step_->round(),
+        " is sending the update of round ", streamed_.round(),
         " and its anchor is whole again once that round closes; retry"));
   }
-  std::shared_ptr<const AnchorSnapshot> snapshot =
-      snapshot_.Get(AnchorRoundLocked(), anchor_, unstepped_anchor_);
+  std::shared_ptr<const AnchorSnapshot> snapshot = snapshot_.Get(
+      AnchorRoundLocked(), anchor_, streamed_.start_anchor());
   rounds_.AddWorker(worker, snapshot->anchor_round);
   return snapshot;
 }
@@ -475,7 +477,7 @@ int JobShard::PublishDurably() {
     // not while chunks of the open round are stepped (the anchor is then
     // part old, part new, and the round's close writes it whole).
     const bool dirty =
-        checkpoint_dirty_ && anchor_ready_ && !open_step_.has_value();
+        checkpoint_dirty_ && anchor_ready_ && !streamed_.active();
     if (!updates_.has_unpublished() && !dirty) return 0;
     if (clock_->Now() < checkpoint_retry_at_) return 0;
     header = CheckpointHeaderLocked();
@@ -644,15 +646,13 @@ bool JobShard::CloseRoundLocked() {
   if (!anchor_ready_) return false;
   std::optional<ClosedRound> closed = rounds_.TryClose();
   if (!closed) return false;
-  // The last update is the gap of this step (StepOfRoundLocked holds a copy).
+  // The last update is the gap of this step (the begun step holds a copy).
   // Then the oldest update kept goes before the new one is whole, so at most
   // max_staleness + 1 rounds of encoded updates exist at any time.
-  RoundStep& round_step = StepOfRoundLocked(closed->round);
+  BeginStepLocked(closed->round);
   updates_.MakeRoomForNext();
-  round_step.StepRest(*closed);
-  StepResult step = std::move(round_step).Finish();
-  open_step_.reset();
-  unstepped_anchor_.clear();
+  StreamedRound::Closed closing = streamed_.Close(*closed);
+  const StepResult& step = closing.result;
   stats_.last_step = step.stats;
   if (step.unread_gap_chunks > 0) {
     stats_.unread_gap_chunks += step.unread_gap_chunks;
@@ -666,30 +666,18 @@ bool JobShard::CloseRoundLocked() {
   if (closed->quorum_close) ++stats_.quorum_closes;
   report_.RoundClosed(*closed, stats_.last_step, range_.size());
   ++rounds_closed_;
-  updates_.AddUnpublished(std::move(step.update));
+  updates_.AddUnpublished(std::move(closing.update));
   snapshot_.Reset();
   return true;
 }
 
-bool JobShard::UnsteppedAnchorWholeLocked() const {
-  if (!open_step_.has_value()) return true;
-  for (uint32_t c = 0; c < step_.num_chunks(); ++c) {
-    if (open_step_->stepped(c) &&
-        (c >= unstepped_anchor_.size() || unstepped_anchor_[c].empty())) {
-      return false;
-    }
-  }
-  return true;
-}
-
-RoundStep& JobShard::StepOfRoundLocked(uint64_t round) {
-  assert(!open_step_.has_value() || open_step_->round() == round);
-  if (!open_step_.has_value()) {
-    open_step_.emplace(
-        step_, round, updates_.Last(),
+void JobShard::BeginStepLocked(uint64_t round) {
+  if (!streamed_.active()) {
+    streamed_.Begin(
+        round, updates_.Last(),
         OuterStepBuffers{absl::MakeSpan(anchor_), absl::MakeSpan(momentum_)});
   }
-  return *open_step_;
+  assert(streamed_.round() == round);
 }
 
 std::vector<JobShard::SteppedChunk> JobShard::StepCompleteChunksLocked() {
@@ -709,21 +697,13 @@ std::vector<JobShard::SteppedChunk> JobShard::StepCompleteChunksLocked() {
   // nothing (a fetch this round that finds none is told to retry), and once
   // a chunk went without, later copies would serve no fetch either.
   const bool keep =
-      rounds_.HasWorkerWithoutRound() && UnsteppedAnchorWholeLocked();
-  RoundStep& round_step = StepOfRoundLocked(rounds_.open_round());
-  if (keep) unstepped_anchor_.resize(step_.num_chunks());
+      rounds_.HasWorkerWithoutRound() && streamed_.StartAnchorWhole();
+  BeginStepLocked(rounds_.open_round());
   for (CompleteChunk& chunk : complete) {
-    if (keep) {
-      const common::Range r =
-          common::ChunkRange(range_.size(), chunk.chunk_index);
-      unstepped_anchor_[chunk.chunk_index].assign(
-          anchor_.begin() + static_cast<std::ptrdiff_t>(r.begin),
-          anchor_.begin() + static_cast<std::ptrdiff_t>(r.end));
-    }
     SteppedChunk one;
     if (journal_ != nullptr) one.senders = rounds_.SendersOf(chunk.chunk_index);
-    one.update =
-        round_step.Step(chunk.chunk_index, chunk.mean, chunk.contributors);
+    one.update = streamed_.Step(chunk.chunk_index, chunk.mean,
+                                chunk.contributors, keep);
     stepped.push_back(std::move(one));
   }
   return stepped;

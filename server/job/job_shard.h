@@ -57,6 +57,7 @@
 #include "server/job/shard_members.h"
 #include "server/job/shard_observer.h"
 #include "server/job/shard_reporter.h"
+#include "server/job/streamed_round.h"
 #include "server/job/update_cache.h"
 #include "server/job/update_chunks.h"
 #include "server/job/update_sinks.h"
@@ -287,10 +288,9 @@ class JobShard {
       const std::vector<std::shared_ptr<const UpdateChunks>>& updates,
       const std::vector<std::shared_ptr<UpdateSink>>& sinks)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The step of `round` (the open round, or the one closing), begun if it
-  // has not been.
-  RoundStep& StepOfRoundLocked(uint64_t round)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Begins the step of `round` (the open round, or the one closing) unless
+  // it has begun.
+  void BeginStepLocked(uint64_t round) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A chunk stepped ahead of its round's close, not sent yet; its senders
   // only with checkpoints (for the journal).
   struct SteppedChunk {
@@ -314,9 +314,6 @@ class JobShard {
       ABSL_NO_THREAD_SAFETY_ANALYSIS;
   // Restore's second half: the journal's chunks of the open round.
   absl::Status RestoreJournalLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether every chunk the open round's step has moved has its old values
-  // in unstepped_anchor_ (so the anchor of before the round can be served).
-  bool UnsteppedAnchorWholeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes A, m and the last update; returns the update as written. Runs
   // without the lock: that state only changes in CloseRoundLocked and
   // Publish, on the same (poller) thread.
@@ -335,6 +332,7 @@ class JobShard {
   const JobShardOptions options_;
   const common::Range range_;
   const ChunkedOuterStep step_;
+  const UpdateMessages messages_;
   common::Clock* const clock_;
 
   mutable absl::Mutex mu_;
@@ -345,15 +343,13 @@ class JobShard {
   std::vector<float> anchor_ ABSL_GUARDED_BY(mu_);
   // m; empty with β = 0, where each step starts it from zero.
   std::vector<float> momentum_ ABSL_GUARDED_BY(mu_);
-  // The open round's step once a chunk of it was streamed. Until the round
-  // closes, the anchor is the old one in the chunks not stepped yet and the
-  // new one in the others. For a fetch meanwhile, unstepped_anchor_ keeps
-  // the old values of the stepped chunks (chunk c empty while not stepped)
-  // when a joined worker had yet to fetch as the round's first chunks were
-  // stepped; a fetch that finds one missing (UnsteppedAnchorWholeLocked) is
-  // told to retry. Otherwise no copy: it would cost up to a range of memory.
-  std::optional<RoundStep> open_step_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::vector<float>> unstepped_anchor_ ABSL_GUARDED_BY(mu_);
+  // The open round's step once a chunk of it was streamed, until it closes.
+  // A fetch meanwhile is served the anchor the round started from where
+  // the step kept it: when a joined worker had yet to fetch as the round's
+  // first chunks were stepped; a fetch that finds it missing
+  // (StartAnchorWhole) is told to retry. Otherwise no copy: it would cost
+  // up to a range of memory.
+  StreamedRound streamed_ ABSL_GUARDED_BY(mu_);
   // The snapshot the fetches in progress share; dropped when the anchor moves
   // (once seeded, only a round's close moves it).
   SharedAnchorSnapshot snapshot_ ABSL_GUARDED_BY(mu_);

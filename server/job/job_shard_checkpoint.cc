@@ -52,11 +52,12 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
     // The earlier updates first: the cache holds them oldest first.
     CO2_ASSIGN_OR_RETURN(
         std::vector<std::shared_ptr<const UpdateChunks>> earlier,
-        RestoreEarlierUpdates(checkpoint, shard->step_));
+        RestoreEarlierUpdates(checkpoint, shard->step_, shard->messages_));
     for (auto& update : earlier)
       shard->updates_.AddPublished(std::move(update));
     CO2_ASSIGN_OR_RETURN(std::shared_ptr<const UpdateChunks> update,
-                         RestoreLastUpdate(checkpoint, shard->step_));
+                         RestoreLastUpdate(checkpoint, shard->step_,
+                                           shard->messages_));
     shard->updates_.AddPublished(std::move(update));
   }
   shard->anchor_durable_ = true;
@@ -70,12 +71,12 @@ absl::Status JobShard::RestoreJournalLocked() {
   CO2_ASSIGN_OR_RETURN(std::vector<LoadedJournalChunk> chunks,
                        RoundJournal::Load(journal_->path(), round));
   if (chunks.empty()) return absl::OkStatus();
-  RoundStep& round_step = StepOfRoundLocked(round);
+  BeginStepLocked(round);
   for (LoadedJournalChunk& chunk : chunks) {
     const v1::JournalChunkHeader& h = chunk.header;
     CO2_RETURN_IF_ERROR(CheckJournalChunkFits(chunk, step_, !momentum_.empty(),
                                               journal_->path()));
-    if (round_step.stepped(h.chunk_index())) {
+    if (streamed_.stepped(h.chunk_index())) {
       return JournalDataLoss(journal_->path(), h.chunk_index(),
                              "in the journal twice");
     }
@@ -92,11 +93,9 @@ absl::Status JobShard::RestoreJournalLocked() {
           ChunkSender{sender.worker_id(), sender.contribution_weight()});
     }
     rounds_.RestoreTakenChunk(h.chunk_index(), senders);
-    std::shared_ptr<const v1::OuterUpdate> update = step_.Message(
-        round, h.chunk_index(), h.contributors(), std::move(chunk.update),
-        common::AnchorDigest(chunk.anchor));
-    round_step.Restore(h.chunk_index(), update);
-    updates_.AddStreamed(std::move(update));
+    updates_.AddStreamed(streamed_.Restore(
+        h.chunk_index(), h.contributors(), std::move(chunk.update),
+        common::AnchorDigest(chunk.anchor)));
   }
   CO2_LOG(INFO) << "job " << job_ << ": shard " << options_.shard_index
                 << " restored " << chunks.size() << " of " << num_chunks()

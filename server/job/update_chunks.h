@@ -1,11 +1,15 @@
 // UpdateChunks: the encoded outer update of one closed round, as the chunk
 // messages that carry it. Immutable once built and shared by everything that
 // holds or sends it (the shard's cache, its checkpoint, every stream), so any
-// thread may read it.
+// thread may read it. UpdateMessages makes those messages from what the
+// outer step produced (server/job/chunked_outer_step.h: payload bytes and
+// an anchor digest per chunk).
 #ifndef CO2_SERVER_UPDATE_CHUNKS_H_
 #define CO2_SERVER_UPDATE_CHUNKS_H_
 
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "co2/v1/aggregator.pb.h"
@@ -14,6 +18,29 @@ namespace co2::server {
 
 // The chunks of one round's outer update, shared by every stream sending them.
 using UpdateChunks = std::vector<std::shared_ptr<const v1::OuterUpdate>>;
+
+// The messages of one job's updates on one shard: the job's downlink codec
+// and staleness, and the shard's chunk count. A value; const, any thread.
+class UpdateMessages {
+ public:
+  // `config` must have passed common::ValidateJobConfig.
+  UpdateMessages(const v1::JobConfig& config, uint32_t num_chunks);
+
+  // The message carrying chunk `chunk_index` of the update of `round`
+  // (`payload`, in the downlink codec), counted from `contributors`, with
+  // the digest of the chunk's anchor after it (common::AnchorDigest; 0 if
+  // not known).
+  std::shared_ptr<const v1::OuterUpdate> Make(uint64_t round,
+                                              uint32_t chunk_index,
+                                              uint32_t contributors,
+                                              std::string payload,
+                                              uint64_t anchor_digest) const;
+
+ private:
+  v1::Codec downlink_;
+  uint64_t max_staleness_;
+  uint32_t num_chunks_;
+};
 
 }  // namespace co2::server
 

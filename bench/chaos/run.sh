@@ -3,7 +3,7 @@
 # co2-train (the launcher and its workers, Fashion-MNIST's CNN) runs in a
 # network namespace joined to 2 co2-aggregator shard processes (with
 # checkpoints) by one veth pair, twice with the same job: once undisturbed,
-# once with a fault every 20-40 s drawn from
+# once with a fault every 20-40 s, dealt from (each kind equally often)
 #   worker_kill  kill -9 of a random worker (the launcher restarts it:
 #                --max_restarts)
 #   shard_kill   kill -9 of a random shard, restarted 1 s later from its
@@ -165,6 +165,20 @@ for kind in "${kinds[@]}"; do
   [[ $kind =~ ^(worker_kill|shard_kill|worker_stop|link_cut)$ ]] ||
     { log "CO2_CHAOS_FAULTS: unknown fault '$kind' (worker_kill, shard_kill, worker_stop, link_cut)"; exit 1; }
 done
+# next_kind: the next fault, dealt from the kinds shuffled afresh each time
+# they run out, so that every kind comes equally often.
+deck=()
+next_kind() {
+  local i j t
+  if (( ${#deck[@]} == 0 )); then
+    deck=("${kinds[@]}")
+    for ((i = ${#deck[@]} - 1; i > 0; i--)); do
+      j=$((RANDOM % (i + 1))); t=${deck[i]}; deck[i]=${deck[j]}; deck[j]=$t
+    done
+  fi
+  kind=${deck[0]}
+  deck=("${deck[@]:1}")
+}
 # A worker's first process (its leader), or nothing when it does not run.
 leader_pid() { pgrep -f -- "--role=worker --worker=$1 --local_rank=0 --run_dir=$work/run-chaos " | head -1 || true; }
 # cut_link PID / mend_link PID: drop, in the namespace, the packets between
@@ -189,7 +203,7 @@ while kill -0 "$train_pid" 2>/dev/null; do
   wait_until=$((SECONDS + 20 + RANDOM % 21))
   while (( SECONDS < wait_until )) && kill -0 "$train_pid" 2>/dev/null; do sleep 0.5; done
   kill -0 "$train_pid" 2>/dev/null || break
-  kind=${kinds[RANDOM % ${#kinds[@]}]}
+  next_kind
   case $kind in
     worker_kill | worker_stop | link_cut)
       w=$((RANDOM % 4)); pid=$(leader_pid "$w")

@@ -22,7 +22,7 @@ if [ "$(id -u)" = 0 ]; then
   "$here/run_overlap.sh" "$build"
   echo "== time to accuracy (bench/results/time_to_accuracy.json; ~3 min)"
   "$here/run_time_to_accuracy.sh" "$build"
-  echo "== goodput under chaos (bench/results/chaos.json; ~22 min)"
+  echo "== goodput under chaos (bench/results/chaos.json; ~30 min)"
   "$here/chaos/run.sh" "$build"
 else
   echo "== aggregator over links, overlap, time to accuracy and chaos skipped:" \

@@ -178,9 +178,7 @@ absl::Status Co2Optimizer::RestoreCheckpoint() {
       CO2_RETURN_IF_ERROR(exchange_->RestoreEager(c.eager_offset, c.eager_last));
     }
     try {
-      torch::NoGradGuard no_grad;
-      flat_->params().copy_(torch::from_blob(const_cast<float*>(c.params.data()),
-                                             {flat_->numel()}, torch::kFloat));
+      SetParams(c.params);
     } catch (...) {
       return TorchExceptionToStatus("Co2Optimizer: x <- the checkpoint's");
     }
@@ -244,6 +242,12 @@ absl::Span<float> Co2Optimizer::HostParams() {
                                         torch::kFloat);
   host.copy_(flat_->params());
   return absl::MakeSpan(staging_);
+}
+
+void Co2Optimizer::SetParams(absl::Span<const float> host) {
+  torch::NoGradGuard no_grad;
+  flat_->params().copy_(torch::from_blob(const_cast<float*>(host.data()),
+                                         {flat_->numel()}, torch::kFloat));
 }
 
 void Co2Optimizer::ZeroGrad() { flat_->ZeroGrads(); }
@@ -314,11 +318,7 @@ absl::Status Co2Optimizer::ExchangeAndBroadcast(std::optional<uint64_t> owed,
       stats.healed_to = times.healed_round;
       stats.heal_reason = times.heal_reason;
       stats.heal_time = times.heal_time;
-      if (status.ok() && !staging_.empty()) {
-        torch::NoGradGuard no_grad;
-        flat_->params().copy_(
-            torch::from_blob(x.data(), {flat_->numel()}, torch::kFloat));
-      }
+      if (status.ok() && !staging_.empty()) SetParams(x);
     } catch (...) {
       status = TorchExceptionToStatus("Co2Optimizer: x <- A");
     }

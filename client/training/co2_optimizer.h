@@ -236,6 +236,9 @@ class Co2Optimizer {
   absl::Status ExchangeAndBroadcast(std::optional<uint64_t> owed,
                                     RoundStats& stats);
   absl::Span<float> HostParams();
+  // x <- `host` (all of x, on the host), wherever x lives. Throws what
+  // LibTorch throws.
+  void SetParams(absl::Span<const float> host);
   // RoundStats::params_hash of a boundary.
   absl::StatusOr<uint64_t> BoundaryHash();
   // The leader's WorkerCheckpoint at this boundary, when one is due.

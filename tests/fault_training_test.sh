@@ -92,6 +92,7 @@ if [[ $SCENARIO == grow_shrink ]]; then
   ROUNDS=$(( (STEPS + TAU - 1) / TAU ))
 fi
 
+source "$(dirname "$0")/../scripts/netns_pair.sh"
 WORK=$(mktemp -d /tmp/co2-fault-training.XXXXXX)
 NETNS=co2fault$$
 VETH=co2f$$
@@ -259,17 +260,10 @@ anchor_hash() {
 }
 
 setup_netns() {
-  if ! ip netns add "$NETNS" 2>/dev/null; then
+  if ! netns_pair "$NETNS" "$VETH" "$SUBNET"; then
     log "SKIP: 'ip netns add' failed (needs root / CAP_SYS_ADMIN)"
     exit 77
   fi
-  ip link add "${VETH}a" type veth peer name "${VETH}b"
-  ip link set "${VETH}b" netns "$NETNS"
-  ip addr add "$SUBNET.1/30" dev "${VETH}a"
-  ip link set "${VETH}a" up
-  ip netns exec "$NETNS" ip addr add "$SUBNET.2/30" dev "${VETH}b"
-  ip netns exec "$NETNS" ip link set "${VETH}b" up
-  ip netns exec "$NETNS" ip link set lo up
   HOST=$SUBNET.1
   IN_NS=(ip netns exec "$NETNS")
 }

@@ -26,6 +26,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+source "$root/scripts/netns_pair.sh"
 build=$(cd "${1:-$root/build}" && pwd)
 minutes=${2:-10}
 seed=${3:-1}
@@ -68,14 +69,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-ip netns add "$netns"
-ip link add "${veth}a" type veth peer name "${veth}b"
-ip link set "${veth}b" netns "$netns"
-ip addr add "$host/30" dev "${veth}a"
-ip link set "${veth}a" up
-ip netns exec "$netns" ip addr add "$subnet.2/30" dev "${veth}b"
-ip netns exec "$netns" ip link set "${veth}b" up
-ip netns exec "$netns" ip link set lo up
+netns_pair "$netns" "$veth" "$subnet" || { log "'ip netns add $netns' failed"; exit 1; }
 mkdir "$cut_cgroup"
 
 # start_shard I PORT: PORT 0 picks a free one, remembered for restarts.

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "co2/v1/aggregator.pb.h"
 #include "server/job/chunked_outer_step.h"
 #include "server/job/round_state.h"

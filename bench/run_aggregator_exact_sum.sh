@@ -4,10 +4,12 @@
 # the co2-aggregator built from BASE (no digests, fp32 sums: "before"), with
 # this tree's ("after": digests, fp32 sums, the default) and with this
 # tree's in a `deterministic` job ("exact": digests and exact sums), in one
-# invocation, runs alternating. The workers are this tree's aggregator_bench
-# clients throughout. Writes bench/results/aggregator_exact_sum.json.
+# invocation, runs alternating in a rotating order. The workers are this
+# tree's aggregator_bench clients throughout. 16 rounds, so that the rounds
+# timed are mostly ones whose sums are already allocated, as in a job's
+# steady state. Writes bench/results/aggregator_exact_sum.json.
 #   bench/run_aggregator_exact_sum.sh [BUILD_DIR]
-#   BASE=<commit> WORKERS=2,4 PARAMS=4194304 SHARDS=2 ROUNDS=8 PAIRS=3 \
+#   BASE=<commit> WORKERS=2,4 PARAMS=4194304 SHARDS=2 ROUNDS=16 PAIRS=6 \
 #     bench/run_aggregator_exact_sum.sh build
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -30,9 +32,13 @@ cmake -S "$scratch/src" -B "$scratch/src/build" -G Ninja \
 cmake --build "$scratch/src/build" --target co2-aggregator -j "${JOBS:-2}" \
   >"$scratch/build.log" 2>&1 || { tail -50 "$scratch/build.log" >&2; exit 1; }
 
-pairs=${PAIRS:-3}
+pairs=${PAIRS:-6}
+kinds=(before after exact)
 for ((i = 0; i < pairs; ++i)); do
-  for which in before after exact; do
+  # Each pair starts with the next kind, so that a machine that slows down
+  # (or speeds up) during the invocation weighs on every kind alike.
+  for ((k = 0; k < 3; ++k)); do
+    which=${kinds[(i + k) % 3]}
     binary=$build/bin/co2-aggregator
     [ "$which" = before ] && binary=$scratch/src/build/bin/co2-aggregator
     deterministic=false
@@ -40,7 +46,7 @@ for ((i = 0; i < pairs; ++i)); do
     "$build/bench/aggregator_bench" --aggregator="$binary" --iperf3= \
       --gloo=false --workers="${WORKERS:-2,4}" \
       --params="${PARAMS:-4194304}" --shards="${SHARDS:-2}" \
-      --rounds="${ROUNDS:-8}" --repetitions=1 \
+      --rounds="${ROUNDS:-16}" --repetitions=1 \
       --deterministic="$deterministic" \
       --scratch="$scratch/$which-$i" --out="$scratch/$which-$i.json"
   done

@@ -86,7 +86,7 @@ for name, reps in runs.items():
 
 notes = {
     "ExactAccumulate/fp32": "the shard's exact, order-independent sum "
-                            "(server/job/exact_sum.h): 16 bytes of limbs per "
+                            "(server/job/exact_sum.h): an 8-byte sum per "
                             "element, read and written",
     "Validate/int8": "reads only the 4-byte scale of each 1,024 values; "
                      "GB/s is per payload byte validated",

@@ -73,6 +73,9 @@ TEST(ExactSumTest, AnyOrderAndAnyKernelGiveTheSameBits) {
         ASSERT_TRUE(sum.Add(terms[i].x, terms[i].w).ok());
         ASSERT_TRUE(weight.Add(terms[i].w).ok());
       }
+      // Both kinds of element: sums that fit a double, and wide ones.
+      ASSERT_GT(sum.wide_elements(), 0u);
+      ASSERT_LT(sum.wide_elements(), n);
       const std::vector<uint32_t> bits = Bits(MeanOf(sum, weight.Value()));
       if (first.empty()) first = bits;
       ASSERT_EQ(bits, first)
@@ -178,52 +181,106 @@ TEST(ExactSumTest, EncodedPayloadsAddTheirDecodedValues) {
   }
 }
 
-TEST(ExactSumTest, ATermOutOfRangeIsRejectedAndChangesNothing) {
+TEST(ExactSumTest, ANonFiniteTermIsRejectedAndChangesNothing) {
   const size_t n = 2500;
-  std::vector<float> x(n, 1.5f);
-  ExactSum sum(n);
-  ASSERT_TRUE(sum.Add(x, 2.0f).ok());
-  // 2^40 · 8 = 2^43 is the first magnitude out of range.
-  x[2100] = -8.0f;
-  const absl::Status status = sum.Add(x, 0x1p40f);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("element 2100"));
-  for (size_t i = 0; i < n; ++i) ASSERT_EQ(sum.Value(i), 3.0) << i;
-  EXPECT_EQ(sum.terms(), 1u);
-  // Just inside the range, the sum is exact.
-  x[2100] = std::nextafter(-8.0f, 0.0f);
-  ASSERT_TRUE(sum.Add(x, 0x1p40f).ok());
-  EXPECT_EQ(sum.Value(2100), 3.0 + static_cast<double>(x[2100]) * 0x1p40);
-  ExactScalar weight;
-  EXPECT_EQ(weight.Add(kExactSumMaxTerm).code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(weight.Add(INFINITY).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(weight.terms(), 0u);
-}
-
-TEST(ExactSumTest, TermsBelowTheGridRoundToIt) {
-  ExactSum sum(3);
-  ASSERT_TRUE(sum.Add({0x1p-60f, 0x1p-62f, 0x1.8p-60f}, 1.0f).ok());
-  EXPECT_EQ(sum.Value(0), 0x1p-60);
-  EXPECT_EQ(sum.Value(1), 0.0);
-  EXPECT_EQ(sum.Value(2), 0x1p-59);  // 1.5 units: ties to even
-  // Large and small terms that cancel leave the small ones exactly.
-  ExactSum cancel(1);
-  ASSERT_TRUE(cancel.Add({0x1p42f}, 1.0f).ok());
-  ASSERT_TRUE(cancel.Add({0x1p-50f}, 1.0f).ok());
-  ASSERT_TRUE(cancel.Add({-0x1p42f}, 1.0f).ok());
-  EXPECT_EQ(cancel.Value(0), 0x1p-50);
-}
-
-TEST(ExactSumTest, AtMostMaxTermsContributions) {
-  ExactSum sum(1);
-  for (uint32_t i = 0; i < kExactSumMaxTerms; ++i) {
-    ASSERT_TRUE(sum.Add({-0x1p42f}, 1.99f).ok());
+  // Terms over 60 binades, so that many elements' sums are wide.
+  const std::vector<Term> terms = RandomTerms(3, n, 6);
+  for (const common::KernelIsa isa : common::SupportedKernelIsas()) {
+    common::ScopedKernelIsaForTesting pin(isa);
+    ExactSum sum(n);
+    for (const Term& t : terms) ASSERT_TRUE(sum.Add(t.x, t.w).ok());
+    const size_t wide = sum.wide_elements();
+    ASSERT_GT(wide, 0u);
+    std::vector<double> before(n);
+    for (size_t i = 0; i < n; ++i) before[i] = sum.Value(i);
+    for (const float bad : {INFINITY, -INFINITY, NAN}) {
+      std::vector<float> x = RandomTerms(1, n, 7)[0].x;
+      x[2100] = bad;
+      const absl::Status status = sum.Add(x, 1e6f);
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(status.message(), HasSubstr("element 2100"));
+      EXPECT_THAT(status.message(), HasSubstr("is not finite"));
+      for (size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(sum.Value(i), before[i]) << common::KernelIsaName(isa) << i;
+      }
+      EXPECT_EQ(sum.terms(), 3u);
+    }
+    EXPECT_GE(sum.wide_elements(), wide) << "the rejected terms took some";
+    // A first contribution that is refused leaves the sum empty.
+    ExactSum empty(3);
+    EXPECT_FALSE(empty.Add({1.0f, NAN, 2.0f}, 1.0f).ok());
+    EXPECT_EQ(empty.terms(), 0u);
+    EXPECT_EQ(empty.Value(0), 0.0);
   }
-  EXPECT_EQ(sum.Value(0), -0x1p42 * double(1.99f) * kExactSumMaxTerms);
-  const absl::Status status = sum.Add({1.0f}, 1.0f);
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(status.message(), HasSubstr("4095"));
+}
+
+// Sums that do not fit a double are still exact, whatever the order: a term
+// 2^200 apart from the others, cancelled later.
+TEST(ExactSumTest, WideSumsAreExactInAnyOrder) {
+  const std::vector<std::vector<float>> terms = {
+      {0x1p100f, 1.0f, 0x1p-100f},
+      {0x1p-100f, 0x1p-24f, 3.0f},
+      {-0x1p100f, 0x1p-48f, -0x1p-100f},
+  };
+  std::vector<size_t> order = {0, 1, 2};
+  do {
+    ExactSum sum(3);
+    for (const size_t i : order) ASSERT_TRUE(sum.Add(terms[i], 1.0f).ok());
+    EXPECT_EQ(sum.Value(0), 0x1p-100);
+    EXPECT_EQ(sum.Value(1), 1.0 + 0x1p-24 + 0x1p-48);
+    EXPECT_EQ(sum.Value(2), 3.0);
+  } while (std::next_permutation(order.begin(), order.end()));
+  // Typical contributions (values of like magnitude, equal weights) all
+  // stay in the 8-byte sums.
+  ExactSum typical(4096);
+  for (const Term& t : RandomTerms(8, 4096, 8)) {
+    std::vector<float> x = t.x;
+    for (float& v : x) v = 1e-3f + std::ldexp(v, -30);
+    ASSERT_TRUE(typical.Add(x, 1.0f).ok());
+  }
+  EXPECT_EQ(typical.wide_elements(), 0u);
+}
+
+// ExactScalar rounds the exact sum once, to nearest with ties to even,
+// however far apart its terms are.
+TEST(ExactScalarTest, RoundsTheExactSumOnce) {
+  auto sum = [](std::initializer_list<double> terms) {
+    ExactScalar s;
+    for (const double t : terms) EXPECT_TRUE(s.Add(t).ok()) << t;
+    return s.Value();
+  };
+  EXPECT_EQ(sum({}), 0.0);
+  EXPECT_EQ(sum({1.0, 0x1p-53}), 1.0);                  // a tie: to even
+  EXPECT_EQ(sum({1.0, 0x1p-53, 0x1p-290}), 1.0 + 0x1p-52);  // above the tie
+  EXPECT_EQ(sum({1.0 + 0x1p-52, 0x1p-53}), 1.0 + 0x1p-51);  // a tie, up
+  EXPECT_EQ(sum({-1.0, -0x1p-53, -0x1p-290}), -1.0 - 0x1p-52);
+  EXPECT_EQ(sum({-1.0, 0x1p-53, 0x1p-290}), -1.0 + 0x1p-53);
+  EXPECT_EQ(sum({0x1p280, 0x1p-300, -0x1p280}), 0x1p-300);
+  EXPECT_EQ(sum({0x1p-300, 0x1p-300, -0x1p-299}), 0.0);
+  EXPECT_EQ(sum({3.0, -5.0, 0x1p60, -0x1p60}), -2.0);
+  // A carry through every limb, and back.
+  EXPECT_EQ(sum({-0x1p-300, 0x1p-300}), 0.0);
+  EXPECT_EQ(sum({-0x1p-300, 0x1p287, 0x1p-300}), 0x1p287);
+  EXPECT_EQ(sum({0x1.fffffffffffffp287, 0x1.fffffffffffffp287}),
+            0x1.fffffffffffffp288);
+  ExactScalar counted;
+  ASSERT_TRUE(counted.Add(0.0).ok());
+  EXPECT_EQ(counted.terms(), 1u);
+}
+
+TEST(ExactScalarTest, TermsOutsideTheRangeAreRejected) {
+  ExactScalar s;
+  ASSERT_TRUE(s.Add(1.5).ok());
+  for (const double bad : {double(INFINITY), double(NAN), 0x1p288, -0x1p290,
+                           0x1p-301, 0x1.8p-300}) {
+    const absl::Status status = s.Add(bad);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(status.message(), HasSubstr("outside the exact sum's range"));
+  }
+  EXPECT_EQ(s.terms(), 1u);
+  EXPECT_EQ(s.Value(), 1.5);
+  EXPECT_TRUE(s.Add(0x1.fffffffffffffp287).ok());
+  EXPECT_TRUE(s.Add(0x1p-300).ok());
 }
 
 }  // namespace

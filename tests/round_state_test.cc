@@ -553,55 +553,39 @@ TEST_F(RoundStateTest, SumsThatWouldOverflowAreRejectedBeforeCounting) {
              Constant(static_cast<float>(static_cast<double>(sum_ab) / 2)));
 }
 
-TEST_F(RoundStateTest, WeightsAtTheEdgesOfTheExactRangeGiveExactMeans) {
+TEST_F(RoundStateTest, ExactSumsTakeWeightsAtTheFp32Limits) {
   exact_sums_ = true;
   Init(1000);
   state_->AddWorker("a", 0);
   state_->AddWorker("b", 0);
-  SendAll("a", 0, Constant(1), 0x1p-20);
-  SendAll("b", 0, Constant(2), 0x1p-20);
+  SendAll("a", 0, Constant(1), FLT_MIN);
+  SendAll("b", 0, Constant(2), FLT_MIN);
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   ExpectMean(Flat(*closed), Constant(1.5f));
 
-  // Σ w = 1.5 · 2^42, near the largest weight; the mean is 5 / 12.
-  SendAll("a", 1, Constant(0.5f), 0x1p42);
-  SendAll("b", 1, Constant(0.25f), 0x1p41);
+  // Σ w = 1.5 · FLT_MAX; the mean is 5 / 12, rounded once.
+  SendAll("a", 1, Constant(0.5f), FLT_MAX);
+  SendAll("b", 1, Constant(0.25f), FLT_MAX / 2);
   closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   ExpectMean(Flat(*closed), Constant(static_cast<float>(5.0 / 12)));
 }
 
-TEST_F(RoundStateTest, TermsOutOfTheExactRangeAreRejectedBeforeCounting) {
+// What an fp32 sum must refuse (SumsThatWouldOverflowAreRejectedBeforeCounting)
+// an exact sum adds: its mean is finite.
+TEST_F(RoundStateTest, ExactSumsTakeWhatWouldOverflowFp32) {
   exact_sums_ = true;
   Init(1000);
   state_->AddWorker("a", 0);
   state_->AddWorker("b", 0);
-  // Finite values whose product with the weight is out of the exact sum's
-  // range (kExactSumMaxTerm = 2^43): 2^42 × 2, and one element of many.
-  absl::StatusOr<ChunkOutcome> alone = Send("a", 0, 0, Constant(0x1p42f), 2.0);
-  EXPECT_EQ(alone.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(alone.status().message(),
-              HasSubstr("worker \"a\" round 0 chunk 0"));
-  ASSERT_TRUE(Send("a", 0, 0, Constant(1e12f)).ok());
-  absl::StatusOr<ChunkOutcome> sum =
-      Send("b", 0, 0, [](size_t i) { return i == 17 ? 1e13f : 1.0f; });
-  EXPECT_EQ(sum.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(sum.status().message(),
-              HasSubstr("worker \"b\" round 0 chunk 0: element 17"));
-  EXPECT_THAT(sum.status().message(),
-              HasSubstr("outside the exact sum's range"));
-  // Nothing of the refused chunk was counted: b's valid resend is new, and
-  // the mean holds only what was accepted.
-  absl::StatusOr<ChunkOutcome> resend = Send("b", 0, 0, Constant(-5e11f));
-  ASSERT_TRUE(resend.ok()) << resend.status();
-  EXPECT_FALSE(resend->duplicate);
+  ASSERT_TRUE(Send("a", 0, 0, Constant(FLT_MAX), 2.0).ok());
+  ASSERT_TRUE(Send("b", 0, 0, Constant(3e38f)).ok());
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
-  ExpectMean(
-      Flat(*closed),
-      Constant(static_cast<float>(
-          (static_cast<double>(1e12f) + static_cast<double>(-5e11f)) / 2)));
+  ExpectMean(Flat(*closed),
+             Constant(static_cast<float>(
+                 (2.0 * FLT_MAX + static_cast<double>(3e38f)) / 3)));
 }
 
 // The proof of order independence on a shard: the same contributions (five

@@ -14,10 +14,6 @@
 namespace co2::server {
 namespace {
 
-// The smallest weight an exact sum takes: 2^−20, so that its units of 2^−60
-// keep at least 40 bits of every weight and of Σ w.
-constexpr double kMinExactWeight = 0x1p-20;
-
 // x[i] ← x[i] / divisor, divided in double: Σ w may exceed fp32's range, and
 // a quotient of fp32 values rounded via double is the correctly rounded fp32
 // one (the rank-valued mean (N − 1) / 2 comes out exact). In groups of eight
@@ -92,8 +88,7 @@ class ExactChunkSum : public ChunkSum {
                    float w) override {
     if (sum_ == nullptr) sum_ = std::make_unique<ExactSum>(size());
     CO2_RETURN_IF_ERROR(sum_->Add(codec, payload, w));
-    // In range: CheckWeight bounds w, and the weight sum has as many terms
-    // as the element sums.
+    // In range: a finite fp32 weight.
     const absl::Status weighed = weight_sum_.Add(w);
     assert(weighed.ok());
     (void)weighed;
@@ -106,7 +101,7 @@ class ExactChunkSum : public ChunkSum {
     if (sum_ != nullptr && weight > 0) {
       sum_->Divide(weight, absl::MakeSpan(mean));
     }
-    // The limbs are kept: memory the kernel hands out afresh is zeroed page
+    // The sums are kept: memory the kernel hands out afresh is zeroed page
     // by page, which costs more than the sum itself.
     if (sum_ != nullptr) sum_->Clear();
     weight_sum_ = ExactScalar();
@@ -125,18 +120,13 @@ std::unique_ptr<ChunkSum> ChunkSum::Create(bool exact, size_t elements) {
   return std::make_unique<Fp32ChunkSum>(elements);
 }
 
-absl::Status ChunkSum::CheckWeight(bool exact, double weight) {
+absl::Status ChunkSum::CheckWeight(double weight) {
   // Either sum applies the weight in fp32: outside fp32's normal range it
-  // would round to 0 or inf. The exact sum's range is narrower.
-  const double low = exact ? kMinExactWeight : FLT_MIN;
-  const double high = exact ? kExactSumMaxTerm : FLT_MAX;
-  const bool in_range =
-      weight >= low &&
-      (exact ? static_cast<float>(weight) < high : weight <= high);
-  if (in_range) return absl::OkStatus();
+  // would round to 0 or inf.
+  if (weight >= FLT_MIN && weight <= FLT_MAX) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      "weight ", weight, " is outside the ", exact ? "exact sum's" : "fp32",
-      " range [", low, ", ", high, exact ? ")" : "]"));
+      "weight ", weight, " is outside the fp32 range [", FLT_MIN, ", ",
+      FLT_MAX, "]"));
 }
 
 }  // namespace co2::server

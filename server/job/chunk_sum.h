@@ -5,12 +5,12 @@
 //   fp32    the values are added in fp32 in the order they arrive (4 bytes
 //           per element); the mean is divided in place and handed over.
 //   exact   the values are added exactly (server/job/exact_sum.h), so the
-//           mean is the same bits in any order of arrival (16 bytes per
-//           element); the limbs stay with the object for reuse.
+//           mean is the same bits in any order of arrival (8 bytes per
+//           element); the memory stays with the object for reuse.
 //
 // Both apply the weight rounded to fp32 and add that same value to Σ w.
 // Add is all or nothing: a contribution that does not fit (fp32 overflow, or
-// a term outside the exact range) changes nothing. Not thread-safe.
+// a term that is not finite) changes nothing. Not thread-safe.
 #ifndef CO2_SERVER_JOB_CHUNK_SUM_H_
 #define CO2_SERVER_JOB_CHUNK_SUM_H_
 
@@ -28,9 +28,9 @@ class ChunkSum {
  public:
   // A zero sum of `elements` values; memory is taken at the first Add.
   static std::unique_ptr<ChunkSum> Create(bool exact, size_t elements);
-  // OK if `weight` (> 0, finite) can weigh a contribution to this kind of
-  // sum, else INVALID_ARGUMENT naming the range.
-  static absl::Status CheckWeight(bool exact, double weight);
+  // OK if `weight` can weigh a contribution (within fp32's normal range,
+  // for both kinds), else INVALID_ARGUMENT naming the range.
+  static absl::Status CheckWeight(double weight);
 
   virtual ~ChunkSum() = default;
 

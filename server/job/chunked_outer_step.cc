@@ -123,8 +123,10 @@ ChunkUpdate RoundStep::Step(uint32_t chunk_index, std::vector<float>& mean) {
     }
   }
   if (gap.empty()) {
-    gap_floats.assign(r.size(), 0.0f);
-    gap = gap_floats;
+    // Zeros: one chunk's worth, shared by every step of the process.
+    static const std::vector<float>* const kZeros =
+        new std::vector<float>(common::kChunkElements, 0.0f);
+    gap = absl::MakeConstSpan(*kZeros).first(r.size());
   }
   std::vector<float> fresh_momentum;  // m where β = 0: zeros
   absl::Span<float> momentum;

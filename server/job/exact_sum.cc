@@ -4,7 +4,13 @@
 #include <cassert>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
@@ -13,127 +19,202 @@
 namespace co2::server {
 namespace {
 
-// 1.5·2^52: for |v| <= 2^51, v + kMagic rounds v to the nearest integer
-// (ties to even) and holds it in its low mantissa bits, so that
-// bits(v + kMagic) − bits(kMagic) is that integer as int64.
-constexpr double kMagic = 6755399441055744.0;
-// A term t is hs = t·2^(F−52) in units of the hi limb; hi = round(hs) and
-// lo = round((hs − hi)·2^52), so t·2^F = hi·2^52 + lo up to lo's rounding.
-constexpr double kToHi = 0x1p8;      // 2^(F − 52), F = 60
-constexpr double kToLo = 0x1p52;     // units of the hi limb in units of 2^−F
-constexpr double kHiLimit = 0x1p51;  // |hs| < 2^51 ⟺ |t| < kExactSumMaxTerm
-static_assert(kExactSumFractionBits == 60, "kToHi is 2^(F − 52)");
-static_assert(kExactSumMaxTerm == kHiLimit / kToHi, "the range of a term");
-static_assert(sizeof(double) == sizeof(uint64_t), "bit casts");
-
-// The limbs of `term` (hi, lo as two's complement words); false if it is
-// out of range, and then they are meaningless. The kernels do exactly these
-// operations lane by lane.
-inline bool SplitTerm(double term, uint64_t* hi, uint64_t* lo) {
-  const double hs = term * kToHi;
-  const double ht = hs + kMagic;
-  const double lt = (hs - (ht - kMagic)) * kToLo + kMagic;
-  *hi = absl::bit_cast<uint64_t>(ht) - absl::bit_cast<uint64_t>(kMagic);
-  *lo = absl::bit_cast<uint64_t>(lt) - absl::bit_cast<uint64_t>(kMagic);
-  return hs < kHiLimit && hs > -kHiLimit;
+// w·x for the value at x[i] (little-endian fp32, perhaps unaligned): exact
+// in double.
+inline double Term(const char* x, size_t i, double w) {
+  float xi;
+  std::memcpy(&xi, x + i * sizeof(float), sizeof xi);
+  return static_cast<double>(xi) * w;
 }
 
-// hi·2^52 + lo in units of 2^−F, rounded once to double. |lo| < 2^63 and
-// the carry of lo into hi is at most 2^11, so hi + carry cannot overflow.
-inline double ValueOf(uint64_t hi, uint64_t lo) {
-  const int64_t l = static_cast<int64_t>(lo);
-  const int64_t carry = l >> 52;                        // floor(l / 2^52)
-  const int64_t rest = l - carry * (int64_t{1} << 52);  // in [0, 2^52)
-  const int64_t h = static_cast<int64_t>(hi) + carry;
-  return (static_cast<double>(h) * kToLo + static_cast<double>(rest)) * 0x1p-60;
+// Whether sum + term is exactly a double (both finite, `sum` not NaN). The
+// sum s = fl(sum + term) is exact iff s − sum and s − term give back term
+// and sum: whichever operand is the larger, its difference from s is exact
+// (as in FastTwoSum), so it is term or sum only if s is. Infinities and NaN
+// fail one of the two.
+inline bool AddIsExact(double term, double sum) {
+  const double s = sum + term;
+  return s - sum == term && s - term == sum;
 }
-
-enum class Op { kStore, kAdd, kTakeBack };
 
 // The kernels, once per KernelIsa.
 #define CO2_KERNELS_FILE "server/job/exact_sum_kernels.inc"
 #include "common/per_isa_kernels.inc"
 #undef CO2_KERNELS_FILE
 
-template <Op kOp>
-bool AddTermsWithActiveIsa(const char* x, size_t n, double w, uint64_t* hi,
-                           uint64_t* lo) {
+// kernel(Kernels()) with the active KernelIsa's Kernels.
+template <typename Kernel>
+decltype(auto) WithActiveIsa(Kernel kernel) {
   switch (common::ActiveKernelIsa()) {
 #if defined(__x86_64__)
     case common::KernelIsa::kSse2:
-      return sse2::Kernels::AddTerms<kOp>(x, n, w, hi, lo);
+      return kernel(sse2::Kernels());
     case common::KernelIsa::kAvx2:
-      return avx2::Kernels::AddTerms<kOp>(x, n, w, hi, lo);
+      return kernel(avx2::Kernels());
 #endif
     default:
-      return portable::Kernels::AddTerms<kOp>(x, n, w, hi, lo);
-  }
-}
-
-void DivideWithActiveIsa(const uint64_t* hi, const uint64_t* lo, size_t n,
-                         double divisor, float* out) {
-  switch (common::ActiveKernelIsa()) {
-#if defined(__x86_64__)
-    case common::KernelIsa::kSse2:
-      return sse2::Kernels::Divide(hi, lo, n, divisor, out);
-    case common::KernelIsa::kAvx2:
-      return avx2::Kernels::Divide(hi, lo, n, divisor, out);
-#endif
-    default:
-      return portable::Kernels::Divide(hi, lo, n, divisor, out);
+      return kernel(portable::Kernels());
   }
 }
 
 // Decoded values are taken in blocks of this many, in a buffer that stays
-// in L1 (fp32 payloads are read in place).
+// in L1 (fp32 payloads are read in place); the kernels read a block twice.
 constexpr size_t kBlock = 1024;
 
-absl::Status TooManyTerms() {
-  return absl::InvalidArgumentError(
-      absl::StrCat("more than ", kExactSumMaxTerms,
-                   " contributions to one chunk of a round"));
-}
+constexpr uint64_t kMantissaMask = (uint64_t{1} << 52) - 1;
 
 }  // namespace
 
 absl::Status ExactScalar::Add(double term) {
-  if (terms_ >= kExactSumMaxTerms) return TooManyTerms();
-  uint64_t h, l;
-  if (!std::isfinite(term) || !SplitTerm(term, &h, &l)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(term, " is outside the exact sum's range (magnitude < ",
-                     kExactSumMaxTerm, ")"));
+  const double magnitude = std::abs(term);
+  bool in_range = std::isfinite(term) &&
+                  magnitude < std::ldexp(1.0, kExactHighExponent);
+  if (in_range && term != 0) {
+    // The lowest set bit of the term must be at 2^kExactLowExponent or up.
+    int exponent;
+    std::frexp(magnitude, &exponent);  // magnitude in [2^(e−1), 2^e)
+    const uint64_t mantissa = absl::bit_cast<uint64_t>(magnitude) &
+                              kMantissaMask;
+    const int lowest = magnitude < std::numeric_limits<double>::min()
+                           ? -1074
+                           : exponent - 53;  // of the 53-bit significand
+    const int zeros = mantissa == 0 ? 52 : __builtin_ctzll(mantissa);
+    in_range = lowest + zeros >= kExactLowExponent;
   }
-  hi_ += h;
-  lo_ += l;
-  ++terms_;
+  if (!in_range) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        term, " is outside the exact sum's range (finite, magnitude below 2^",
+        kExactHighExponent, ", no bits below 2^", kExactLowExponent, ")"));
+  }
+  AddInRange(term);
   return absl::OkStatus();
 }
 
-double ExactScalar::Value() const { return ValueOf(hi_, lo_); }
-
-// The limbs are left uninitialised: the first Add stores its terms instead
-// of adding them, which saves writing zeros and reading them back.
-ExactSum::ExactSum(size_t elements)
-    : size_(elements),
-      hi_(new uint64_t[elements]),
-      lo_(new uint64_t[elements]) {}
-
-bool ExactSum::AddRun(const float* x, size_t first, size_t n, float w,
-                      int sign) {
-  const char* bytes = reinterpret_cast<const char*>(x);
-  uint64_t* hi = &hi_[first];
-  uint64_t* lo = &lo_[first];
-  if (sign < 0)
-    return AddTermsWithActiveIsa<Op::kTakeBack>(bytes, n, w, hi, lo);
-  if (terms_ == 0)
-    return AddTermsWithActiveIsa<Op::kStore>(bytes, n, w, hi, lo);
-  return AddTermsWithActiveIsa<Op::kAdd>(bytes, n, w, hi, lo);
+// The term is m·2^(E − 1075) (E its biased exponent, m its 53-bit
+// significand), added as an integer in units of 2^kExactLowExponent: m
+// shifted into place spans two limbs; the carry or borrow runs up from there.
+void ExactScalar::AddInRange(double term) {
+  ++terms_;
+  if (term == 0) return;
+  const uint64_t bits = absl::bit_cast<uint64_t>(term);
+  const int biased = static_cast<int>((bits >> 52) & 0x7ff);
+  uint64_t m = bits & kMantissaMask;
+  if (biased != 0) m |= uint64_t{1} << 52;
+  int shift = std::max(biased, 1) - 1075 - kExactLowExponent;
+  if (shift < 0) {
+    m >>= -shift;  // only zeros go: the term is in range
+    shift = 0;
+  }
+  const unsigned __int128 placed = static_cast<unsigned __int128>(m)
+                                   << (shift % 64);
+  uint64_t part[2] = {static_cast<uint64_t>(placed),
+                      static_cast<uint64_t>(placed >> 64)};
+  size_t k = static_cast<size_t>(shift / 64);
+  const bool negative = bits >> 63;
+  uint64_t carry = 0;
+  for (size_t j = 0; k < kLimbs; ++j, ++k) {
+    const uint64_t p = j < 2 ? part[j] : 0;
+    if (j >= 2 && carry == 0) break;
+    const uint64_t before = limbs_[k];
+    if (!negative) {
+      const uint64_t sum = before + p;
+      limbs_[k] = sum + carry;
+      carry = (sum < before) + (limbs_[k] < sum);
+    } else {
+      const uint64_t difference = before - p;
+      limbs_[k] = difference - carry;
+      carry = (difference > before) + (limbs_[k] > difference);
+    }
+  }
 }
 
-bool ExactSum::AddEncodedRun(const common::EncodedRun& run, float w, int sign,
-                             size_t* bad) {
-  bool in_range = true;
+// The magnitude's top two nonzero limbs as a 128-bit integer of at least 65
+// bits, with a 1 in its last bit if any lower limb is nonzero: its
+// conversion to double rounds as the whole magnitude's would.
+double ExactScalar::Value() const {
+  std::array<uint64_t, kLimbs> magnitude = limbs_;
+  const bool negative = magnitude[kLimbs - 1] >> 63;
+  if (negative) {
+    uint64_t carry = 1;
+    for (uint64_t& limb : magnitude) {
+      limb = ~limb + carry;
+      carry = carry && limb == 0;
+    }
+  }
+  int top = kLimbs - 1;
+  while (top >= 0 && magnitude[top] == 0) --top;
+  if (top < 0) return 0.0;
+  double value;
+  if (top == 0) {
+    value = std::ldexp(static_cast<double>(magnitude[0]), kExactLowExponent);
+  } else {
+    unsigned __int128 head =
+        (static_cast<unsigned __int128>(magnitude[top]) << 64) |
+        magnitude[top - 1];
+    for (int k = 0; k < top - 1; ++k) head |= magnitude[k] != 0;
+    value = std::ldexp(static_cast<double>(head),
+                       kExactLowExponent + 64 * (top - 1));
+  }
+  return negative ? -value : value;
+}
+
+ExactSum::ExactSum(size_t elements)
+    : size_(elements), sum_(new double[elements]) {}
+
+void ExactSum::Clear() {
+  terms_ = 0;
+  wide_.clear();
+}
+
+// A block the kernel did not take (a term that is not finite, a sum that is
+// not exact, or one that already is wide_[i]) is added element by element:
+// TwoSum gives what the double misses, and an element whose sum it cannot
+// hold moves to wide_.
+size_t ExactSum::AddRun(const float* x, size_t first, size_t n, float w) {
+  const char* bytes = reinterpret_cast<const char*>(x);
+  double* sum = &sum_[first];
+  if (terms_ == 0) {
+    if (WithActiveIsa([&](auto kernels) {
+          return kernels.StoreTerms(bytes, n, w, sum);
+        })) {
+      return n;
+    }
+    size_t i = 0;
+    while (std::isfinite(Term(bytes, i, w))) ++i;
+    return i;
+  }
+  if (WithActiveIsa([&](auto kernels) {
+        return kernels.AddTerms(bytes, n, w, sum);
+      })) {
+    return n;
+  }
+  size_t bad = n;
+  for (size_t i = 0; i < n; ++i) {
+    const double term = Term(bytes, i, w);
+    if (!std::isfinite(term)) {
+      bad = std::min(bad, i);
+    } else if (std::isnan(sum[i])) {
+      wide_[first + i].AddInRange(term);
+    } else {
+      const double old = sum[i];
+      const double s = old + term;
+      const double term_part = s - old;
+      const double error = (old - (s - term_part)) + (term - term_part);
+      if (error == 0) {
+        sum[i] = s;
+      } else {
+        ExactScalar& wide = wide_[first + i];
+        wide.AddInRange(s);
+        wide.AddInRange(error);
+        sum[i] = std::numeric_limits<double>::quiet_NaN();
+      }
+    }
+  }
+  return bad;
+}
+
+size_t ExactSum::AddEncodedRun(const common::EncodedRun& run, float w) {
+  size_t bad = run.first + run.count;
   float block[kBlock];
   for (size_t done = 0; done < run.count; done += kBlock) {
     const size_t n = std::min(kBlock, run.count - done);
@@ -151,52 +232,39 @@ bool ExactSum::AddEncodedRun(const common::EncodedRun& run, float w, int sign,
       common::Decode(part, absl::MakeSpan(block, n));
       x = block;
     }
-    if (!AddRun(x, run.first + done, n, w, sign) && in_range) {
-      in_range = false;
-      for (size_t i = 0; i < n; ++i) {
-        uint64_t h, l;
-        float xi;
-        std::memcpy(&xi, &x[i], sizeof xi);
-        if (!SplitTerm(static_cast<double>(xi) * w, &h, &l)) {
-          *bad = run.first + done + i;
-          break;
-        }
-      }
-    }
+    const size_t bad_here = AddRun(x, run.first + done, n, w);
+    if (bad_here < n) bad = std::min(bad, run.first + done + bad_here);
   }
-  return in_range;
+  return bad;
 }
 
 absl::Status ExactSum::Add(common::Codec codec, common::Pieces payload,
                            float w) {
-  if (terms_ >= kExactSumMaxTerms) return TooManyTerms();
-  // Added run by run; if a term is out of range, the runs added so far are
-  // taken back (integer sums undo exactly), so nothing changes.
+  // Added run by run; if a term is not finite, the runs added so far are
+  // taken back by adding −w·x, which undoes every addition exactly (each
+  // one either was exact in double, or is in an integer in wide_), so
+  // nothing changes. A first Add stored its terms and is not taken back:
+  // with terms_ still 0 the sums are unused, as before.
   size_t bad = 0;
   std::vector<common::EncodedRun> added;
   const absl::Status status = common::ForEachPart(
       codec, payload, size(), [&](const common::EncodedRun& run) {
         added.push_back(run);
-        if (AddEncodedRun(run, w, 1, &bad)) return absl::OkStatus();
+        bad = AddEncodedRun(run, w);
+        if (bad == run.first + run.count) return absl::OkStatus();
         return absl::OutOfRangeError("");
       });
   if (status.ok()) {
     ++terms_;
     return absl::OkStatus();
   }
-  // A first term was stored, not added: with terms_ still 0 the limbs are
-  // unused, as before.
   if (terms_ > 0) {
-    for (const common::EncodedRun& run : added) {
-      size_t unused;
-      AddEncodedRun(run, w, -1, &unused);
-    }
+    for (const common::EncodedRun& run : added) AddEncodedRun(run, -w);
   }
   if (status.code() != absl::StatusCode::kOutOfRange) return status;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "element ", bad, ": weight ", w,
-      " times the value is outside the exact sum's range (magnitude < ",
-      kExactSumMaxTerm, ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("element ", bad, ": weight ", w,
+                   " times the value is not finite"));
 }
 
 absl::Status ExactSum::Add(absl::Span<const float> x, float w) {
@@ -212,11 +280,18 @@ void ExactSum::Divide(double divisor, absl::Span<float> out) const {
     std::fill(out.begin(), out.end(), 0.0f);
     return;
   }
-  DivideWithActiveIsa(hi_.get(), lo_.get(), out.size(), divisor, out.data());
+  WithActiveIsa([&](auto kernels) {
+    kernels.Divide(sum_.get(), out.size(), divisor, out.data());
+  });
+  for (const auto& [i, wide] : wide_) {
+    out[i] = static_cast<float>(wide.Value() / divisor);
+  }
 }
 
 double ExactSum::Value(size_t i) const {
-  return terms_ == 0 ? 0.0 : ValueOf(hi_[i], lo_[i]);
+  if (terms_ == 0) return 0.0;
+  const auto wide = wide_.find(i);
+  return wide == wide_.end() ? sum_[i] : wide->second.Value();
 }
 
 }  // namespace co2::server

@@ -134,7 +134,7 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
     return absl::InvalidArgumentError(
         absl::StrCat("weight must be finite and > 0, got ", weight));
   }
-  CO2_RETURN_IF_ERROR(ChunkSum::CheckWeight(options_.exact_sums, weight));
+  CO2_RETURN_IF_ERROR(ChunkSum::CheckWeight(weight));
   const absl::StatusOr<common::Codec> known =
       common::CodecFromWire(static_cast<int>(codec));
   if (!known.ok()) return known.status();

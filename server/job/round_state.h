@@ -5,7 +5,7 @@
 // taken at the chunk's first contribution; once the round's means are handed
 // to the caller, a sum object is kept for reuse by later rounds), so its
 // memory is at most two rounds' sums, whatever the number of workers: two
-// fp32 copies of the shard, or eight with exact sums (16 bytes per element).
+// fp32 copies of the shard, or four with exact sums (8 bytes per element).
 //
 // Rules (docs/algorithm.md, "Round rules"):
 //  - Accepted rounds are r − 1, r and r + 1 (r = open round). A chunk of r − 1

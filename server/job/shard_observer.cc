@@ -8,12 +8,9 @@ RejectReason RejectReasonOf(const absl::Status& status) {
   switch (status.code()) {
     case absl::StatusCode::kInvalidArgument:
       // common::Validate names a NaN/Inf element "... is not finite: nan",
-      // and server::ExactSum a term too large for the round's sum "...
-      // outside the exact sum's range"; codec_test, exact_sum_test and
-      // shard_metrics_test pin that wording.
-      return absl::StrContains(status.message(), "is not finite") ||
-                     absl::StrContains(status.message(),
-                                       "outside the exact sum's range")
+      // and the round's sums a term they cannot take "... is not finite";
+      // codec_test, exact_sum_test and shard_metrics_test pin that wording.
+      return absl::StrContains(status.message(), "is not finite")
                  ? RejectReason::kNonFinite
                  : RejectReason::kInvalidArgument;
     case absl::StatusCode::kAborted:

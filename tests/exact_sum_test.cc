@@ -44,12 +44,6 @@ std::vector<Term> RandomTerms(size_t count, size_t n, uint32_t seed) {
   return terms;
 }
 
-std::vector<float> MeanOf(const ExactSum& sum, double weight) {
-  std::vector<float> mean(sum.size());
-  sum.Divide(weight, absl::MakeSpan(mean));
-  return mean;
-}
-
 std::vector<uint32_t> Bits(const std::vector<float>& v) {
   std::vector<uint32_t> bits(v.size());
   std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
@@ -76,7 +70,7 @@ TEST(ExactSumTest, AnyOrderAndAnyKernelGiveTheSameBits) {
       // Both kinds of element: sums that fit a double, and wide ones.
       ASSERT_GT(sum.wide_elements(), 0u);
       ASSERT_LT(sum.wide_elements(), n);
-      const std::vector<uint32_t> bits = Bits(MeanOf(sum, weight.Value()));
+      const std::vector<uint32_t> bits = Bits(sum.Mean(weight.Value()));
       if (first.empty()) first = bits;
       ASSERT_EQ(bits, first)
           << common::KernelIsaName(isa) << " trial " << trial;
@@ -84,9 +78,9 @@ TEST(ExactSumTest, AnyOrderAndAnyKernelGiveTheSameBits) {
   }
 }
 
-// Divide's vector loop rounds like the scalar Value(i) / divisor, for sums
+// Mean's vector loop rounds like the scalar Value(i) / divisor, for sums
 // of both signs and every magnitude the terms reach, with every kernel.
-TEST(ExactSumTest, DivideRoundsLikeTheScalarValue) {
+TEST(ExactSumTest, MeanRoundsLikeTheScalarValue) {
   const size_t n = 1000 + 3;
   const std::vector<Term> terms = RandomTerms(24, n, 5);
   for (const common::KernelIsa isa : common::SupportedKernelIsas()) {
@@ -94,7 +88,7 @@ TEST(ExactSumTest, DivideRoundsLikeTheScalarValue) {
     ExactSum sum(n);
     for (const Term& t : terms) ASSERT_TRUE(sum.Add(t.x, t.w).ok());
     for (const double divisor : {1.0, 3.0, 7.5e6, 1e-5}) {
-      const std::vector<float> mean = MeanOf(sum, divisor);
+      const std::vector<float> mean = sum.Mean(divisor);
       for (size_t i = 0; i < n; ++i) {
         const float expected = static_cast<float>(sum.Value(i) / divisor);
         ASSERT_EQ(Bits({mean[i]}), Bits({expected}))
@@ -122,10 +116,11 @@ TEST(ExactSumTest, AtLeastAsAccurateAsAnFp32Sum) {
       reference[i] += static_cast<double>(t.w) * t.x[i];
     }
   }
+  const std::vector<float> mean = sum.Mean(weight);
   double exact_error = 0, fp32_error = 0;
   for (size_t i = 0; i < n; ++i) {
     const double want = reference[i] / weight;
-    const float exact = MeanOf(sum, weight)[i];
+    const float exact = mean[i];
     const float rounded = static_cast<float>(want);
     EXPECT_LE(std::abs(exact - rounded),
               std::nextafter(std::abs(rounded), INFINITY) - std::abs(rounded))
@@ -148,7 +143,7 @@ TEST(ExactSumTest, IntegerMeansAreExact) {
       ASSERT_TRUE(sum.Add(std::vector<float>(5, float(r)), 1.0f).ok());
       ASSERT_TRUE(weight.Add(1.0).ok());
     }
-    EXPECT_EQ(MeanOf(sum, weight.Value()),
+    EXPECT_EQ(sum.Mean(weight.Value()),
               std::vector<float>(5, (workers - 1) / 2.0f));
   }
 }

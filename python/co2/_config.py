@@ -38,7 +38,7 @@ class JobConfig:
         rounds: the job's number of rounds.
         deterministic: sum each round's contributions exactly on the shards,
             so that a run is a function of its seeds and settings (costs the
-            shards 16 bytes per element of accumulator instead of 4; see
+            shards 8 bytes per element of accumulator instead of 4; see
             docs/algorithm.md, "Order-independent sums").
         protocol_version: the wire protocol (set by the package).
         num_parameters: P, the flat parameter count (set from the model).

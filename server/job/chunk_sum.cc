@@ -96,11 +96,10 @@ class ExactChunkSum : public ChunkSum {
   }
 
   std::vector<float> TakeMean() override {
-    std::vector<float> mean(size(), 0.0f);
     const double weight = weight_sum_.Value();
-    if (sum_ != nullptr && weight > 0) {
-      sum_->Divide(weight, absl::MakeSpan(mean));
-    }
+    std::vector<float> mean = sum_ != nullptr && weight > 0
+                                  ? sum_->Mean(weight)
+                                  : std::vector<float>(size(), 0.0f);
     // The sums are kept: memory the kernel hands out afresh is zeroed page
     // by page, which costs more than the sum itself.
     if (sum_ != nullptr) sum_->Clear();

@@ -274,18 +274,27 @@ absl::Status ExactSum::Add(absl::Span<const float> x, float w) {
   return Add(common::Codec::kFp32, common::Pieces(&bytes, 1), w);
 }
 
-void ExactSum::Divide(double divisor, absl::Span<float> out) const {
-  assert(out.size() == size());
+// Divided block by block into L1 and appended: the vector's memory is
+// written once, not zeroed first.
+std::vector<float> ExactSum::Mean(double divisor) const {
+  std::vector<float> mean;
   if (terms_ == 0) {
-    std::fill(out.begin(), out.end(), 0.0f);
-    return;
+    mean.assign(size_, 0.0f);
+    return mean;
   }
-  WithActiveIsa([&](auto kernels) {
-    kernels.Divide(sum_.get(), out.size(), divisor, out.data());
-  });
+  mean.reserve(size_);
+  float block[kBlock];
+  for (size_t done = 0; done < size_; done += kBlock) {
+    const size_t n = std::min(kBlock, size_ - done);
+    WithActiveIsa([&](auto kernels) {
+      kernels.Divide(&sum_[done], n, divisor, block);
+    });
+    mean.insert(mean.end(), block, block + n);
+  }
   for (const auto& [i, wide] : wide_) {
-    out[i] = static_cast<float>(wide.Value() / divisor);
+    mean[i] = static_cast<float>(wide.Value() / divisor);
   }
+  return mean;
 }
 
 double ExactSum::Value(size_t i) const {

@@ -10,7 +10,7 @@
 // binades, or with long mantissas that do not cancel) moves to an
 // ExactScalar, a fixed-point integer wide enough for every sum of such
 // terms, kept in a side table. Either way the value is the exact sum, so
-// Value(i) and Divide, which round it once to double, do not depend on the
+// Value(i) and Mean, which round it once to double, do not depend on the
 // order of the terms or on which elements moved (common/kernel_isa.h: every
 // kernel variant gives the same bits).
 //
@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -79,8 +80,9 @@ class ExactSum {
   // The same for decoded values (size() of them).
   absl::Status Add(absl::Span<const float> x, float w);
 
-  // out[i] = sum[i] / divisor, rounded to fp32 (via double); divisor > 0.
-  void Divide(double divisor, absl::Span<float> out) const;
+  // sum[i] / divisor, rounded to fp32 (via double), for every i; divisor
+  // > 0.
+  std::vector<float> Mean(double divisor) const;
   // sum[i], rounded once to double.
   double Value(size_t i) const;
   // How many elements' sums did not fit a double (kept in the side table).

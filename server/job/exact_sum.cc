@@ -58,7 +58,7 @@ decltype(auto) WithActiveIsa(Kernel kernel) {
 }
 
 // Decoded values are taken in blocks of this many, in a buffer that stays
-// in L1 (fp32 payloads are read in place); the kernels read a block twice.
+// in L1 (fp32 payloads are read in place).
 constexpr size_t kBlock = 1024;
 
 constexpr uint64_t kMantissaMask = (uint64_t{1} << 52) - 1;
@@ -166,10 +166,9 @@ void ExactSum::Clear() {
   wide_.clear();
 }
 
-// A block the kernel did not take (a term that is not finite, a sum that is
-// not exact, or one that already is wide_[i]) is added element by element:
-// TwoSum gives what the double misses, and an element whose sum it cannot
-// hold moves to wide_.
+// The elements the kernel skipped (a term that is not finite, a sum that is
+// not exact, or one that already is wide_[i]) are added one by one: an
+// element whose sum a double cannot hold moves to wide_.
 size_t ExactSum::AddRun(const float* x, size_t first, size_t n, float w) {
   const char* bytes = reinterpret_cast<const char*>(x);
   double* sum = &sum_[first];
@@ -183,26 +182,28 @@ size_t ExactSum::AddRun(const float* x, size_t first, size_t n, float w) {
     while (std::isfinite(Term(bytes, i, w))) ++i;
     return i;
   }
+  uint64_t skipped[kBlock / 64];
+  assert(n <= kBlock);
   if (WithActiveIsa([&](auto kernels) {
-        return kernels.AddTerms(bytes, n, w, sum);
+        return kernels.AddTerms(bytes, n, w, sum, skipped);
       })) {
     return n;
   }
   size_t bad = n;
-  for (size_t i = 0; i < n; ++i) {
-    const double term = Term(bytes, i, w);
-    if (!std::isfinite(term)) {
-      bad = std::min(bad, i);
-    } else if (std::isnan(sum[i])) {
-      wide_[first + i].AddInRange(term);
-    } else {
-      const double old = sum[i];
-      const double s = old + term;
-      const double term_part = s - old;
-      const double error = (old - (s - term_part)) + (term - term_part);
-      if (error == 0) {
-        sum[i] = s;
+  for (size_t word = 0; word * 64 < n; ++word) {
+    for (uint64_t bits = skipped[word]; bits != 0; bits &= bits - 1) {
+      const size_t i = word * 64 + static_cast<size_t>(__builtin_ctzll(bits));
+      const double term = Term(bytes, i, w);
+      if (!std::isfinite(term)) {
+        bad = std::min(bad, i);
+      } else if (std::isnan(sum[i])) {
+        wide_[first + i].AddInRange(term);
       } else {
+        // Not exact in double: TwoSum's error is what the double misses.
+        const double old = sum[i];
+        const double s = old + term;
+        const double term_part = s - old;
+        const double error = (old - (s - term_part)) + (term - term_part);
         ExactScalar& wide = wide_[first + i];
         wide.AddInRange(s);
         wide.AddInRange(error);

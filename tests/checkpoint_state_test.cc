@@ -36,9 +36,10 @@ v1::ShardCheckpointHeader Header(v1::Codec downlink, uint64_t rounds_closed) {
 }
 
 // The update of round 4 in `codec`, chunk c holding c + 0.5 everywhere.
-UpdateChunks Update(const ChunkedOuterStep& step, common::Codec codec) {
+UpdateChunks Update(const ShardStepConfig& step, common::Codec codec) {
   const UpdateMessages messages(
-      Header(v1::Codec(static_cast<int>(codec)), 5).config(), step.num_chunks());
+      Header(v1::Codec(static_cast<int>(codec)), 5).config(),
+      step.num_chunks());
   UpdateChunks update;
   for (uint32_t c = 0; c < step.num_chunks(); ++c) {
     const common::Range r = common::ChunkRange(kElements, c);
@@ -53,7 +54,7 @@ UpdateChunks Update(const ChunkedOuterStep& step, common::Codec codec) {
 TEST(CheckpointStateTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
   CheckpointStore store(TempDir());
   const v1::ShardCheckpointHeader header = Header(v1::CODEC_BF16, 5);
-  const ChunkedOuterStep step(header.config(), kElements);
+  const ShardStepConfig step(header.config(), kElements);
   const UpdateChunks update = Update(step, common::Codec::kBf16);
   const KeptUpdate kept(std::make_shared<const UpdateChunks>(update));
   std::vector<float> anchor(kElements, 2.0f);
@@ -134,7 +135,7 @@ TEST(CheckpointStateTest, RefusesACheckpointOfAnotherShape) {
 TEST(CheckpointStateTest, RefusesAnUpdateChunkThatIsNotAnEncoding) {
   LoadedCheckpoint checkpoint = Loaded(5, 2);
   checkpoint.update_chunks[1] = "short";
-  const ChunkedOuterStep step(checkpoint.header.config(), kElements);
+  const ShardStepConfig step(checkpoint.header.config(), kElements);
   auto restored = RestoreLastUpdate(
       checkpoint, step,
       UpdateMessages(checkpoint.header.config(), step.num_chunks()));

@@ -75,7 +75,7 @@ v1::JobConfig StepConfig(size_t n, float beta, v1::Codec downlink,
 TEST(UpdateMessagesTest, MessagesNameTheRoundTheyMakeAndTheChunk) {
   const size_t n = common::kChunkElements + 10;
   const v1::JobConfig config = StepConfig(n, 0, v1::CODEC_BF16);
-  ChunkedOuterStep step(config, n);
+  ShardStepConfig step(config, n);
   EXPECT_EQ(step.num_chunks(), 2u);
   EXPECT_EQ(step.elements(), n);
   const UpdateMessages messages(config, step.num_chunks());
@@ -114,9 +114,9 @@ struct RoundRun : StepResult {
 
 // The step of a whole closed round, as a shard that streams nothing runs it
 // at the close, and its update as `messages` makes it.
-RoundRun RunRound(const ChunkedOuterStep& step,
-                  const UpdateMessages& messages, ClosedRound& closed,
-                  const KeptUpdate* last, const OuterStepBuffers& buffers) {
+RoundRun RunRound(const ShardStepConfig& step, const UpdateMessages& messages,
+                  ClosedRound& closed, const KeptUpdate* last,
+                  const OuterStepBuffers& buffers) {
   RoundStep round(step, closed.round,
                   last == nullptr ? std::nullopt : std::optional(*last),
                   buffers);
@@ -137,16 +137,16 @@ RoundRun RunRound(const ChunkedOuterStep& step,
 // step must be bit for bit the step on the whole range (whose gap is the last
 // update as the workers decoded it) followed by what the workers decode.
 // Parameters: β, codec, momentum, penalty, last update stored.
-class ChunkedOuterStepRunTest
+class ShardStepConfigRunTest
     : public testing::TestWithParam<
           std::tuple<float, v1::Codec, v1::Momentum, v1::GapPenalty, bool>> {};
 
-TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
+TEST_P(ShardStepConfigRunTest, IsTheStepOnTheWholeRange) {
   const auto [beta, downlink, kind, penalty, stored] = GetParam();
   const size_t n = 2 * common::kChunkElements + 1000;  // 3 chunks, 1 short
   const v1::JobConfig config = StepConfig(n, beta, downlink, kind, penalty);
   const common::Codec codec = common::Codec(downlink);
-  const ChunkedOuterStep step(config, n);
+  const ShardStepConfig step(config, n);
   const UpdateMessages messages(config, step.num_chunks());
   std::vector<float> anchor(n, 1.0f), momentum(beta != 0 ? n : 0);
   // The reference state.
@@ -213,7 +213,7 @@ TEST_P(ChunkedOuterStepRunTest, IsTheStepOnTheWholeRange) {
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    BetaDownlinkMomentumAndPenalty, ChunkedOuterStepRunTest,
+    BetaDownlinkMomentumAndPenalty, ShardStepConfigRunTest,
     testing::Combine(
         testing::Values(0.0f, 0.9f),
         testing::Values(v1::CODEC_FP32, v1::CODEC_BF16, v1::CODEC_INT8),
@@ -225,10 +225,10 @@ INSTANTIATE_TEST_SUITE_P(
 // A gap chunk that cannot be read back from its checkpoint (here the file was
 // truncated under the shard) is taken as zero; the step still runs whole, as
 // the step with that chunk of the last update all zeros, and says why.
-TEST(ChunkedOuterStepTest, AGapChunkThatCannotBeReadBackIsZero) {
+TEST(ShardStepConfigTest, AGapChunkThatCannotBeReadBackIsZero) {
   const size_t n = 2 * common::kChunkElements + 1000;
   const v1::JobConfig config = StepConfig(n, 0.9f, v1::CODEC_FP32);
-  const ChunkedOuterStep step(config, n);
+  const ShardStepConfig step(config, n);
   const UpdateMessages messages(config, step.num_chunks());
   ClosedRound closed;
   closed.contributors = 2;

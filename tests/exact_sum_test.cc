@@ -245,7 +245,7 @@ TEST(ExactScalarTest, RoundsTheExactSumOnce) {
     return s.Value();
   };
   EXPECT_EQ(sum({}), 0.0);
-  EXPECT_EQ(sum({1.0, 0x1p-53}), 1.0);                  // a tie: to even
+  EXPECT_EQ(sum({1.0, 0x1p-53}), 1.0);                      // a tie: to even
   EXPECT_EQ(sum({1.0, 0x1p-53, 0x1p-290}), 1.0 + 0x1p-52);  // above the tie
   EXPECT_EQ(sum({1.0 + 0x1p-52, 0x1p-53}), 1.0 + 0x1p-51);  // a tie, up
   EXPECT_EQ(sum({-1.0, -0x1p-53, -0x1p-290}), -1.0 - 0x1p-52);

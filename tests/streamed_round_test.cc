@@ -25,7 +25,7 @@ std::vector<float> ChunkOf(const std::vector<float>& v, uint32_t c) {
 TEST(StreamedRoundTest, StreamsAChunkAheadAndClosesWithTheWholeUpdate) {
   v1::JobConfig config = common::DefaultJobConfig(kElements, 1);
   config.set_max_staleness(1);
-  const ChunkedOuterStep step(config, kElements);
+  const ShardStepConfig step(config, kElements);
   const UpdateMessages messages(config, step.num_chunks());
   std::vector<float> anchor(kElements, 1.0f), momentum(kElements, 0.0f);
   const std::vector<float> start = anchor;
@@ -77,7 +77,7 @@ TEST(StreamedRoundTest, StreamsAChunkAheadAndClosesWithTheWholeUpdate) {
 // must wait for the round's close.
 TEST(StreamedRoundTest, AChunkSteppedWithoutKeepingItsStartIsNotWhole) {
   const v1::JobConfig config = common::DefaultJobConfig(kElements, 1);
-  const ChunkedOuterStep step(config, kElements);
+  const ShardStepConfig step(config, kElements);
   const UpdateMessages messages(config, step.num_chunks());
   std::vector<float> anchor(kElements, 1.0f), momentum(kElements, 0.0f);
   StreamedRound streamed(step, messages);

@@ -108,7 +108,7 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreUpdate(
     const v1::ShardCheckpointHeader& h, uint64_t round, uint32_t contributors,
     std::vector<std::string>& chunks,
     const google::protobuf::RepeatedField<uint64_t>& digests,
-    const ChunkedOuterStep& step, const UpdateMessages& messages) {
+    const ShardStepConfig& step, const UpdateMessages& messages) {
   const common::Codec codec = common::Codec(h.config().downlink_codec());
   auto update = std::make_shared<UpdateChunks>();
   for (uint32_t i = 0; i < step.num_chunks(); ++i) {
@@ -129,7 +129,7 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreUpdate(
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
-    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step,
+    LoadedCheckpoint& checkpoint, const ShardStepConfig& step,
     const UpdateMessages& messages) {
   const v1::ShardCheckpointHeader& h = checkpoint.header;
   return RestoreUpdate(h, h.rounds_closed() - 1, h.update_contributors(),
@@ -139,7 +139,7 @@ absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
 
 absl::StatusOr<std::vector<std::shared_ptr<const UpdateChunks>>>
 RestoreEarlierUpdates(LoadedCheckpoint& checkpoint,
-                      const ChunkedOuterStep& step,
+                      const ShardStepConfig& step,
                       const UpdateMessages& messages) {
   const v1::ShardCheckpointHeader& h = checkpoint.header;
   std::vector<std::shared_ptr<const UpdateChunks>> updates;
@@ -162,7 +162,7 @@ absl::Status JournalDataLoss(const std::string& path, uint32_t chunk_index,
 }
 
 absl::Status CheckJournalChunkFits(const LoadedJournalChunk& chunk,
-                                   const ChunkedOuterStep& step, bool momentum,
+                                   const ShardStepConfig& step, bool momentum,
                                    const std::string& path) {
   const v1::JournalChunkHeader& h = chunk.header;
   const auto loss = [&](const std::string& what) {

@@ -56,13 +56,12 @@ absl::Status CheckCheckpointFits(const LoadedCheckpoint& checkpoint,
 // moved out of `checkpoint` into the messages `messages` makes. DATA_LOSS
 // for a chunk that is not a valid encoding.
 absl::StatusOr<std::shared_ptr<const UpdateChunks>> RestoreLastUpdate(
-    LoadedCheckpoint& checkpoint, const ChunkedOuterStep& step,
+    LoadedCheckpoint& checkpoint, const ShardStepConfig& step,
     const UpdateMessages& messages);
 // The same for the earlier updates the checkpoint keeps for replay, oldest
 // first (none in a checkpoint that keeps only the last).
 absl::StatusOr<std::vector<std::shared_ptr<const UpdateChunks>>>
-RestoreEarlierUpdates(LoadedCheckpoint& checkpoint,
-                      const ChunkedOuterStep& step,
+RestoreEarlierUpdates(LoadedCheckpoint& checkpoint, const ShardStepConfig& step,
                       const UpdateMessages& messages);
 
 // DATA_LOSS "round journal <path>: chunk <i>: <what>".
@@ -74,7 +73,7 @@ absl::Status JournalDataLoss(const std::string& path, uint32_t chunk_index,
 // whether the shard keeps m), or an update that is not a valid encoding in the
 // job's downlink codec.
 absl::Status CheckJournalChunkFits(const LoadedJournalChunk& chunk,
-                                   const ChunkedOuterStep& step, bool momentum,
+                                   const ShardStepConfig& step, bool momentum,
                                    const std::string& path);
 
 }  // namespace co2::server

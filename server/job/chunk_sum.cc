@@ -123,9 +123,9 @@ absl::Status ChunkSum::CheckWeight(double weight) {
   // Either sum applies the weight in fp32: outside fp32's normal range it
   // would round to 0 or inf.
   if (weight >= FLT_MIN && weight <= FLT_MAX) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "weight ", weight, " is outside the fp32 range [", FLT_MIN, ", ",
-      FLT_MAX, "]"));
+  return absl::InvalidArgumentError(absl::StrCat("weight ", weight,
+                                                 " is outside the fp32 range [",
+                                                 FLT_MIN, ", ", FLT_MAX, "]"));
 }
 
 }  // namespace co2::server

@@ -72,14 +72,14 @@ OuterConfig OuterConfigOf(const v1::JobConfig& c) {
   return o;
 }
 
-ChunkedOuterStep::ChunkedOuterStep(const v1::JobConfig& config,
+ShardStepConfig::ShardStepConfig(const v1::JobConfig& config,
                                    size_t elements)
     : outer_(OuterConfigOf(config)),
       codec_(common::Codec(config.downlink_codec())),
       elements_(elements),
       num_chunks_(static_cast<uint32_t>(common::NumChunks(elements))) {}
 
-RoundStep::RoundStep(const ChunkedOuterStep& step, uint64_t round,
+RoundStep::RoundStep(const ShardStepConfig& step, uint64_t round,
                      std::optional<KeptUpdate> last,
                      const OuterStepBuffers& buffers)
     : step_(step),

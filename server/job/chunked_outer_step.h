@@ -1,5 +1,5 @@
-// ChunkedOuterStep: the outer step (server/job/outer_optimizer.h) of one
-// shard's range, run chunk by chunk, and the update it produces: U encoded
+// The outer step (server/job/outer_optimizer.h) of one shard's range, run
+// chunk by chunk (RoundStep), and the update it produces: U encoded
 // in the job's downlink codec, chunk by chunk, as payload bytes (the shard
 // wraps them in messages: UpdateMessages, server/job/update_chunks.h). The
 // step's reductions are per block and chunks are whole blocks, so this is
@@ -8,7 +8,7 @@
 // on both sides, and each chunk comes with the digest of its anchor after
 // the update, which workers check theirs against.
 //
-// ChunkedOuterStep holds only the job's constants; const after
+// ShardStepConfig holds the job's constants for that step; const after
 // construction, any thread. RoundStep (below) runs one round's step on
 // state that is the caller's (A, m), borrowed.
 #ifndef CO2_SERVER_CHUNKED_OUTER_STEP_H_
@@ -61,11 +61,11 @@ struct StepResult {
   absl::Status gap_error;
 };
 
-class ChunkedOuterStep {
+class ShardStepConfig {
  public:
   // `config` must have passed common::ValidateJobConfig; `elements` is the
   // size of the shard's range.
-  ChunkedOuterStep(const v1::JobConfig& config, size_t elements);
+  ShardStepConfig(const v1::JobConfig& config, size_t elements);
 
   const OuterConfig& outer() const { return outer_; }
   size_t elements() const { return elements_; }
@@ -93,7 +93,7 @@ class ChunkedOuterStep {
 // thread-safe.
 class RoundStep {
  public:
-  RoundStep(const ChunkedOuterStep& step, uint64_t round,
+  RoundStep(const ShardStepConfig& step, uint64_t round,
             std::optional<KeptUpdate> last, const OuterStepBuffers& buffers);
 
   uint64_t round() const { return round_; }
@@ -112,7 +112,7 @@ class RoundStep {
   StepResult Finish() &&;
 
  private:
-  const ChunkedOuterStep& step_;
+  const ShardStepConfig& step_;
   const uint64_t round_;
   const std::optional<KeptUpdate> gap_;  // null unless the penalty reads it
   const OuterStepBuffers buffers_;

@@ -67,14 +67,14 @@ constexpr uint64_t kMantissaMask = (uint64_t{1} << 52) - 1;
 
 absl::Status ExactScalar::Add(double term) {
   const double magnitude = std::abs(term);
-  bool in_range = std::isfinite(term) &&
-                  magnitude < std::ldexp(1.0, kExactHighExponent);
+  bool in_range =
+      std::isfinite(term) && magnitude < std::ldexp(1.0, kExactHighExponent);
   if (in_range && term != 0) {
     // The lowest set bit of the term must be at 2^kExactLowExponent or up.
     int exponent;
     std::frexp(magnitude, &exponent);  // magnitude in [2^(e−1), 2^e)
-    const uint64_t mantissa = absl::bit_cast<uint64_t>(magnitude) &
-                              kMantissaMask;
+    const uint64_t mantissa =
+        absl::bit_cast<uint64_t>(magnitude) & kMantissaMask;
     const int lowest = magnitude < std::numeric_limits<double>::min()
                            ? -1074
                            : exponent - 53;  // of the 53-bit significand
@@ -263,9 +263,8 @@ absl::Status ExactSum::Add(common::Codec codec, common::Pieces payload,
     for (const common::EncodedRun& run : added) AddEncodedRun(run, -w);
   }
   if (status.code() != absl::StatusCode::kOutOfRange) return status;
-  return absl::InvalidArgumentError(
-      absl::StrCat("element ", bad, ": weight ", w,
-                   " times the value is not finite"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "element ", bad, ": weight ", w, " times the value is not finite"));
 }
 
 absl::Status ExactSum::Add(absl::Span<const float> x, float w) {
@@ -287,9 +286,8 @@ std::vector<float> ExactSum::Mean(double divisor) const {
   float block[kBlock];
   for (size_t done = 0; done < size_; done += kBlock) {
     const size_t n = std::min(kBlock, size_ - done);
-    WithActiveIsa([&](auto kernels) {
-      kernels.Divide(&sum_[done], n, divisor, block);
-    });
+    WithActiveIsa(
+        [&](auto kernels) { kernels.Divide(&sum_[done], n, divisor, block); });
     mean.insert(mean.end(), block, block + n);
   }
   for (const auto& [i, wide] : wide_) {

@@ -54,6 +54,7 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       momentum_(step_.outer().beta != 0 ? range.size() : 0),
       streamed_(step_, messages_),
       updates_(config.max_staleness() + 1),
+      durability_(options.checkpoints != nullptr, options.checkpoint_retry),
       journal_(options.checkpoints == nullptr
                    ? nullptr
                    : std::make_unique<RoundJournal>(
@@ -63,10 +64,10 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       lifecycle_(config.rounds(), options.abandon_after, clock->Now()) {}
 
 JobShard::~JobShard() {
-  std::vector<std::function<void(absl::Status)>> waiters;
+  std::vector<ShardDurability::Waiter> waiters;
   {
     absl::MutexLock lock(&mu_);
-    waiters.swap(durable_waiters_);
+    waiters = durability_.Abandon();
   }
   for (auto& done : waiters) {
     done(absl::UnavailableError("shard shutting down before the checkpoint"));
@@ -74,13 +75,12 @@ JobShard::~JobShard() {
 }
 
 void JobShard::NotifyWhenDurable(std::function<void(absl::Status)> done) {
-  if (options_.checkpoints == nullptr) {
-    done(absl::OkStatus());
-    return;
+  std::optional<ShardDurability::Waiter> now;
+  {
+    absl::MutexLock lock(&mu_);
+    now = durability_.Wait(std::move(done));
   }
-  absl::MutexLock lock(&mu_);
-  checkpoint_dirty_ = true;
-  durable_waiters_.push_back(std::move(done));
+  if (now) (*now)(absl::OkStatus());
 }
 
 uint32_t JobShard::num_chunks() const { return step_.num_chunks(); }
@@ -100,7 +100,7 @@ absl::StatusOr<JoinResult> JobShard::Join(const std::string& worker,
   const bool abandoned = lifecycle_.state() == v1::JOB_STATE_ABANDONED;
   CO2_RETURN_IF_ERROR(lifecycle_.AdmitJoin(job_, rejoin, clock_->Now()));
   if (abandoned) {
-    checkpoint_dirty_ = true;
+    durability_.MarkDirty();
     CO2_LOG(INFO) << "job " << job_ << ": abandoned -> open (worker " << worker
                   << " joined at round " << rounds_.open_round() << ")";
   }
@@ -114,7 +114,7 @@ absl::StatusOr<JoinResult> JobShard::Join(const std::string& worker,
   bool added = false;
   CO2_ASSIGN_OR_RETURN(ShardMember* member, members_.Add(worker, &added));
   if (added) {
-    checkpoint_dirty_ = true;
+    durability_.MarkDirty();
     // A worker of a fresh job takes part from round 0; one joining a running
     // job from the anchor round its Fetch returns (see Fetch); one resuming
     // after a reconnect from the round it is in.
@@ -162,7 +162,7 @@ absl::Status JobShard::Heartbeat(const std::string& worker) {
 absl::Status JobShard::Leave(const std::string& worker) {
   absl::MutexLock lock(&mu_);
   if (!members_.Remove(worker)) return members_.NotMember(worker);
-  checkpoint_dirty_ = true;
+  durability_.MarkDirty();
   ForgetWorkerLocked(worker);
   CO2_LOG(INFO) << "job " << job_ << ": worker " << worker << " left";
   return absl::OkStatus();
@@ -200,8 +200,7 @@ absl::Status JobShard::SeedChunk(const std::string& worker, uint32_t chunk_index
                  absl::MakeSpan(anchor_).subspan(chunk.begin, chunk.size()));
   if (last) {
     anchor_ready_ = true;
-    anchor_durable_ = false;
-    checkpoint_dirty_ = true;
+    durability_.AnchorReplaced();
     report_.RoundOpened();
     if (seed_.reseeding()) {
       FinishReseedLocked();
@@ -396,7 +395,7 @@ void JobShard::UpdateLifecycleLocked() {
   if (!lifecycle_.Update(rounds_closed_, members_.size(), clock_->Now())) {
     return;
   }
-  checkpoint_dirty_ = true;
+  durability_.MarkDirty();
   CO2_LOG(INFO) << "job " << job_ << ": " << JobStateName(before) << " -> "
                 << JobStateName(lifecycle_.state()) << " at round "
                 << rounds_.open_round() << " on shard " << options_.shard_index;
@@ -422,10 +421,7 @@ bool JobShard::RetireIfExpired(absl::Duration retention) {
   if (lifecycle_.open() || clock_->Now() - lifecycle_.since() < retention) {
     return false;
   }
-  if (options_.checkpoints != nullptr &&
-      (checkpoint_dirty_ || updates_.has_unpublished())) {
-    return false;
-  }
+  if (!durability_.Clean(updates_.has_unpublished())) return false;
   retired_ = true;
   return true;
 }
@@ -476,25 +472,25 @@ int JobShard::PublishDurably() {
     // that restarts before its first round closed still knows the job; but
     // not while chunks of the open round are stepped (the anchor is then
     // part old, part new, and the round's close writes it whole).
-    const bool dirty =
-        checkpoint_dirty_ && anchor_ready_ && !streamed_.active();
-    if (!updates_.has_unpublished() && !dirty) return 0;
-    if (clock_->Now() < checkpoint_retry_at_) return 0;
+    if (!durability_.Due(updates_.has_unpublished(),
+                         anchor_ready_ && !streamed_.active(),
+                         clock_->Now())) {
+      return 0;
+    }
     header = CheckpointHeaderLocked();
-    checkpoint_dirty_ = false;
+    durability_.BeginWrite();
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<const StoredUpdate>> written =
       WriteCheckpoint(header);
-  std::vector<std::function<void(absl::Status)>> durable;
+  std::vector<ShardDurability::Waiter> durable;
   {
     absl::MutexLock lock(&mu_);
     if (!written.ok()) {
       // The update waits: releasing it before the state is durable could
       // leave workers ahead of a restarted shard.
-      checkpoint_dirty_ = true;
+      durability_.WriteFailed(clock_->Now());
       ++stats_.checkpoint_failures;
-      checkpoint_retry_at_ = clock_->Now() + options_.checkpoint_retry;
       CO2_LOG(ERROR) << "job " << job_ << ": checkpoint "
                      << (rounds_closed_ == 0
                              ? std::string("before the first round closed")
@@ -502,14 +498,13 @@ int JobShard::PublishDurably() {
                      << " failed, update held: " << written.status();
       return 0;
     }
-    anchor_durable_ = true;
+    durable = durability_.Written();
     ++stats_.checkpoints_written;
     stats_.last_checkpoint_duration = absl::Now() - start;
     if (options_.observer != nullptr && lifecycle_.open()) {
       options_.observer->OnCheckpointWritten(job_,
                                              stats_.last_checkpoint_duration);
     }
-    durable.swap(durable_waiters_);
   }
   // The checkpoint holds every chunk the journal had (no chunk of the open
   // round is stepped while one is written). A journal that cannot be
@@ -549,7 +544,7 @@ void JobShard::StreamDurably() {
     if (!written.ok()) {
       // Stepped but not durable: these chunks and the rest of the round go
       // out after the round's checkpoint, at its close.
-      unjournaled_round_ = round;
+      durability_.JournalFailed(round);
       ++stats_.checkpoint_failures;
       CO2_LOG(ERROR) << "job " << job_ << ": round " << round
                      << " journal failed; the round's update waits for its "
@@ -600,7 +595,7 @@ absl::Time JobShard::NextDeadline() const {
   absl::MutexLock lock(&mu_);
   absl::Time next = rounds_.Deadline().value_or(absl::InfiniteFuture());
   next = std::min(next, lifecycle_.NextDeadline());
-  if (updates_.has_unpublished()) next = std::min(next, checkpoint_retry_at_);
+  next = std::min(next, durability_.RetryAt(updates_.has_unpublished()));
   return std::min(next, members_.NextExpiry());
 }
 
@@ -686,10 +681,7 @@ std::vector<JobShard::SteppedChunk> JobShard::StepCompleteChunksLocked() {
       updates_.has_unpublished()) {
     return stepped;
   }
-  if (journal_ != nullptr &&
-      (!anchor_durable_ || unjournaled_round_ == rounds_.open_round())) {
-    return stepped;
-  }
+  if (!durability_.MayStream(rounds_.open_round())) return stepped;
   std::vector<CompleteChunk> complete = rounds_.TakeCompleteChunks();
   if (complete.empty()) return stepped;
   // Only a worker that has joined and not fetched yet will fetch before the
@@ -721,7 +713,7 @@ UpdateChunks JobShard::ReleaseLocked(std::vector<SteppedChunk>& stepped) {
 void JobShard::ExpireLeasesLocked() {
   for (const std::string& worker : members_.ExpireLeases(clock_->Now())) {
     ForgetWorkerLocked(worker);
-    checkpoint_dirty_ = true;
+    durability_.MarkDirty();
   }
 }
 

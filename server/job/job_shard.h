@@ -3,10 +3,11 @@
 // RoundState with its accumulators, the membership with leases, and the
 // encoded updates of the last closed rounds (for workers that reconnect). The
 // last update, decoded, is the staleness gap g of the next step, read chunk
-// by chunk (ChunkedOuterStep). It streams: a chunk of the open round that
-// every required worker has sent is stepped and its update sent before the
-// round closes (JobShardOptions::stream_updates); with checkpoints, once the
-// chunk is durable in the round journal (server/job/round_journal.h). Memory,
+// by chunk (RoundStep, server/job/chunked_outer_step.h). It streams: a
+// chunk of the open round that every required worker has sent is stepped
+// and its update sent before the round closes
+// (JobShardOptions::stream_updates); with checkpoints, once the chunk is
+// durable in the round journal (server/job/round_journal.h). Memory,
 // in fp32 copies of the range: A, an accumulator per round that has chunks
 // (one; two while workers are a round apart), m with β != 0, and the update of
 // a closed round until its checkpoint is durable and the streams have sent it:
@@ -16,8 +17,9 @@
 // workers fetch it, one snapshot of A that every fetch shares.
 //
 // The parts, each a unit under the shard's one mutex: ShardMembers (leases,
-// evictions), SeedState (who seeds A), RoundState, ChunkedOuterStep (the
-// step and the update messages), UpdateCache (updates kept for replay),
+// evictions), SeedState (who seeds A), RoundState, StreamedRound (the open
+// round's step while its chunks stream), UpdateCache (updates kept for
+// replay), ShardDurability (when a checkpoint is due, what waits for one),
 // SharedAnchorSnapshot, UpdateSinks and ShardReporter (the observer's round
 // and poll reports); checkpoint_state.h writes and restores the state
 // (called from job_shard_checkpoint.cc), RoundJournal the chunks streamed
@@ -54,6 +56,7 @@
 #include "server/job/round_journal.h"
 #include "server/job/round_state.h"
 #include "server/job/seed_state.h"
+#include "server/job/shard_durability.h"
 #include "server/job/shard_members.h"
 #include "server/job/shard_observer.h"
 #include "server/job/shard_reporter.h"
@@ -331,7 +334,7 @@ class JobShard {
   const v1::JobConfig config_;
   const JobShardOptions options_;
   const common::Range range_;
-  const ChunkedOuterStep step_;
+  const ShardStepConfig step_;
   const UpdateMessages messages_;
   common::Clock* const clock_;
 
@@ -357,20 +360,10 @@ class JobShard {
   // Encoded updates of the last closed rounds: those whose checkpoint is not
   // durable yet (not yet sent), and those kept for reconnecting workers.
   UpdateCache updates_ ABSL_GUARDED_BY(mu_);
-  absl::Time checkpoint_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  // Membership or the seeded anchor changed since the last checkpoint.
-  bool checkpoint_dirty_ ABSL_GUARDED_BY(mu_) = false;
-  // A checkpoint holds the anchor as seeded (or restored): the base the
-  // round journal's chunks apply to.
-  bool anchor_durable_ ABSL_GUARDED_BY(mu_) = false;
+  ShardDurability durability_ ABSL_GUARDED_BY(mu_);
   // With checkpoints: the chunks streamed ahead of their round's checkpoint
   // (null without); touched by the poller thread only.
   const std::unique_ptr<RoundJournal> journal_;
-  // A round whose journal append failed: its other chunks wait for its
-  // close (and checkpoint), as they would without streaming.
-  std::optional<uint64_t> unjournaled_round_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::function<void(absl::Status)>> durable_waiters_
-      ABSL_GUARDED_BY(mu_);
   UpdateSinks sinks_ ABSL_GUARDED_BY(mu_);
   JobShardStats stats_ ABSL_GUARDED_BY(mu_);
   uint64_t restored_quorum_misses_ ABSL_GUARDED_BY(mu_) = 0;

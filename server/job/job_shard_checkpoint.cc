@@ -60,7 +60,7 @@ absl::StatusOr<std::unique_ptr<JobShard>> JobShard::Restore(
                                            shard->messages_));
     shard->updates_.AddPublished(std::move(update));
   }
-  shard->anchor_durable_ = true;
+  shard->durability_.AnchorRestored();
   CO2_RETURN_IF_ERROR(shard->RestoreJournalLocked());
   return shard;
 }

@@ -7,7 +7,7 @@
 
 namespace co2::server {
 
-StreamedRound::StreamedRound(const ChunkedOuterStep& step,
+StreamedRound::StreamedRound(const ShardStepConfig& step,
                              const UpdateMessages& messages)
     : step_(step), messages_(messages) {}
 

@@ -28,7 +28,7 @@ namespace co2::server {
 
 class StreamedRound {
  public:
-  StreamedRound(const ChunkedOuterStep& step, const UpdateMessages& messages);
+  StreamedRound(const ShardStepConfig& step, const UpdateMessages& messages);
 
   // Whether a round's step has begun and not closed.
   bool active() const { return step_of_round_.has_value(); }
@@ -78,7 +78,7 @@ class StreamedRound {
   std::shared_ptr<const v1::OuterUpdate> Keep(uint32_t contributors,
                                               ChunkUpdate chunk);
 
-  const ChunkedOuterStep& step_;
+  const ShardStepConfig& step_;
   const UpdateMessages& messages_;
   std::optional<RoundStep> step_of_round_;
   absl::Span<const float> anchor_;        // the shard's A, from Begin

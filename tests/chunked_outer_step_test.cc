@@ -13,7 +13,7 @@
 #include "common/job_config.h"
 #include "common/layout.h"
 #include "gtest/gtest.h"
-#include "server/job/update_chunks.h"
+#include "server/job/update_messages.h"
 #include "tests/stored_chunks.h"
 
 namespace co2::server {
@@ -101,7 +101,7 @@ std::vector<std::vector<float>> InChunks(const std::vector<float>& flat) {
 }
 
 // The payloads of `chunks`, kept in a file as a checkpoint keeps them.
-std::shared_ptr<const StoredUpdate> Stored(const UpdateChunks& chunks) {
+std::shared_ptr<const CheckpointedUpdate> Stored(const UpdateChunks& chunks) {
   std::vector<std::string> payloads;
   for (const auto& chunk : chunks) payloads.push_back(chunk->payload());
   return StoreChunks(payloads);

@@ -10,7 +10,7 @@ build=$2
 tests=(layout_test codec_test payload_pieces_test wire_frames_test
        exchange_wire_test worker_wire_test send_buffers_test job_config_test
        outer_optimizer_test round_state_test job_shard_test checkpoint_store_test
-       stored_update_test kept_update_test update_cache_test
+       checkpointed_update_test kept_update_test update_cache_test
        chunked_outer_step_test update_replay_test
        shard_metrics_test metrics_server_test shard_ordinal_test
        health_server_test aggregator_errors_test wire_contract_test

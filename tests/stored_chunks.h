@@ -1,5 +1,5 @@
 // Test helper: chunks written to a file behind a few bytes of something else,
-// as a StoredUpdate reads them (the file itself is already unlinked).
+// as a CheckpointedUpdate reads them (the file itself is already unlinked).
 #ifndef CO2_TESTS_STORED_CHUNKS_H_
 #define CO2_TESTS_STORED_CHUNKS_H_
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "server/storage/stored_update.h"
+#include "server/storage/checkpointed_update.h"
 
 namespace co2::server {
 
@@ -19,7 +19,7 @@ inline constexpr char kStoredPrefix[] = "header bytes before the update";
 
 // A file holding kStoredPrefix then `chunks` back to back. `path` receives
 // its name (unlinked unless `keep_file`).
-inline std::shared_ptr<const StoredUpdate> StoreChunks(
+inline std::shared_ptr<const CheckpointedUpdate> StoreChunks(
     const std::vector<std::string>& chunks, std::string* path = nullptr,
     bool keep_file = false) {
   char pattern[] = "/tmp/co2-stored-XXXXXX";
@@ -38,7 +38,7 @@ inline std::shared_ptr<const StoredUpdate> StoreChunks(
   }
   if (!keep_file) ::unlink(pattern);
   if (path != nullptr) *path = pattern;
-  return std::make_shared<const StoredUpdate>(fd, pattern,
+  return std::make_shared<const CheckpointedUpdate>(fd, pattern,
                                               sizeof(kStoredPrefix) - 1, sizes);
 }
 

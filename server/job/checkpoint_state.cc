@@ -40,7 +40,7 @@ class ZeroFloats {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<const StoredUpdate>> WriteShardCheckpoint(
+absl::StatusOr<std::shared_ptr<const CheckpointedUpdate>> WriteShardCheckpoint(
     const CheckpointStore& store, const v1::ShardCheckpointHeader& header,
     absl::Span<const float> anchor, absl::Span<const float> momentum,
     const KeptUpdate* last_update,

@@ -21,10 +21,10 @@
 #include "common/layout.h"
 #include "server/job/chunked_outer_step.h"
 #include "server/job/round_journal.h"
-#include "server/job/update_chunks.h"
+#include "server/job/update_messages.h"
 #include "server/storage/checkpoint_store.h"
+#include "server/storage/checkpointed_update.h"
 #include "server/storage/kept_update.h"
-#include "server/storage/stored_update.h"
 
 namespace co2::server {
 
@@ -34,7 +34,7 @@ namespace co2::server {
 // RESOURCE_EXHAUSTED if those cannot be mapped; else what
 // CheckpointStore::Write returns: the last update as written, readable from
 // the file.
-absl::StatusOr<std::shared_ptr<const StoredUpdate>> WriteShardCheckpoint(
+absl::StatusOr<std::shared_ptr<const CheckpointedUpdate>> WriteShardCheckpoint(
     const CheckpointStore& store, const v1::ShardCheckpointHeader& header,
     absl::Span<const float> anchor, absl::Span<const float> momentum,
     const KeptUpdate* last_update,

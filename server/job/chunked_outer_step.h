@@ -1,7 +1,7 @@
 // The outer step (server/job/outer_optimizer.h) of one shard's range, run
 // chunk by chunk (RoundStep), and the update it produces: U encoded
 // in the job's downlink codec, chunk by chunk, as payload bytes (the shard
-// wraps them in messages: UpdateMessages, server/job/update_chunks.h). The
+// wraps them in messages: UpdateMessages, server/job/update_messages.h). The
 // step's reductions are per block and chunks are whole blocks, so this is
 // the step on the whole range, with no range-sized temporaries. The anchor
 // adds exactly the bits the workers decode, so anchors stay bit-identical

@@ -481,7 +481,7 @@ int JobShard::PublishDurably() {
     durability_.BeginWrite();
   }
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::shared_ptr<const StoredUpdate>> written =
+  absl::StatusOr<std::shared_ptr<const CheckpointedUpdate>> written =
       WriteCheckpoint(header);
   std::vector<ShardDurability::Waiter> durable;
   {

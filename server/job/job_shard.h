@@ -62,7 +62,7 @@
 #include "server/job/shard_reporter.h"
 #include "server/job/streamed_round.h"
 #include "server/job/update_cache.h"
-#include "server/job/update_chunks.h"
+#include "server/job/update_messages.h"
 #include "server/job/update_sinks.h"
 #include "server/storage/checkpoint_store.h"
 #include "server/storage/kept_update.h"
@@ -320,7 +320,7 @@ class JobShard {
   // Writes A, m and the last update; returns the update as written. Runs
   // without the lock: that state only changes in CloseRoundLocked and
   // Publish, on the same (poller) thread.
-  absl::StatusOr<std::shared_ptr<const StoredUpdate>> WriteCheckpoint(
+  absl::StatusOr<std::shared_ptr<const CheckpointedUpdate>> WriteCheckpoint(
       const v1::ShardCheckpointHeader& header) ABSL_NO_THREAD_SAFETY_ANALYSIS;
   v1::ShardCheckpointHeader CheckpointHeaderLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

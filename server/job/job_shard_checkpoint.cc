@@ -127,8 +127,8 @@ v1::ShardCheckpointHeader JobShard::CheckpointHeaderLocked() const {
   return header;
 }
 
-absl::StatusOr<std::shared_ptr<const StoredUpdate>> JobShard::WriteCheckpoint(
-    const v1::ShardCheckpointHeader& header) {
+absl::StatusOr<std::shared_ptr<const CheckpointedUpdate>>
+JobShard::WriteCheckpoint(const v1::ShardCheckpointHeader& header) {
   // Every update kept for replay, so that a restarted shard replays as many
   // rounds as this one would.
   const std::vector<KeptUpdate> kept = updates_.All();

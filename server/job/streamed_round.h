@@ -21,7 +21,7 @@
 #include "co2/v1/aggregator.pb.h"
 #include "server/job/chunked_outer_step.h"
 #include "server/job/round_state.h"
-#include "server/job/update_chunks.h"
+#include "server/job/update_messages.h"
 #include "server/storage/kept_update.h"
 
 namespace co2::server {

@@ -30,7 +30,7 @@ void UpdateCache::AddPublished(std::shared_ptr<const UpdateChunks> update) {
 }
 
 std::vector<std::shared_ptr<const UpdateChunks>> UpdateCache::Publish(
-    std::shared_ptr<const StoredUpdate> stored) {
+    std::shared_ptr<const CheckpointedUpdate> stored) {
   std::vector<std::shared_ptr<const UpdateChunks>> released;
   for (Unpublished& pending : unpublished_) {
     if (!pending.unsent->empty()) released.push_back(std::move(pending.unsent));

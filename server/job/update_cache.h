@@ -31,9 +31,9 @@
 #include <optional>
 #include <vector>
 
-#include "server/job/update_chunks.h"
+#include "server/storage/checkpointed_update.h"
 #include "server/storage/kept_update.h"
-#include "server/storage/stored_update.h"
+#include "server/storage/update_chunks.h"
 
 namespace co2::server {
 
@@ -64,7 +64,7 @@ class UpdateCache {
   // streamed whole is left out). `stored`, when not null, is the last update as
   // that checkpoint wrote it: from now on the cache keeps it there.
   std::vector<std::shared_ptr<const UpdateChunks>> Publish(
-      std::shared_ptr<const StoredUpdate> stored);
+      std::shared_ptr<const CheckpointedUpdate> stored);
 
   bool has_unpublished() const { return !unpublished_.empty(); }
   size_t num_unpublished() const { return unpublished_.size(); }

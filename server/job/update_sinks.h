@@ -10,8 +10,8 @@
 #include <memory>
 #include <vector>
 
-#include "server/job/update_chunks.h"
 #include "server/storage/kept_update.h"
+#include "server/storage/update_chunks.h"
 
 namespace co2::server {
 

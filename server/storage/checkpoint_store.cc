@@ -99,8 +99,8 @@ std::string CheckpointStore::JournalPathFor(const std::string& job,
   return PathFor(job, shard_index, num_shards) + ".journal";
 }
 
-absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
-    const CheckpointView& view) const {
+absl::StatusOr<std::shared_ptr<const CheckpointedUpdate>>
+CheckpointStore::Write(const CheckpointView& view) const {
   CO2_RETURN_IF_ERROR(MakeDirectories(dir_));
   v1::ShardCheckpointHeader header = *view.header;
   header.set_format_version(kFormatVersion);
@@ -145,7 +145,7 @@ absl::StatusOr<std::shared_ptr<const StoredUpdate>> CheckpointStore::Write(
   const uint64_t update_offset =
       sizeof(kMagic) + sizeof(uint32_t) + header_bytes.size() +
       (view.anchor.size() + view.momentum.size()) * sizeof(float);
-  return std::make_shared<const StoredUpdate>(
+  return std::make_shared<const CheckpointedUpdate>(
       *fd, path, update_offset,
       std::vector<uint32_t>(header.update_chunk_bytes().begin(),
                             header.update_chunk_bytes().end()));

@@ -8,8 +8,8 @@
 // momentum fp32 | encoded last update chunks | the chunks of the earlier
 // updates kept for replay, oldest first | u32 CRC-32 of all before it.
 //
-// Write hands back the update it wrote as a StoredUpdate: read through the
-// file's descriptor, it outlives the file being replaced by the next
+// Write hands back the update it wrote as a CheckpointedUpdate: read through
+// the file's descriptor, it outlives the file being replaced by the next
 // checkpoint (server/storage/kept_update.h keeps sent updates there, not in
 // memory).
 //
@@ -27,8 +27,8 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "co2/v1/checkpoint.pb.h"
+#include "server/storage/checkpointed_update.h"
 #include "server/storage/kept_update.h"
-#include "server/storage/stored_update.h"
 
 namespace co2::server {
 
@@ -73,7 +73,7 @@ class CheckpointStore {
   // UNAVAILABLE/INTERNAL for other I/O errors; the message names the file and
   // the errno text; a stored update that cannot be read back fails the write
   // with its error. A failed write leaves the previous checkpoint intact.
-  absl::StatusOr<std::shared_ptr<const StoredUpdate>> Write(
+  absl::StatusOr<std::shared_ptr<const CheckpointedUpdate>> Write(
       const CheckpointView& view) const;
 
   // Every checkpoint file of shard `shard_index` of `num_shards` in the

@@ -12,7 +12,7 @@ KeptUpdate::KeptUpdate(std::shared_ptr<const UpdateChunks> chunks)
       num_chunks_(static_cast<uint32_t>(chunks->size())),
       chunks_(std::move(chunks)) {}
 
-void KeptUpdate::Store(std::shared_ptr<const StoredUpdate> stored) {
+void KeptUpdate::Store(std::shared_ptr<const CheckpointedUpdate> stored) {
   if (chunks_ != nullptr) {
     auto fields = std::make_shared<v1::OuterUpdate>(*chunks_->front());
     fields->clear_payload();

@@ -1,8 +1,8 @@
 // KeptUpdate: one closed round's encoded outer update as a shard keeps it.
 // In memory, as the messages the streams send, until its checkpoint is
 // durable and it has been handed to the streams; from then on in that
-// checkpoint (StoredUpdate) when the shard has one, read back chunk by chunk
-// when it is needed again: as the gap of the next step, for a worker that
+// checkpoint (CheckpointedUpdate) when the shard has one, read back chunk by
+// chunk when it is needed again: as the gap of the next step, for a worker that
 // reconnects having missed it, and when a checkpoint is written again before
 // the next round closes. Without checkpoints it stays in memory.
 //
@@ -20,8 +20,8 @@
 
 #include "absl/status/statusor.h"
 #include "co2/v1/aggregator.pb.h"
-#include "server/job/update_chunks.h"
-#include "server/storage/stored_update.h"
+#include "server/storage/checkpointed_update.h"
+#include "server/storage/update_chunks.h"
 
 namespace co2::server {
 
@@ -38,19 +38,20 @@ class KeptUpdate {
 
   // From now on read from `stored`, which holds the same payloads; the
   // messages are released (the streams sending them hold their own).
-  void Store(std::shared_ptr<const StoredUpdate> stored);
+  void Store(std::shared_ptr<const CheckpointedUpdate> stored);
 
   size_t PayloadBytes(uint32_t chunk) const;
   // Chunk `chunk`'s OuterUpdate.anchor_digest.
   uint64_t AnchorDigest(uint32_t chunk) const;
   // Chunk `chunk`'s encoded payload: in place while in memory, else read
-  // into `scratch`, which the view then points into. StoredUpdate::Read's
+  // into `scratch`, which the view then points into. CheckpointedUpdate::Read's
   // errors.
   absl::StatusOr<std::string_view> Payload(uint32_t chunk,
                                            std::string* scratch) const;
 
   // The message that carries chunk `chunk`: the kept one, or, once stored,
-  // one made again with the payload read back (StoredUpdate::Read's errors).
+  // one made again with the payload read back (CheckpointedUpdate::Read's
+  // errors).
   absl::StatusOr<std::shared_ptr<const v1::OuterUpdate>> Chunk(
       uint32_t chunk) const;
 
@@ -59,7 +60,7 @@ class KeptUpdate {
   uint32_t contributors_;
   uint32_t num_chunks_;
   std::shared_ptr<const UpdateChunks> chunks_;  // null once stored
-  std::shared_ptr<const StoredUpdate> stored_;  // null while in memory
+  std::shared_ptr<const CheckpointedUpdate> stored_;  // null while in memory
   // Once stored: chunk 0's message without its payload, the fields every
   // chunk's message shares, and every chunk's anchor digest.
   std::shared_ptr<const v1::OuterUpdate> fields_;

@@ -1,4 +1,4 @@
-#include "server/storage/stored_update.h"
+#include "server/storage/checkpointed_update.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 namespace co2::server {
 namespace {
 
-TEST(StoredUpdateTest, ReadsEachChunkAtItsOffset) {
+TEST(CheckpointedUpdateTest, ReadsEachChunkAtItsOffset) {
   auto stored = StoreChunks({"first", std::string(70000, 'x'), "", "last"});
   ASSERT_NE(stored, nullptr);
   ASSERT_EQ(stored->num_chunks(), 4u);
@@ -29,7 +29,7 @@ TEST(StoredUpdateTest, ReadsEachChunkAtItsOffset) {
   EXPECT_EQ(out, "last");
 }
 
-TEST(StoredUpdateTest, OutlivesTheFileBeingReplacedByTheNextCheckpoint) {
+TEST(CheckpointedUpdateTest, OutlivesTheFileBeingReplacedByTheNextCheckpoint) {
   std::string path;
   auto stored = StoreChunks({"round 4's update"}, &path, /*keep_file=*/true);
   ASSERT_NE(stored, nullptr);
@@ -42,7 +42,7 @@ TEST(StoredUpdateTest, OutlivesTheFileBeingReplacedByTheNextCheckpoint) {
   ::unlink(path.c_str());
 }
 
-TEST(StoredUpdateTest, ATruncatedFileIsDataLossNamingItAndTheChunk) {
+TEST(CheckpointedUpdateTest, ATruncatedFileIsDataLossNamingItAndTheChunk) {
   std::string path;
   auto stored = StoreChunks({"chunk zero", "chunk one"}, &path, true);
   ASSERT_NE(stored, nullptr);
@@ -57,11 +57,11 @@ TEST(StoredUpdateTest, ATruncatedFileIsDataLossNamingItAndTheChunk) {
   ::unlink(path.c_str());
 }
 
-TEST(StoredUpdateTest, AReadErrorIsUnavailableWithTheErrnoText) {
+TEST(CheckpointedUpdateTest, AReadErrorIsUnavailableWithTheErrnoText) {
   // A descriptor that cannot be read: a directory's.
   const int fd = ::open("/tmp", O_RDONLY | O_DIRECTORY);
   ASSERT_GE(fd, 0);
-  StoredUpdate stored(fd, "/tmp", 0, {16});
+  CheckpointedUpdate stored(fd, "/tmp", 0, {16});
   std::string out;
   const absl::Status s = stored.Read(0, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;

@@ -1,4 +1,4 @@
-#include "server/job/update_chunks.h"
+#include "server/job/update_messages.h"
 
 #include <utility>
 

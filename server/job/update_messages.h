@@ -1,11 +1,9 @@
-// UpdateChunks: the encoded outer update of one closed round, as the chunk
-// messages that carry it. Immutable once built and shared by everything that
-// holds or sends it (the shard's cache, its checkpoint, every stream), so any
-// thread may read it. UpdateMessages makes those messages from what the
-// outer step produced (server/job/chunked_outer_step.h: payload bytes and
-// an anchor digest per chunk).
-#ifndef CO2_SERVER_UPDATE_CHUNKS_H_
-#define CO2_SERVER_UPDATE_CHUNKS_H_
+// UpdateMessages: the wire messages of a job's updates on one shard
+// (UpdateChunks, server/storage/update_chunks.h), made from what the outer
+// step produced (server/job/chunked_outer_step.h: payload bytes and an
+// anchor digest per chunk).
+#ifndef CO2_SERVER_JOB_UPDATE_MESSAGES_H_
+#define CO2_SERVER_JOB_UPDATE_MESSAGES_H_
 
 #include <cstdint>
 #include <memory>
@@ -13,11 +11,9 @@
 #include <vector>
 
 #include "co2/v1/aggregator.pb.h"
+#include "server/storage/update_chunks.h"
 
 namespace co2::server {
-
-// The chunks of one round's outer update, shared by every stream sending them.
-using UpdateChunks = std::vector<std::shared_ptr<const v1::OuterUpdate>>;
 
 // The messages of one job's updates on one shard: the job's downlink codec
 // and staleness, and the shard's chunk count. A value; const, any thread.
@@ -44,4 +40,4 @@ class UpdateMessages {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_UPDATE_CHUNKS_H_
+#endif  // CO2_SERVER_JOB_UPDATE_MESSAGES_H_

@@ -1,4 +1,4 @@
-#include "server/storage/stored_update.h"
+#include "server/storage/checkpointed_update.h"
 
 #include <unistd.h>
 
@@ -10,8 +10,9 @@
 
 namespace co2::server {
 
-StoredUpdate::StoredUpdate(int fd, std::string path, uint64_t first_offset,
-                           const std::vector<uint32_t>& sizes)
+CheckpointedUpdate::CheckpointedUpdate(int fd, std::string path,
+                                       uint64_t first_offset,
+                                       const std::vector<uint32_t>& sizes)
     : fd_(fd), path_(std::move(path)), sizes_(sizes) {
   offsets_.reserve(sizes_.size());
   uint64_t offset = first_offset;
@@ -21,9 +22,9 @@ StoredUpdate::StoredUpdate(int fd, std::string path, uint64_t first_offset,
   }
 }
 
-StoredUpdate::~StoredUpdate() { ::close(fd_); }
+CheckpointedUpdate::~CheckpointedUpdate() { ::close(fd_); }
 
-absl::Status StoredUpdate::Read(uint32_t chunk, std::string* out) const {
+absl::Status CheckpointedUpdate::Read(uint32_t chunk, std::string* out) const {
   out->resize(sizes_[chunk]);
   size_t done = 0;
   while (done < out->size()) {

@@ -1,14 +1,14 @@
-// StoredUpdate: the encoded chunks of one round's outer update inside a
+// CheckpointedUpdate: the encoded chunks of one round's outer update inside a
 // durable checkpoint file, read back through a descriptor of that file. The
 // descriptor keeps what it reads unchanged when a later checkpoint replaces
 // the file (renames over it): the replaced file's blocks stay allocated until
-// its last StoredUpdate is destroyed, which closes the descriptor.
+// its last CheckpointedUpdate is destroyed, which closes the descriptor.
 //
 // It lets a shard keep an update it has already sent on disk instead of in
 // memory (server/storage/kept_update.h). Immutable; any thread (positional
 // reads).
-#ifndef CO2_SERVER_STORED_UPDATE_H_
-#define CO2_SERVER_STORED_UPDATE_H_
+#ifndef CO2_SERVER_CHECKPOINTED_UPDATE_H_
+#define CO2_SERVER_CHECKPOINTED_UPDATE_H_
 
 #include <cstdint>
 #include <string>
@@ -18,16 +18,16 @@
 
 namespace co2::server {
 
-class StoredUpdate {
+class CheckpointedUpdate {
  public:
   // Takes `fd` (open for reading). Chunk i is `sizes[i]` bytes, the chunks
   // back to back from byte `first_offset` of the file at `path` (named in
   // errors only).
-  StoredUpdate(int fd, std::string path, uint64_t first_offset,
+  CheckpointedUpdate(int fd, std::string path, uint64_t first_offset,
                const std::vector<uint32_t>& sizes);
-  ~StoredUpdate();
-  StoredUpdate(const StoredUpdate&) = delete;
-  StoredUpdate& operator=(const StoredUpdate&) = delete;
+  ~CheckpointedUpdate();
+  CheckpointedUpdate(const CheckpointedUpdate&) = delete;
+  CheckpointedUpdate& operator=(const CheckpointedUpdate&) = delete;
 
   const std::string& path() const { return path_; }
   uint32_t num_chunks() const { return static_cast<uint32_t>(sizes_.size()); }
@@ -47,4 +47,4 @@ class StoredUpdate {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_STORED_UPDATE_H_
+#endif  // CO2_SERVER_CHECKPOINTED_UPDATE_H_

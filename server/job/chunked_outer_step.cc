@@ -100,7 +100,7 @@ ChunkUpdate RoundStep::Step(uint32_t chunk_index, std::vector<float>& mean) {
   const common::Codec codec = step_.codec();
   const bool fp32 = codec == common::Codec::kFp32;
   const common::Range r = common::ChunkRange(step_.elements(), chunk_index);
-  std::vector<float> gap_floats;  // zeros, or the decoded gap
+  std::vector<float> gap_floats;  // the decoded gap (not fp32)
   std::string gap_bytes;          // the gap read back from its checkpoint
   absl::Span<const float> gap;
   if (gap_.has_value()) {

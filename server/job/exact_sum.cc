@@ -66,21 +66,12 @@ constexpr uint64_t kMantissaMask = (uint64_t{1} << 52) - 1;
 }  // namespace
 
 absl::Status ExactScalar::Add(double term) {
-  const double magnitude = std::abs(term);
-  bool in_range =
-      std::isfinite(term) && magnitude < std::ldexp(1.0, kExactHighExponent);
-  if (in_range && term != 0) {
-    // The lowest set bit of the term must be at 2^kExactLowExponent or up.
-    int exponent;
-    std::frexp(magnitude, &exponent);  // magnitude in [2^(e−1), 2^e)
-    const uint64_t mantissa =
-        absl::bit_cast<uint64_t>(magnitude) & kMantissaMask;
-    const int lowest = magnitude < std::numeric_limits<double>::min()
-                           ? -1074
-                           : exponent - 53;  // of the 53-bit significand
-    const int zeros = mantissa == 0 ? 52 : __builtin_ctzll(mantissa);
-    in_range = lowest + zeros >= kExactLowExponent;
-  }
+  // In units of 2^kExactLowExponent the term must be a whole number: the
+  // scaling by a power of two is exact below 2^kExactHighExponent.
+  const double units = std::ldexp(term, -kExactLowExponent);
+  const bool in_range = std::isfinite(term) &&
+                        std::abs(term) < std::ldexp(1.0, kExactHighExponent) &&
+                        std::trunc(units) == units;
   if (!in_range) {
     return absl::InvalidArgumentError(absl::StrCat(
         term, " is outside the exact sum's range (finite, magnitude below 2^",

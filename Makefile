@@ -65,9 +65,11 @@ configure: deps $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# What CI runs: everything but the suites labelled `long`.
+# What CI runs: everything but the suites labelled `long`. A test that skips
+# (exit 77) prints a line "SKIP: why"; those lines are shown after the run.
 test: build
-	cd $(BUILD) && ctest -LE long --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	cd $(BUILD) && { ctest -LE long --output-on-failure -j $(JOBS) $(CTEST_ARGS); status=$$?; \
+	  grep -h '^SKIP: ' Testing/Temporary/LastTest*.log 2>/dev/null | sort -u; exit $$status; }
 
 test-long: build
 	cd $(BUILD) && ctest -L long --output-on-failure $(CTEST_ARGS)

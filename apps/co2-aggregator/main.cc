@@ -264,6 +264,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     metrics = *std::move(started);
+    // The port a --metrics_port=0 picked, for whoever started the shard.
+    CO2_LOG(INFO) << "metrics on port " << metrics->port();
     shard_metrics = std::make_unique<co2::server::ShardMetrics>(
         metrics->registry(), shard_index);
     options.registry.shard.observer = shard_metrics.get();

@@ -19,6 +19,8 @@ from ._config import JobConfig
 from ._local import LocalAggregator, find_aggregator, local_aggregator
 from ._optimizer import Optimizer
 
+__version__: str = _core.__version__
+
 
 def tune_malloc() -> None:
     """Sets glibc's malloc for a training process, as co2-train does: one

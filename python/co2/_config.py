@@ -7,12 +7,16 @@ from typing import Any, Dict
 
 from . import _core
 
+# The model size the check of a new config assumes (any size passes).
+_ANY_PARAMETERS = 1 << 62
+
 
 @dataclasses.dataclass
 class JobConfig:
     """The settings every worker of a job must agree on (docs/algorithm.md).
 
-    The first worker's Join fixes them on the shards; a worker that asks for
+    A value out of range raises ValueError naming the field when the config
+    is made. The first worker's Join fixes them on the shards; a worker that asks for
     others is refused with ``co2.Error("FAILED_PRECONDITION", ...)`` naming
     the first field that differs. Defaults are the C++ ones
     (``common::DefaultJobConfig``). ``co2.Optimizer`` fills in the fields it
@@ -63,6 +67,15 @@ class JobConfig:
     protocol_version: int = 2
     num_parameters: int = 0
     num_shards: int = 0
+
+    def __post_init__(self) -> None:
+        # A bad setting is a ValueError here, as torch.optim's constructors
+        # raise; the model's size against the shards is checked once the
+        # optimizer has filled both in (validate()).
+        values = self.to_dict()
+        values["num_shards"] = 1
+        values["num_parameters"] = _ANY_PARAMETERS
+        _core.validate_job_config(values)
 
     def to_dict(self) -> Dict[str, Any]:
         """Every field by its proto name."""

@@ -19,20 +19,23 @@ _LISTENING = re.compile(r"listening on port (\d+)")
 
 
 def find_aggregator() -> str:
-    """The co2-aggregator binary: $CO2_AGGREGATOR, the build tree this package
-    was built in, or the PATH."""
+    """The co2-aggregator binary: $CO2_AGGREGATOR, the one installed with
+    this package (``pip install``), the build tree this package was built in,
+    or the PATH."""
     explicit = os.environ.get("CO2_AGGREGATOR")
     if explicit:
         return explicit
-    build = os.path.join(os.path.dirname(__file__), "..", "..", "bin", "co2-aggregator")
-    if os.access(build, os.X_OK):
-        return os.path.normpath(build)
+    here = os.path.dirname(os.path.abspath(__file__))
+    for candidate in (os.path.join(here, "_bin", "co2-aggregator"),
+                      os.path.join(here, "..", "..", "bin", "co2-aggregator")):
+        if os.access(candidate, os.X_OK):
+            return os.path.normpath(candidate)
     found = shutil.which("co2-aggregator")
     if found:
         return found
     raise FileNotFoundError(
-        "co2-aggregator not found: set CO2_AGGREGATOR, or put it on the PATH "
-        "(cmake --install installs it to <prefix>/bin)")
+        "co2-aggregator not found: the package was installed without it; "
+        "pip install co2 (the wheel carries it), set CO2_AGGREGATOR, or put it on the PATH")
 
 
 class LocalAggregator:

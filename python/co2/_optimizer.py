@@ -13,7 +13,7 @@ import torch.distributed as dist
 from . import _core
 from ._config import JobConfig
 from ._errors import Error
-from ._params import HostParams
+from ._params import DTYPES, HostParams
 
 
 def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
@@ -28,8 +28,9 @@ def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
     for i, p in enumerate(out):
         if not isinstance(p, torch.Tensor):
             raise ValueError(f"parameter {i} is a {type(p).__name__}, not a tensor")
-        if p.dtype != torch.float32:
-            raise ValueError(f"parameter {i} is {p.dtype}; co2 exchanges float32 parameters")
+        if p.dtype not in DTYPES:
+            raise ValueError(f"parameter {i} is {p.dtype}; co2 trains float32, bfloat16 or "
+                             f"float16 parameters")
     seen: Dict[int, int] = {}
     for i, p in enumerate(out):
         if id(p) in seen:
@@ -38,6 +39,11 @@ def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
     devices = {p.device for p in out}
     if len(devices) > 1:
         raise ValueError(f"parameters live on several devices: {sorted(map(str, devices))}")
+    dtypes = {p.dtype for p in out}
+    if len(dtypes) > 1:
+        raise ValueError(f"parameters have several dtypes: {sorted(map(str, dtypes))}; co2 keeps "
+                         f"them in one flat tensor: give the model one dtype (model.float(), "
+                         f"model.bfloat16()), or keep it float32 and train under torch.autocast")
     return out
 
 
@@ -48,7 +54,7 @@ def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-class Optimizer:
+class Optimizer(torch.optim.Optimizer):
     """Trains a model as one worker of a co2 job (docs/python.md).
 
     Every ``step()`` runs the inner optimizer (after averaging the gradients
@@ -59,17 +65,24 @@ class Optimizer:
     average of a round arrives while the next one computes (one round stale),
     so the network is waited for only when it is slower than a round.
 
+    It is a ``torch.optim.Optimizer`` over the inner optimizer's
+    ``param_groups`` and ``state``, so learning-rate schedulers and
+    ``GradScaler`` take it as they take the inner one.
+
     Args:
-        params: the model's parameters (float32, all on one device, each
-            once), the same the inner optimizer updates. They become views
-            of one flat tensor, which the exchange works on in place.
+        params: the model's parameters (all float32, or all bfloat16 or
+            float16, on one device, each once), the same the inner optimizer
+            updates. They become views of one flat tensor, which the
+            exchange works on in place. The anchor on the shards is float32;
+            bfloat16 or float16 parameters are set to it rounded.
         inner: any ``torch.optim`` optimizer over ``params``.
         tau: inner steps per round.
         aggregators: ``host:port`` of every shard, in shard order.
         job: the job's name, the same on every worker.
         rounds: the job's number of rounds (its inner steps / tau, rounded
-            up), the same on every worker. Required for co2, whose last
-            update arrives after the last round.
+            up: ``math.ceil(epochs * len(loader) / tau)``), the same on every
+            worker. Required for co2, whose last update arrives after the
+            last round, so the shards must know which round that is.
         config: the job's outer-step settings (``co2.JobConfig``); the
             fields the optimizer knows are filled in.
         algo: ``"co2"``, ``"localsgd"``, ``"slowmo"`` or ``"diloco"``
@@ -138,7 +151,11 @@ class Optimizer:
         if not isinstance(rounds, int) or rounds < 0:
             raise ValueError(f"rounds must be an int >= 0, got {rounds!r}")
         if algo == "co2" and rounds == 0:
-            raise ValueError("co2 needs rounds= (the job's number of rounds: its inner steps / tau)")
+            raise ValueError(
+                "co2 needs rounds=: the job's number of rounds, the same on every worker, "
+                f"math.ceil(inner steps of the whole job / tau={tau}), e.g. "
+                "rounds=math.ceil(epochs * len(loader) / tau); the update of the last round "
+                "arrives after it, so the shards must know which round ends the job")
         if not aggregators:
             raise ValueError("aggregators is empty: give host:port of every shard")
         if not job:
@@ -246,9 +263,29 @@ class Optimizer:
         """The inner optimizer's param groups (learning-rate schedulers use them)."""
         return self._inner.param_groups
 
-    def zero_grad(self, set_to_none: bool = False) -> None:
-        """Zeroes the gradients through the inner optimizer."""
-        self._inner.zero_grad(set_to_none=set_to_none)
+    @property
+    def state(self) -> Any:
+        """The inner optimizer's per-parameter state."""
+        return self._inner.state
+
+    @property
+    def defaults(self) -> Dict[str, Any]:
+        """The inner optimizer's defaults."""
+        return self._inner.defaults
+
+    def add_param_group(self, param_group: Dict[str, Any]) -> None:
+        """Refused: the parameters are fixed when the job is joined (its
+        parameter count is part of the job)."""
+        raise ValueError("co2.Optimizer cannot take a param group after it is made: the job's "
+                         "parameter count is fixed; pass every parameter to co2.Optimizer")
+
+    def zero_grad(self, set_to_none: Optional[bool] = None) -> None:
+        """Zeroes (or, the inner optimizer's default in torch 2, drops) the
+        gradients through the inner optimizer."""
+        if set_to_none is None:
+            self._inner.zero_grad()
+        else:
+            self._inner.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Any = None) -> Any:
         """One inner step; every ``tau``-th call also ends the round.
@@ -344,7 +381,14 @@ class Optimizer:
         pushed last, so that every worker's contribution to that round is in
         and this worker may stop. Save it with the model's state as for any
         optimizer; ``load_state_dict`` in a new process continues from it.
+
+        After ``finish()`` or ``leave()`` it is the final state: the inner
+        optimizer's, the rounds done and the final anchor (the parameters,
+        on local rank 0), with ``"finished": True``; there is no round left
+        to resume from it.
         """
+        if self._finished:
+            return self._final_state()
         self._check_usable("state_dict")
         self.connect()
         if self._steps_in_round != 0:
@@ -378,7 +422,18 @@ class Optimizer:
             "inner": self._inner.state_dict(),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
                     "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
-                    "residual": residual, "eager": eager},
+                    "residual": residual, "eager": eager, "finished": False},
+        }
+
+    def _final_state(self) -> Dict[str, Any]:
+        anchor = None
+        if self.is_leader:
+            anchor = self._host.flat.detach().to(device="cpu", dtype=torch.float32, copy=True)
+        return {
+            "inner": self._inner.state_dict(),
+            "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
+                    "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
+                    "residual": None, "eager": None, "finished": True},
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -395,6 +450,10 @@ class Optimizer:
                         "load_state_dict after the optimizer joined the job: call it "
                         "before the first step")
         saved = state["co2"]
+        if saved.get("finished"):
+            raise ValueError(f"the state was saved after finish() or leave(), at round "
+                             f"{saved['round']}: that worker's part of the job is over and "
+                             f"there is no round to resume")
         for key, mine in (("tau", self.tau), ("rounds", self.rounds), ("algo", self.algo)):
             if saved[key] != mine:
                 raise ValueError(f"the state was saved with {key}={saved[key]!r}, "

@@ -444,6 +444,7 @@ PYBIND11_MODULE(_core, m) {
   using namespace co2;          // NOLINT: the module's one scope
   using namespace co2::python;  // NOLINT
   m.doc() = "co2's C++ client (internal; use the co2 package).";
+  m.attr("__version__") = CO2_VERSION;
   m.def(
       "default_job_config",
       [] { return ToDict(common::DefaultJobConfig(0, 0)); },

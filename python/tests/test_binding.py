@@ -44,7 +44,11 @@ def test_every_field_round_trips_through_the_proto():
     ("min_workers", -2, "min_workers"),
 ])
 def test_a_bad_value_is_a_value_error_naming_it(field, value, words):
-    config = co2.JobConfig(num_parameters=10, num_shards=1, **{field: value})
+    with pytest.raises(ValueError, match=words):
+        co2.JobConfig(num_parameters=10, num_shards=1, **{field: value})
+    # Set after the config was made: validate(), and every optimizer, refuses it.
+    config = co2.JobConfig(num_parameters=10, num_shards=1)
+    setattr(config, field, value)
     with pytest.raises(ValueError, match=words):
         config.validate()
 

@@ -189,10 +189,13 @@ TEST(RunReportTest, ARankThatLeftEndsEarlyWithItsOwnFinalModel) {
   std::filesystem::remove_all(dir);
 }
 
-TEST(RunReportTest, TheLongestRanksHealedRoundIsNotCompared) {
-  // Worker 1 healed at round 4 to round 6 and reports more rounds than
-  // worker 0, restarted at round 2: worker 1's round-4 entry holds A_6 (the
-  // hash of round 5's), which worker 0's round 4 is not compared with.
+// Worker 1 healed at round 4 to round 6 and reports more rounds than
+// worker 0, restarted at round 2: only worker 0 ran round 5, and worker 1's
+// round-4 entry holds A_6, the parameters after round 5's boundary. Every
+// round of the job is counted and in the curve, round 5's parameters are
+// compared between worker 0's round 5 and worker 1's healed entry, and
+// worker 0's round 4 is not compared with that entry.
+TEST(RunReportTest, ARoundOnlyAShorterRankRanIsCountedAndCompared) {
   std::vector<RankReport> ranks = {MakeRank(0, 0, 7), MakeRank(1, 0, 7)};
   ranks[0].rounds.erase(ranks[0].rounds.begin(), ranks[0].rounds.begin() + 2);
   std::vector<RankRound>& healed = ranks[1].rounds;
@@ -201,7 +204,43 @@ TEST(RunReportTest, TheLongestRanksHealedRoundIsNotCompared) {
   healed[4].params_hash = "h5";
   auto summary = Summarize(ranks);
   ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_EQ(summary->rounds, 7);
   EXPECT_TRUE(summary->params_identical) << summary->first_difference;
+  // A wrong hash in the round only worker 0 ran ...
+  ranks[0].rounds[3].params_hash = "bad";  // rounds 2 3 4 5 6
+  summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_FALSE(summary->params_identical);
+  EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("round 5: "));
+  EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("(bad)"));
+  // ... or in the healed entry that holds that round's parameters.
+  ranks[0].rounds[3].params_hash = "h5";
+  healed[4].params_hash = "bad";
+  summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  EXPECT_FALSE(summary->params_identical);
+  EXPECT_THAT(summary->first_difference,
+              ::testing::HasSubstr("worker 1 rank 0 (bad, healed at round 4 "
+                                   "to 6)"));
+
+  // The merged report's round count and curve.
+  healed[4].params_hash = "h5";
+  summary = Summarize(ranks);
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  const std::string json = MergedReportJson(RunInfo{}, ranks, *summary);
+  google::protobuf::Struct doc;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &doc).ok())
+      << json;
+  EXPECT_EQ(doc.fields().at("rounds").number_value(), 7);
+  const auto& curve = doc.fields().at("curve").list_value();
+  ASSERT_EQ(curve.values_size(), 7);
+  for (int n = 0; n < 7; ++n) {
+    EXPECT_EQ(curve.values(n).struct_value().fields().at("round").number_value(),
+              n);
+  }
+  const auto& round5 = curve.values(5).struct_value().fields();
+  EXPECT_DOUBLE_EQ(round5.at("loss").number_value(), 2.0 - 0.5);  // worker 0
+  EXPECT_EQ(round5.at("params_hash").string_value(), "h5");
 }
 
 TEST(RunReportTest, ARankThatHealedInFinishEndsWithTheFinalAnchor) {

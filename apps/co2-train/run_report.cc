@@ -6,7 +6,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -131,7 +135,8 @@ const RankRound* RoundOf(const RankReport& r, uint64_t n) {
   return it != r.rounds.end() && it->round == n ? &*it : nullptr;
 }
 
-// The rank that reached the last round, with the most rounds among those.
+// The rank that reached the last round, with the most rounds among those
+// (named when a rank's rounds do not reach that round).
 const RankReport& Longest(const std::vector<RankReport>& ranks) {
   auto key = [](const RankReport& r) {
     return std::make_pair(r.rounds.empty() ? 0 : r.rounds.back().round + 1,
@@ -142,6 +147,77 @@ const RankReport& Longest(const std::vector<RankReport>& ranks) {
     if (key(r) > key(*longest)) longest = &r;
   }
   return *longest;
+}
+
+// Every round that some rank ran, ascending. No one rank need hold them
+// all: one that healed skips rounds the others ran, one restarted into the
+// job starts at a later round.
+std::vector<uint64_t> JobRounds(const std::vector<RankReport>& ranks) {
+  std::set<uint64_t> rounds;
+  for (const RankReport& r : ranks) {
+    for (const RankRound& round : r.rounds) rounds.insert(round.round);
+  }
+  return std::vector<uint64_t>(rounds.begin(), rounds.end());
+}
+
+// The boundary whose parameters an entry holds: its own round's, or, where
+// the rank healed, those every rank had after the boundary of the round
+// before the one it continued at. None for a heal to round 0 (A_0).
+std::optional<uint64_t> BoundaryOf(const RankRound& round) {
+  if (!round.healed_to) return round.round;
+  if (*round.healed_to == 0) return std::nullopt;
+  return *round.healed_to - 1;
+}
+
+// "worker W rank L (hash)", with the heal where the entry is one.
+std::string Holder(const RankReport& r, const RankRound& round) {
+  std::string out = absl::StrCat("worker ", r.worker, " rank ", r.local_rank,
+                                 " (", round.params_hash);
+  if (round.healed_to) {
+    absl::StrAppend(&out, ", healed at round ", round.round, " to ",
+                    *round.healed_to);
+  }
+  return out + ")";
+}
+
+// The first boundary (in round order) where two ranks hold different
+// parameters, described; empty if every boundary held by two ranks or more
+// agrees.
+std::string FirstDifference(const std::vector<RankReport>& ranks) {
+  std::map<uint64_t, std::vector<std::pair<const RankReport*, const RankRound*>>>
+      holders;
+  for (const RankReport& r : ranks) {
+    for (const RankRound& round : r.rounds) {
+      if (const std::optional<uint64_t> b = BoundaryOf(round)) {
+        holders[*b].emplace_back(&r, &round);
+      }
+    }
+  }
+  for (const auto& [boundary, held] : holders) {
+    const auto& [first_rank, first_round] = held.front();
+    for (const auto& [rank, round] : held) {
+      if (round->params_hash != first_round->params_hash) {
+        return absl::StrCat("round ", boundary, ": ", Holder(*rank, *round),
+                            " differs from ", Holder(*first_rank, *first_round));
+      }
+    }
+  }
+  return "";
+}
+
+// The entry of round n the curve shows: the lead's, else that of the first
+// rank that ran it without healing at its boundary, else the first.
+const RankRound& CurveEntry(const std::vector<RankReport>& ranks,
+                            const RankReport& lead, uint64_t n) {
+  if (const RankRound* from_lead = RoundOf(lead, n)) return *from_lead;
+  const RankRound* any = nullptr;
+  for (const RankReport& r : ranks) {
+    const RankRound* round = RoundOf(r, n);
+    if (round == nullptr) continue;
+    if (!round->healed_to) return *round;
+    if (any == nullptr) any = round;
+  }
+  return *any;  // n is one of JobRounds: some rank ran it
 }
 
 }  // namespace
@@ -236,8 +312,9 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
   // none (its final model, the anchor it fetched, is still compared).
   const RankReport* longest = &Longest(ranks);
   const size_t rounds = longest->rounds.size();
-  out.rounds = static_cast<int>(rounds);
-  out.params_identical = true;
+  out.rounds = static_cast<int>(JobRounds(ranks).size());
+  out.first_difference = FirstDifference(ranks);
+  out.params_identical = out.first_difference.empty();
   int leaders = 0;
   int ranks_with_rounds = 0;
   double train_s = 0;
@@ -273,24 +350,6 @@ absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks) {
     if (!r.rounds.empty()) {
       out.final_loss += r.rounds.back().loss;
       ++ranks_with_rounds;
-    }
-    for (size_t i = 0; i < r.rounds.size() && out.params_identical; ++i) {
-      // After a boundary that healed, the rank holds the anchor that starts
-      // round healed_to: the parameters every rank had after the boundary
-      // of round healed_to − 1 (none for A_0: nothing to compare).
-      // An entry of the longest rank that healed holds another round's
-      // anchor: nothing to compare with.
-      const RankRound& mine = r.rounds[i];
-      const RankRound* theirs =
-          RoundOf(*longest, mine.healed_to ? *mine.healed_to - 1 : mine.round);
-      if (theirs != nullptr && !theirs->healed_to &&
-          mine.params_hash != theirs->params_hash) {
-        out.params_identical = false;
-        out.first_difference = absl::StrCat(
-            "round ", mine.round, ": worker ", r.worker, " rank ", r.local_rank,
-            " (", mine.params_hash, ") differs from worker ", longest->worker,
-            " rank ", longest->local_rank, " (", theirs->params_hash, ")");
-      }
     }
   }
   // A worker that left holds the anchor of its last round, not the final.
@@ -342,22 +401,22 @@ std::string MergedReportJson(const RunInfo& info,
   if (!summary.first_difference.empty()) {
     Put(s, "first_difference", Str(summary.first_difference));
   }
-  // The curve: per round, the loss averaged over the ranks that ran it;
-  // timings and metric from the leader of worker 0 (from the rank with the
-  // most rounds where that leader rejoined later); bytes summed over ranks.
+  // The curve: every round some rank ran, with the loss averaged over the
+  // ranks that ran it; timings and metric from the leader of worker 0 (where
+  // it did not run the round, from the first rank that did); bytes summed
+  // over ranks.
   const RankReport* lead = &ranks[0];
   for (const RankReport& r : ranks) {
     if (r.worker == 0 && r.local_rank == 0) lead = &r;
   }
   ListValue curve;
-  for (const RankRound& longest : Longest(ranks).rounds) {
-    const RankRound* from_lead = RoundOf(*lead, longest.round);
-    RankRound merged = from_lead != nullptr ? *from_lead : longest;
+  for (const uint64_t n : JobRounds(ranks)) {
+    RankRound merged = CurveEntry(ranks, *lead, n);
     merged.loss = 0;
     merged.bytes_sent = 0;
     int ran = 0;
     for (const RankReport& r : ranks) {
-      if (const RankRound* round = RoundOf(r, longest.round)) {
+      if (const RankRound* round = RoundOf(r, n)) {
         merged.loss += round->loss;
         merged.bytes_sent += round->bytes_sent;
         ++ran;

@@ -64,7 +64,7 @@ struct RunInfo {
 };
 
 struct MergedSummary {
-  int rounds = 0;
+  int rounds = 0;         // rounds some rank ran (the curve's length)
   double final_loss = 0;  // mean over ranks of the last round's loss
   std::map<std::string, double> final_metrics;
   double exposed_comm_s = 0;      // mean over workers (leaders)
@@ -75,11 +75,14 @@ struct MergedSummary {
 };
 
 // Merges the rank reports (all W × L of them). A rank may start at a later
-// round (a worker restarted into the job, or one that joined it) and end
-// earlier (one that left it); rounds are compared by number, final models
-// among the ranks that did not leave. INVALID_ARGUMENT when a rank's rounds
-// are not contiguous up to the last round of the longest (of a leaver: up to
-// the round before its left_at).
+// round (a worker restarted into the job, or one that joined it), skip
+// rounds (one that healed) and end earlier (one that left it): the summary
+// counts every round that some rank ran, and the parameters after each
+// boundary are compared among all the ranks that hold them (an entry that
+// healed holds those of the boundary before the round it continued at);
+// final models among the ranks that did not leave. INVALID_ARGUMENT when a
+// rank's rounds are not contiguous up to the last round of the longest (of
+// a leaver: up to the round before its left_at).
 absl::StatusOr<MergedSummary> Summarize(const std::vector<RankReport>& ranks);
 
 // The user-facing JSON document.

@@ -43,6 +43,24 @@ TEST(RoundDeadlineTest, FollowsTheQuantileOfTheWindow) {
   EXPECT_EQ(d.Current(), absl::Seconds(12));  // 4 × 3 s
 }
 
+// Slow rounds that leave the window no longer count: with 20 rounds
+// remembered, 20 slow ones followed by fast ones keep the deadline up while
+// two slow ones are among the last 20 (the 19th smallest is slow), and it
+// falls to the fast rounds' once only one is left.
+TEST(RoundDeadlineTest, TheWindowDropsItsOldestRounds) {
+  RoundDeadline d(Adaptive(), absl::Seconds(60));
+  for (int i = 0; i < 20; ++i) d.Observe(absl::Seconds(10));
+  EXPECT_EQ(d.Current(), absl::Seconds(40));
+  for (int i = 0; i < 18; ++i) {
+    d.Observe(absl::Seconds(1));
+    EXPECT_EQ(d.Current(), absl::Seconds(40)) << i + 1 << " fast rounds";
+  }
+  d.Observe(absl::Seconds(1));  // 19 fast, 1 slow in the window
+  EXPECT_EQ(d.Current(), absl::Seconds(4));
+  d.Observe(absl::Seconds(1));  // 20 fast
+  EXPECT_EQ(d.Current(), absl::Seconds(4));
+}
+
 TEST(RoundDeadlineTest, ClampedToFloorAndTimeout) {
   RoundDeadline fast(Adaptive(), absl::Seconds(60));
   for (int i = 0; i < 20; ++i) fast.Observe(absl::Milliseconds(50));

@@ -24,6 +24,26 @@ TEST(JobLifecycleTest, FinishedOnceTheLastRoundClosedAndEveryWorkerLeft) {
   EXPECT_EQ(life.state(), v1::JOB_STATE_FINISHED);
 }
 
+// With its last round not closed, a job that no worker is live in waits
+// (and is abandoned after abandon_after), it is not finished: the workers
+// may be restarting, and the last round's update is still owed.
+TEST(JobLifecycleTest, TheLastRoundStillOpenWithNoWorkerIsNotFinished) {
+  JobLifecycle life(/*rounds=*/5, kAbandon, kStart);
+  EXPECT_FALSE(life.Update(4, 0, kStart + absl::Seconds(1)));
+  EXPECT_EQ(life.state(), v1::JOB_STATE_OPEN);
+  EXPECT_EQ(life.NextDeadline(), kStart + absl::Seconds(1) + kAbandon);
+  EXPECT_FALSE(life.Update(4, 0, kStart + absl::Seconds(2)));
+  EXPECT_EQ(life.state(), v1::JOB_STATE_OPEN);
+  EXPECT_TRUE(life.Update(4, 0, kStart + absl::Seconds(1) + kAbandon));
+  EXPECT_EQ(life.state(), v1::JOB_STATE_ABANDONED);
+  // Its last round closed later (a worker came back and left again): the
+  // job is finished then.
+  EXPECT_TRUE(life.Update(4, 1, kStart + absl::Minutes(20)));
+  EXPECT_EQ(life.state(), v1::JOB_STATE_OPEN);
+  EXPECT_TRUE(life.Update(5, 0, kStart + absl::Minutes(21)));
+  EXPECT_EQ(life.state(), v1::JOB_STATE_FINISHED);
+}
+
 TEST(JobLifecycleTest, FinishedJobTakesOnlyARejoin) {
   JobLifecycle life(/*rounds=*/5, kAbandon, kStart, v1::JOB_STATE_FINISHED);
   const absl::Status fresh = life.AdmitJoin("run-1", false, kStart);

@@ -200,7 +200,10 @@ TEST(ExactSumTest, ANonFiniteTermIsRejectedAndChangesNothing) {
       }
       EXPECT_EQ(sum.terms(), 3u);
     }
-    EXPECT_GE(sum.wide_elements(), wide) << "the rejected terms took some";
+    // The rejected terms moved elements to the side table before the bad
+    // one was found (w = 1e6 puts them far from the sums): the take-back
+    // above went through wide sums too, and they kept their values.
+    EXPECT_GT(sum.wide_elements(), wide) << common::KernelIsaName(isa);
     // A first contribution that is refused leaves the sum empty.
     ExactSum empty(3);
     EXPECT_FALSE(empty.Add({1.0f, NAN, 2.0f}, 1.0f).ok());

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "common/codec.h"
+#include "common/fnv_hash.h"
 #include "common/job_config.h"
 #include "common/layout.h"
 #include "gtest/gtest.h"
@@ -69,8 +71,26 @@ TEST(StreamedRoundTest, StreamsAChunkAheadAndClosesWithTheWholeUpdate) {
     EXPECT_EQ(m.contributors(), c == 1 ? 3u : 2u) << c;
   }
   EXPECT_EQ((*result.update)[1], sent) << "the streamed message is kept";
-  EXPECT_EQ(ChunkOf(anchor, 0), ChunkOf(anchor, 1))
-      << "every chunk took the same step";
+  // Every chunk, the short tail included, took the same step from the same
+  // start, and each message carries that chunk's update: the start plus
+  // the decoded payload is the chunk's new anchor, whose digest it names.
+  const float stepped = anchor[0];
+  EXPECT_NE(stepped, 1.0f);
+  for (uint32_t c = 0; c < 3; ++c) {
+    SCOPED_TRACE(c);
+    const std::vector<float> now = ChunkOf(anchor, c);
+    EXPECT_EQ(now, std::vector<float>(now.size(), stepped));
+    const v1::OuterUpdate& m = *(*result.update)[c];
+    ASSERT_EQ(m.payload().size(), now.size() * sizeof(float));
+    std::vector<float> update(now.size());
+    common::Decode(common::Codec::kFp32, m.payload(), absl::MakeSpan(update));
+    const std::vector<float> from = ChunkOf(start, c);
+    for (size_t i = 0; i < now.size(); ++i) {
+      ASSERT_EQ(from[i] + update[i], now[i]) << "element " << i;
+    }
+    EXPECT_EQ(m.anchor_digest(), common::AnchorDigest(now));
+  }
+  EXPECT_EQ(ChunkOf(anchor, 2).size(), 100u) << "the tail chunk is short";
 }
 
 // Without keep_start a stepped chunk's start anchor is unknown: a fetch

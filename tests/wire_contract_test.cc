@@ -2,6 +2,7 @@
 // over real gRPC against a real shard: a Seed is all or nothing, a Fetch
 // before the anchor says whether to retry, and a body that is not the
 // request's encoding is INVALID_ARGUMENT on every RPC.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -18,13 +19,17 @@
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "server/service/aggregator_server.h"
+#include "server/job/job_registry.h"
+#include "server/job/job_shard.h"
 #include "tests/expect_status.h"
+#include "tests/wait_for.h"
 
 namespace co2 {
 namespace {
 
 using grpc::StatusCode;
 using testing::ExpectStatus;
+using testing::WaitFor;
 
 // Two chunks on one shard.
 constexpr size_t kParams = common::kChunkElements + 1000;
@@ -61,29 +66,38 @@ class WireContractTest : public ::testing::Test {
     return response;
   }
 
-  // Chunk `c` of an anchor whose every element is `value`.
-  static v1::AnchorChunk Chunk(uint32_t c, float value) {
+  // Chunk `c` of `anchor` (kParams values).
+  static v1::AnchorChunk Chunk(uint32_t c, const std::vector<float>& anchor) {
     v1::AnchorChunk chunk;
     chunk.set_job("j");
     chunk.set_worker_id("a");
     chunk.set_chunk_index(c);
-    const std::vector<float> values(common::ChunkRange(kParams, c).size(),
-                                    value);
-    chunk.set_payload(std::string(reinterpret_cast<const char*>(values.data()),
-                                  values.size() * sizeof(float)));
+    const common::Range r = common::ChunkRange(kParams, c);
+    chunk.set_payload(std::string(
+        reinterpret_cast<const char*>(anchor.data() + r.begin),
+        r.size() * sizeof(float)));
     return chunk;
   }
+  // Chunk `c` of an anchor whose every element is `value`.
+  static v1::AnchorChunk Chunk(uint32_t c, float value) {
+    return Chunk(c, std::vector<float>(kParams, value));
+  }
 
-  // A Seed stream of `chunks`, half-closed after them (or cancelled, with
-  // `cancel`); how it ended.
-  grpc::Status Seed(const std::vector<v1::AnchorChunk>& chunks,
-                    bool cancel = false) {
+  // The shard's anchor buffer for job "j" (what a seed wrote so far).
+  std::vector<float> ShardAnchor() {
+    auto job = server_->registry()->Find("j");
+    if (!job.ok()) return {};
+    uint64_t round = 0;
+    return (*job)->AnchorForTesting(&round);
+  }
+
+  // A Seed stream of `chunks`, half-closed after them; how it ended.
+  grpc::Status Seed(const std::vector<v1::AnchorChunk>& chunks) {
     grpc::ClientContext context;
     SetDeadline(&context);
     v1::SeedResponse response;
     auto writer = stub_->Seed(&context, &response);
     for (const v1::AnchorChunk& chunk : chunks) writer->Write(chunk);
-    if (cancel) context.TryCancel();
     writer->WritesDone();
     return writer->Finish();
   }
@@ -157,18 +171,46 @@ TEST_F(WireContractTest, ASeedCutOffPartWayLeavesNothingAndItsRetrySucceeds) {
   short_chunk.mutable_payload()->resize(12);
   ExpectStatus(Seed({Chunk(0, 1.0f), short_chunk}),
                StatusCode::INVALID_ARGUMENT, "12");
-  // Cancelled by the client after chunk 0.
-  EXPECT_EQ(Seed({Chunk(0, 1.0f)}, /*cancel=*/true).error_code(),
-            StatusCode::CANCELLED);
+  // Cancelled by the client after chunk 0, once the shard holds that chunk:
+  // the shard, not only the client, saw a seed cut off part-way.
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    v1::SeedResponse response;
+    auto writer = stub_->Seed(&context, &response);
+    ASSERT_TRUE(writer->Write(Chunk(0, 3.0f)));
+    const common::Range first = common::ChunkRange(kParams, 0);
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          const std::vector<float> held = ShardAnchor();
+          return held.size() == kParams &&
+                 std::all_of(held.begin() + first.begin,
+                             held.begin() + first.end,
+                             [](float v) { return v == 3.0f; });
+        },
+        absl::Seconds(10)))
+        << "the shard never held chunk 0 of the seed";
+    context.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), StatusCode::CANCELLED);
+  }
+  // Nothing of it counts: chunk 1 does not complete it, and there is no
+  // anchor to fetch.
+  ExpectStatus(Seed({Chunk(1, 3.0f)}), StatusCode::INVALID_ARGUMENT,
+               "chunk_index 1 out of order: expected 0");
   std::vector<float> anchor;
   ExpectStatus(Fetch("b", &anchor), StatusCode::UNAVAILABLE, "no anchor");
-  // The seeder's retry, the whole seed, succeeds; nothing of the broken
-  // ones is in the anchor.
-  const grpc::Status seeded = Seed({Chunk(0, 2.0f), Chunk(1, 2.0f)});
+  // The seeder's retry, the whole seed, succeeds; the anchor is its bytes,
+  // each element in its place, and nothing of the broken seeds.
+  std::vector<float> retry(kParams);
+  for (size_t i = 0; i < kParams; ++i) retry[i] = 2.0f + 0.001f * i;
+  const grpc::Status seeded = Seed({Chunk(0, retry), Chunk(1, retry)});
   ASSERT_TRUE(seeded.ok()) << seeded.error_message();
   const grpc::Status fetched = Fetch("b", &anchor);
   ASSERT_TRUE(fetched.ok()) << fetched.error_message();
-  EXPECT_EQ(anchor, std::vector<float>(kParams, 2.0f));
+  ASSERT_EQ(anchor.size(), kParams);
+  EXPECT_EQ(std::memcmp(anchor.data(), retry.data(), kParams * sizeof(float)),
+            0);
+  EXPECT_EQ(ShardAnchor(), retry);
 }
 
 TEST_F(WireContractTest, AFetchBeforeTheAnchorSaysWhetherToRetry) {

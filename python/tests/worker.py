@@ -5,9 +5,12 @@ tests check (losses, the final parameters' hash, counters, or the error)."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
+import threading
+import time
 
 import torch
 
@@ -17,6 +20,43 @@ import fashion_mnist  # noqa: E402
 import co2  # noqa: E402
 from digest import params_digest  # noqa: E402
 
+
+class _ReportingExchange:
+    """The optimizer's C++ exchange, reporting {"event": "boundary", "round":
+    r} once the worker is inside the boundary call of round r (the call that
+    pushes and waits for an update), so that a test knows where it is.
+
+    A thread watches the main thread's innermost frame: that thread runs only
+    while the main thread has let go of the GIL, and the main thread lets go
+    of it on the line of the call only inside the call (a Python line is
+    interrupted only at a call's return or a loop's jump)."""
+
+    def __init__(self, inner) -> None:
+        self._inner = inner
+        self._round = None
+        self._main = threading.main_thread().ident
+        lines, first = inspect.getsourcelines(_ReportingExchange.boundary)
+        self._call_line = first + next(i for i, line in enumerate(lines)
+                                       if "self._inner.boundary(" in line)
+        threading.Thread(target=self._report, daemon=True).start()
+
+    def __getattr__(self, name: str):
+        return getattr(self._inner, name)
+
+    def boundary(self, round_: int, *args):
+        self._round = round_
+        return self._inner.boundary(round_, *args)
+
+    def _report(self) -> None:
+        reported = set()
+        while True:
+            frame = sys._current_frames().get(self._main)
+            round_ = self._round
+            if (frame is not None and frame.f_code is _ReportingExchange.boundary.__code__
+                    and frame.f_lineno == self._call_line and round_ not in reported):
+                print(json.dumps({"event": "boundary", "round": round_}), flush=True)
+                reported.add(round_)
+            time.sleep(0.005)  # a poll period; the process ends this thread
 
 
 def main() -> int:
@@ -43,6 +83,9 @@ def main() -> int:
     ap.add_argument("--state", default="", help="where to save it ({worker}: the index)")
     ap.add_argument("--wait_for_go", action="store_true",
                     help="after joining, wait for a line on stdin before training")
+    ap.add_argument("--report_boundaries", action="store_true",
+                    help='print {"event": "boundary", "round": r} once inside each '
+                         "boundary call (the one that waits for an update)")
     args = ap.parse_args()
     args.state = args.state.format(worker=args.worker)
     args.resume = args.resume.format(worker=args.worker)
@@ -65,6 +108,8 @@ def main() -> int:
         if args.resume:
             opt.load_state_dict(torch.load(args.resume))
         opt.connect()
+        if args.report_boundaries:
+            opt._exchange = _ReportingExchange(opt._exchange)
         print(json.dumps({"event": "joined", "start_round": opt.round}), flush=True)
         if args.wait_for_go:
             sys.stdin.readline()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -102,15 +103,24 @@ def test_localsgd_at_tau_1_is_the_inner_optimizer_alone():
             opt.zero_grad()
             torch.nn.functional.mse_loss(model(x[i:i + 8]), y[i:i + 8]).backward()
             opt.step()
+        stats = None
         if wrap:
             opt.finish()
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            stats = dict(opt.stats(), anchor_round=opt.anchor_round)
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]), stats
 
-    plain = train(None)
+    plain, _ = train(None)
     with co2.local_aggregator(num_shards=1) as agg:
-        wrapped = train(lambda model, inner: co2.Optimizer(
+        wrapped, stats = train(lambda model, inner: co2.Optimizer(
             model.parameters(), inner, tau=1, rounds=8, algo="localsgd",
             aggregators=agg.addresses, job="tau1"))
+    # The 8 rounds happened through the shard: each step ended a round, sent
+    # its delta (9 fp32 values) and took the round's update (no staleness:
+    # round 7's is A_8).
+    assert stats["round"] == 8 and stats["steps"] == 8, stats
+    assert stats["anchor_round"] == 8, stats
+    assert stats["bytes_sent"] >= 8 * 9 * 4, stats
+    assert stats["bytes_received"] >= 8 * 9 * 4, stats
     # Not bit for bit: the worker sends Δ = A − x and gets back A − Δ, and
     # fp32 rounds A − x wherever A and x differ by more than a factor of 2
     # (Sterbenz), e.g. a weight that crosses zero: a few ulps.
@@ -119,8 +129,12 @@ def test_localsgd_at_tau_1_is_the_inner_optimizer_alone():
 
 def test_a_python_and_a_cpp_worker_end_bit_identical(tmp_path):
     train = binary("bin", "co2-train")
+    checkpoint = binary("bin", "co2-checkpoint")
     rounds, tau, batch = 10, 4, 32
-    with co2.local_aggregator(num_shards=2) as agg:
+    shards_dir, run_dir = tmp_path / "shards", tmp_path / "run"
+    shards_dir.mkdir()
+    run_dir.mkdir()
+    with co2.local_aggregator(num_shards=2, checkpoint_dir=str(shards_dir)) as agg:
         # co2-train runs as its own one-worker fleet (worker-0, all data);
         # the Python worker is worker-1 of a 2-way data split.
         py = start_worker(["--aggregators", ",".join(agg.addresses), "--job", "mixed",
@@ -131,7 +145,7 @@ def test_a_python_and_a_cpp_worker_end_bit_identical(tmp_path):
             [train, "--role=worker", "--worker=0", "--workers=1", "--job=mixed",
              f"--aggregators={','.join(agg.addresses)}", f"--tau={tau}",
              f"--steps={rounds * tau}", f"--batch_size={batch}", "--threads=1",
-             "--alpha=0.5", "--beta=0", "--eval_every=0", f"--run_dir={tmp_path}"],
+             "--alpha=0.5", "--beta=0", "--eval_every=0", f"--run_dir={run_dir}"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         # Both are members before either pushes round 0, so every round
         # averages both.
@@ -143,11 +157,19 @@ def test_a_python_and_a_cpp_worker_end_bit_identical(tmp_path):
     assert cpp.returncode == 0, cpp_err[-3000:]
     assert "error" not in r, r
     assert r["stats"]["round"] == rounds
-    # Both checked their final anchor (round rounds + 1) against the shards'
-    # bit for bit (verify_final_anchor, on by default in both): they hold the
-    # same parameters.
     assert r["anchor_round"] == rounds + 1
-    assert "final anchor" not in cpp_err
+    # The two final models, hashed the same way, are the same bits, and they
+    # are the anchor in the shards' checkpoints.
+    with open(run_dir / "rank-0-0.json") as f:
+        cpp_report = json.load(f)
+    assert r["fnv1a"] == cpp_report["final_hash"]
+    shards = subprocess.run(
+        [checkpoint, *(str(shards_dir / f"mixed.shard-{i}-of-2.ckpt") for i in range(2))],
+        capture_output=True, text=True, timeout=60)
+    assert shards.returncode == 0, shards.stderr[-2000:]
+    last = dict(field.split("=", 1) for field in shards.stdout.splitlines()[-1].split())
+    assert last["rounds_closed"] == str(rounds), last
+    assert last["anchor_fnv1a"] == r["fnv1a"], (last, r["fnv1a"])
 
 
 def test_a_worker_whose_shard_dies_gets_co2_error():

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples
 import fashion_mnist  # noqa: E402
 
 import co2  # noqa: E402
-from digest import params_digest  # noqa: E402
+from digest import params_digest, params_fnv1a  # noqa: E402
 
 
 class _ReportingExchange:
@@ -132,7 +132,8 @@ def main() -> int:
                 break
         if not opt.left:
             opt.finish()
-        result.update(losses=losses, digest=params_digest(model), stats=opt.stats(),
+        result.update(losses=losses, digest=params_digest(model),
+                      fnv1a=params_fnv1a(model), stats=opt.stats(),
                       anchor_round=opt.anchor_round, left=opt.left)
     except co2.Error as e:
         result.update(error_code=e.code, error=e.message)

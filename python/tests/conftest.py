@@ -74,7 +74,9 @@ def wait_for_live_workers(addresses: Sequence[str], job: str, count: int,
 
 
 def binary(*parts: str) -> str:
+    """A program of the build (CO2_BUILD_DIR); a test that needs one the
+    build did not make fails: a skip would let the suite pass without it."""
     path = os.path.join(BUILD_DIR, *parts)
     if not os.access(path, os.X_OK):
-        pytest.skip(f"{path} is not built")
+        pytest.fail(f"{path} is not built (CO2_BUILD_DIR={BUILD_DIR}): build it first")
     return path

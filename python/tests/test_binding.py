@@ -26,9 +26,13 @@ def test_every_field_round_trips_through_the_proto():
                             penalty_lambda=2.5, clip="adaptive", clip_value=1.5,
                             downlink_codec="bf16", min_workers=3, round_timeout_ms=1234,
                             max_staleness=0, tau=48, rounds=77, num_parameters=1000,
-                            num_shards=4, deterministic=True)
+                            num_shards=4, deterministic=True, momentum_period=6,
+                            protocol_version=9)
     values = changed.to_dict()
     assert {f.name for f in dataclasses.fields(co2.JobConfig)} == set(values)
+    # Every field off its default, so that one the binding drops shows.
+    defaults = co2.JobConfig().to_dict()
+    assert [n for n in values if values[n] == defaults[n]] == [], defaults
     back = _core.job_config_round_trip(values)
     assert back.keys() == values.keys()
     for name, value in values.items():

@@ -125,7 +125,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-fail() { log "FAIL: $*"; exit 1; }
+# To stderr: a fail inside $(...) (check) still reaches the log.
+fail() { log "FAIL: $*" >&2; exit 1; }
 
 # start_shard INDEX PORT: PORT 0 picks a free one (remembered for restarts).
 start_shard() {
@@ -150,6 +151,21 @@ restart_shard() {
   local i=$1 starts
   starts=$(grep -c "listening on port" "$WORK/shard$i.log")
   start_shard "$i" "${SHARD_PORT[$i]}" "$starts"
+}
+
+# restored_round SHARD JOB: the round at which the shard's last start
+# restored JOB from its checkpoint (rounds_closed); empty if that start did
+# not restore it as an open job (it was finished, or not there).
+restored_round() {
+  local log=$WORK/shard$1.log
+  # A start logs its restores before it listens: the last start's are the
+  # lines between the last two "listening on port" lines.
+  awk -v job="$2" '
+    /listening on port/ { last = found; found = "" }
+    $0 ~ ("restored job " job " at round ") {
+      for (i = 1; i <= NF; ++i) if ($i == "round") found = $(i + 1)
+    }
+    END { print last }' "$log"
 }
 
 # kill_with_journal SHARD JOB: kill -9 the shard as soon as its round journal
@@ -295,7 +311,12 @@ case $SCENARIO in
       wait "${SHARD_PID[$shard]}" 2>/dev/null || true
       sleep 1
       restart_shard "$shard"
-      log "shard $shard restarted from its checkpoint on port ${SHARD_PORT[$shard]}"
+      # The kill must land in the running job, before its last round
+      # closed: else this was an undisturbed run.
+      at=$(restored_round "$shard" fault)
+      [[ -n $at ]] && (( at < ROUNDS )) ||
+        fail "shard $shard did not restore job fault before its last round (restored at '${at}' of $ROUNDS rounds): training ended before the kill"
+      log "shard $shard restarted from its checkpoint at round $at on port ${SHARD_PORT[$shard]}"
     done
     finish_training fault
     grep -q "restored job fault" "$WORK/shard0.log" "$WORK/shard1.log" ||
@@ -419,6 +440,13 @@ case $SCENARIO in
     grep -q "resumed the job at round" "$WORK"/run-fault/rank-*.log ||
       fail "no worker log says it resumed"
     log "$(grep -ho 'resumed the job at round [0-9]*' "$WORK"/run-fault/rank-*.log | sort -u | tr '\n' ' ')"
+    # The kill landed before the last round: the job resumed with rounds
+    # left to train (else this was an undisturbed run).
+    for at in $(grep -ho 'resumed the job at round [0-9]*' "$WORK"/run-fault/rank-*.log |
+                awk '{print $NF}'); do
+      (( at < ROUNDS )) ||
+        fail "a worker resumed at round $at of $ROUNDS: training ended before the kill"
+    done
     [[ $(anchor_hash base) == "$(anchor_hash fault)" ]] ||
       fail "the resumed job's final model differs from the undisturbed run's"
     ;;

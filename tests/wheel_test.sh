@@ -82,7 +82,7 @@ if ! podman image exists "$BASE_IMAGE"; then
     'RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-pip python3-venv && rm -rf /var/lib/apt/lists/*' \
     >"$WORK/Containerfile"
   timeout 1200 podman --runtime="$RUNTIME" build -f "$WORK/Containerfile" -t "$BASE_IMAGE" \
-    "$WORK" >&2 || fail "podman build of $BASE_IMAGE failed"
+    "$WORK" >"$WORK/base.log" 2>&1 || { cat "$WORK/base.log" >&2; fail "podman build of $BASE_IMAGE failed"; }
 fi
 cp "$wheel" "$SRC/python/tests/wheel_job.py" "$WORK/"
 cat >"$WORK/inside.sh" <<'EOF'

@@ -70,9 +70,10 @@ class JobConfig:
 
     def __post_init__(self) -> None:
         # A bad setting is a ValueError here, as torch.optim's constructors
-        # raise; the model's size against the shards is checked once the
-        # optimizer has filled both in (validate()).
+        # raise; the fields the optimizer fills in (the protocol, the model's
+        # size against the shards) are checked once it has (validate()).
         values = self.to_dict()
+        values["protocol_version"] = _core.protocol_version()
         values["num_shards"] = 1
         values["num_parameters"] = _ANY_PARAMETERS
         _core.validate_job_config(values)

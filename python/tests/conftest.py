@@ -16,6 +16,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD_DIR = os.environ.get("CO2_BUILD_DIR", os.path.join(HERE, "..", "..", "build"))
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Names the torch and Python the suite ran on (make test runs it on two
+    torches), also under -q."""
+    import torch
+    terminalreporter.write_line(f"co2 suite on torch {torch.__version__}, Python "
+                                f"{sys.version.split()[0]} ({sys.executable})")
+
+
 def start_worker(args: Sequence[str]) -> subprocess.Popen:
     """A tests/worker.py process with `args`."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")

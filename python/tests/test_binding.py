@@ -22,11 +22,11 @@ def test_job_config_has_every_proto_field_with_the_cpp_defaults():
 
 
 def test_every_field_round_trips_through_the_proto():
-    changed = co2.JobConfig(alpha=0.7, beta=0.9, momentum="nesterov", gap_penalty="gap_aware",
-                            penalty_lambda=2.5, clip="adaptive", clip_value=1.5,
-                            downlink_codec="bf16", min_workers=3, round_timeout_ms=1234,
-                            max_staleness=0, tau=48, rounds=77, num_parameters=1000,
-                            num_shards=4, deterministic=True, momentum_period=6,
+    changed = co2.JobConfig(alpha=0.7, beta=0.9, momentum="delayed_nesterov",
+                            momentum_period=6, gap_penalty="gap_aware", penalty_lambda=2.5,
+                            clip="adaptive", clip_value=1.5, downlink_codec="bf16",
+                            min_workers=3, round_timeout_ms=1234, max_staleness=0, tau=48,
+                            rounds=77, num_parameters=1000, num_shards=4, deterministic=True,
                             protocol_version=9)
     values = changed.to_dict()
     assert {f.name for f in dataclasses.fields(co2.JobConfig)} == set(values)

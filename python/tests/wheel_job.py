@@ -20,7 +20,7 @@ import torch
 
 import co2
 
-TAU, ROUNDS, BATCH = 4, 6, 32
+TAU, ROUNDS, BATCH = 4, 8, 32
 
 
 def worker(address: str, index: int) -> None:
@@ -28,11 +28,15 @@ def worker(address: str, index: int) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     g = torch.Generator().manual_seed(100 + index)  # each worker its own data
     x = torch.randn(TAU * ROUNDS * BATCH, 16, generator=g)
-    y = x.sum(dim=1, keepdim=True)
+    y = 0.25 * x.sum(dim=1, keepdim=True)
     inner = torch.optim.AdamW(model.parameters(), lr=1e-2)
     opt = co2.Optimizer(model.parameters(), inner, tau=TAU, rounds=ROUNDS,
                         aggregators=[address], job="wheel", worker_id=f"w{index}",
                         samples_per_step=BATCH)
+    # Both workers start at round 0: join, then wait for the job's go.
+    opt.connect()
+    print("joined", flush=True)
+    sys.stdin.readline()
     losses = []
     for step in range(TAU * ROUNDS):
         xb, yb = x[step * BATCH:(step + 1) * BATCH], y[step * BATCH:(step + 1) * BATCH]
@@ -44,9 +48,11 @@ def worker(address: str, index: int) -> None:
     opt.finish()  # raises unless the final anchor is the shards', bit for bit
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().contiguous().numpy().tobytes())
-    print(json.dumps({"digest": h.hexdigest(), "first_loss": losses[0],
-                      "last_loss": losses[-1], "round": opt.round}), flush=True)
+        # Bytes without numpy, which torch 2 does not install.
+        h.update(bytes(p.detach().contiguous().view(-1).view(torch.uint8).tolist()))
+    print(json.dumps({"digest": h.hexdigest(), "first_round_loss": sum(losses[:TAU]) / TAU,
+                      "last_round_loss": sum(losses[-TAU:]) / TAU, "round": opt.round}),
+          flush=True)
 
 
 def job() -> int:
@@ -54,7 +60,15 @@ def job() -> int:
     package = os.path.dirname(os.path.abspath(co2.__file__))
     with co2.local_aggregator() as agg:
         procs = [subprocess.Popen([sys.executable, __file__, "worker", agg.addresses[0], str(i)],
-                                  stdout=subprocess.PIPE, text=True) for i in range(2)]
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                 for i in range(2)]
+        for p in procs:  # every worker joined (each has its deadline to connect)
+            if p.stdout.readline().strip() != "joined":
+                print("a worker did not join", file=sys.stderr)
+                return 1
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
         results = []
         for p in procs:
             out, _ = p.communicate(timeout=300)
@@ -72,8 +86,8 @@ def job() -> int:
         problems.append("the two workers ended on different models")
     if any(r["round"] != ROUNDS for r in results):
         problems.append(f"a worker did not run {ROUNDS} rounds")
-    if any(r["last_loss"] >= 0.5 * r["first_loss"] for r in results):
-        problems.append("a worker's loss did not fall by half")
+    if any(r["last_round_loss"] >= 0.5 * r["first_round_loss"] for r in results):
+        problems.append("a worker's loss did not fall by half from its first round to its last")
     for problem in problems:
         print(f"wheel_job: {problem}", file=sys.stderr)
     return 1 if problems else 0

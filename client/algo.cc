@@ -16,6 +16,17 @@ absl::StatusOr<Algo> ParseAlgo(absl::string_view name) {
                    "' (expected co2, ddp, localsgd, slowmo, diloco)"));
 }
 
+absl::StatusOr<ApplyAt> ParseApplyAt(absl::string_view name) {
+  if (name == "boundary") return ApplyAt::kBoundary;
+  if (name == "arrival") return ApplyAt::kArrival;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown apply mode '", name, "' (expected boundary, arrival)"));
+}
+
+absl::string_view ApplyAtName(ApplyAt apply) {
+  return apply == ApplyAt::kArrival ? "arrival" : "boundary";
+}
+
 absl::string_view AlgoName(Algo algo) {
   switch (algo) {
     case Algo::kCo2:

@@ -42,6 +42,16 @@ struct OuterDefaults {
 };
 OuterDefaults OuterDefaultsOf(Algo algo);
 
+// When a co2 worker applies the update a round owes (AnchorExchange):
+//   boundary  at the round's boundary, a whole round after its Δ was sent;
+//   arrival   between inner steps, as soon as every shard has sent it
+//             (AnchorExchange::ApplyArrived), else at the boundary.
+enum class ApplyAt { kBoundary, kArrival };
+
+// "boundary" | "arrival"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<ApplyAt> ParseApplyAt(absl::string_view name);
+absl::string_view ApplyAtName(ApplyAt apply);
+
 // The momentum period N of delayed Nesterov momentum where the user sets
 // none (JobConfig.momentum_period).
 inline constexpr uint32_t kDefaultMomentumPeriod = 4;

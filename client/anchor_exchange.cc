@@ -243,9 +243,12 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
   absl::Status status;
   if (staleness_ == 1) {
     // U of round r−1 normally arrived while this round computed. Δ_r is taken
-    // against A_r, so the update is applied only after the push.
-    const std::optional<uint64_t> owed =
+    // against A_r, so the update is applied only after the push; when
+    // ApplyArrived applied it already, Δ_r is taken against A_{r+1}, which x
+    // moved with.
+    std::optional<uint64_t> owed =
         OwedUpdate(staleness_, options_.rounds, round);
+    if (owed && applied_early_ == owed) owed.reset();
     if (owed) status = AwaitUpdate(*owed, times);
     if (status.ok()) status = Push(round, steps, x, times);
     if (status.ok() && !eager_offset_.empty()) TakeEagerStep(round, x);
@@ -260,6 +263,38 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
   return absl::OkStatus();
 }
 
+bool AnchorExchange::UpdateArrived(uint64_t round) const {
+  const std::optional<uint64_t> owed =
+      OwedUpdate(staleness_, options_.rounds, round);
+  return owed && applied_early_ != owed && client_ != nullptr &&
+         client_->UpdateReady(*owed);
+}
+
+absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
+                                          ExchangeTimes& times) {
+  if (x.size() != anchor_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AnchorExchange::ApplyArrived: ", x.size(),
+                     " parameters, the job has ", anchor_.size()));
+  }
+  if (!UpdateArrived(round)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "AnchorExchange::ApplyArrived: round ", round,
+        " has no arrived update left to apply"));
+  }
+  const uint64_t owed = *OwedUpdate(staleness_, options_.rounds, round);
+  // x − s is the progress since the round's start; the start moves with A
+  // (with eager updates s = A + e, and e stays), so x ← (x − A) + A_new.
+  float* d = x.data();
+  const float* a = anchor_.data();
+  for (size_t i = 0; i < x.size(); ++i) d[i] -= a[i];
+  absl::Status status = Apply(owed, times);
+  if (!status.ok()) return Heal(std::move(status), x, times);
+  for (size_t i = 0; i < x.size(); ++i) d[i] += a[i];
+  applied_early_ = owed;
+  return absl::OkStatus();
+}
+
 absl::Status AnchorExchange::Drain(uint64_t owed, absl::Span<float> x,
                                    ExchangeTimes& times) {
   if (x.size() != anchor_.size()) {
@@ -267,8 +302,11 @@ absl::Status AnchorExchange::Drain(uint64_t owed, absl::Span<float> x,
         absl::StrCat("AnchorExchange::Drain: ", x.size(),
                      " parameters, the job has ", anchor_.size()));
   }
-  absl::Status status = AwaitUpdate(owed, times);
-  if (status.ok()) status = Apply(owed, times);
+  absl::Status status;
+  if (applied_early_ != owed) {
+    status = AwaitUpdate(owed, times);
+    if (status.ok()) status = Apply(owed, times);
+  }
   if (!status.ok()) return Heal(std::move(status), x, times);
   CopyAnchorTo(x);
   return absl::OkStatus();
@@ -297,9 +335,11 @@ absl::Status AnchorExchange::Heal(absl::Status failed, absl::Span<float> x,
   client_ = *std::move(connected);
   CO2_RETURN_IF_ERROR(client_->TrackAnchor(anchor_));
   CopyAnchorTo(x);
-  // The rejoined worker starts from the shards' anchor, with no Δ before.
+  // The rejoined worker starts from the shards' anchor, with no Δ before
+  // and every update before its round applied.
   std::fill(eager_offset_.begin(), eager_offset_.end(), 0.0f);
   std::fill(last_delta_.begin(), last_delta_.end(), 0.0f);
+  applied_early_.reset();
   times.healed_round = client_->start_round();
   times.heal_reason = reason;
   times.heal_time = options_.clock->Now() - start;

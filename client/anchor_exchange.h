@@ -21,6 +21,14 @@
 // for a round. Δ is then taken against the round's start point, A + e, so
 // the shards' mean holds each worker's inner progress only.
 //
+// Apply on arrival (ApplyArrived; docs/algorithm.md, "Applying an update
+// when it arrives"), staleness 1: the update a round owes may be applied
+// between its inner steps, as soon as every shard has sent it, instead of
+// at the round's boundary: A ← A + U and x ← A_new + (x − s), where s is
+// the round's start point (A, or A + e), so the steps already taken are
+// kept. The boundary then takes Δ against the new start point, which holds
+// the same progress, and applies nothing. The anchors stay the shards'.
+//
 // Memory: A (P floats) and the client's send and receive buffers; with eager
 // updates also e and the last Δ (2·P floats).
 // One thread calls everything; stats() of the client from any thread.
@@ -157,6 +165,18 @@ class AnchorExchange {
   // at round + 1 (the shards replay the update).
   absl::Status AwaitUpdate(uint64_t round, ExchangeTimes& times);
 
+  // Whether the update round `round` owes (OwedUpdate) has arrived from
+  // every shard and was not applied yet: the test between inner steps (one
+  // uncontended lock per shard). Always false with staleness 0.
+  bool UpdateArrived(uint64_t round) const;
+  // Applies that update now, inside round `round`: A ← A + U, and x (size P,
+  // the live parameters) ← x + (A_new − A_old), so x keeps the steps taken
+  // since the round's start. The round's Boundary then applies nothing.
+  // FAILED_PRECONDITION when UpdateArrived(round) is false. Heals as
+  // Boundary does (times.healed_round: x holds that round's anchor).
+  absl::Status ApplyArrived(uint64_t round, absl::Span<float> x,
+                            ExchangeTimes& times);
+
   // Checks A bit for bit against the shards' anchor of `anchor_round`
   // (DATA_LOSS naming both hashes), then leaves the job (best effort).
   absl::Status VerifyAnchor(uint64_t anchor_round);
@@ -193,6 +213,8 @@ class AnchorExchange {
   // last Δ pushed (zeros before the first and after a heal).
   std::vector<float> eager_offset_;
   std::vector<float> last_delta_;
+  // The owed update ApplyArrived applied before its round's boundary.
+  std::optional<uint64_t> applied_early_;
 };
 
 }  // namespace co2::client

@@ -193,6 +193,10 @@ TEST(Co2OptimizerTest, LocalSgdTauOneMatchesUnwrappedOptimizer) {
 struct ClosedFormCase {
   Algo algo;
   float beta;
+  // kArrival: after each round's first step the test waits for the owed
+  // update, so the next step at the latest applies it (the gradients are
+  // constant, so the progress and the anchors are those of the boundary).
+  ApplyAt apply = ApplyAt::kBoundary;
 };
 
 class ClosedFormTest : public ::testing::TestWithParam<ClosedFormCase> {};
@@ -232,6 +236,7 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
 
   std::vector<std::vector<float>> seen(kWorkers);
   std::vector<std::vector<uint64_t>> hashes(kWorkers);
+  std::vector<int> applied_early(kWorkers, 0);
   std::vector<std::string> errors(kWorkers);
   std::atomic<int> connected{0};
   RunThreads(kWorkers, [&](int i) {
@@ -252,6 +257,7 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
     options.tau = kTau;
     options.rounds = kRounds;
     options.hash_params = true;
+    options.apply = param.apply;
     auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
                                     std::move(*client), nullptr, nullptr);
     if (!opt.ok()) return void(errors[i] = opt.status().ToString());
@@ -261,6 +267,10 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
       (w * c).sum().backward();
       absl::Status s = (*opt)->Step();
       if (!s.ok()) return void(errors[i] = s.ToString());
+      if (param.apply == ApplyAt::kArrival && step % kTau == 0) {
+        s = (*opt)->AwaitOwedUpdateForTesting();
+        if (!s.ok()) return void(errors[i] = s.ToString());
+      }
       if (step % kTau == kTau - 1) {
         seen[i].push_back((*flat)->params()[0].item<float>());
         if (!AllEqual((*flat)->params(), seen[i].back())) {
@@ -273,6 +283,7 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
     seen[i].push_back((*flat)->params()[0].item<float>());
     for (const RoundStats& r : (*opt)->rounds()) {
       hashes[i].push_back(r.params_hash);
+      if (r.applied_after_steps > 0) ++applied_early[i];
     }
   });
   for (int i = 0; i < kWorkers; ++i) {
@@ -281,17 +292,23 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
         << "worker " << i;
   }
   EXPECT_EQ(hashes[0], hashes[1]);
+  // Every round but the first owes an update, applied before its boundary.
+  const int early = param.apply == ApplyAt::kArrival ? kRounds - 1 : 0;
+  EXPECT_THAT(applied_early, ::testing::Each(early));
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Algos, ClosedFormTest,
     ::testing::Values(ClosedFormCase{Algo::kCo2, 0.0f},
                       ClosedFormCase{Algo::kCo2, 0.5f},
+                      ClosedFormCase{Algo::kCo2, 0.5f, ApplyAt::kArrival},
                       ClosedFormCase{Algo::kLocalSgd, 0.0f},
                       ClosedFormCase{Algo::kSlowMo, 0.5f}),
     [](const auto& info) {
       return absl::StrCat(AlgoName(info.param.algo),
-                          info.param.beta > 0 ? "_momentum" : "");
+                          info.param.beta > 0 ? "_momentum" : "",
+                          info.param.apply == ApplyAt::kArrival ? "_arrival"
+                                                                : "");
     });
 
 // ---------------------------------------------------------------------------

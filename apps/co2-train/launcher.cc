@@ -327,6 +327,7 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"downlink_codec", options.downlink_codec},
           {"deterministic", options.deterministic ? "true" : "false"},
           {"eager", RunsEagerUpdates(options) ? "true" : "false"},
+          {"apply", options.apply},
           {"scale", options.scale},
           {"shards", absl::StrCat(options.shards)}};
 }

@@ -100,6 +100,9 @@ Struct RoundToStruct(const RankRound& r) {
   Put(s, "boundary_s", Num(r.boundary_s));
   Put(s, "bytes_sent", Num(static_cast<double>(r.bytes_sent)));
   Put(s, "params_hash", Str(r.params_hash));
+  if (r.applied_after_steps > 0) {
+    Put(s, "applied_after_steps", Num(r.applied_after_steps));
+  }
   if (r.healed_to) {
     Put(s, "healed_to", Num(static_cast<double>(*r.healed_to)));
     Put(s, "heal_reason", Str(r.heal_reason));
@@ -119,6 +122,7 @@ RankRound RoundFromStruct(const Struct& s) {
   r.boundary_s = GetNum(s, "boundary_s");
   r.bytes_sent = static_cast<uint64_t>(GetNum(s, "bytes_sent"));
   r.params_hash = GetStr(s, "params_hash");
+  r.applied_after_steps = static_cast<int>(GetNum(s, "applied_after_steps"));
   if (s.fields().count("healed_to")) {
     r.healed_to = static_cast<uint64_t>(GetNum(s, "healed_to"));
     r.heal_reason = GetStr(s, "heal_reason");

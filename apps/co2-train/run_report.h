@@ -28,6 +28,9 @@ struct RankRound {
   double boundary_s = 0;
   uint64_t bytes_sent = 0;
   std::string params_hash;  // hex, after the boundary
+  // --apply=arrival: the inner steps done when the round's owed update was
+  // applied; 0 when at the boundary (RoundStats::applied_after_steps).
+  int applied_after_steps = 0;
   // The worker healed at this boundary (co2-train --heal): the round it
   // continued at, and why.
   std::optional<uint64_t> healed_to;

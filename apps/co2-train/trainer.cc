@@ -217,6 +217,13 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
     return Bad("momentum", absl::StrCat("is '", options.momentum,
                                         "': diloco runs Nesterov momentum"));
   }
+  const absl::StatusOr<ApplyAt> apply = ParseApplyAt(options.apply);
+  if (!apply.ok()) return Bad("apply", std::string(apply.status().message()));
+  if (*apply == ApplyAt::kArrival && algo != Algo::kCo2) {
+    return Bad("apply", absl::StrCat("arrival is for co2, whose update arrives "
+                                     "while the next round computes; ",
+                                     options.algo, " waits for its update"));
+  }
   if (options.workers < 1)
     return Bad("workers", absl::StrCat("must be >= 1, got ", options.workers));
   if (options.local_ranks < 1) {
@@ -487,6 +494,8 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   if (RunsEagerUpdates(options)) {
     optimizer_options.eager_share = 1.0 / options.workers;
   }
+  // ValidateTrainerOptions parsed it.
+  optimizer_options.apply = ParseApplyAt(options.apply).value();
   if (client != nullptr && options.heal) {
     optimizer_options.reconnect = [client_options](absl::Span<float> anchor) {
       ClientOptions rejoin = client_options;
@@ -573,6 +582,7 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
       r.boundary_s = absl::ToDoubleSeconds(s.boundary);
       r.bytes_sent = s.bytes_sent;
       r.params_hash = Hex(s.params_hash);
+      r.applied_after_steps = s.applied_after_steps;
       r.healed_to = s.healed_to;
       if (s.heal_reason != nullptr) r.heal_reason = s.heal_reason;
       const size_t index = s.round + 1;

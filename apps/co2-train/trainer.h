@@ -91,6 +91,9 @@ struct TrainerOptions {
   // Eager updates (Co2OptimizerOptions::eager_share = 1/workers); co2 only:
   // the synchronous algorithms have no stale average to make up for.
   bool eager = false;
+  // co2: when a worker applies the update a round owes, "boundary" or
+  // "arrival" (Co2OptimizerOptions::apply).
+  std::string apply = "boundary";
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.
   bool rejoin = false;

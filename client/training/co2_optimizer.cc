@@ -84,6 +84,12 @@ absl::StatusOr<std::unique_ptr<Co2Optimizer>> Co2Optimizer::Create(
         absl::StrCat("Co2Optimizer: samples_per_step must be > 0, got ",
                      options.samples_per_step));
   }
+  if (options.apply == ApplyAt::kArrival && options.algo != Algo::kCo2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Co2Optimizer: apply=arrival is for co2, whose update arrives while "
+        "the next round computes; ",
+        AlgoName(options.algo), " waits for its update at the boundary"));
+  }
   std::unique_ptr<Co2Optimizer> opt(new Co2Optimizer(
       options, flat, inner, std::move(client), local, global));
   CO2_RETURN_IF_ERROR(opt->Init());
@@ -197,11 +203,7 @@ absl::Status Co2Optimizer::RestoreCheckpoint() {
 }
 
 absl::Status Co2Optimizer::SaveCheckpoint(RoundStats& stats) {
-  if (exchange_ == nullptr || options_.checkpoint_every <= 0 ||
-      !options_.save_checkpoint || resuming_ ||
-      (round_ + 1) % options_.checkpoint_every != 0) {
-    return absl::OkStatus();
-  }
+  if (!CheckpointDue()) return absl::OkStatus();
   // Once the previous round's update is here, every contribution before
   // this round's is in on the shards: a resume needs only this round's Δ.
   const std::optional<uint64_t> owed =
@@ -292,25 +294,69 @@ absl::Status Co2Optimizer::Step() {
   current_.compute += clock->Now() - start;
   ++current_.steps;
   ++steps_;
+  absl::Status exchanged = absl::OkStatus();
   if (++steps_in_round_ == options_.tau) {
-    absl::Status boundary = Boundary();
-    if (!boundary.ok()) {
-      broken_ = true;
-      return boundary;
-    }
+    exchanged = Boundary();
+  } else if (options_.apply == ApplyAt::kArrival && !applied_this_round_) {
+    exchanged = ApplyIfArrived();
   }
-  return absl::OkStatus();
+  if (!exchanged.ok()) broken_ = true;
+  return exchanged;
 }
 
-absl::Status Co2Optimizer::ExchangeAndBroadcast(std::optional<uint64_t> owed,
-                                                RoundStats& stats) {
+absl::Status Co2Optimizer::AwaitOwedUpdateForTesting() {
+  if (exchange_ == nullptr) return absl::OkStatus();
+  const std::optional<uint64_t> owed =
+      OwedUpdate(exchange_->staleness(), options_.rounds, round_);
+  if (!owed) return absl::OkStatus();
+  ExchangeTimes times;
+  return exchange_->AwaitUpdate(*owed, times);
+}
+
+bool Co2Optimizer::CheckpointDue() const {
+  return exchange_ != nullptr && options_.checkpoint_every > 0 &&
+         options_.save_checkpoint && !resuming_ &&
+         (round_ + 1) % options_.checkpoint_every == 0;
+}
+
+absl::Status Co2Optimizer::ApplyIfArrived() {
+  // The checkpoint of this boundary holds A_r and x against it.
+  bool arrived = exchange_ != nullptr && !CheckpointDue() &&
+                 exchange_->UpdateArrived(round_);
+  if (local_ != nullptr && local_->size() > 1) {
+    float decided = arrived ? 1.0f : 0.0f;
+    CO2_RETURN_IF_ERROR(local_->Broadcast(&decided, 1, 0));
+    arrived = decided > 0;
+  }
+  if (!arrived) return absl::OkStatus();
+  RoundStats& stats = current_;
+  const absl::Time start = options_.clock->Now();
+  CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(
+      [&](absl::Span<float> x, ExchangeTimes& times) {
+        return exchange_->ApplyArrived(round_, x, times);
+      },
+      stats));
+  stats.boundary += options_.clock->Now() - start;
+  applied_this_round_ = true;
+  stats.applied_after_steps = steps_in_round_;
+  if (!stats.healed_to) return absl::OkStatus();
+  // The leader healed: the round ends here, at the shards' round.
+  RoundStats healed = stats;
+  healed.round = round_;
+  anchor_round_ = *healed.healed_to;
+  return EndRound(healed);
+}
+
+absl::Status Co2Optimizer::ExchangeAndBroadcast(
+    absl::FunctionRef<absl::Status(absl::Span<float>, ExchangeTimes&)>
+        exchange,
+    RoundStats& stats) {
   if (exchange_ != nullptr) {
     absl::Status status = absl::OkStatus();
     try {
       absl::Span<float> x = HostParams();
       ExchangeTimes times;
-      status = owed ? exchange_->Drain(*owed, x, times)
-                    : exchange_->Boundary(round_, steps_in_round_, x, times);
+      status = exchange(x, times);
       stats.exposed_comm += times.exposed_comm;
       stats.push += times.push;
       stats.bytes_sent += times.bytes_sent;
@@ -349,15 +395,24 @@ absl::Status Co2Optimizer::Boundary() {
   const absl::Time start = options_.clock->Now();
   if (uses_aggregator_) {
     CO2_RETURN_IF_ERROR(SaveCheckpoint(stats));
-    CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(std::nullopt, stats));
+    CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(
+        [&](absl::Span<float> x, ExchangeTimes& times) {
+          return exchange_->Boundary(round_, steps_in_round_, x, times);
+        },
+        stats));
     anchor_round_ = stats.healed_to.value_or(round_ + 1);
   }
-  stats.boundary = options_.clock->Now() - start;
+  stats.boundary += options_.clock->Now() - start;
+  return EndRound(stats);
+}
+
+absl::Status Co2Optimizer::EndRound(RoundStats stats) {
   if (options_.hash_params) {
     CO2_ASSIGN_OR_RETURN(stats.params_hash, BoundaryHash());
   }
   rounds_.push_back(stats);
   current_ = RoundStats();
+  applied_this_round_ = false;
   // A healed worker holds the anchor that starts the round it rejoined at.
   round_ = stats.healed_to.value_or(round_ + 1);
   steps_in_round_ = 0;
@@ -398,7 +453,11 @@ absl::Status Co2Optimizer::End(bool leaving) {
     RoundStats drain;
     drain.round = round_;
     const absl::Time start = options_.clock->Now();
-    status = ExchangeAndBroadcast(owed, drain);
+    status = ExchangeAndBroadcast(
+        [&](absl::Span<float> x, ExchangeTimes& times) {
+          return exchange_->Drain(*owed, x, times);
+        },
+        drain);
     owed.reset();
     if (status.ok()) {
       anchor_round_ = drain.healed_to.value_or(round_ + 1);

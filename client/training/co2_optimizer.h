@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -104,6 +105,13 @@ struct Co2OptimizerOptions {
   // client/anchor_exchange.h): this worker's share of a round's mean, e.g.
   // 1/M for M workers; 0: off.
   double eager_share = 0;
+  // co2 only: when the update a round owes is applied (client/algo.h). With
+  // kArrival the local leader tests for it after every inner step but the
+  // round's last and applies it there (AnchorExchange::ApplyArrived); with
+  // several local ranks it broadcasts its decision every step, so that all
+  // apply it at the same step. A round whose boundary saves a checkpoint
+  // applies it at the boundary.
+  ApplyAt apply = ApplyAt::kBoundary;
   // Aggregator algorithms: every `checkpoint_every` rounds (0: never) the
   // local leader passes a WorkerCheckpoint to `save_checkpoint` (a failure
   // fails the boundary). With co2 it first waits for the previous round's
@@ -134,6 +142,9 @@ struct RoundStats {
   // Anchor ranges that differed from their shard's digest when this
   // boundary applied an update, and were fetched again.
   uint64_t anchor_mismatches = 0;
+  // ApplyAt::kArrival: the inner steps of this round done when its owed
+  // update was applied; 0 when it was applied at the boundary (or none).
+  int applied_after_steps = 0;
   // This boundary healed (Co2OptimizerOptions::reconnect): the round it
   // moved this rank to and, on the local leader, why (HealReasonOf) and how
   // long from the failure to the shards' anchor.
@@ -215,6 +226,10 @@ class Co2Optimizer {
   MemoryReport Memory() const;
   // FNV-1a over the bytes of the live parameters (common/fnv_hash.h).
   uint64_t ParamsHash() const;
+  // Test seam: the local leader waits (update_timeout) until the update the
+  // current round owes has arrived, without applying it, so that the next
+  // Step's ApplyAt::kArrival test finds it there. OK on other ranks.
+  absl::Status AwaitOwedUpdateForTesting();
 
  private:
   Co2Optimizer(const Co2OptimizerOptions& options, FlatParams* flat,
@@ -233,8 +248,19 @@ class Co2Optimizer {
   // device; then x is broadcast to the local ranks, with the round the leader
   // healed to, if it did, into every local rank's stats.healed_to, and
   // whether it leaves now, into leave_now_.
-  absl::Status ExchangeAndBroadcast(std::optional<uint64_t> owed,
-                                    RoundStats& stats);
+  absl::Status ExchangeAndBroadcast(
+      absl::FunctionRef<absl::Status(absl::Span<float>, ExchangeTimes&)>
+          exchange,
+      RoundStats& stats);
+  // ApplyAt::kArrival, after an inner step that does not end the round: the
+  // leader applies the round's owed update if it has arrived, and its local
+  // ranks take x from it at the same step.
+  absl::Status ApplyIfArrived();
+  // Ends the round in `stats` (its boundary done, or a heal): records it and
+  // moves to the next round, or to the one the leader healed to.
+  absl::Status EndRound(RoundStats stats);
+  // The local leader saves a WorkerCheckpoint at this round's boundary.
+  bool CheckpointDue() const;
   absl::Span<float> HostParams();
   // x <- `host` (all of x, on the host), wherever x lives. Throws what
   // LibTorch throws.
@@ -269,6 +295,7 @@ class Co2Optimizer {
   bool leave_now_ = false;  // every rank: the leader leaves at this boundary
   bool left_ = false;
   bool resuming_ = false;  // the boundary a WorkerCheckpoint was taken at
+  bool applied_this_round_ = false;  // ApplyAt::kArrival: the owed update
   RoundStats current_;
   std::vector<RoundStats> rounds_;
 };

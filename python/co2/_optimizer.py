@@ -112,6 +112,14 @@ class Optimizer(torch.optim.Optimizer):
             share of a round's mean, 1/M for M workers of equal weight; each
             round then starts from the anchor plus the eager update of this
             worker's own latest Δ. 0 (the default): off.
+        apply: co2 only: when the update a round owes is applied.
+            ``"boundary"`` (the default): at the end of the round it arrives
+            in, a whole round after its Δ was sent. ``"arrival"``: after the
+            inner step it has arrived by (local rank 0 tests for it after
+            every step and, with several ranks, broadcasts its decision),
+            keeping the steps taken since the round's start; at the boundary
+            when it is later (docs/algorithm.md, "Applying an update when it
+            arrives").
 
     Raises:
         ValueError: a bad argument or config value, naming it.
@@ -143,6 +151,7 @@ class Optimizer(torch.optim.Optimizer):
         update_timeout: float = 300.0,
         verify_final_anchor: bool = True,
         eager_share: float = 0.0,
+        apply: str = "boundary",
     ) -> None:
         # ValueError for an algorithm the C++ side does not run with shards.
         outer_defaults = _core.outer_defaults(algo)
@@ -160,6 +169,15 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError("aggregators is empty: give host:port of every shard")
         if not job:
             raise ValueError("job is empty")
+        if apply not in ("boundary", "arrival"):
+            raise ValueError(f"apply must be 'boundary' or 'arrival', got {apply!r}")
+        if apply == "arrival" and algo != "co2":
+            raise ValueError(f"apply='arrival' is for co2, whose update arrives while the next "
+                             f"round computes; {algo} waits for its update at the boundary")
+        self._apply_on_arrival = apply == "arrival"
+        self._applied_this_round = False
+        self._steps_at_apply = 0
+        self._applied_after_steps: List[int] = []
         self._params = _param_list(params)
         self._inner = inner
         self.tau = tau
@@ -305,6 +323,8 @@ class Optimizer(torch.optim.Optimizer):
             self._steps_in_round += 1
             if self._steps_in_round == self.tau:
                 self._boundary()
+            elif self._apply_on_arrival and not self._applied_this_round:
+                self._apply_if_arrived()
         except BaseException:
             self._broken = True
             raise
@@ -495,9 +515,13 @@ class Optimizer(torch.optim.Optimizer):
         return self._client_stats().get("bytes_received", 0)
 
     def stats(self) -> Dict[str, Any]:
-        """Counters: round, steps, exposed_comm_s, bytes_sent, bytes_received, reconnects."""
+        """Counters: round, steps, exposed_comm_s, bytes_sent, bytes_received,
+        reconnects, and with ``apply="arrival"`` applied_after_steps: per
+        round, the inner steps done when its owed update was applied (0: at
+        the boundary)."""
         client = self._client_stats()
         return {
+            "applied_after_steps": list(self._applied_after_steps),
             "round": self._round,
             "steps": self._steps,
             "exposed_comm_s": self._exposed_comm,
@@ -532,6 +556,29 @@ class Optimizer(torch.optim.Optimizer):
         self._anchor_round = self._round + 1
         self._round += 1
         self._steps_in_round = 0
+        if self._apply_on_arrival:
+            self._applied_after_steps.append(
+                self._steps_at_apply if self._applied_this_round else 0)
+        self._applied_this_round = False
+
+    def _apply_if_arrived(self) -> None:
+        # The leader decides; with several ranks its decision reaches all of
+        # them at this step, so that they apply it at the same step.
+        arrived = self._exchange is not None and self._exchange.update_arrived(self._round)
+        if self._group_size > 1:
+            flag = torch.tensor([1 if arrived else 0], dtype=torch.int32,
+                                device=self._params[0].device)
+            dist.broadcast(flag, src=self._leader_rank, group=self._group)
+            arrived = bool(flag.item())
+        if not arrived:
+            return
+        if self._exchange is not None:
+            self._host.gather()
+            self._exchange.apply_arrived(self._round, self._host.address, self._host.numel)
+            self._host.scatter()
+        self._broadcast_params()
+        self._applied_this_round = True
+        self._steps_at_apply = self._steps_in_round
 
     def _average_grads(self) -> None:
         grads = [p.grad for p in self._params if p.grad is not None]

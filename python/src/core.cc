@@ -327,36 +327,31 @@ class Exchange {
   }
 
   py::dict Boundary(uint64_t round, int steps, uintptr_t x, size_t numel) {
-    client::ExchangeTimes times;
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = exchange_->Boundary(round, steps, Buffer(x, numel), times);
-    }
-    CheckInterruptible(status);
-    return Times(times);
+    return Timed([&](client::ExchangeTimes& times) {
+      return exchange_->Boundary(round, steps, Buffer(x, numel), times);
+    });
   }
 
   py::dict Drain(uint64_t owed, uintptr_t x, size_t numel) {
-    client::ExchangeTimes times;
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = exchange_->Drain(owed, Buffer(x, numel), times);
-    }
-    CheckInterruptible(status);
-    return Times(times);
+    return Timed([&](client::ExchangeTimes& times) {
+      return exchange_->Drain(owed, Buffer(x, numel), times);
+    });
+  }
+
+  bool UpdateArrived(uint64_t round) const {
+    return exchange_->UpdateArrived(round);
+  }
+
+  py::dict ApplyArrived(uint64_t round, uintptr_t x, size_t numel) {
+    return Timed([&](client::ExchangeTimes& times) {
+      return exchange_->ApplyArrived(round, Buffer(x, numel), times);
+    });
   }
 
   py::dict AwaitUpdate(uint64_t round) {
-    client::ExchangeTimes times;
-    absl::Status status;
-    {
-      py::gil_scoped_release release;
-      status = exchange_->AwaitUpdate(round, times);
-    }
-    CheckInterruptible(status);
-    return Times(times);
+    return Timed([&](client::ExchangeTimes& times) {
+      return exchange_->AwaitUpdate(round, times);
+    });
   }
 
   void VerifyAnchor(uint64_t anchor_round) {
@@ -434,6 +429,20 @@ class Exchange {
   }
 
  private:
+  // Runs one exchange call with the GIL released and returns its times; a
+  // failure (Ctrl-C included) is raised.
+  template <typename Call>
+  py::dict Timed(Call call) {
+    client::ExchangeTimes times;
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = call(times);
+    }
+    CheckInterruptible(status);
+    return Times(times);
+  }
+
   std::unique_ptr<AnchorExchange> exchange_;
 };
 
@@ -499,6 +508,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("x"), py::arg("numel"))
       .def("drain", &Exchange::Drain, py::arg("owed"), py::arg("x"),
            py::arg("numel"))
+      .def("update_arrived", &Exchange::UpdateArrived, py::arg("round"))
+      .def("apply_arrived", &Exchange::ApplyArrived, py::arg("round"),
+           py::arg("x"), py::arg("numel"))
       .def("await_update", &Exchange::AwaitUpdate, py::arg("round"))
       .def("verify_anchor", &Exchange::VerifyAnchor, py::arg("anchor_round"))
       .def("leave", &Exchange::Leave)

@@ -33,6 +33,55 @@ def test_two_workers_learn_and_end_on_the_shards_anchor():
     assert out[0]["digest"] == out[1]["digest"]
 
 
+def test_workers_applying_on_arrival_end_on_the_shards_anchor():
+    with co2.local_aggregator(num_shards=2) as agg:
+        out = _run_together(agg, "arrival", 2, "--rounds", "20", "--tau", "8",
+                            "--eager_share", "0.5", "--apply", "arrival")
+    for r in out:
+        assert "error" not in r, r
+        first, last = sum(r["losses"][:8]) / 8, sum(r["losses"][-8:]) / 8
+        assert last < 0.8 * first, (first, last)
+        assert r["anchor_round"] == 21
+        assert len(r["stats"]["applied_after_steps"]) == 20
+    # verify_final_anchor checked each worker against the shards bit for bit.
+    assert out[0]["digest"] == out[1]["digest"]
+
+
+def test_an_update_that_arrived_is_applied_after_the_next_step():
+    lr = 0.05
+    with co2.local_aggregator() as agg:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 1))
+        inner = torch.optim.SGD(model.parameters(), lr=lr)
+        opt = co2.Optimizer(model.parameters(), inner, tau=4, rounds=5,
+                            aggregators=agg.addresses, job="mid-round", apply="arrival")
+        x, y = torch.randn(64, 8), torch.randn(64, 1)
+        flat = lambda ts: torch.cat([t.detach().reshape(-1) for t in ts])  # noqa: E731
+        for step in range(20):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            first_of_round = step % 4 == 0 and step > 0
+            if first_of_round:
+                # The update this round owes is here before its first step,
+                # which then applies it on top of that step's progress.
+                opt._exchange.await_update(opt.round - 1)
+                before = flat(model.parameters())
+                anchor = torch.empty_like(before)
+                opt._exchange.copy_anchor(anchor.data_ptr(), anchor.numel())
+            opt.step()
+            if first_of_round:
+                grad = flat(p.grad for p in model.parameters())
+                new_anchor = torch.empty_like(before)
+                opt._exchange.copy_anchor(new_anchor.data_ptr(), new_anchor.numel())
+                assert (new_anchor - anchor).abs().max() > 1e-4, "no update was applied"
+                kept = ((before - lr * grad) - anchor) + new_anchor
+                assert torch.allclose(flat(model.parameters()), kept, rtol=0, atol=1e-6), \
+                    "the step's progress was not kept on the new anchor"
+        opt.finish()
+        assert opt.stats()["applied_after_steps"] == [0, 1, 1, 1, 1]
+
+
 def _run_together(agg, job, n, *extra):
     """n workers of one job, all members before any round closes."""
     procs = workers(agg, job, n, "--wait_for_go", *extra)

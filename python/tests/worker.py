@@ -73,6 +73,7 @@ def main() -> int:
     ap.add_argument("--update_timeout", type=float, default=60.0)
     ap.add_argument("--uplink_codec", default="fp32")
     ap.add_argument("--eager_share", type=float, default=0.0)
+    ap.add_argument("--apply", default="boundary")
     ap.add_argument("--stop_after_rounds", type=int, default=0,
                     help="save the optimizer's state_dict to --state after this many "
                          "rounds and stop without finishing (preemption)")
@@ -104,7 +105,8 @@ def main() -> int:
                             aggregators=args.aggregators.split(","), job=args.job,
                             algo=args.algo, worker_id=f"worker-{args.worker}",
                             samples_per_step=args.batch, update_timeout=args.update_timeout,
-                            uplink_codec=args.uplink_codec, eager_share=args.eager_share)
+                            uplink_codec=args.uplink_codec, eager_share=args.eager_share,
+                            apply=args.apply)
         if args.resume:
             opt.load_state_dict(torch.load(args.resume))
         opt.connect()

@@ -1,0 +1,179 @@
+// Apply on arrival (AnchorExchange::ApplyArrived): over real gRPC against
+// in-process shards, workers that apply the update a round owes between its
+// inner steps keep the steps taken before it (x ← (x − A_old) + A_new), push
+// the same progress as workers that apply it at the boundary (up to the
+// rounding of that shift), and every worker ends on the shards' anchor bit
+// for bit, on the reference trajectory.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "client/aggregator_client.h"
+#include "client/anchor_exchange.h"
+#include "common/layout.h"
+#include "gtest/gtest.h"
+#include "tests/e2e_harness.h"
+
+namespace co2::testing {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+constexpr int kTau = 3;
+
+struct Trainer {
+  absl::Status status;
+  std::vector<float> anchor;
+  uint64_t applied_early = 0;  // rounds whose update ApplyArrived applied
+};
+
+// Worker `worker` through AnchorExchange, kTau inner steps per round: the
+// first takes its whole progress, x −= Delta(worker, round); with `arrival`
+// it then waits until the round's owed update is here (without applying it)
+// and applies it with ApplyArrived: x must be (x − A_old) + A_new, bit for
+// bit; the remaining steps change nothing. The boundary pushes A − x.
+void Train(const E2eSpec& spec, const Cluster& cluster,
+           const v1::JobConfig& config, int worker, bool arrival,
+           Barrier& joined, Trainer& out) {
+  std::vector<float> x = InitialAnchor(spec.params);
+  auto connected = ConnectWithEveryone(
+      WorkerOptions(cluster.addresses(), "arrival", config, worker),
+      absl::MakeSpan(x), joined, kTimeout);
+  if (!connected.ok()) {
+    out.status = connected.status();
+    return;
+  }
+  auto exchange = client::AnchorExchange::Create(
+      ExchangeOptions(spec, worker, kTimeout), *std::move(connected), x);
+  if (!exchange.ok()) {
+    out.status = exchange.status();
+    return;
+  }
+  client::AnchorExchange& ex = **exchange;
+  const size_t n = spec.params;
+  for (uint64_t round = 0; round < spec.rounds; ++round) {
+    for (size_t j = 0; j < n; ++j) x[j] -= Delta(worker, round, j);
+    const std::optional<uint64_t> owed =
+        client::OwedUpdate(ex.staleness(), spec.rounds, round);
+    client::ExchangeTimes times;
+    if (arrival && owed) {
+      const std::vector<float> before = x, anchor_before = ex.anchor();
+      out.status = ex.AwaitUpdate(*owed, times);
+      if (!out.status.ok()) return;
+      if (!ex.UpdateArrived(round)) {
+        out.status = absl::InternalError(
+            absl::StrCat("round ", round, ": the awaited update is not seen "
+                         "as arrived"));
+        return;
+      }
+      out.status = ex.ApplyArrived(round, absl::MakeSpan(x), times);
+      if (!out.status.ok()) return;
+      const std::vector<float>& a = ex.anchor();
+      for (size_t j = 0; j < n; ++j) {
+        const float kept = (before[j] - anchor_before[j]) + a[j];
+        if (x[j] != kept) {
+          out.status = absl::InternalError(absl::StrCat(
+              "round ", round, " element ", j, ": x is ", x[j],
+              " after the update, not (x − A_old) + A_new = ", kept));
+          return;
+        }
+      }
+      if (a == anchor_before) {
+        out.status = absl::InternalError(
+            absl::StrCat("round ", round, ": ApplyArrived left A as it was"));
+        return;
+      }
+      if (ex.UpdateArrived(round)) {
+        out.status = absl::InternalError(absl::StrCat(
+            "round ", round, ": the update is still arrived after applying it"));
+        return;
+      }
+      ++out.applied_early;
+    }
+    out.status = ex.Boundary(round, kTau, absl::MakeSpan(x), times);
+    if (!out.status.ok()) return;
+  }
+  const std::optional<uint64_t> owed =
+      client::OwedUpdate(ex.staleness(), spec.rounds, spec.rounds);
+  client::ExchangeTimes times;
+  if (owed) out.status = ex.Drain(*owed, absl::MakeSpan(x), times);
+  if (out.status.ok()) out.status = ex.VerifyAnchor(spec.rounds + 1);
+  out.anchor = x;
+  ex.Leave();
+}
+
+TEST(ArrivalE2eTest, WorkersApplyingOnArrivalEndOnTheReferenceAnchor) {
+  E2eSpec spec;
+  spec.params = 2 * common::kChunkElements + 77;
+  spec.shards = 2;
+  spec.workers = 3;
+  spec.rounds = 8;
+  v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
+  config.set_rounds(spec.rounds);
+  Cluster cluster(spec.shards);
+  Barrier joined(spec.workers);
+  std::vector<Trainer> trainers(spec.workers);
+  std::vector<std::thread> threads;
+  // Workers 0 and 1 apply on arrival, worker 2 at the boundary.
+  for (int w = 0; w < spec.workers; ++w) {
+    threads.emplace_back([&, w] {
+      Train(spec, cluster, config, w, /*arrival=*/w < 2, joined, trainers[w]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  uint64_t round = 0;
+  const std::vector<float> shards = cluster.Anchor("arrival", &round);
+  EXPECT_EQ(round, spec.rounds + 1);
+  // The shifted x rounds, so Δ is the progress to within an ulp of A: the
+  // trajectory is the reference's to rounding, far closer than one update
+  // (a missed or doubled update would be ~1e-3 off).
+  const std::vector<float> reference = ReferenceAnchor(spec, config);
+  ASSERT_EQ(shards.size(), reference.size());
+  double off = 0, moved = 0;
+  for (size_t j = 0; j < shards.size(); ++j) {
+    off = std::max<double>(off, std::fabs(shards[j] - reference[j]));
+    moved += std::fabs(reference[j] - Initial(j));
+  }
+  EXPECT_LT(off, 1e-5) << "the shards left the reference trajectory";
+  EXPECT_GT(moved, 1.0);
+  for (int w = 0; w < spec.workers; ++w) {
+    SCOPED_TRACE(absl::StrCat("worker ", w));
+    ASSERT_TRUE(trainers[w].status.ok()) << trainers[w].status;
+    EXPECT_EQ(trainers[w].applied_early, w < 2 ? spec.rounds - 1 : 0u);
+    EXPECT_TRUE(trainers[w].anchor == shards) << "the final model is not the shards' anchor";
+  }
+}
+
+TEST(ArrivalE2eTest, NothingArrivedIsRefused) {
+  E2eSpec spec;
+  spec.params = 1000;
+  spec.shards = 1;
+  spec.workers = 1;
+  spec.rounds = 2;
+  v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
+  config.set_rounds(spec.rounds);
+  Cluster cluster(spec.shards);
+  std::vector<float> x = InitialAnchor(spec.params);
+  auto connected = client::AggregatorClient::Connect(
+      WorkerOptions(cluster.addresses(), "early", config, 0), absl::MakeSpan(x));
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  auto exchange = client::AnchorExchange::Create(
+      ExchangeOptions(spec, 0, kTimeout), *std::move(connected), x);
+  ASSERT_TRUE(exchange.ok()) << exchange.status();
+  // Round 0 owes no update.
+  EXPECT_FALSE((*exchange)->UpdateArrived(0));
+  client::ExchangeTimes times;
+  const absl::Status refused =
+      (*exchange)->ApplyArrived(0, absl::MakeSpan(x), times);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("no arrived update"), std::string::npos)
+      << refused;
+  EXPECT_TRUE(x == InitialAnchor(spec.params)) << "a refused apply changed x";
+}
+
+}  // namespace
+}  // namespace co2::testing

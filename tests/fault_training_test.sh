@@ -51,6 +51,10 @@
 #                   job) and shrinks to 3 (worker 3 leaves on SIGTERM, its
 #                   last Δ counted); the undisturbed run has 4 throughout
 #
+# SCENARIO_arrival runs SCENARIO with --apply=arrival in both runs: each
+# worker applies the update a round owes between inner steps
+# (docs/algorithm.md, "Applying an update when it arrives").
+#
 # After each: training completes; every worker's final model hash equals the
 # hash of the anchor in the shards' checkpoints (co2-checkpoint); every
 # worker's rounds are contiguous up to the last (none for a worker restarted
@@ -65,6 +69,11 @@ set -euo pipefail
 
 BUILD=$(cd "$1" && pwd)
 SCENARIO=$2
+APPLY=boundary
+if [[ $SCENARIO == *_arrival ]]; then
+  SCENARIO=${SCENARIO%_arrival}
+  APPLY=arrival
+fi
 SEED=${3:-$(( $(date +%s) % 100000 ))}
 RANDOM=$SEED
 TRAIN=$BUILD/bin/co2-train
@@ -101,7 +110,7 @@ declare -a SHARD_PID SHARD_PORT
 HOST=127.0.0.1
 IN_NS=()
 
-log() { echo "[fault_training $SCENARIO] $*"; }
+log() { echo "[fault_training $SCENARIO apply=$APPLY] $*"; }
 
 cleanup() {
   local status=$?
@@ -214,7 +223,7 @@ start_training() {
     --aggregators="$HOST:${SHARD_PORT[0]},$HOST:${SHARD_PORT[1]}" \
     --round_timeout=$ROUND_TIMEOUT --job="$job" --run_dir="$WORK/run-$job" \
     --keep_run_dir --progress=false --eval_every=0 --final_eval_examples=2000 \
-    --report="$WORK/$job.json" "${NODE_ARGS[@]}" \
+    --report="$WORK/$job.json" --apply=$APPLY "${NODE_ARGS[@]}" \
     ${RESUMABLE:+--checkpoint_dir="$WORK/wck-$job"} "$@" \
     >>"$WORK/train-$job.out" 2>&1 &
   TRAIN_PID=$!

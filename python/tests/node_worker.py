@@ -22,6 +22,7 @@ def main() -> int:
     ap.add_argument("--job", required=True)
     ap.add_argument("--tau", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--apply", default="boundary")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -33,7 +34,8 @@ def main() -> int:
     inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     opt = co2.Optimizer(model.parameters(), inner, tau=args.tau, rounds=args.rounds,
                         aggregators=args.aggregators.split(","), job=args.job,
-                        worker_id="node-0", samples_per_step=8 * dist.get_world_size())
+                        worker_id="node-0", samples_per_step=8 * dist.get_world_size(),
+                        apply=args.apply)
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
     same_every_step = True
     for _ in range(args.tau * args.rounds):
@@ -51,7 +53,9 @@ def main() -> int:
         print(json.dumps({"leader": opt.is_leader, "same_every_step": same_every_step,
                           "same_at_end": len(set(seen)) == 1, "round": opt.round,
                           "anchor_round": opt.anchor_round,
-                          "bytes_sent": opt.bytes_sent}), flush=True)
+                          "bytes_sent": opt.bytes_sent,
+                          "applied_after_steps": opt.stats()["applied_after_steps"]}),
+              flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -7,12 +7,17 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import co2
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_a_node_of_two_ranks_averages_gradients_and_shares_the_anchor(tmp_path):
+@pytest.mark.parametrize("apply", ["boundary", "arrival"])
+def test_a_node_of_two_ranks_averages_gradients_and_shares_the_anchor(tmp_path, apply):
+    # With apply="arrival" the leader's decision reaches both ranks at the
+    # same step: the ranks stay identical after every step.
     # torch's own module, not the `torchrun` script (which an install may
     # lack): torch is all this needs.
     with co2.local_aggregator(num_shards=1) as agg:
@@ -22,7 +27,7 @@ def test_a_node_of_two_ranks_averages_gradients_and_shares_the_anchor(tmp_path):
             [sys.executable, "-m", "torch.distributed.run", "--standalone",
              "--nproc_per_node=2", "--redirects", "1", "--tee", "1",
              "--log_dir", str(tmp_path), os.path.join(HERE, "node_worker.py"),
-             "--aggregators", ",".join(agg.addresses), "--job", "node"],
+             "--aggregators", ",".join(agg.addresses), "--job", "node", "--apply", apply],
             capture_output=True, text=True, timeout=300,
             env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert run.returncode == 0, run.stderr[-4000:]
@@ -35,3 +40,4 @@ def test_a_node_of_two_ranks_averages_gradients_and_shares_the_anchor(tmp_path):
     assert r["same_at_end"]
     assert (r["round"], r["anchor_round"]) == (4, 5)
     assert r["bytes_sent"] > 0
+    assert len(r["applied_after_steps"]) == (4 if apply == "arrival" else 0)

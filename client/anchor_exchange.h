@@ -167,7 +167,7 @@ class AnchorExchange {
 
   // Whether the update round `round` owes (OwedUpdate) has arrived from
   // every shard and was not applied yet: the test between inner steps (one
-  // uncontended lock per shard). Always false with staleness 0.
+  // atomic load per shard while it has not). Always false with staleness 0.
   bool UpdateArrived(uint64_t round) const;
   // Applies that update now, inside round `round`: A ← A + U, and x (size P,
   // the live parameters) ← x + (A_new − A_old), so x keeps the steps taken

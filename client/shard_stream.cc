@@ -55,6 +55,10 @@ ShardStream::ShardStream(const ShardStreamOptions& options,
       recv_(num_chunks_),
       next_update_round_(options.first_update_round),
       recv_have_(num_chunks_, false) {
+  {
+    absl::MutexLock lock(&mu_);
+    PublishReadyLocked();
+  }
   reader_ = std::thread([this] { ReadLoop(); });
   writer_ = std::thread([this] { WriteLoop(); });
 }
@@ -104,7 +108,17 @@ bool ShardStream::ReadyLocked(uint64_t round) const {
          (round == next_update_round_ && recv_count_ == num_chunks_);
 }
 
+void ShardStream::PublishReadyLocked() {
+  ready_before_.store(
+      next_update_round_ + (recv_count_ == num_chunks_ ? 1 : 0),
+      std::memory_order_release);
+}
+
 bool ShardStream::UpdateReady(uint64_t round) const {
+  // Not yet arrived: the common answer between inner steps, without the lock
+  // (a stale value only says "not yet" once more; every change is published
+  // under mu_, before WaitForUpdate can see it).
+  if (round >= ready_before_.load(std::memory_order_acquire)) return false;
   absl::MutexLock lock(&mu_);
   if (!ReadyLocked(round)) return false;
   if (round == next_update_round_) reported_ready_ = true;
@@ -148,6 +162,7 @@ void ShardStream::DropUpdateLocked() {
   std::fill(recv_have_.begin(), recv_have_.end(), false);
   for (ReceivedUpdate& chunk : recv_) chunk = ReceivedUpdate();
   reported_ready_ = false;
+  PublishReadyLocked();
 }
 
 ShardStreamStats ShardStream::stats() const {
@@ -380,6 +395,7 @@ void ShardStream::HandleUpdate(ReceivedUpdate update) {
   recv_[index] = std::move(update);
   recv_have_[index] = true;
   ++recv_count_;
+  PublishReadyLocked();
 }
 
 void ShardStream::WriteLoop() {

@@ -16,6 +16,7 @@
 #ifndef CO2_CLIENT_SHARD_STREAM_H_
 #define CO2_CLIENT_SHARD_STREAM_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -101,6 +102,8 @@ class ShardStream {
   void CommitContribution(uint64_t round, double weight)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether update `round` has fully arrived. While it has not, one atomic
+  // load (the test between inner steps, AnchorExchange::UpdateArrived).
   bool UpdateReady(uint64_t round) const ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status WaitForUpdate(uint64_t round, absl::Time deadline)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -138,6 +141,8 @@ class ShardStream {
   uint64_t NeededUpdateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets the received chunks of the update waited for.
   void DropUpdateLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ready_before_ <- what next_update_round_ and recv_count_ say now.
+  void PublishReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HandleUpdate(ReceivedUpdate update) ABSL_LOCKS_EXCLUDED(mu_);
   void Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ReadyLocked(uint64_t round) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -173,6 +178,10 @@ class ShardStream {
   uint64_t next_update_round_ ABSL_GUARDED_BY(mu_);  // the one we wait for
   uint32_t recv_count_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<bool> recv_have_ ABSL_GUARDED_BY(mu_);
+  // Every update before this round has fully arrived: next_update_round_,
+  // plus one when its chunks are all in. Stored under mu_ wherever either
+  // changes (PublishReadyLocked), read without it by UpdateReady.
+  std::atomic<uint64_t> ready_before_{0};
   // The trainer was told the update of next_update_round_ is ready
   // (UpdateReady, WaitForUpdate or BeginContribution), so it may apply it at
   // any moment: a re-seed keeps it.

@@ -17,9 +17,21 @@ from ._errors import Error
 from . import _core
 from ._config import JobConfig
 from ._local import LocalAggregator, find_aggregator, local_aggregator
-from ._optimizer import Optimizer
 
 __version__: str = _core.__version__
+
+
+def __getattr__(name: str):
+    # co2.Optimizer imports torch on first use, so that the co2 and
+    # co2-aggregator commands (and shards started from Python) need no torch.
+    if name == "Optimizer":
+        from ._optimizer import Optimizer
+        return Optimizer
+    raise AttributeError(f"module 'co2' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {"Optimizer"})
 
 
 def tune_malloc() -> None:

@@ -1,0 +1,124 @@
+#!/usr/bin/env python3
+"""bench/run_arrival.sh's runs in bench/results/arrival.json, one at a time.
+
+  arrival.py has   --out=JSON --id=ID     exit 0 if the run is recorded
+  arrival.py add   --out=JSON --id=ID --scratch=DIR --workers=N --command=C
+  arrival.py table --out=JSON             the table of docs/results.md
+
+A run's record: its final test accuracy (worker 0, all 10,000 test images),
+the share of the workers' training time spent waiting for the network
+(exposed_comm_s / train_s, mean over workers), wall time, and for co2 the
+inner steps into each round at which its update was applied (0: at the
+boundary), summarised as the share applied early and the median and p90 of
+those steps. The table gives mean ± sample standard deviation over seeds.
+"""
+import argparse
+import glob
+import json
+import os
+import platform
+import statistics
+import sys
+
+
+def load(path):
+    if not os.path.exists(path):
+        return {"runs": {}}
+    with open(path) as f:
+        return json.load(f)
+
+
+def save(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def quantile(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def record(scratch, workers, command):
+    reports = []
+    for w in range(workers):
+        with open(os.path.join(scratch, f"rank-{w}-0.json")) as f:
+            reports.append(json.load(f))
+    accuracy = reports[0]["final_metrics"].get("test_accuracy")
+    if accuracy is None:
+        sys.exit(f"arrival.py: worker 0 of {scratch} reports no test accuracy")
+    hashes = {r["final_hash"] for r in reports}
+    if len(hashes) != 1:
+        sys.exit(f"arrival.py: the workers of {scratch} ended on different models: {hashes}")
+    exposed = [r["exposed_comm_s"] / r["train_s"] for r in reports if r["train_s"] > 0]
+    applied = [x.get("applied_after_steps", 0) for r in reports for x in r["rounds"]
+               if x.get("steps", 0) > 0]
+    early = [d for d in applied if d > 0]
+    return {
+        "command": command,
+        "test_accuracy": accuracy,
+        "exposed_fraction": statistics.mean(exposed),
+        "wall_s": max(r["wall_s"] for r in reports),
+        "rounds": len(reports[0]["rounds"]),
+        "applied_early_fraction": len(early) / len(applied) if applied else 0.0,
+        "applied_after_steps_median": statistics.median(early) if early else None,
+        "applied_after_steps_p90": quantile(early, 0.9) if early else None,
+    }
+
+
+def table(data):
+    groups = {}
+    for run_id, r in data["runs"].items():
+        rate, tau, seed, variant = run_id.split("/")
+        groups.setdefault((rate, tau, variant), []).append(r)
+    lines = ["| link | τ | run | seeds | test accuracy | exposed | applied early | d median / p90 |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+
+    def spread(values, scale, digits):
+        m = statistics.mean(values) * scale
+        if len(values) < 2:
+            return f"{m:.{digits}f}"
+        return f"{m:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
+
+    order = {"diloco": 0, "co2-boundary": 1, "co2-arrival": 2}
+    for (rate, tau, variant), runs in sorted(
+            groups.items(), key=lambda g: (g[0][0], int(g[0][1][3:]), order.get(g[0][2], 9))):
+        acc = spread([r["test_accuracy"] for r in runs], 100, 2) + " %"
+        exp = spread([r["exposed_fraction"] for r in runs], 100, 1) + " %"
+        early = "" if variant == "diloco" else spread(
+            [r["applied_early_fraction"] for r in runs], 100, 0) + " %"
+        meds = [r["applied_after_steps_median"] for r in runs
+                if r["applied_after_steps_median"] is not None]
+        p90s = [r["applied_after_steps_p90"] for r in runs
+                if r["applied_after_steps_p90"] is not None]
+        d = f"{statistics.median(meds):g} / {max(p90s):g}" if meds else ""
+        lines.append(f"| {rate} | {tau[3:]} | {variant} | {len(runs)} | {acc} | {exp} | "
+                     f"{early} | {d} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("action", choices=["has", "add", "table"])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--id", default="")
+    ap.add_argument("--scratch", default="")
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--command", default="")
+    args = ap.parse_args()
+    data = load(args.out)
+    if args.action == "has":
+        return 0 if args.id in data["runs"] else 1
+    if args.action == "add":
+        data["runs"][args.id] = record(args.scratch, args.workers, args.command)
+        data["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
+        save(args.out, data)
+        return 0
+    print(table(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

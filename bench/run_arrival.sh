@@ -1,0 +1,95 @@
+#!/bin/bash
+# When a co2 worker applies the update a round owes (docs/algorithm.md,
+# "Applying an update when it arrives"), behind slow links: 4 workers, each
+# in its own network namespace behind a tc-tbf-shaped link, the shards
+# unshaped (bench/overlap/netns.sh), train Fashion-MNIST's CNN with DiLoCo
+# (blocking), co2 applying at the boundary and co2 applying on arrival, from
+# the same seeds and for the same inner steps; every run has fresh shards.
+# Writes bench/results/arrival.json (bench/overlap/arrival.py): per run the
+# final test accuracy, the share of time waiting for the network and, for
+# arrival, the inner steps into each round at which its update was applied.
+# Needs root, iproute2.
+#   sudo bench/run_arrival.sh [BUILD_DIR]
+# Environment: RATES ("1gbit 100mbit"), TAUS ("48 128"), SEEDS ("1 2 3"),
+# STEPS (inner steps per worker, 1920: two epochs at batch 16), SHARDS (2),
+# ALPHA (co2's outer learning rate, 0.9: the convergence study's best at
+# τ = 48), NICE (-10), KEEP=1 keeps the scratch directory. Runs already in
+# OUT are kept (the study resumes), unless RERUN=1.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+OV_PREFIX=co2arr
+source "$here/overlap/netns.sh"
+ov_own_session "$@"
+build=$(cd "${1:-build}" && pwd)
+train=$build/bin/co2-train
+aggregator=$build/bin/co2-aggregator
+out=${OUT:-$here/results/arrival.json}
+rates=${RATES:-1gbit 100mbit}
+taus=${TAUS:-48 128}
+seeds=${SEEDS:-1 2 3}
+steps=${STEPS:-1920}
+shards=${SHARDS:-2}
+alpha=${ALPHA:-0.9}
+workers=4
+run_limit=1200  # seconds: the bound of any one run
+
+scratch=$(mktemp -d /tmp/co2-arrival-XXXXXX)
+cleanup() {
+  ov_down
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $scratch" >&2; else rm -rf "$scratch"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+ov_down
+ov_up "$workers"
+
+# One run: ID TAU SEED [co2-train flags...]; its rank reports go to
+# $scratch/ID and are added to OUT at once.
+run() {
+  local id=$1 tau=$2 seed=$3 dir=$scratch/$1 i worker_pids=()
+  shift 3
+  if [ "${RERUN:-0}" != 1 ] && /usr/bin/python3 "$here/overlap/arrival.py" has \
+      --out="$out" --id="$id"; then
+    echo "  $id: cached" >&2
+    return 0
+  fi
+  local common=(--task=fashion-mnist --workers="$workers" --threads=1
+    --batch_size=16 --seed="$seed" --tau="$tau" --steps="$steps"
+    --eval_every=0 --final_eval_examples=10000 --progress=false
+    --hash_params=false --group_timeout=300s --update_timeout=300s
+    --run_dir="$dir" --job="arr-$id" "$@")
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  ov_start_shards "$dir" "$shards" "$run_limit" "$aggregator"
+  for ((i = 0; i < workers; i++)); do
+    ip netns exec "$OV_PREFIX-w$i" timeout "$run_limit" "$train" "${common[@]}" \
+      --role=worker --worker="$i" --aggregators="$(ov_agg_list "$shards")" \
+      --group_address="$(ov_worker_addr "$i")" >"$dir/w$i.log" 2>&1 &
+    worker_pids+=($!)
+  done
+  local failed=0
+  for i in "${!worker_pids[@]}"; do
+    wait "${worker_pids[$i]}" || { failed=1; tail -5 "$dir/w$i.log" >&2; }
+  done
+  ov_stop_shards
+  if [ "$failed" = 1 ]; then echo "run $id failed" >&2; return 1; fi
+  /usr/bin/python3 "$here/overlap/arrival.py" add --out="$out" --id="$id" \
+    --scratch="$dir" --workers="$workers" \
+    --command="bench/run_arrival.sh${1:+ $1} ($*)"
+  echo "  $id done" >&2
+}
+
+for rate in $rates; do
+  ov_shape "$workers" "$rate"
+  for tau in $taus; do
+    for seed in $seeds; do
+      base="$rate/tau$tau/seed$seed"
+      run "$base/diloco" "$tau" "$seed" --algo=diloco
+      run "$base/co2-boundary" "$tau" "$seed" --algo=co2 --alpha="$alpha" \
+        --apply=boundary
+      run "$base/co2-arrival" "$tau" "$seed" --algo=co2 --alpha="$alpha" \
+        --apply=arrival
+    done
+  done
+done
+/usr/bin/python3 "$here/overlap/arrival.py" table --out="$out"

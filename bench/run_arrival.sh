@@ -10,8 +10,11 @@
 # arrival, the inner steps into each round at which its update was applied.
 # Needs root, iproute2.
 #   sudo bench/run_arrival.sh [BUILD_DIR]
-# Environment: RATES ("1gbit 100mbit"), TAUS ("48 128"), SEEDS ("1 2 3"),
-# STEPS (inner steps per worker, 1920: two epochs at batch 16), SHARDS (2),
+# Environment: TASK (fashion-mnist, or charlm: the byte-LSTM on 8 windows of
+# 16 bytes per step, as the convergence study runs it), RATES ("1gbit
+# 100mbit"), TAUS ("48 128"), SEEDS ("1 2 3"), STEPS (inner steps per
+# worker; 1920 for fashion-mnist, two epochs at batch 16; 2688 for charlm,
+# the study's), SHARDS (2),
 # ALPHA (co2's outer learning rate, 0.9: the convergence study's best at
 # τ = 48), NICE (-10), KEEP=1 keeps the scratch directory. Runs already in
 # OUT are kept (the study resumes), unless RERUN=1.
@@ -24,10 +27,17 @@ build=$(cd "${1:-build}" && pwd)
 train=$build/bin/co2-train
 aggregator=$build/bin/co2-aggregator
 out=${OUT:-$here/results/arrival.json}
+task=${TASK:-fashion-mnist}
+case $task in
+  fashion-mnist) task_flags=(--batch_size=16 --final_eval_examples=10000)
+                 steps=${STEPS:-1920} ;;
+  charlm) task_flags=(--batch_size=8 --seq_len=16 --final_eval_examples=1000)
+          steps=${STEPS:-2688} ;;
+  *) echo "TASK must be fashion-mnist or charlm, got $task" >&2; exit 2 ;;
+esac
 rates=${RATES:-1gbit 100mbit}
 taus=${TAUS:-48 128}
 seeds=${SEEDS:-1 2 3}
-steps=${STEPS:-1920}
 shards=${SHARDS:-2}
 alpha=${ALPHA:-0.9}
 workers=4
@@ -53,9 +63,9 @@ run() {
     echo "  $id: cached" >&2
     return 0
   fi
-  local common=(--task=fashion-mnist --workers="$workers" --threads=1
-    --batch_size=16 --seed="$seed" --tau="$tau" --steps="$steps"
-    --eval_every=0 --final_eval_examples=10000 --progress=false
+  local common=(--task="$task" "${task_flags[@]}" --workers="$workers"
+    --threads=1 --seed="$seed" --tau="$tau" --steps="$steps"
+    --eval_every=0 --progress=false
     --hash_params=false --group_timeout=300s --update_timeout=300s
     --run_dir="$dir" --job="arr-$id" "$@")
   rm -rf "$dir"
@@ -83,7 +93,7 @@ for rate in $rates; do
   ov_shape "$workers" "$rate"
   for tau in $taus; do
     for seed in $seeds; do
-      base="$rate/tau$tau/seed$seed"
+      base="$task/$rate/tau$tau/seed$seed"
       run "$base/diloco" "$tau" "$seed" --algo=diloco
       run "$base/co2-boundary" "$tau" "$seed" --algo=co2 --alpha="$alpha" \
         --apply=boundary

@@ -56,7 +56,7 @@ ov_up "$workers"
 # One run: ID TAU SEED [co2-train flags...]; its rank reports go to
 # $scratch/ID and are added to OUT at once.
 run() {
-  local id=$1 tau=$2 seed=$3 dir=$scratch/$1 i worker_pids=()
+  local id=$1 tau=$2 seed=$3 dir=$scratch/$1
   shift 3
   if [ "${RERUN:-0}" != 1 ] && /usr/bin/python3 "$here/overlap/arrival.py" has \
       --out="$out" --id="$id"; then
@@ -70,19 +70,11 @@ run() {
     --run_dir="$dir" --job="arr-$id" "$@")
   rm -rf "$dir"
   mkdir -p "$dir"
-  ov_start_shards "$dir" "$shards" "$run_limit" "$aggregator"
-  for ((i = 0; i < workers; i++)); do
-    ip netns exec "$OV_PREFIX-w$i" timeout "$run_limit" "$train" "${common[@]}" \
-      --role=worker --worker="$i" --aggregators="$(ov_agg_list "$shards")" \
-      --group_address="$(ov_worker_addr "$i")" >"$dir/w$i.log" 2>&1 &
-    worker_pids+=($!)
-  done
-  local failed=0
-  for i in "${!worker_pids[@]}"; do
-    wait "${worker_pids[$i]}" || { failed=1; tail -5 "$dir/w$i.log" >&2; }
-  done
-  ov_stop_shards
-  if [ "$failed" = 1 ]; then echo "run $id failed" >&2; return 1; fi
+  if ! ov_train "$dir" "$workers" "$shards" "$run_limit" "$train" "$aggregator" \
+      "${common[@]}"; then
+    echo "run $id failed" >&2
+    return 1
+  fi
   /usr/bin/python3 "$here/overlap/arrival.py" add --out="$out" --id="$id" \
     --scratch="$dir" --workers="$workers" \
     --command="bench/run_arrival.sh${1:+ $1} ($*)"

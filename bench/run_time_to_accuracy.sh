@@ -45,7 +45,7 @@ ov_shape "$workers" "$rate"
 
 # One run: ALGO STEPS [co2-train flags...]. Fresh shards for every run.
 run() {
-  local algo=$1 n=$2 dir=$scratch/$1 i worker_pids=()
+  local algo=$1 n=$2 dir=$scratch/$1
   shift 2
   # About 16 evaluations per run, whatever its length.
   local eval_every=$(((n / tau + 15) / 16))
@@ -55,19 +55,11 @@ run() {
     --progress=false --hash_params=false --group_timeout=300s
     --update_timeout=300s --run_dir="$dir" --job="tta-$algo" "$@")
   mkdir -p "$dir"
-  ov_start_shards "$dir" "$shards" "$run_limit" "$aggregator"
-  for ((i = 0; i < workers; i++)); do
-    ip netns exec "$OV_PREFIX-w$i" timeout "$run_limit" "$train" "${common[@]}" \
-      --role=worker --worker="$i" --aggregators="$(ov_agg_list "$shards")" \
-      --group_address="$(ov_worker_addr "$i")" >"$dir/w$i.log" 2>&1 &
-    worker_pids+=($!)
-  done
-  local failed=0
-  for i in "${!worker_pids[@]}"; do
-    wait "${worker_pids[$i]}" || { failed=1; tail -5 "$dir/w$i.log" >&2; }
-  done
-  ov_stop_shards
-  if [ "$failed" = 1 ]; then echo "run $algo failed" >&2; return 1; fi
+  if ! ov_train "$dir" "$workers" "$shards" "$run_limit" "$train" "$aggregator" \
+      "${common[@]}"; then
+    echo "run $algo failed" >&2
+    return 1
+  fi
   echo "  $algo done" >&2
 }
 

@@ -73,6 +73,29 @@ OV_AGG_ADDR=10.99.0.100
 
 ov_worker_addr() { echo "10.99.0.$(($1 + 1))"; }
 
+# ov_train DIR WORKERS SHARDS LIMIT TRAIN AGGREGATOR [co2-train flags...]:
+# one job with fresh shards (ov_start_shards) and WORKERS co2-train workers,
+# each in its own namespace and bounded by LIMIT seconds, logging to
+# DIR/w<i>.log; returns 1, the failed workers' last log lines on stderr,
+# when any worker failed.
+ov_train() {
+  local dir=$1 workers=$2 shards=$3 limit=$4 train=$5 aggregator=$6
+  local i failed=0 pids=()
+  shift 6
+  ov_start_shards "$dir" "$shards" "$limit" "$aggregator"
+  for ((i = 0; i < workers; i++)); do
+    ip netns exec "$OV_PREFIX-w$i" timeout "$limit" "$train" "$@" \
+      --role=worker --worker="$i" --aggregators="$(ov_agg_list "$shards")" \
+      --group_address="$(ov_worker_addr "$i")" >"$dir/w$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { failed=1; tail -5 "$dir/w$i.log" >&2; }
+  done
+  ov_stop_shards
+  return "$failed"
+}
+
 # ov_up WORKERS: creates the namespaces, bridge and links (unshaped).
 ov_up() {
   local workers=$1 i ns

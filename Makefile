@@ -30,8 +30,10 @@ PACKAGES += python3-yaml $(if $(shell command -v kubectl 2>/dev/null),,kubernete
 # debian:bookworm base where no registry can be reached.
 PACKAGES += podman runc iptables uidmap mmdebstrap
 # The Python package (python/, docs/python.md): Debian's torch for
-# /usr/bin/python3, pybind11 to build its extension, pytest for its tests.
-PACKAGES += python3-dev python3-torch python3-numpy pybind11-dev python3-pytest
+# /usr/bin/python3, pybind11 to build its extension, pytest for its tests;
+# venv for the suite's second run on PyPI's torch 2.x (scripts/torch_venv.sh)
+# and the wheel test's tools.
+PACKAGES += python3-dev python3-torch python3-numpy pybind11-dev python3-pytest python3-venv
 # Installed without their Recommends: docker-compose's would pull in the
 # Docker engine, which nothing here runs (`docker-compose config` needs none).
 PACKAGES_NO_RECOMMENDS := docker-compose

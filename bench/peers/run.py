@@ -1,0 +1,411 @@
+#!/usr/bin/env python3
+"""co2 against the systems its users would pick instead, on the same work:
+torch DDP (Gloo), torchft's DiLoCo, streaming DiLoCo and LocalSGD, hivemind's
+Optimizer with local updates, and co2 (defaults, eager updates, blocking
+DiLoCo), each through its own public API (bench/peers/worker.py), training
+the byte-level transformer of bench/peers/task.py with 4 workers.
+
+Each worker runs in its own network namespace behind its own link (unshaped,
+or tc tbf at 1 Gbit/s or 100 Mbit/s in both directions; bench/overlap/netns.sh);
+co2's shards, torchft's lighthouse and hivemind's first peer run in the
+service namespace behind an unshaped link. Bytes on the wire are the
+namespaces' eth0 counters. Writes bench/results/peers.json (or
+peers_quick.json) and, for the full grid, bench/results/peers.png.
+
+    sudo python3 bench/peers/run.py --quick      # a few minutes: the tiny model, 100 Mbit/s
+    sudo python3 bench/peers/run.py              # the grid, headline rows first (resumable)
+
+Runs are cached in $CO2_CACHE_DIR/peers-runs (one JSON per run, keyed by its
+settings, recording the commit it ran at; --cache picks another directory);
+a rerun skips what is cached, and a failed run is not cached. --only selects
+rows by name prefix; --max_minutes stops starting runs after that long, and
+the results then list the rows that were not run. Needs root, iproute2, tc.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import summarize
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+PREFIX = "co2pr"
+WORKERS = 4
+SERVICE_ADDR = "10.99.0.100"
+SHARDS = 2
+CACHE = os.path.join(os.environ.get("CO2_CACHE_DIR", os.path.expanduser("~/.cache/co2")),
+                     "peers-runs")
+PEER_SYSTEMS = ("ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd", "hivemind")
+CO2_SYSTEMS = ("co2", "co2-eager", "co2-diloco")
+SYSTEMS = PEER_SYSTEMS + CO2_SYSTEMS
+NEEDS = {"torchft-diloco": "torchft", "torchft-streaming": "torchft",
+         "torchft-localsgd": "torchft", "hivemind": "hivemind"}
+
+
+def worker_addr(i: int) -> str:
+    return f"10.99.0.{i + 1}"
+
+
+def grid(quick: bool) -> list:
+    """Every run of the grid, in the order they run: headline rows first."""
+    if quick:
+        common = dict(size="tiny", steps=64, lr=3e-3, val_windows=32, eval_every=8)
+        rows = [dict(common, system="local", link="none", tau=8, seed=1)]
+        rows += [dict(common, system=s, link="100mbit", tau=8, seed=1) for s in SYSTEMS]
+        return rows
+    rows = []
+
+    def block(size, steps, links, taus, seed):
+        common = dict(size=size, steps=steps, lr=1e-3, val_windows=64, eval_every=16, seed=seed)
+        out = [dict(common, system="local", link="none", tau=16)]
+        for link in links:
+            out.append(dict(common, system="ddp", link=link, tau=16))
+            out += [dict(common, system=s, link=link, tau=tau)
+                    for tau in taus for s in SYSTEMS if s != "ddp"]
+        return out
+
+    # Headline: the small model, unshaped and 100 Mbit/s, tau 16.
+    rows += block("small", 256, ["none", "100mbit"], [16], 1)
+    rows += block("small", 256, ["none", "100mbit"], [64], 1)
+    rows += block("small", 256, ["1gbit"], [16, 64], 1)
+    rows += block("medium", 128, ["none", "100mbit", "1gbit"], [16], 1)
+    for seed in (2, 3):
+        rows += block("small", 256, ["none", "100mbit"], [16], seed)
+    seen, ordered = set(), []
+    for r in rows:
+        r["name"] = run_name(r)
+        if r["name"] not in seen:
+            seen.add(r["name"])
+            ordered.append(r)
+    return ordered
+
+
+def run_name(r: dict) -> str:
+    if r["system"] == "local":
+        return f"{r['size']}-local-seed{r['seed']}"
+    tau = "" if r["system"] == "ddp" else f"-tau{r['tau']}"
+    return f"{r['size']}-{r['link']}{tau}-seed{r['seed']}-{r['system']}"
+
+
+def sh(cmd: str, check: bool = True) -> str:
+    p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{cmd!r} failed ({p.returncode}): {p.stderr[-2000:]}")
+    return p.stdout
+
+
+def netns(cmd: str) -> str:
+    return sh(f"OV_PREFIX={PREFIX}; source {ROOT}/bench/overlap/netns.sh; {cmd}")
+
+
+def shape(link: str) -> None:
+    if link == "none":
+        for i in range(WORKERS):
+            sh(f"ip netns exec {PREFIX}-w{i} tc qdisc del dev eth0 root", check=False)
+            sh(f"ip netns exec {PREFIX}-sw tc qdisc del dev p{i} root", check=False)
+    else:
+        netns(f"ov_shape {WORKERS} {link}")
+
+
+def iface_counters() -> dict:
+    out = {}
+    for ns in [f"{PREFIX}-w{i}" for i in range(WORKERS)] + [f"{PREFIX}-agg"]:
+        text = sh(f"ip netns exec {ns} cat /sys/class/net/eth0/statistics/tx_bytes "
+                  f"/sys/class/net/eth0/statistics/rx_bytes")
+        tx, rx = (int(v) for v in text.split())
+        out[ns] = {"tx_bytes": tx, "rx_bytes": rx}
+    return out
+
+
+def wait_listening(port: int, deadline_s: float) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if f":{port} " in sh(f"ip netns exec {PREFIX}-agg ss -Hltn"):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"nothing listens on {SERVICE_ADDR}:{port} after {deadline_s} s")
+
+
+class Services:
+    """The run's services in the service namespace, stopped on exit."""
+
+    def __init__(self, system: str, python: str, limit: int, scratch: str) -> None:
+        self.system, self.python, self.limit, self.scratch = system, python, limit, scratch
+        self.procs = []
+        self.worker_args = []
+
+    def _start(self, argv: list, name: str, stdin=None) -> subprocess.Popen:
+        log = open(os.path.join(self.scratch, f"{name}.log"), "w")
+        p = subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-agg", "timeout",
+                              str(self.limit)] + argv, stdout=log, stderr=subprocess.STDOUT,
+                             stdin=stdin, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def __enter__(self) -> "Services":
+        bindir = os.path.dirname(self.python)
+        if self.system.startswith("co2"):
+            binary = subprocess.run([os.path.join(bindir, "co2"), "aggregator-path"], check=True,
+                                    capture_output=True, text=True, timeout=60).stdout.strip()
+            for s in range(SHARDS):
+                self._start([binary, "--insecure", f"--port={50051 + s}", f"--shard_index={s}",
+                             f"--num_shards={SHARDS}", "--metrics_port=-1"], f"shard-{s}")
+            for s in range(SHARDS):
+                wait_listening(50051 + s, 30)
+            self.worker_args = ["--aggregators=" + ",".join(
+                f"{SERVICE_ADDR}:{50051 + s}" for s in range(SHARDS))]
+        elif self.system.startswith("torchft"):
+            self._start([os.path.join(bindir, "torchft_lighthouse"), "--min_replicas",
+                         str(WORKERS), "--bind", "0.0.0.0:29510"], "lighthouse")
+            wait_listening(29510, 30)
+        elif self.system == "hivemind":
+            maddr = os.path.join(self.scratch, "maddr")
+            self._start([self.python, os.path.join(HERE, "hivemind_peer.py"), SERVICE_ADDR,
+                         maddr], "hivemind-peer", stdin=subprocess.PIPE)
+            end = time.monotonic() + 60
+            while not os.path.exists(maddr):
+                if time.monotonic() > end or self.procs[-1].poll() is not None:
+                    raise RuntimeError("hivemind's first peer did not start: " + tail(
+                        os.path.join(self.scratch, "hivemind-peer.log")))
+                time.sleep(0.1)
+            with open(maddr) as f:
+                self.worker_args = ["--initial_peer=" + f.read().strip()]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:
+            if p.stdin:
+                p.stdin.close()
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=20)
+
+
+def tail(path: str, n: int = 3000) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()[-n:]
+    except FileNotFoundError:
+        return ""
+
+
+def one_run(r: dict, python: str, limit: int) -> dict:
+    """Runs r's four workers (and its services); returns the record."""
+    with tempfile.TemporaryDirectory(prefix="co2-peers-") as scratch:
+        if os.environ.get("KEEP") == "1":
+            scratch = tempfile.mkdtemp(prefix="co2-peers-kept-")
+            print(f"  keeping {scratch}", file=sys.stderr)
+        with Services(r["system"], python, limit, scratch) as services:
+            before = iface_counters()
+            procs, commands = [], []
+            for i in range(WORKERS):
+                argv = [python, os.path.join(HERE, "worker.py"), f"--system={r['system']}",
+                        f"--rank={i}", f"--workers={WORKERS}", f"--size={r['size']}",
+                        f"--steps={r['steps']}", f"--tau={r['tau']}", f"--lr={r['lr']}",
+                        f"--seed={r['seed']}", f"--eval_every={r['eval_every']}",
+                        f"--val_windows={r['val_windows']}", f"--addr={worker_addr(i)}",
+                        f"--rank0_addr={worker_addr(0)}", f"--service_addr={SERVICE_ADDR}",
+                        f"--job={r['name']}", f"--out={scratch}/rank-{i}.json"]
+                argv += services.worker_args
+                commands.append(shlex.join(argv))
+                log = open(os.path.join(scratch, f"w{i}.log"), "w")
+                procs.append(subprocess.Popen(
+                    ["ip", "netns", "exec", f"{PREFIX}-w{i}", "timeout", str(limit)] + argv,
+                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                    env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")))
+            failed = []
+            for i, p in enumerate(procs):
+                try:
+                    rc = p.wait(timeout=limit + 30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    rc = p.wait(timeout=30)
+                if rc != 0:
+                    failed.append(f"worker {i} exited {rc}: " + tail(f"{scratch}/w{i}.log"))
+                    for q in procs:  # the others would wait for it until their deadline
+                        if q.poll() is None:
+                            os.killpg(q.pid, signal.SIGKILL)
+            after = iface_counters()
+        if failed:
+            return {"run": r, "error": failed[0], "commands": commands}
+        ranks = []
+        for i in range(WORKERS):
+            with open(f"{scratch}/rank-{i}.json") as f:
+                ranks.append(json.load(f))
+    wire = {ns: {k: after[ns][k] - before[ns][k] for k in after[ns]} for ns in after}
+    rec = {"run": r, "ranks": ranks, "wire": wire, "commands": commands}
+    digests = {x["params_digest"] for x in ranks}
+    # DDP keeps the replicas equal every step, co2's finish() ends every
+    # worker on the shards' final anchor: anything else is a wrong run.
+    if len(digests) > 1 and (r["system"] == "ddp" or r["system"].startswith("co2")):
+        rec["error"] = f"{r['system']}: the workers ended on different parameters {digests}"
+    return rec
+
+
+def head_commit() -> str:
+    p = subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True)
+    return p.stdout.strip() or "unknown"
+
+
+def cache_path(cache: str, r: dict) -> str:
+    key = hashlib.sha1(json.dumps(r, sort_keys=True).encode())
+    return os.path.join(cache, f"{r['name']}-{key.hexdigest()[:10]}.json")
+
+
+def versions(python: str) -> dict:
+    code = ("import json, importlib.metadata as m, sys\n"
+            "out = {'python': sys.version.split()[0]}\n"
+            "for d in ('torch', 'numpy', 'torchft', 'hivemind', 'co2'):\n"
+            "    try: out[d] = m.version(d)\n"
+            "    except m.PackageNotFoundError: out[d] = None\n"
+            "print(json.dumps(out))")
+    return json.loads(subprocess.run([python, "-c", code], check=True, capture_output=True,
+                                     text=True, timeout=120).stdout)
+
+
+def install_status(python: str) -> dict:
+    """What bench/peers/venv.sh recorded about each peer's pip install."""
+    venv = os.path.dirname(os.path.dirname(python))
+    out = {}
+    with open(os.path.join(venv, "peers.status")) as f:
+        for line in f:
+            pin, status = line.split()
+            name = pin.split("==")[0]
+            out[name] = {"pin": pin, "status": status}
+            if status != "ok":
+                out[name]["error"] = tail(os.path.join(venv, f"pip-{name}.log"), 4000)
+    return out
+
+
+def machine() -> dict:
+    cpu = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {"cpu": cpu, "cores": os.cpu_count(), "kernel": platform.release(),
+            "os": platform.freedesktop_os_release().get("PRETTY_NAME", ""),
+            "load_at_start": os.getloadavg()}
+
+
+def own_session() -> None:
+    """Re-runs this script in its own session, whose scheduler autogroup
+    gets nice -10, as bench/overlap/netns.sh's ov_own_session does: other
+    sessions' builds would otherwise take the CPU the workers are timed on."""
+    if os.environ.get("CO2_PEERS_SESSION"):
+        try:
+            with open("/proc/self/autogroup", "w") as f:
+                f.write("-10")
+        except OSError:
+            pass
+        return
+    env = dict(os.environ, CO2_PEERS_SESSION="1")
+    sys.exit(subprocess.run(["setsid", "-w", sys.executable] + sys.argv, env=env).returncode)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the tiny model at 100 Mbit/s only")
+    ap.add_argument("--only", default="", help="comma-separated prefixes of run names")
+    ap.add_argument("--max_minutes", type=float, default=0,
+                    help="start no run after this many minutes (0: no bound)")
+    ap.add_argument("--out", default="")
+    ap.add_argument("--cache", default=CACHE, help="the directory of cached runs")
+    ap.add_argument("--python", default="", help="the venv's python (default: bench/peers/venv.sh)")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench/peers/run.py needs root (network namespaces and tc)", file=sys.stderr)
+        return 2
+    own_session()
+    out = args.out or os.path.join(ROOT, "bench", "results",
+                                   "peers_quick.json" if args.quick else "peers.json")
+    python = args.python or subprocess.run(
+        [os.path.join(HERE, "venv.sh")], check=True, capture_output=True, text=True,
+        timeout=3600).stdout.strip().splitlines()[-1]
+    vers = versions(python)
+    installed = install_status(python)
+    rows = grid(args.quick)
+    for r in rows:
+        r.setdefault("name", run_name(r))
+    only = [p for p in args.only.split(",") if p]
+    selected = [r for r in rows if not only or any(r["name"].startswith(p) for p in only)]
+    os.makedirs(args.cache, exist_ok=True)
+    started = time.monotonic()
+    records, not_run = {}, []
+    netns("ov_down")
+    netns(f"ov_up {WORKERS}")
+    try:
+        current_link = None
+        for r in rows:
+            path = cache_path(args.cache, r)
+            if os.path.exists(path):
+                with open(path) as f:
+                    records[r["name"]] = json.load(f)
+                continue
+            if r not in selected:
+                not_run.append(r["name"])
+                continue
+            need = NEEDS.get(r["system"])
+            if need and installed.get(need, {}).get("status") != "ok":
+                records[r["name"]] = {"run": r, "error": f"{need} is not installed: "
+                                      + installed.get(need, {}).get("error", "")}
+                continue
+            if args.max_minutes and time.monotonic() - started > 60 * args.max_minutes:
+                not_run.append(r["name"])
+                continue
+            if r["link"] != current_link:
+                shape(r["link"])
+                current_link = r["link"]
+            limit = {"tiny": 240, "small": 900, "medium": 1500}[r["size"]]
+            print(f"run {r['name']}", file=sys.stderr, flush=True)
+            t = time.monotonic()
+            rec = one_run(r, python, limit)
+            rec["elapsed_s"] = time.monotonic() - t
+            rec["commit"] = head_commit()
+            if "error" in rec:
+                print(f"  FAILED: {rec['error'][-1500:]}", file=sys.stderr, flush=True)
+            else:
+                print(f"  done in {rec['elapsed_s']:.0f} s, final val loss "
+                      f"{rec['ranks'][0]['final_val_loss']:.4f}", file=sys.stderr, flush=True)
+                with open(path + ".part", "w") as f:
+                    json.dump(rec, f)
+                os.replace(path + ".part", path)
+            records[r["name"]] = rec
+    finally:
+        netns("ov_down")
+    command = "sudo python3 bench/peers/run.py" + (" --quick" if args.quick else "")
+    result = summarize.build(records, rows, not_run, command=command, versions=vers,
+                             installed=installed, machine=machine(), quick=args.quick)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"wrote {out}", file=sys.stderr)
+    if not args.quick:
+        summarize.plot(result, os.path.splitext(out)[0] + ".png")
+    summarize.print_table(result)
+    failures = [n for n, rec in records.items() if "error" in rec
+                and "is not installed" not in rec["error"]]
+    if failures:
+        print("FAILED runs: " + ", ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The peers benchmark's table, JSON and plot (bench/peers/run.py).
+
+Per row, measured the same way for every system:
+  final_val_loss     worker 0's validation loss after the last step (nats/byte);
+  time_to_target_s   worker 0's clock when its validation loss first reaches
+                     the target (DDP's final loss on the unshaped link, same
+                     size and seed, + 2 %; --quick: DDP's at 100 Mbit/s),
+                     interpolated between evaluations; absent if never;
+  wall_s             the slowest worker's clock (evaluations excluded);
+  vs_local           samples/s against the no-communication run of the same
+                     size and seed (the same loop with the inner AdamW alone);
+  exposed_share      1 - vs_local: the share of the wall time not spent on the
+                     no-communication loop's work, i.e. blocked on the network
+                     or spent on the exchange's own CPU work;
+  wire_bytes_per_worker  tx + rx of a worker namespace's eth0 over the whole
+                     run (setup included), the mean over workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+
+TARGET_MARGIN = 1.02
+
+
+def time_to(curve: list, target: float):
+    prev = {"wall_s": 0.0, "val_loss": None}
+    for p in curve:
+        if p["val_loss"] <= target:
+            if prev["val_loss"] is None:
+                return p["wall_s"]
+            f = (prev["val_loss"] - target) / (prev["val_loss"] - p["val_loss"])
+            return prev["wall_s"] + f * (p["wall_s"] - prev["wall_s"])
+        prev = p
+    return None
+
+
+def row_of(rec: dict, records: dict) -> dict:
+    r = rec["run"]
+    row = {k: r[k] for k in ("name", "system", "size", "link", "tau", "seed", "steps", "lr")}
+    if "error" in rec:
+        row["error"] = rec["error"]
+        return row
+    ranks = rec["ranks"]
+    r0 = ranks[0]
+    wall = max(x["train_s"] for x in ranks)
+    samples = r0["curve"][-1]["samples"]
+    workers = [ns for ns in rec["wire"] if not ns.endswith("-agg")]
+    row.update({
+        "params": r0["params"],
+        "final_val_loss": r0["final_val_loss"],
+        "final_val_loss_worker_mean": statistics.mean(x["final_val_loss"] for x in ranks),
+        "workers_agree": len({x["params_digest"] for x in ranks}) == 1,
+        "wall_s": wall,
+        "samples": samples,
+        "samples_per_s": samples / wall,
+        "optimizer_step_share": statistics.mean(x["optimizer_step_s"] / x["train_s"] for x in ranks),
+        "wire_bytes_per_worker": statistics.mean(
+            rec["wire"][ns]["tx_bytes"] + rec["wire"][ns]["rx_bytes"] for ns in workers),
+        "wire_bytes_in_clock_per_worker": statistics.mean(
+            x["net_tx_bytes"] + x["net_rx_bytes"] for x in ranks),
+        "curve": [{k: p[k] for k in ("samples", "wall_s", "val_loss")} for p in r0["curve"]],
+        "notes": r0.get("notes", {}),
+    })
+    local = records.get(f"{r['size']}-local-seed{r['seed']}")
+    if local and "error" not in local and r["system"] != "local":
+        local_wall = max(x["train_s"] for x in local["ranks"])
+        row["vs_local"] = local_wall / wall
+        row["exposed_share"] = 1 - local_wall / wall
+    # DDP's final loss on the unshaped link; --quick runs DDP at 100 Mbit/s only.
+    for link in ("none", "100mbit"):
+        ddp = records.get(f"{r['size']}-{link}-seed{r['seed']}-ddp")
+        if ddp and "error" not in ddp:
+            target = ddp["ranks"][0]["final_val_loss"] * TARGET_MARGIN
+            row.update(target_loss=target, target_from=f"ddp, link {link}",
+                       time_to_target_s=time_to(r0["curve"], target))
+            break
+    return row
+
+
+def build(records: dict, rows: list, not_run: list, *, command: str, versions: dict,
+          installed: dict, machine: dict, quick: bool) -> dict:
+    table = [row_of(records[r["name"]], records) for r in rows if r["name"] in records]
+    return {
+        "what": "co2 against torch DDP, torchft (DiLoCo, streaming DiLoCo, LocalSGD) and "
+                "hivemind: 4 workers train a byte-level transformer LM on Debian's fortunes, "
+                "each worker behind its own link (bench/peers/run.py, docs/results.md)",
+        "command": command,
+        "quick": quick,
+        "machine": machine,
+        "versions": versions,
+        "peers_install": installed,
+        "links": {"none": "veth, no shaping", "1gbit": "tc tbf 1 Gbit/s each direction",
+                  "100mbit": "tc tbf 100 Mbit/s each direction"},
+        "metrics": __doc__.split("Per row, ")[1].strip(),
+        "rows": table,
+        "not_run": not_run,
+        "runs": {name: {"commit": rec.get("commit"), "elapsed_s": rec.get("elapsed_s"),
+                        "worker_commands": rec.get("commands", []),
+                        "wire": rec.get("wire"),
+                        "ranks": [{k: v for k, v in x.items() if k != "curve"}
+                                  for x in rec.get("ranks", [])]}
+                 for name, rec in records.items()},
+    }
+
+
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def print_table(result: dict) -> None:
+    print(f"{'row':44} {'final':>7} {'t_target':>8} {'wall':>7} {'vs_local':>8} "
+          f"{'exposed':>7} {'MB/worker':>9}")
+    for row in result["rows"]:
+        if "error" in row:
+            print(f"{row['name']:44} ERROR {row['error'][:200]!r}")
+            continue
+        print(f"{row['name']:44} {row['final_val_loss']:7.4f} "
+              f"{fmt(row.get('time_to_target_s'), '8.1f')} {row['wall_s']:7.1f} "
+              f"{fmt(row.get('vs_local'), '8.2f')} {fmt(row.get('exposed_share'), '7.2f')} "
+              f"{row['wire_bytes_per_worker'] / 1e6:9.1f}")
+    for name in result["not_run"]:
+        print(f"{name:44} not run")
+
+
+def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
+         tau: int = 16, seed: int = 1) -> None:
+    """Validation loss against wall time, one line per system, at LINK."""
+    rows = [r for r in result["rows"] if "error" not in r and r["size"] == size
+            and r["link"] == link and r["seed"] == seed
+            and (r["tau"] == tau or r["system"] == "ddp")]
+    if not rows:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        plots = []
+        for i, r in enumerate(rows):
+            data = os.path.join(tmp, f"{i}.dat")
+            with open(data, "w") as f:
+                for p in r["curve"]:
+                    f.write(f"{p['wall_s']} {p['val_loss']}\n")
+            plots.append(f"'{data}' using 1:2 with linespoints title '{r['system']}'")
+        target = rows[0].get("target_loss")
+        if target:
+            plots.append(f"{target} with lines dashtype 2 lc rgb 'gray' title 'target'")
+        script = (f"set terminal pngcairo size 800,500 font ',10'\nset output '{path}'\n"
+                  f"set title 'validation loss, {size} model ({rows[0]['params'] / 1e6:.1f}M), "
+                  f"4 workers, {link} per worker, tau {tau}'\n"
+                  "set xlabel 'wall time (s)'\nset ylabel 'validation loss (nats/byte)'\n"
+                  "set key top right\nset grid\nplot " + ", ".join(plots) + "\n")
+        subprocess.run(["gnuplot"], input=script, text=True, check=True, timeout=60)

@@ -333,6 +333,9 @@ def main() -> int:
         print("bench/peers/run.py needs root (network namespaces and tc)", file=sys.stderr)
         return 2
     own_session()
+    # SIGTERM unwinds like an exception, so that the namespaces (and every
+    # process left in them) go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = args.out or os.path.join(ROOT, "bench", "results",
                                    "peers_quick.json" if args.quick else "peers.json")
     python = args.python or subprocess.run(

@@ -92,10 +92,11 @@ def grid(quick: bool) -> list:
 
 
 def run_name(r: dict) -> str:
+    rep = f"-r{r['repeat']}" if r.get("repeat", 1) > 1 else ""
     if r["system"] == "local":
-        return f"{r['size']}-local-seed{r['seed']}"
+        return f"{r['size']}-local-seed{r['seed']}{rep}"
     tau = "" if r["system"] == "ddp" else f"-tau{r['tau']}"
-    return f"{r['size']}-{r['link']}{tau}-seed{r['seed']}-{r['system']}"
+    return f"{r['size']}-{r['link']}{tau}-seed{r['seed']}-{r['system']}{rep}"
 
 
 def sh(cmd: str, check: bool = True) -> str:
@@ -326,6 +327,8 @@ def main() -> int:
     ap.add_argument("--max_minutes", type=float, default=0,
                     help="start no run after this many minutes (0: no bound)")
     ap.add_argument("--out", default="")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the selected rows again as repeat K (rows named ...-rK)")
     ap.add_argument("--cache", default=CACHE, help="the directory of cached runs")
     ap.add_argument("--python", default="", help="the venv's python (default: bench/peers/venv.sh)")
     args = ap.parse_args()
@@ -346,6 +349,21 @@ def main() -> int:
     rows = grid(args.quick)
     for r in rows:
         r.setdefault("name", run_name(r))
+    if args.repeat > 1:
+        # Repeats of the selected rows, after the grid, under their own names.
+        only = [p for p in args.only.split(",") if p]
+        chosen = [r for r in rows if any(r["name"].startswith(p) for p in only)]
+        keys = {(r["size"], r["seed"]) for r in chosen}
+        chosen += [r for r in rows if r["system"] == "local" and (r["size"], r["seed"]) in keys
+                   and r not in chosen]
+        extra = []
+        for r in chosen:
+            x = {k: v for k, v in r.items() if k != "name"}
+            x["repeat"] = args.repeat
+            x["name"] = run_name(x)
+            extra.append(x)
+        rows += extra
+        args.only = ",".join(x["name"] for x in extra)
     only = [p for p in args.only.split(",") if p]
     selected = [r for r in rows if not only or any(r["name"].startswith(p) for p in only)]
     os.makedirs(args.cache, exist_ok=True)
@@ -378,8 +396,11 @@ def main() -> int:
             limit = {"tiny": 240, "small": 900, "medium": 1500}[r["size"]]
             print(f"run {r['name']}", file=sys.stderr, flush=True)
             t = time.monotonic()
+            load = os.getloadavg()[0]
             rec = one_run(r, python, limit)
             rec["elapsed_s"] = time.monotonic() - t
+            # The machine is shared: its 1-minute load before and after the run.
+            rec["load_1min"] = [load, os.getloadavg()[0]]
             rec["commit"] = head_commit()
             if "error" in rec:
                 print(f"  FAILED: {rec['error'][-1500:]}", file=sys.stderr, flush=True)
@@ -393,8 +414,10 @@ def main() -> int:
     finally:
         netns("ov_down")
     command = "sudo python3 bench/peers/run.py" + (" --quick" if args.quick else "")
+    invocation = shlex.join(["python3", "bench/peers/run.py"] + sys.argv[1:])
     result = summarize.build(records, rows, not_run, command=command, versions=vers,
                              installed=installed, machine=machine(), quick=args.quick)
+    result["this_invocation"] = invocation
     with open(out, "w") as f:
         json.dump(result, f, indent=1)
         f.write("\n")

@@ -42,6 +42,8 @@ def time_to(curve: list, target: float):
 def row_of(rec: dict, records: dict) -> dict:
     r = rec["run"]
     row = {k: r[k] for k in ("name", "system", "size", "link", "tau", "seed", "steps", "lr")}
+    row["repeat"] = r.get("repeat", 1)
+    row["load_1min"] = rec.get("load_1min")
     if "error" in rec:
         row["error"] = rec["error"]
         return row
@@ -66,7 +68,10 @@ def row_of(rec: dict, records: dict) -> dict:
         "curve": [{k: p[k] for k in ("samples", "wall_s", "val_loss")} for p in r0["curve"]],
         "notes": r0.get("notes", {}),
     })
-    local = records.get(f"{r['size']}-local-seed{r['seed']}")
+    # The no-communication run of the same repeat if there is one.
+    rep = f"-r{row['repeat']}" if row["repeat"] > 1 else ""
+    local = (records.get(f"{r['size']}-local-seed{r['seed']}{rep}")
+             or records.get(f"{r['size']}-local-seed{r['seed']}"))
     if local and "error" not in local and r["system"] != "local":
         local_wall = max(x["train_s"] for x in local["ranks"])
         row["vs_local"] = local_wall / wall
@@ -152,3 +157,28 @@ def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
                   "set xlabel 'wall time (s)'\nset ylabel 'validation loss (nats/byte)'\n"
                   "set key top right\nset grid\nplot " + ", ".join(plots) + "\n")
         subprocess.run(["gnuplot"], input=script, text=True, check=True, timeout=60)
+
+
+def markdown(result: dict) -> str:
+    """The rows as docs/results.md's table."""
+    lines = ["| size | link | τ | system | time to target | final val loss | wall | "
+             "vs no-comm | exposed | MB/worker |", "|" + "---|" * 10]
+    for row in result["rows"]:
+        if row["system"] == "local":
+            continue
+        head = f"| {row['size']} | {row['link']} | {row['tau']} | {row['system']} |"
+        if "error" in row:
+            lines.append(head + " failed: see JSON | | | | | |")
+            continue
+        ttt = row.get("time_to_target_s")
+        lines.append(
+            head + f" {'not reached' if ttt is None else f'{ttt:.1f} s'} | "
+            f"{row['final_val_loss']:.4f} | {row['wall_s']:.1f} s | {row.get('vs_local', 0):.2f} | "
+            f"{row.get('exposed_share', 0):.2f} | {row['wire_bytes_per_worker'] / 1e6:.1f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+    with open(sys.argv[1]) as f:
+        print(markdown(json.load(f)))

@@ -87,6 +87,30 @@ def row_of(rec: dict, records: dict) -> dict:
     return row
 
 
+def repeats_summary(table: list) -> list:
+    """Per (size, link, tau, seed, system): the median, min and max over the
+    repeats of time to target, wall time and exposed share."""
+    groups = {}
+    for row in table:
+        if "error" not in row and row["system"] != "local":
+            key = (row["size"], row["link"], row["tau"], row["seed"], row["system"])
+            groups.setdefault(key, []).append(row)
+    out = []
+    for (size, link, tau, seed, system), rows in groups.items():
+        entry = {"size": size, "link": link, "tau": tau, "seed": seed, "system": system,
+                 "repeats": len(rows), "final_val_loss": statistics.median(
+                     r["final_val_loss"] for r in rows),
+                 "wire_bytes_per_worker": statistics.median(r["wire_bytes_per_worker"] for r in rows)}
+        for k in ("time_to_target_s", "wall_s", "exposed_share"):
+            vals = [r.get(k) for r in rows]
+            if any(v is None for v in vals):
+                entry[k] = None
+                continue
+            entry[k] = {"median": statistics.median(vals), "min": min(vals), "max": max(vals)}
+        out.append(entry)
+    return out
+
+
 def build(records: dict, rows: list, not_run: list, *, command: str, versions: dict,
           installed: dict, machine: dict, quick: bool) -> dict:
     table = [row_of(records[r["name"]], records) for r in rows if r["name"] in records]
@@ -103,6 +127,7 @@ def build(records: dict, rows: list, not_run: list, *, command: str, versions: d
                   "100mbit": "tc tbf 100 Mbit/s each direction"},
         "metrics": __doc__.split("Per row, ")[1].strip(),
         "rows": table,
+        "repeats_summary": repeats_summary(table),
         "not_run": not_run,
         "runs": {name: {"commit": rec.get("commit"), "elapsed_s": rec.get("elapsed_s"),
                         "worker_commands": rec.get("commands", []),
@@ -134,10 +159,15 @@ def print_table(result: dict) -> None:
 
 def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
          tau: int = 16, seed: int = 1) -> None:
-    """Validation loss against wall time, one line per system, at LINK."""
-    rows = [r for r in result["rows"] if "error" not in r and r["size"] == size
-            and r["link"] == link and r["seed"] == seed
-            and (r["tau"] == tau or r["system"] == "ddp")]
+    """Validation loss against wall time, one line per system, at LINK;
+    of a system's repeats, the one with the median wall time."""
+    runs = {}
+    for r in result["rows"]:
+        if ("error" not in r and r["system"] != "local" and r["size"] == size
+                and r["link"] == link and r["seed"] == seed
+                and (r["tau"] == tau or r["system"] == "ddp")):
+            runs.setdefault(r["system"], []).append(r)
+    rows = [sorted(rs, key=lambda r: r["wall_s"])[(len(rs) - 1) // 2] for rs in runs.values()]
     if not rows:
         return
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,7 +177,8 @@ def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
             with open(data, "w") as f:
                 for p in r["curve"]:
                     f.write(f"{p['wall_s']} {p['val_loss']}\n")
-            plots.append(f"'{data}' using 1:2 with linespoints title '{r['system']}'")
+            title = r["system"] + (f" (repeat {r['repeat']})" if len(runs[r["system"]]) > 1 else "")
+            plots.append(f"'{data}' using 1:2 with linespoints title '{title}'")
         target = rows[0].get("target_loss")
         if target:
             plots.append(f"{target} with lines dashtype 2 lc rgb 'gray' title 'target'")
@@ -160,21 +191,25 @@ def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
 
 
 def markdown(result: dict) -> str:
-    """The rows as docs/results.md's table."""
-    lines = ["| size | link | τ | system | time to target | final val loss | wall | "
-             "vs no-comm | exposed | MB/worker |", "|" + "---|" * 10]
-    for row in result["rows"]:
-        if row["system"] == "local":
-            continue
-        head = f"| {row['size']} | {row['link']} | {row['tau']} | {row['system']} |"
-        if "error" in row:
-            lines.append(head + " failed: see JSON | | | | | |")
-            continue
-        ttt = row.get("time_to_target_s")
-        lines.append(
-            head + f" {'not reached' if ttt is None else f'{ttt:.1f} s'} | "
-            f"{row['final_val_loss']:.4f} | {row['wall_s']:.1f} s | {row.get('vs_local', 0):.2f} | "
-            f"{row.get('exposed_share', 0):.2f} | {row['wire_bytes_per_worker'] / 1e6:.1f} |")
+    """docs/results.md's table: per row, the median over its repeats and,
+    where there are several, [min–max]."""
+    def span(v, unit=""):
+        if v is None:
+            return "not reached"
+        text = f"{v['median']:.1f}{unit}"
+        return text if v["min"] == v["max"] else f"{text} [{v['min']:.1f}–{v['max']:.1f}]"
+
+    def share(v):
+        text = f"{v['median']:.2f}"
+        return text if v["min"] == v["max"] else f"{text} [{v['min']:.2f}–{v['max']:.2f}]"
+
+    lines = ["| link | τ | system | runs | time to target (s) | final val loss | wall (s) | "
+             "exposed | MB/worker |", "|" + "---|" * 9]
+    for e in result["repeats_summary"]:
+        lines.append(f"| {e['link']} | {e['tau']} | {e['system']} | {e['repeats']} | "
+                     f"{span(e['time_to_target_s'])} | {e['final_val_loss']:.4f} | "
+                     f"{span(e['wall_s'])} | {share(e['exposed_share'])} | "
+                     f"{e['wire_bytes_per_worker'] / 1e6:.0f} |")
     return "\n".join(lines)
 
 

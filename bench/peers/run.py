@@ -25,6 +25,7 @@ the results then list the rows that were not run. Needs root, iproute2, tc.
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import os
@@ -364,6 +365,15 @@ def main() -> int:
             extra.append(x)
         rows += extra
         args.only = ",".join(x["name"] for x in extra)
+    # Repeats run by earlier invocations are results too.
+    known = {r["name"] for r in rows}
+    for path in sorted(glob.glob(os.path.join(args.cache, "*.json"))):
+        with open(path) as f:
+            run = json.load(f)["run"]
+        if run.get("repeat", 1) > 1 and run["name"] not in known and run["size"] in {
+                r["size"] for r in rows}:
+            rows.append(run)
+            known.add(run["name"])
     only = [p for p in args.only.split(",") if p]
     selected = [r for r in rows if not only or any(r["name"].startswith(p) for p in only)]
     os.makedirs(args.cache, exist_ok=True)

@@ -185,8 +185,9 @@ def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
         script = (f"set terminal pngcairo size 800,500 font ',10'\nset output '{path}'\n"
                   f"set title 'validation loss, {size} model ({rows[0]['params'] / 1e6:.1f}M), "
                   f"4 workers, {link} per worker, tau {tau}'\n"
-                  "set xlabel 'wall time (s)'\nset ylabel 'validation loss (nats/byte)'\n"
-                  "set key top right\nset grid\nplot " + ", ".join(plots) + "\n")
+                  "set xlabel 'wall time (s, log scale)'\nset ylabel 'validation loss (nats/byte)'\n"
+                  "set key top right\nset grid\nset yrange [2.55:3.1]\n"
+                  "set logscale x\nplot " + ", ".join(plots) + "\n")
         subprocess.run(["gnuplot"], input=script, text=True, check=True, timeout=60)
 
 

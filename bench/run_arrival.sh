@@ -43,15 +43,8 @@ alpha=${ALPHA:-0.9}
 workers=4
 run_limit=1200  # seconds: the bound of any one run
 
-scratch=$(mktemp -d /tmp/co2-arrival-XXXXXX)
-cleanup() {
-  ov_down
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $scratch" >&2; else rm -rf "$scratch"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-ov_down
-ov_up "$workers"
+ov_session_up co2-arrival "$workers"
+scratch=$OV_SCRATCH
 
 # One run: ID TAU SEED [co2-train flags...]; its rank reports go to
 # $scratch/ID and are added to OUT at once.

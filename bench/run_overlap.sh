@@ -30,15 +30,8 @@ shards=${SHARDS:-2}
 workers=4
 run_limit=300  # seconds: the bound of any one run
 
-scratch=$(mktemp -d /tmp/co2-overlap-XXXXXX)
-cleanup() {
-  ov_down
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $scratch" >&2; else rm -rf "$scratch"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-ov_down
-ov_up "$workers"
+ov_session_up co2-overlap "$workers"
+scratch=$OV_SCRATCH
 
 # One run: NAME ALGO TAU STEPS. The shards are fresh for every run.
 run() {

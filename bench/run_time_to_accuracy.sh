@@ -32,15 +32,8 @@ shards=${SHARDS:-2}
 workers=4
 run_limit=900  # seconds: the bound of any one run
 
-scratch=$(mktemp -d /tmp/co2-tta-XXXXXX)
-cleanup() {
-  ov_down
-  if [ "${KEEP:-0}" = 1 ]; then echo "kept $scratch" >&2; else rm -rf "$scratch"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-ov_down
-ov_up "$workers"
+ov_session_up co2-tta "$workers"
+scratch=$OV_SCRATCH
 ov_shape "$workers" "$rate"
 
 # One run: ALGO STEPS [co2-train flags...]. Fresh shards for every run.

@@ -73,6 +73,23 @@ OV_AGG_ADDR=10.99.0.100
 
 ov_worker_addr() { echo "10.99.0.$(($1 + 1))"; }
 
+# ov_session_up NAME WORKERS: a scratch directory /tmp/NAME-XXXXXX in
+# OV_SCRATCH, and the namespaces with WORKERS unshaped worker links (ov_up,
+# after taking down any left over); at exit the namespaces go down and the
+# directory is removed (KEEP=1 keeps it); Ctrl-C and TERM exit 130.
+ov_session_up() {
+  OV_SCRATCH=$(mktemp -d "/tmp/$1-XXXXXX")
+  trap ov_session_down EXIT
+  trap 'exit 130' INT TERM
+  ov_down
+  ov_up "$2"
+}
+
+ov_session_down() {
+  ov_down
+  if [ "${KEEP:-0}" = 1 ]; then echo "kept $OV_SCRATCH" >&2; else rm -rf "$OV_SCRATCH"; fi
+}
+
 # ov_train DIR WORKERS SHARDS LIMIT TRAIN AGGREGATOR [co2-train flags...]:
 # one job with fresh shards (ov_start_shards) and WORKERS co2-train workers,
 # each in its own namespace and bounded by LIMIT seconds, logging to

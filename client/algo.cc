@@ -23,8 +23,14 @@ absl::StatusOr<ApplyAt> ParseApplyAt(absl::string_view name) {
       "unknown apply mode '", name, "' (expected boundary, arrival)"));
 }
 
-absl::string_view ApplyAtName(ApplyAt apply) {
-  return apply == ApplyAt::kArrival ? "arrival" : "boundary";
+absl::Status CheckApplyAt(Algo algo, ApplyAt apply) {
+  if (apply != ApplyAt::kArrival || algo == Algo::kCo2) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "arrival is for co2, whose update arrives while the next round "
+      "computes; ",
+      AlgoName(algo), " waits for its update at the boundary"));
 }
 
 absl::string_view AlgoName(Algo algo) {

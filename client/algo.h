@@ -50,7 +50,9 @@ enum class ApplyAt { kBoundary, kArrival };
 
 // "boundary" | "arrival"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<ApplyAt> ParseApplyAt(absl::string_view name);
-absl::string_view ApplyAtName(ApplyAt apply);
+// OK unless `apply` is arrival and `algo` is not co2 (INVALID_ARGUMENT
+// naming it): only co2's update arrives while the next round computes.
+absl::Status CheckApplyAt(Algo algo, ApplyAt apply);
 
 // The momentum period N of delayed Nesterov momentum where the user sets
 // none (JobConfig.momentum_period).

@@ -263,11 +263,18 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
   return absl::OkStatus();
 }
 
-bool AnchorExchange::UpdateArrived(uint64_t round) const {
+std::optional<uint64_t> AnchorExchange::ArrivedUpdate(uint64_t round) const {
   const std::optional<uint64_t> owed =
       OwedUpdate(staleness_, options_.rounds, round);
-  return owed && applied_early_ != owed && client_ != nullptr &&
-         client_->UpdateReady(*owed);
+  if (!owed || applied_early_ == owed || client_ == nullptr ||
+      !client_->UpdateReady(*owed)) {
+    return std::nullopt;
+  }
+  return owed;
+}
+
+bool AnchorExchange::UpdateArrived(uint64_t round) const {
+  return ArrivedUpdate(round).has_value();
 }
 
 absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
@@ -277,18 +284,18 @@ absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
         absl::StrCat("AnchorExchange::ApplyArrived: ", x.size(),
                      " parameters, the job has ", anchor_.size()));
   }
-  if (!UpdateArrived(round)) {
+  const std::optional<uint64_t> owed = ArrivedUpdate(round);
+  if (!owed) {
     return absl::FailedPreconditionError(absl::StrCat(
         "AnchorExchange::ApplyArrived: round ", round,
         " has no arrived update left to apply"));
   }
-  const uint64_t owed = *OwedUpdate(staleness_, options_.rounds, round);
   // x − s is the progress since the round's start; the start moves with A
   // (with eager updates s = A + e, and e stays), so x ← (x − A) + A_new.
   float* d = x.data();
   const float* a = anchor_.data();
   for (size_t i = 0; i < x.size(); ++i) d[i] -= a[i];
-  absl::Status status = Apply(owed, times);
+  absl::Status status = Apply(*owed, times);
   if (!status.ok()) return Heal(std::move(status), x, times);
   for (size_t i = 0; i < x.size(); ++i) d[i] += a[i];
   applied_early_ = owed;

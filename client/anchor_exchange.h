@@ -194,6 +194,9 @@ class AnchorExchange {
   // and records it in `times`; else `failed` itself.
   absl::Status Heal(absl::Status failed, absl::Span<float> x,
                     ExchangeTimes& times);
+  // The update round `round` owes, when it has arrived from every shard and
+  // was not applied yet (UpdateArrived).
+  std::optional<uint64_t> ArrivedUpdate(uint64_t round) const;
   // A ← A + decode(U) of `round`, counting digest mismatches into `times`.
   absl::Status Apply(uint64_t round, ExchangeTimes& times);
   void CopyAnchorTo(absl::Span<float> x) const;

@@ -27,6 +27,25 @@ TEST(AlgoTest, OnlyCo2RunsOneRoundStale) {
   }
 }
 
+TEST(AlgoTest, OnlyCo2AppliesOnArrival) {
+  EXPECT_EQ(*ParseApplyAt("boundary"), ApplyAt::kBoundary);
+  EXPECT_EQ(*ParseApplyAt("arrival"), ApplyAt::kArrival);
+  const absl::Status bad = ParseApplyAt("eager").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("'eager'"), std::string::npos) << bad;
+  for (Algo algo : kAll) {
+    EXPECT_TRUE(CheckApplyAt(algo, ApplyAt::kBoundary).ok()) << AlgoName(algo);
+    const absl::Status arrival = CheckApplyAt(algo, ApplyAt::kArrival);
+    if (algo == Algo::kCo2) {
+      EXPECT_TRUE(arrival.ok()) << arrival;
+    } else {
+      EXPECT_EQ(arrival.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(arrival.message().find(AlgoName(algo)), std::string::npos)
+          << arrival;
+    }
+  }
+}
+
 // What each algorithm fixes, from a config that sets everything otherwise.
 TEST(AlgoTest, ApplyAlgoFixesWhatTheAlgorithmIs) {
   v1::JobConfig user = common::DefaultJobConfig(1000, 1);

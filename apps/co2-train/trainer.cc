@@ -219,10 +219,8 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
   }
   const absl::StatusOr<ApplyAt> apply = ParseApplyAt(options.apply);
   if (!apply.ok()) return Bad("apply", std::string(apply.status().message()));
-  if (*apply == ApplyAt::kArrival && algo != Algo::kCo2) {
-    return Bad("apply", absl::StrCat("arrival is for co2, whose update arrives "
-                                     "while the next round computes; ",
-                                     options.algo, " waits for its update"));
+  if (absl::Status s = CheckApplyAt(algo, *apply); !s.ok()) {
+    return Bad("apply", std::string(s.message()));
   }
   if (options.workers < 1)
     return Bad("workers", absl::StrCat("must be >= 1, got ", options.workers));

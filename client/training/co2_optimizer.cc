@@ -84,11 +84,10 @@ absl::StatusOr<std::unique_ptr<Co2Optimizer>> Co2Optimizer::Create(
         absl::StrCat("Co2Optimizer: samples_per_step must be > 0, got ",
                      options.samples_per_step));
   }
-  if (options.apply == ApplyAt::kArrival && options.algo != Algo::kCo2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Co2Optimizer: apply=arrival is for co2, whose update arrives while "
-        "the next round computes; ",
-        AlgoName(options.algo), " waits for its update at the boundary"));
+  if (absl::Status apply = CheckApplyAt(options.algo, options.apply);
+      !apply.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: apply=", apply.message()));
   }
   std::unique_ptr<Co2Optimizer> opt(new Co2Optimizer(
       options, flat, inner, std::move(client), local, global));

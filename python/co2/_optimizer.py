@@ -169,11 +169,7 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError("aggregators is empty: give host:port of every shard")
         if not job:
             raise ValueError("job is empty")
-        if apply not in ("boundary", "arrival"):
-            raise ValueError(f"apply must be 'boundary' or 'arrival', got {apply!r}")
-        if apply == "arrival" and algo != "co2":
-            raise ValueError(f"apply='arrival' is for co2, whose update arrives while the next "
-                             f"round computes; {algo} waits for its update at the boundary")
+        _core.check_apply(algo, apply)
         self._apply_on_arrival = apply == "arrival"
         self._applied_this_round = False
         self._steps_at_apply = 0

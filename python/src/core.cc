@@ -475,6 +475,19 @@ PYBIND11_MODULE(_core, m) {
       },
       "The JobConfig dict with what the algorithm fixes applied.");
   m.def(
+      "check_apply",
+      [](const std::string& algo, const std::string& apply) {
+        const absl::StatusOr<client::ApplyAt> parsed =
+            client::ParseApplyAt(apply);
+        if (!parsed.ok()) {
+          throw py::value_error(std::string(parsed.status().message()));
+        }
+        const absl::Status s =
+            client::CheckApplyAt(ParseExchangeAlgo(algo), *parsed);
+        if (!s.ok()) throw py::value_error(absl::StrCat("apply=", s.message()));
+      },
+      "ValueError unless `apply` is a mode `algo` can run (client/algo.h).");
+  m.def(
       "outer_defaults",
       [](const std::string& algo) {
         const client::OuterDefaults outer =

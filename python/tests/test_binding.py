@@ -82,6 +82,12 @@ def test_bad_optimizer_arguments_are_value_errors():
     with pytest.raises(ValueError, match="float32"):
         co2.Optimizer([torch.zeros(2, dtype=torch.float64)], inner, tau=1, rounds=2,
                       aggregators=["127.0.0.1:1"], job="j")
+    with pytest.raises(ValueError, match="unknown apply mode 'eager'"):
+        co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j",
+                      apply="eager")
+    with pytest.raises(ValueError, match="apply=arrival is for co2.*localsgd"):
+        co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j",
+                      algo="localsgd", apply="arrival")
     with pytest.raises(ValueError, match="parameter 1 is parameter 0 again"):
         co2.Optimizer([w, w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j")
 

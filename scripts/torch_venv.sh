@@ -48,7 +48,7 @@ except Exception as e:
   fi
   rm -rf "$WHEELHOUSE.partial"
   mkdir -p "$WHEELHOUSE.partial"
-  # A throwaway venv's pip: Debian's interpreter has none of its own.
+  # pip from a venv of its own, kept beside: Debian's interpreter has none.
   local tools="$CACHE/pip-tools-py$pyver"
   [ -x "$tools/bin/pip" ] || "$PYTHON" -m venv "$tools"
   "$tools/bin/pip" download --quiet --no-cache-dir --only-binary=:all: \

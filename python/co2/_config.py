@@ -16,9 +16,9 @@ class JobConfig:
     """The settings every worker of a job must agree on (docs/algorithm.md).
 
     A value out of range raises ValueError naming the field when the config
-    is made. The first worker's Join fixes them on the shards; a worker that asks for
-    others is refused with ``co2.Error("FAILED_PRECONDITION", ...)`` naming
-    the first field that differs. Defaults are the C++ ones
+    is made. The first worker's Join fixes them on the shards; a worker that
+    asks for others is refused with ``co2.Error("FAILED_PRECONDITION",
+    ...)`` naming the first field that differs. Defaults are the C++ ones
     (``common::DefaultJobConfig``). ``co2.Optimizer`` fills in the fields it
     knows: ``protocol_version``, ``num_parameters``, ``num_shards``, ``tau``,
     ``rounds`` and, from the algorithm, ``max_staleness`` (and ``alpha``,

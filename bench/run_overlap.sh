@@ -39,7 +39,7 @@ run() {
   local common=(--task=fashion-mnist --model=wide --threads=1 --batch_size=32
     --seed=1 --beta=0.5 --eval_every=0 --final_eval_examples=64
     --progress=false --hash_params=false --group_timeout=120s --update_timeout=120s
-    --steps="$n" --tau="$tau" --role=worker --worker=0)
+    --steps="$n" --tau="$tau" --role=worker --worker=0 --apply=boundary)
   mkdir -p "$dir"
   # shellcheck disable=SC2086  # AGG_ARGS: several flags
   ov_start_shards "$dir" "$shards" "$run_limit" "$aggregator" ${AGG_ARGS:-}

@@ -23,14 +23,30 @@ absl::StatusOr<ApplyAt> ParseApplyAt(absl::string_view name) {
       "unknown apply mode '", name, "' (expected boundary, arrival)"));
 }
 
-absl::Status CheckApplyAt(Algo algo, ApplyAt apply) {
-  if (apply != ApplyAt::kArrival || algo == Algo::kCo2) {
-    return absl::OkStatus();
+absl::string_view ApplyAtName(ApplyAt apply) {
+  return apply == ApplyAt::kArrival ? "arrival" : "boundary";
+}
+
+absl::Status CheckApplyAt(Algo algo, ApplyAt apply, bool deterministic) {
+  if (apply != ApplyAt::kArrival) return absl::OkStatus();
+  if (algo != Algo::kCo2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "arrival is for co2, whose update arrives while the next round "
+        "computes; ",
+        AlgoName(algo), " waits for its update at the boundary"));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "arrival is for co2, whose update arrives while the next round "
-      "computes; ",
-      AlgoName(algo), " waits for its update at the boundary"));
+  if (deterministic) {
+    return absl::InvalidArgumentError(
+        "arrival is not for a deterministic job: the step an update is "
+        "applied at depends on when it arrives, so two runs would differ; "
+        "use boundary");
+  }
+  return absl::OkStatus();
+}
+
+ApplyAt DefaultApplyAt(Algo algo, bool deterministic) {
+  return algo == Algo::kCo2 && !deterministic ? ApplyAt::kArrival
+                                              : ApplyAt::kBoundary;
 }
 
 absl::string_view AlgoName(Algo algo) {

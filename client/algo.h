@@ -50,9 +50,15 @@ enum class ApplyAt { kBoundary, kArrival };
 
 // "boundary" | "arrival"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<ApplyAt> ParseApplyAt(absl::string_view name);
-// OK unless `apply` is arrival and `algo` is not co2 (INVALID_ARGUMENT
-// naming it): only co2's update arrives while the next round computes.
-absl::Status CheckApplyAt(Algo algo, ApplyAt apply);
+absl::string_view ApplyAtName(ApplyAt apply);
+// OK unless `apply` is arrival and `algo` is not co2 (only co2's update
+// arrives while the next round computes) or the job is `deterministic`
+// (the step an update is applied at depends on when it arrives):
+// INVALID_ARGUMENT naming why.
+absl::Status CheckApplyAt(Algo algo, ApplyAt apply, bool deterministic);
+// Where the user picks none: arrival for co2 unless the job is
+// deterministic, else boundary.
+ApplyAt DefaultApplyAt(Algo algo, bool deterministic);
 
 // The momentum period N of delayed Nesterov momentum where the user sets
 // none (JobConfig.momentum_period).

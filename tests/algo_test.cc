@@ -1,5 +1,6 @@
 #include "client/algo.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "gtest/gtest.h"
 
@@ -27,20 +28,35 @@ TEST(AlgoTest, OnlyCo2RunsOneRoundStale) {
   }
 }
 
-TEST(AlgoTest, OnlyCo2AppliesOnArrival) {
+TEST(AlgoTest, OnlyNonDeterministicCo2AppliesOnArrival) {
   EXPECT_EQ(*ParseApplyAt("boundary"), ApplyAt::kBoundary);
   EXPECT_EQ(*ParseApplyAt("arrival"), ApplyAt::kArrival);
+  for (ApplyAt apply : {ApplyAt::kBoundary, ApplyAt::kArrival}) {
+    EXPECT_EQ(*ParseApplyAt(ApplyAtName(apply)), apply);
+  }
   const absl::Status bad = ParseApplyAt("eager").status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.message().find("'eager'"), std::string::npos) << bad;
   for (Algo algo : kAll) {
-    EXPECT_TRUE(CheckApplyAt(algo, ApplyAt::kBoundary).ok()) << AlgoName(algo);
-    const absl::Status arrival = CheckApplyAt(algo, ApplyAt::kArrival);
-    if (algo == Algo::kCo2) {
-      EXPECT_TRUE(arrival.ok()) << arrival;
-    } else {
+    for (const bool deterministic : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(AlgoName(algo), " deterministic ",
+                                deterministic));
+      EXPECT_TRUE(CheckApplyAt(algo, ApplyAt::kBoundary, deterministic).ok());
+      const absl::Status arrival =
+          CheckApplyAt(algo, ApplyAt::kArrival, deterministic);
+      const ApplyAt unset = DefaultApplyAt(algo, deterministic);
+      EXPECT_TRUE(CheckApplyAt(algo, unset, deterministic).ok());
+      if (algo == Algo::kCo2 && !deterministic) {
+        EXPECT_TRUE(arrival.ok()) << arrival;
+        EXPECT_EQ(unset, ApplyAt::kArrival);
+        continue;
+      }
+      EXPECT_EQ(unset, ApplyAt::kBoundary);
       EXPECT_EQ(arrival.code(), absl::StatusCode::kInvalidArgument);
-      EXPECT_NE(arrival.message().find(AlgoName(algo)), std::string::npos)
+      EXPECT_NE(arrival.message().find(algo == Algo::kCo2
+                                           ? "not for a deterministic job"
+                                           : AlgoName(algo)),
+                std::string::npos)
           << arrival;
     }
   }

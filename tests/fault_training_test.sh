@@ -51,9 +51,10 @@
 #                   job) and shrinks to 3 (worker 3 leaves on SIGTERM, its
 #                   last Δ counted); the undisturbed run has 4 throughout
 #
-# SCENARIO_arrival runs SCENARIO with --apply=arrival in both runs: each
-# worker applies the update a round owes between inner steps
-# (docs/algorithm.md, "Applying an update when it arrives").
+# SCENARIO runs co2-train's default, each worker applying the update a round
+# owes between inner steps when it has arrived (docs/algorithm.md, "Applying
+# an update when it arrives"); SCENARIO_boundary runs it with
+# --apply=boundary in both runs.
 #
 # After each: training completes; every worker's final model hash equals the
 # hash of the anchor in the shards' checkpoints (co2-checkpoint); every
@@ -69,10 +70,12 @@ set -euo pipefail
 
 BUILD=$(cd "$1" && pwd)
 SCENARIO=$2
-APPLY=boundary
-if [[ $SCENARIO == *_arrival ]]; then
-  SCENARIO=${SCENARIO%_arrival}
-  APPLY=arrival
+APPLY=default
+APPLY_FLAGS=()
+if [[ $SCENARIO == *_boundary ]]; then
+  SCENARIO=${SCENARIO%_boundary}
+  APPLY=boundary
+  APPLY_FLAGS=(--apply=boundary)
 fi
 SEED=${3:-$(( $(date +%s) % 100000 ))}
 RANDOM=$SEED
@@ -223,7 +226,7 @@ start_training() {
     --aggregators="$HOST:${SHARD_PORT[0]},$HOST:${SHARD_PORT[1]}" \
     --round_timeout=$ROUND_TIMEOUT --job="$job" --run_dir="$WORK/run-$job" \
     --keep_run_dir --progress=false --eval_every=0 --final_eval_examples=2000 \
-    --report="$WORK/$job.json" --apply=$APPLY "${NODE_ARGS[@]}" \
+    --report="$WORK/$job.json" "${APPLY_FLAGS[@]}" "${NODE_ARGS[@]}" \
     ${RESUMABLE:+--checkpoint_dir="$WORK/wck-$job"} "$@" \
     >>"$WORK/train-$job.out" 2>&1 &
   TRAIN_PID=$!

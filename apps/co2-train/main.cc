@@ -53,11 +53,12 @@ ABSL_FLAG(bool, eager, true,
           "co2: each worker starts a round from the anchor plus the eager "
           "update of its own latest delta (docs/algorithm.md); the "
           "synchronous algorithms have no stale average to make up for.");
-ABSL_FLAG(std::string, apply, "boundary",
-          "co2: when a worker applies the update a round owes: boundary (at "
-          "the end of the round it arrives in) | arrival (after the inner "
-          "step it has arrived by, keeping the steps taken; "
-          "docs/algorithm.md).");
+ABSL_FLAG(std::optional<std::string>, apply, std::nullopt,
+          "co2: when a worker applies the update a round owes: arrival (after "
+          "the inner step it has arrived by, keeping the steps taken; "
+          "docs/algorithm.md) | boundary (at the end of the round it arrives "
+          "in); unset: arrival, boundary with --deterministic and for the "
+          "other algorithms.");
 ABSL_FLAG(std::string, gap_penalty, "none", "none | constant | gap_aware");
 ABSL_FLAG(float, penalty_lambda, 1.0f, "λ of --gap_penalty=constant.");
 ABSL_FLAG(std::string, clip, "none",
@@ -222,7 +223,9 @@ co2::client::TrainerOptions ReadOptions() {
   o.hash_params = absl::GetFlag(FLAGS_hash_params);
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.eager = absl::GetFlag(FLAGS_eager);
-  o.apply = absl::GetFlag(FLAGS_apply);
+  o.apply = absl::GetFlag(FLAGS_apply).value_or(std::string(
+      co2::client::ApplyAtName(co2::client::DefaultApplyAt(outer_algo,
+                                                           o.deterministic))));
   o.verify_final_anchor = absl::GetFlag(FLAGS_verify_final_anchor);
   o.inject_fault = absl::GetFlag(FLAGS_inject_fault);
   o.round_timeout = absl::GetFlag(FLAGS_round_timeout);

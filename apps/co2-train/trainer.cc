@@ -219,7 +219,8 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
   }
   const absl::StatusOr<ApplyAt> apply = ParseApplyAt(options.apply);
   if (!apply.ok()) return Bad("apply", std::string(apply.status().message()));
-  if (absl::Status s = CheckApplyAt(algo, *apply); !s.ok()) {
+  if (absl::Status s = CheckApplyAt(algo, *apply, options.deterministic);
+      !s.ok()) {
     return Bad("apply", std::string(s.message()));
   }
   if (options.workers < 1)

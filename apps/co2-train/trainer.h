@@ -92,7 +92,8 @@ struct TrainerOptions {
   // the synchronous algorithms have no stale average to make up for.
   bool eager = false;
   // co2: when a worker applies the update a round owes, "boundary" or
-  // "arrival" (Co2OptimizerOptions::apply).
+  // "arrival" (Co2OptimizerOptions::apply; main.cc's default is
+  // DefaultApplyAt).
   std::string apply = "boundary";
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.

@@ -92,7 +92,8 @@ TASKS = {
 # pinned so that a row means the same thing whatever the flag defaults are);
 # a variant's flags override them (absl: the last occurrence wins).
 CO2_OUTER = ["--alpha=0.5", "--beta=0", "--momentum=heavy_ball",
-             "--gap_penalty=none", "--clip=none", "--eager=false"]
+             "--gap_penalty=none", "--clip=none", "--eager=false",
+             "--apply=boundary"]
 
 DELAYED_NESTEROV = ["--momentum=delayed_nesterov", "--momentum_period=4",
                     "--alpha=1.5", "--beta=0.7"]

@@ -84,7 +84,12 @@ absl::StatusOr<std::unique_ptr<Co2Optimizer>> Co2Optimizer::Create(
         absl::StrCat("Co2Optimizer: samples_per_step must be > 0, got ",
                      options.samples_per_step));
   }
-  if (absl::Status apply = CheckApplyAt(options.algo, options.apply);
+  // Only the local leader holds the job's config; the others follow its
+  // decisions.
+  const bool deterministic =
+      client != nullptr && client->job_config().deterministic();
+  if (absl::Status apply =
+          CheckApplyAt(options.algo, options.apply, deterministic);
       !apply.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Co2Optimizer: apply=", apply.message()));

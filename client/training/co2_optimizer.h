@@ -105,12 +105,13 @@ struct Co2OptimizerOptions {
   // client/anchor_exchange.h): this worker's share of a round's mean, e.g.
   // 1/M for M workers; 0: off.
   double eager_share = 0;
-  // co2 only: when the update a round owes is applied (client/algo.h). With
-  // kArrival the local leader tests for it after every inner step but the
-  // round's last and applies it there (AnchorExchange::ApplyArrived); with
-  // several local ranks it broadcasts its decision every step, so that all
-  // apply it at the same step. A round whose boundary saves a checkpoint
-  // applies it at the boundary.
+  // co2 only: when the update a round owes is applied (client/algo.h;
+  // co2-train and the Python package pick DefaultApplyAt: kArrival unless
+  // the job is deterministic). With kArrival the local leader tests for it
+  // after every inner step but the round's last and applies it there
+  // (AnchorExchange::ApplyArrived); with several local ranks it broadcasts
+  // its decision every step, so that all apply it at the same step. A round
+  // whose boundary saves a checkpoint applies it at the boundary.
   ApplyAt apply = ApplyAt::kBoundary;
   // Aggregator algorithms: every `checkpoint_every` rounds (0: never) the
   // local leader passes a WorkerCheckpoint to `save_checkpoint` (a failure

@@ -113,13 +113,15 @@ class Optimizer(torch.optim.Optimizer):
             round then starts from the anchor plus the eager update of this
             worker's own latest Δ. 0 (the default): off.
         apply: co2 only: when the update a round owes is applied.
-            ``"boundary"`` (the default): at the end of the round it arrives
-            in, a whole round after its Δ was sent. ``"arrival"``: after the
-            inner step it has arrived by (local rank 0 tests for it after
-            every step and, with several ranks, broadcasts its decision),
-            keeping the steps taken since the round's start; at the boundary
-            when it is later (docs/algorithm.md, "Applying an update when it
-            arrives").
+            ``"arrival"``: after the inner step it has arrived by (local
+            rank 0 tests for it after every step and, with several ranks,
+            broadcasts its decision), keeping the steps taken since the
+            round's start; at the boundary when it is later
+            (docs/algorithm.md, "Applying an update when it arrives").
+            ``"boundary"``: at the end of the round it arrives in, a whole
+            round after its Δ was sent; what a deterministic job needs. None
+            (the default): arrival for co2 unless ``config.deterministic``,
+            else boundary.
 
     Raises:
         ValueError: a bad argument or config value, naming it.
@@ -151,7 +153,7 @@ class Optimizer(torch.optim.Optimizer):
         update_timeout: float = 300.0,
         verify_final_anchor: bool = True,
         eager_share: float = 0.0,
-        apply: str = "boundary",
+        apply: Optional[str] = None,
     ) -> None:
         # ValueError for an algorithm the C++ side does not run with shards.
         outer_defaults = _core.outer_defaults(algo)
@@ -169,7 +171,11 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError("aggregators is empty: give host:port of every shard")
         if not job:
             raise ValueError("job is empty")
-        _core.check_apply(algo, apply)
+        deterministic = bool(config is not None and config.deterministic)
+        if apply is None:
+            apply = _core.default_apply(algo, deterministic)
+        _core.check_apply(algo, apply, deterministic)
+        self.apply = apply
         self._apply_on_arrival = apply == "arrival"
         self._applied_this_round = False
         self._steps_at_apply = 0

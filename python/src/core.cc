@@ -476,17 +476,26 @@ PYBIND11_MODULE(_core, m) {
       "The JobConfig dict with what the algorithm fixes applied.");
   m.def(
       "check_apply",
-      [](const std::string& algo, const std::string& apply) {
+      [](const std::string& algo, const std::string& apply,
+         bool deterministic) {
         const absl::StatusOr<client::ApplyAt> parsed =
             client::ParseApplyAt(apply);
         if (!parsed.ok()) {
           throw py::value_error(std::string(parsed.status().message()));
         }
-        const absl::Status s =
-            client::CheckApplyAt(ParseExchangeAlgo(algo), *parsed);
+        const absl::Status s = client::CheckApplyAt(ParseExchangeAlgo(algo),
+                                                    *parsed, deterministic);
         if (!s.ok()) throw py::value_error(absl::StrCat("apply=", s.message()));
       },
-      "ValueError unless `apply` is a mode `algo` can run (client/algo.h).");
+      "ValueError unless `apply` is a mode `algo` can run, in a deterministic "
+      "job or not (client/algo.h).");
+  m.def(
+      "default_apply",
+      [](const std::string& algo, bool deterministic) {
+        return std::string(client::ApplyAtName(
+            client::DefaultApplyAt(ParseExchangeAlgo(algo), deterministic)));
+      },
+      "The apply mode where the user picks none (client/algo.h).");
   m.def(
       "outer_defaults",
       [](const std::string& algo) {

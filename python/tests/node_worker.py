@@ -23,7 +23,7 @@ def main() -> int:
     ap.add_argument("--job", required=True)
     ap.add_argument("--tau", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--apply", default="boundary")
+    ap.add_argument("--apply", default=None)
     args = ap.parse_args()
 
     dist.init_process_group("gloo")

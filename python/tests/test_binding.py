@@ -88,6 +88,9 @@ def test_bad_optimizer_arguments_are_value_errors():
     with pytest.raises(ValueError, match="apply=arrival is for co2.*localsgd"):
         co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j",
                       algo="localsgd", apply="arrival")
+    with pytest.raises(ValueError, match="apply=arrival is not for a deterministic job"):
+        co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j",
+                      config=co2.JobConfig(deterministic=True), apply="arrival")
     with pytest.raises(ValueError, match="parameter 1 is parameter 0 again"):
         co2.Optimizer([w, w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j")
 
@@ -124,6 +127,20 @@ def test_algorithms_fix_their_settings():
     assert stale["max_staleness"] == 1
     diloco = _core.apply_algo("diloco", co2.JobConfig(max_staleness=1).to_dict())
     assert (diloco["max_staleness"], diloco["momentum"]) == (0, "nesterov")
+
+
+def test_co2_applies_on_arrival_unless_deterministic_or_told():
+    w = torch.zeros(4, requires_grad=True)
+    inner = torch.optim.SGD([w], lr=0.1)
+
+    def apply(**kwargs):
+        return co2.Optimizer([w], inner, tau=2, rounds=2, aggregators=["127.0.0.1:1"],
+                             job="j", **kwargs).apply
+
+    assert apply() == "arrival"
+    assert apply(config=co2.JobConfig(deterministic=True)) == "boundary"
+    assert apply(algo="localsgd") == "boundary"
+    assert apply(apply="boundary") == "boundary"
 
 
 def test_diloco_runs_its_published_outer_settings_unless_given():

@@ -120,9 +120,10 @@ def test_a_worker_that_leaves_is_waited_for_no_longer():
 @pytest.mark.parametrize("codec,eager_share", [("fp32", 0.0), ("int8", 0.0), ("fp32", 0.5)])
 def test_a_job_stopped_at_round_10_and_resumed_ends_bit_identical(tmp_path, codec, eager_share):
     # int8: the error-feedback residual is part of the saved state; with
-    # eager updates, their offset and last delta are.
+    # eager updates, their offset and last delta are. At the boundary: the
+    # step an update is applied at on arrival depends on when it arrives.
     common = ["--rounds", "20", "--tau", "4", "--uplink_codec", codec,
-              "--eager_share", str(eager_share)]
+              "--eager_share", str(eager_share), "--apply", "boundary"]
     with co2.local_aggregator(num_shards=2) as agg:
         whole = _run_together(agg, "whole", 2, *common)
     state = str(tmp_path / "w{worker}.pt")

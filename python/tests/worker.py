@@ -73,7 +73,7 @@ def main() -> int:
     ap.add_argument("--update_timeout", type=float, default=60.0)
     ap.add_argument("--uplink_codec", default="fp32")
     ap.add_argument("--eager_share", type=float, default=0.0)
-    ap.add_argument("--apply", default="boundary")
+    ap.add_argument("--apply", default=None)
     ap.add_argument("--stop_after_rounds", type=int, default=0,
                     help="save the optimizer's state_dict to --state after this many "
                          "rounds and stop without finishing (preemption)")

@@ -16,7 +16,9 @@
 # worker; 1920 for fashion-mnist, two epochs at batch 16; 2688 for charlm,
 # the study's), SHARDS (2),
 # ALPHA (co2's outer learning rate, 0.9: the convergence study's best at
-# τ = 48), NICE (-10), KEEP=1 keeps the scratch directory. Runs already in
+# τ = 48), VARIANTS ("diloco co2-boundary co2-arrival"; also co2-default,
+# co2-train's defaults for co2 with no outer flags, and co2-aX, those with
+# --alpha=X), NICE (-10), KEEP=1 keeps the scratch directory. Runs already in
 # OUT are kept (the study resumes), unless RERUN=1.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,6 +42,7 @@ taus=${TAUS:-48 128}
 seeds=${SEEDS:-1 2 3}
 shards=${SHARDS:-2}
 alpha=${ALPHA:-0.9}
+variants=${VARIANTS:-diloco co2-boundary co2-arrival}
 workers=4
 run_limit=1200  # seconds: the bound of any one run
 
@@ -70,7 +73,7 @@ run() {
   fi
   /usr/bin/python3 "$here/overlap/arrival.py" add --out="$out" --id="$id" \
     --scratch="$dir" --workers="$workers" \
-    --command="bench/run_arrival.sh${1:+ $1} ($*)"
+    --command="TASK=$task bench/run_arrival.sh: co2-train ${common[*]}"
   echo "  $id done" >&2
 }
 
@@ -79,11 +82,17 @@ for rate in $rates; do
   for tau in $taus; do
     for seed in $seeds; do
       base="$task/$rate/tau$tau/seed$seed"
-      run "$base/diloco" "$tau" "$seed" --algo=diloco
-      run "$base/co2-boundary" "$tau" "$seed" --algo=co2 --alpha="$alpha" \
-        --apply=boundary
-      run "$base/co2-arrival" "$tau" "$seed" --algo=co2 --alpha="$alpha" \
-        --apply=arrival
+      for variant in $variants; do
+        case $variant in
+          diloco) flags=(--algo=diloco) ;;
+          co2-default) flags=(--algo=co2) ;;
+          co2-a*) flags=(--algo=co2 --alpha="${variant#co2-a}") ;;
+          co2-boundary) flags=(--algo=co2 --alpha="$alpha" --apply=boundary) ;;
+          co2-arrival) flags=(--algo=co2 --alpha="$alpha" --apply=arrival) ;;
+          *) echo "unknown variant $variant" >&2; exit 2 ;;
+        esac
+        run "$base/$variant" "$tau" "$seed" "${flags[@]}"
+      done
     done
   done
 done

@@ -4,12 +4,13 @@
 # and the aggregator shards in another (bench/overlap/netns.sh), train
 # Fashion-MNIST's CNN with ddp, localsgd, diloco and co2 (co2-train's
 # defaults: each algorithm's inner lr from the convergence study, co2 with
-# eager updates), each from the same seed. Every algorithm but ddp
-# runs twice ddp's steps, so that each has the time to pass ddp's final
-# accuracy if it can. Writes bench/results/time_to_accuracy.json and
-# time_to_accuracy.png: validation accuracy (1,000 test images) against
-# training time, and how long each takes to reach ddp's final accuracy
-# minus 0.5 points. Needs root, iproute2, gnuplot.
+# eager updates, applying each update on arrival), each from the same seed.
+# Every algorithm but ddp runs twice ddp's steps, so that each has the time
+# to pass ddp's final accuracy if it can. Writes
+# bench/results/time_to_accuracy.json and time_to_accuracy.png: validation
+# accuracy (1,000 test images) against training time, and how long each
+# takes to reach ddp's final accuracy minus 0.5 points. Needs root,
+# iproute2, gnuplot.
 #   sudo bench/run_time_to_accuracy.sh [BUILD_DIR]      (default build; ~3 min)
 # Environment: RATE (100mbit), TAU (24), STEPS (ddp's inner steps, 1536),
 # SHARDS (2), NICE (-10), KEEP=1 keeps the scratch directory. It runs in

@@ -86,7 +86,7 @@ def table(data):
             return f"{m:.{digits}f}"
         return f"{m:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
 
-    order = {"diloco": 0, "co2-boundary": 1, "co2-arrival": 2}
+    order = {"diloco": 0, "co2-boundary": 1, "co2-arrival": 2, "co2-default": 3}
     for (task, rate, tau, variant), runs in sorted(
             groups.items(),
             key=lambda g: (g[0][0], g[0][1], int(g[0][2][3:]), order.get(g[0][3], 9))):

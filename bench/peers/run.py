@@ -63,7 +63,8 @@ def grid(quick: bool) -> list:
     if quick:
         common = dict(size="tiny", steps=64, lr=3e-3, val_windows=32, eval_every=8)
         rows = [dict(common, system="local", link="none", tau=8, seed=1)]
-        rows += [dict(common, system=s, link="100mbit", tau=8, seed=1) for s in SYSTEMS]
+        rows += [dict(common, system=s, link="100mbit", tau=8, seed=1, **co2_apply(s))
+                 for s in SYSTEMS]
         return rows
     rows = []
 
@@ -72,7 +73,7 @@ def grid(quick: bool) -> list:
         out = [dict(common, system="local", link="none", tau=16)]
         for link in links:
             out.append(dict(common, system="ddp", link=link, tau=16))
-            out += [dict(common, system=s, link=link, tau=tau)
+            out += [dict(common, system=s, link=link, tau=tau, **co2_apply(s))
                     for tau in taus for s in SYSTEMS if s != "ddp"]
         return out
 
@@ -90,6 +91,15 @@ def grid(quick: bool) -> list:
             seen.add(r["name"])
             ordered.append(r)
     return ordered
+
+
+def co2_apply(system: str) -> dict:
+    """When co2's rows apply each update (co2.Optimizer's default for co2:
+    on arrival; diloco at the boundary): part of the row's settings, and so
+    of its cache key."""
+    if not system.startswith("co2"):
+        return {}
+    return {"co2_apply": "boundary" if system == "co2-diloco" else "arrival"}
 
 
 def run_name(r: dict) -> str:

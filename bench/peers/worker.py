@@ -180,6 +180,7 @@ def main() -> int:
                             update_timeout=120.0, **extra)
         opt.connect()
         notes["co2_settings"] = {k: str(v) for k, v in extra.items()}
+        notes["co2_settings"]["apply"] = opt.apply
         finish = opt.finish
 
     for c in contexts:

@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "server/service/call_auth.h"
 #include "server/service/exchange_wire.h"
+#include "server/service/reaction_order.h"
 #include "server/service/rpc_wire.h"
 
 namespace co2::server {
@@ -110,10 +111,12 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         registry_(registry),
         refused_(refused),
         response_(response) {
+    ReactionOrderStarting(this);
     StartRead(&body_);
   }
 
   void OnReadDone(bool ok) override {
+    ReactionOrderReacting(this);
     if (!ok) {
       absl::Status complete = Complete();
       if (!complete.ok()) {
@@ -123,7 +126,10 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // The seed is acknowledged once the anchor is durable, so a shard that
       // restarts right after cannot have forgotten the job.
       job_->NotifyWhenDurable(
-          [this](absl::Status s) { Finish(common::ToGrpcStatus(s)); });
+          [this](absl::Status s) {
+            ReactionOrderStarting(this);
+            Finish(common::ToGrpcStatus(s));
+          });
       registry_->Wake();
       return;
     }
@@ -132,15 +138,20 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       Fail(status);
       return;
     }
+    ReactionOrderStarting(this);
     StartRead(&body_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    ReactionOrderReacting(this);
+    delete this;
+  }
 
  private:
   // Ends the call with `status`; the chunks this stream sent no longer count.
   void Fail(const absl::Status& status) {
     if (job_ != nullptr) job_->AbandonSeed(attempt_);
+    ReactionOrderStarting(this);
     Finish(common::ToGrpcStatus(status));
   }
 
@@ -197,6 +208,7 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> snapshot =
         Snapshot(context, registry, refused, request);
     if (!snapshot.ok()) {
+      ReactionOrderStarting(this);
       Finish(common::ToGrpcStatus(snapshot.status()));
       return;
     }
@@ -205,14 +217,19 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnWriteDone(bool ok) override {
+    ReactionOrderReacting(this);
     if (!ok) {
+      ReactionOrderStarting(this);
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
       return;
     }
     WriteNext();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    ReactionOrderReacting(this);
+    delete this;
+  }
 
  private:
   static absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> Snapshot(
@@ -227,6 +244,7 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void WriteNext() {
+    ReactionOrderStarting(this);
     if (next_ == snapshot_->chunks.size()) {
       Finish(grpc::Status::OK);
       return;
@@ -259,10 +277,12 @@ class ExchangeReactor
         registry_(registry),
         refused_(refused),
         outbox_(std::make_shared<Outbox>(this, reads)) {
+    ReactionOrderStarting(this);
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
+    ReactionOrderReacting(this);
     if (!ok) {  // the worker closed its side (or the call was cancelled)
       outbox_->RequestFinish(absl::OkStatus());
       return;
@@ -272,12 +292,19 @@ class ExchangeReactor
       outbox_->RequestFinish(status);
       return;
     }
+    ReactionOrderStarting(this);
     StartRead(&request_);
   }
 
-  void OnWriteDone(bool ok) override { outbox_->WriteDone(ok); }
+  void OnWriteDone(bool ok) override {
+    ReactionOrderReacting(this);
+    outbox_->WriteDone(ok);
+  }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    ReactionOrderReacting(this);
+    delete this;
+  }
 
  private:
   class Outbox : public UpdateSink,
@@ -412,6 +439,9 @@ class ExchangeReactor
     }
 
     void Take(const Action& action) {
+      if (action.write != nullptr || action.finish) {
+        ReactionOrderStarting(reactor_);
+      }
       if (action.write != nullptr) {
         reactor_->StartWrite(action.write);
       } else if (action.read) {

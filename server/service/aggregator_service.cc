@@ -439,11 +439,14 @@ class ExchangeReactor
     }
 
     void Take(const Action& action) {
+      // Read before the release: OnDone may free this Outbox once the
+      // write or the finish has started.
+      ExchangeReactor* const reactor = reactor_;
       if (action.write != nullptr || action.finish) {
-        ReactionOrderStarting(reactor_);
+        ReactionOrderStarting(reactor);
       }
       if (action.write != nullptr) {
-        reactor_->StartWrite(action.write);
+        reactor->StartWrite(action.write);
       } else if (action.read) {
         // The stream cannot finish while the read is in flight (reading_),
         // so the reactor outlives it.
@@ -451,7 +454,7 @@ class ExchangeReactor
             [self = shared_from_this(), kept = *action.read,
              chunk = action.read_chunk] { self->ChunkRead(kept.Chunk(chunk)); });
       } else if (action.finish) {
-        reactor_->Finish(common::ToGrpcStatus(action.status));
+        reactor->Finish(common::ToGrpcStatus(action.status));
       }
     }
 

@@ -244,12 +244,13 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void WriteNext() {
-    ReactionOrderStarting(this);
     if (next_ == snapshot_->chunks.size()) {
+      ReactionOrderStarting(this);
       Finish(grpc::Status::OK);
       return;
     }
     in_flight_ = SerializeAnchorChunk(snapshot_, next_++);
+    ReactionOrderStarting(this);
     StartWrite(&in_flight_);
   }
 

@@ -68,7 +68,10 @@ class FaultShardReseedTest
     : public ::testing::TestWithParam<std::tuple<Loss, uint64_t>> {};
 
 TEST_P(FaultShardReseedTest, TrainingContinuesFromAWorkersAnchor) {
-  const auto [loss, crash_after] = GetParam();
+  // Not a structured binding: the lambdas below capture both, which clang
+  // (the tsan preset's compiler) allows only from C++20.
+  const Loss loss = std::get<0>(GetParam());
+  const uint64_t crash_after = std::get<1>(GetParam());
   E2eSpec spec;
   spec.params = 300000;
   spec.workers = 3;

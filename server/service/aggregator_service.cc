@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "server/service/call_auth.h"
 #include "server/service/exchange_wire.h"
+#include "server/service/reaction_order.h"
 #include "server/service/rpc_wire.h"
 
 namespace co2::server {
@@ -110,10 +111,12 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         registry_(registry),
         refused_(refused),
         response_(response) {
+    ReactionOrderStarting(this);
     StartRead(&body_);
   }
 
   void OnReadDone(bool ok) override {
+    ReactionOrderReacting(this);
     if (!ok) {
       absl::Status complete = Complete();
       if (!complete.ok()) {
@@ -123,7 +126,10 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       // The seed is acknowledged once the anchor is durable, so a shard that
       // restarts right after cannot have forgotten the job.
       job_->NotifyWhenDurable(
-          [this](absl::Status s) { Finish(common::ToGrpcStatus(s)); });
+          [this](absl::Status s) {
+            ReactionOrderStarting(this);
+            Finish(common::ToGrpcStatus(s));
+          });
       registry_->Wake();
       return;
     }
@@ -132,15 +138,20 @@ class SeedReactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       Fail(status);
       return;
     }
+    ReactionOrderStarting(this);
     StartRead(&body_);
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    ReactionOrderReacting(this);
+    delete this;
+  }
 
  private:
   // Ends the call with `status`; the chunks this stream sent no longer count.
   void Fail(const absl::Status& status) {
     if (job_ != nullptr) job_->AbandonSeed(attempt_);
+    ReactionOrderStarting(this);
     Finish(common::ToGrpcStatus(status));
   }
 
@@ -197,6 +208,7 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> snapshot =
         Snapshot(context, registry, refused, request);
     if (!snapshot.ok()) {
+      ReactionOrderStarting(this);
       Finish(common::ToGrpcStatus(snapshot.status()));
       return;
     }
@@ -205,14 +217,19 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnWriteDone(bool ok) override {
+    ReactionOrderReacting(this);
     if (!ok) {
+      ReactionOrderStarting(this);
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
       return;
     }
     WriteNext();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    ReactionOrderReacting(this);
+    delete this;
+  }
 
  private:
   static absl::StatusOr<std::shared_ptr<const AnchorSnapshot>> Snapshot(
@@ -228,10 +245,12 @@ class FetchReactor : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
   void WriteNext() {
     if (next_ == snapshot_->chunks.size()) {
+      ReactionOrderStarting(this);
       Finish(grpc::Status::OK);
       return;
     }
     in_flight_ = SerializeAnchorChunk(snapshot_, next_++);
+    ReactionOrderStarting(this);
     StartWrite(&in_flight_);
   }
 
@@ -259,10 +278,12 @@ class ExchangeReactor
         registry_(registry),
         refused_(refused),
         outbox_(std::make_shared<Outbox>(this, reads)) {
+    ReactionOrderStarting(this);
     StartRead(&request_);
   }
 
   void OnReadDone(bool ok) override {
+    ReactionOrderReacting(this);
     if (!ok) {  // the worker closed its side (or the call was cancelled)
       outbox_->RequestFinish(absl::OkStatus());
       return;
@@ -272,12 +293,19 @@ class ExchangeReactor
       outbox_->RequestFinish(status);
       return;
     }
+    ReactionOrderStarting(this);
     StartRead(&request_);
   }
 
-  void OnWriteDone(bool ok) override { outbox_->WriteDone(ok); }
+  void OnWriteDone(bool ok) override {
+    ReactionOrderReacting(this);
+    outbox_->WriteDone(ok);
+  }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    ReactionOrderReacting(this);
+    delete this;
+  }
 
  private:
   class Outbox : public UpdateSink,
@@ -412,8 +440,14 @@ class ExchangeReactor
     }
 
     void Take(const Action& action) {
+      // Read before the release: OnDone may free this Outbox once the
+      // write or the finish has started.
+      ExchangeReactor* const reactor = reactor_;
+      if (action.write != nullptr || action.finish) {
+        ReactionOrderStarting(reactor);
+      }
       if (action.write != nullptr) {
-        reactor_->StartWrite(action.write);
+        reactor->StartWrite(action.write);
       } else if (action.read) {
         // The stream cannot finish while the read is in flight (reading_),
         // so the reactor outlives it.
@@ -421,7 +455,7 @@ class ExchangeReactor
             [self = shared_from_this(), kept = *action.read,
              chunk = action.read_chunk] { self->ChunkRead(kept.Chunk(chunk)); });
       } else if (action.finish) {
-        reactor_->Finish(common::ToGrpcStatus(action.status));
+        reactor->Finish(common::ToGrpcStatus(action.status));
       }
     }
 

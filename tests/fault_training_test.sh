@@ -140,6 +140,10 @@ cleanup() {
     pkill -9 -P "$TRAIN_PID" 2>/dev/null || true  # the launcher under timeout
     kill -9 "$TRAIN_PID" 2>/dev/null || true
   fi
+  if [[ -n ${FILLER_PID:-} ]]; then
+    kill "$FILLER_PID" 2>/dev/null || true
+    wait "$FILLER_PID" 2>/dev/null || true
+  fi
   [[ -n $SMALL_DISK ]] && umount "$SMALL_DISK"
   ip netns del "$NETNS" 2>/dev/null || true
   ip link del "${VETH}a" 2>/dev/null || true
@@ -538,15 +542,21 @@ EOF
     start_training fault
     wait_round fault $((3 + RANDOM % 6))
     log "filling shard 0's checkpoint disk after round $(current_round fault)"
+    # The space of a replaced checkpoint comes back when the shard closes
+    # it, a round later: the filler takes it every 10 ms, until the shard
+    # holds an update (then it frees nothing) and the disk is freed.
+    touch "$WORK/filling"
+    while [[ -e $WORK/filling ]]; do
+      dd if=/dev/zero of="$SMALL_DISK/filler" bs=64k oflag=append \
+        conv=notrunc 2>/dev/null || true
+      sleep 0.01
+    done &
+    FILLER_PID=$!
     held="update held: checkpoint failing: No space left on device"
     # Held until the worker says why and the shard counted three retries
-    # (one ERROR line must cover them all). The filler grows at every
-    # check: the space of a replaced checkpoint comes back once the shard
-    # closes it, and must not let the next checkpoint in.
+    # (one ERROR line must cover them all).
     deadline=$((SECONDS + 60))
-    until dd if=/dev/zero of="$SMALL_DISK/filler" bs=64k oflag=append \
-            conv=notrunc 2>/dev/null
-          grep -q "$held" "$WORK/run-fault/rank-0-0.log" 2>/dev/null &&
+    until grep -q "$held" "$WORK/run-fault/rank-0-0.log" 2>/dev/null &&
           (( $(no_space_failures) >= 3 )); do
       kill -0 "$TRAIN_PID" 2>/dev/null ||
         fail "training ended before the full disk held an update"
@@ -557,6 +567,9 @@ EOF
     failures=$(no_space_failures)
     log "worker 0: $(grep -o "shard 0 .*$held" "$WORK/run-fault/rank-0-0.log" | head -1)"
     log "shard 0 counted $failures no_space failures; freeing the disk"
+    rm "$WORK/filling"
+    wait "$FILLER_PID"
+    FILLER_PID=
     rm "$SMALL_DISK/filler"
     finish_training fault
     errors=$(grep -c "^E.*job fault: .* failed, update held:" "$WORK/shard0.log" || true)

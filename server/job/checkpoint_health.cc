@@ -4,6 +4,14 @@
 #include "server/storage/write_failure.h"
 
 namespace co2::server {
+namespace {
+
+// Durations in the lines, to the second: they count retries a second apart.
+std::string ToTheSecond(absl::Duration d) {
+  return absl::FormatDuration(absl::Trunc(d, absl::Seconds(1)));
+}
+
+}  // namespace
 
 std::optional<std::string> CheckpointHealth::Failed(absl::string_view what,
                                                     const absl::Status& error,
@@ -21,9 +29,8 @@ std::optional<std::string> CheckpointHealth::Failed(absl::string_view what,
                    error.ToString(absl::StatusToStringMode::kWithNoExtraData));
   if (failures_ > 1) {
     absl::StrAppend(&line, " (", since_last_line_, " failed write(s) since ",
-                    absl::FormatDuration(now - last_line_),
-                    " ago; failing for ",
-                    absl::FormatDuration(now - *failing_since_), ")");
+                    ToTheSecond(now - last_line_), " ago; failing for ",
+                    ToTheSecond(now - *failing_since_), ")");
   }
   last_line_ = now;
   since_last_line_ = 0;
@@ -34,7 +41,7 @@ std::optional<std::string> CheckpointHealth::Succeeded(absl::Time now) {
   if (!failing_since_.has_value()) return std::nullopt;
   std::string line = absl::StrCat(
       "checkpoint writes succeed again after ", failures_,
-      " failed write(s) over ", absl::FormatDuration(now - *failing_since_),
+      " failed write(s) over ", ToTheSecond(now - *failing_since_),
       "; held updates go out");
   failing_since_.reset();
   last_line_ = absl::InfinitePast();

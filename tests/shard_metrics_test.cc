@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <sys/mount.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
@@ -284,6 +285,7 @@ TEST(ShardMetricsCheckpointTest, AFullDiskIsCountedAsNoSpaceUntilFreed) {
             3);
   shard.reset();
   umount(dir.c_str());
+  rmdir(dir.c_str());
 }
 
 TEST_F(ShardMetricsTest, DuplicatesLateChunksAndQuorumCloses) {

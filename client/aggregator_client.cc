@@ -57,6 +57,8 @@ class AggregatorClient::Impl : public AnchorSource {
     // in it already, and ApplyUpdate only checks their digests.
     uint64_t healed_to_round = 0;
     std::unique_ptr<ShardStream> stream;
+    // The shard's last HeartbeatResponse.update_held (heartbeat thread).
+    std::string update_held;
   };
 
   explicit Impl(ClientOptions options) : options_(std::move(options)) {}
@@ -582,20 +584,38 @@ class AggregatorClient::Impl : public AnchorSource {
           std::min(options_.rpc_timeout, interval);
       interval = absl::Seconds(1);
       for (uint32_t i = 0; i < joined; ++i) {
-        const absl::StatusOr<absl::Duration> lease =
+        const absl::StatusOr<LeaseRenewal> renewed =
             RenewLease(shards_[i].stub.get(), options_.job, options_.worker_id,
                        absl::Now() + call_timeout);
-        if (lease.ok()) {
-          interval = std::min(interval, *lease / 3);
+        if (renewed.ok()) {
+          interval = std::min(interval, renewed->lease / 3);
+          SetUpdateHeld(i, renewed->update_held);
         } else {
           CO2_LOG(WARNING) << "heartbeat to shard " << i
-                           << " failed: " << lease.status().message();
+                           << " failed: " << renewed.status().message();
         }
       }
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithTimeout(absl::Condition(&stop_), interval);
       if (stop_) return;
     }
+  }
+
+  // What shard `i` said about updates it holds back, told to whoever waits:
+  // a WARNING when it starts holding them or its reason changes, a line
+  // when it stops. Heartbeat thread only.
+  void SetUpdateHeld(uint32_t i, const std::string& held) {
+    std::string& was = shards_[i].update_held;
+    if (held == was) return;
+    if (!held.empty()) {
+      CO2_LOG(WARNING) << "shard " << i << " (" << shards_[i].address
+                       << "): update held: " << held
+                       << "; this worker waits for it";
+    } else {
+      CO2_LOG(INFO) << "shard " << i << " (" << shards_[i].address
+                    << "): no update held any more";
+    }
+    was = held;
   }
 
   size_t anchor_size() const { return options_.job_config.num_parameters(); }

@@ -153,10 +153,10 @@ absl::StatusOr<AnchorComparison> CompareAnchor(v1::Aggregator::Stub* stub,
   return out;
 }
 
-absl::StatusOr<absl::Duration> RenewLease(v1::Aggregator::Stub* stub,
-                                          const std::string& job,
-                                          const std::string& worker_id,
-                                          absl::Time deadline) {
+absl::StatusOr<LeaseRenewal> RenewLease(v1::Aggregator::Stub* stub,
+                                        const std::string& job,
+                                        const std::string& worker_id,
+                                        absl::Time deadline) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
   v1::HeartbeatRequest request;
@@ -165,7 +165,8 @@ absl::StatusOr<absl::Duration> RenewLease(v1::Aggregator::Stub* stub,
   v1::HeartbeatResponse response;
   CO2_RETURN_IF_ERROR(
       common::FromGrpcStatus(stub->Heartbeat(&context, request, &response)));
-  return absl::Milliseconds(response.lease_ms());
+  return LeaseRenewal{absl::Milliseconds(response.lease_ms()),
+                      response.update_held()};
 }
 
 }  // namespace co2::client

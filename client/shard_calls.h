@@ -73,11 +73,17 @@ absl::StatusOr<AnchorComparison> CompareAnchor(v1::Aggregator::Stub* stub,
                                                absl::Span<const float> range,
                                                absl::Time deadline);
 
-// Renews this worker's lease on the shard; returns the lease the shard grants.
-absl::StatusOr<absl::Duration> RenewLease(v1::Aggregator::Stub* stub,
-                                          const std::string& job,
-                                          const std::string& worker_id,
-                                          absl::Time deadline);
+// Renews this worker's lease on the shard; returns what the shard answered.
+struct LeaseRenewal {
+  absl::Duration lease;  // the lease the shard grants
+  // Why the shard holds updates back (HeartbeatResponse.update_held);
+  // empty if it holds none.
+  std::string update_held;
+};
+absl::StatusOr<LeaseRenewal> RenewLease(v1::Aggregator::Stub* stub,
+                                        const std::string& job,
+                                        const std::string& worker_id,
+                                        absl::Time deadline);
 
 }  // namespace co2::client
 

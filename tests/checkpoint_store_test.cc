@@ -12,6 +12,7 @@
 
 #include "common/job_config.h"
 #include "gtest/gtest.h"
+#include "server/storage/write_failure.h"
 
 namespace co2::server {
 namespace {
@@ -225,6 +226,7 @@ TEST(CheckpointStoreTest, FullDiskIsResourceExhaustedAndKeepsTheOldFile) {
   Fixture big;  // ~37 KB: more than the 16 KiB disk holds
   const absl::Status s = store.Write(big.View()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(WriteFailureOf(s), WriteFailure::kNoSpace) << s;
   auto kept = CheckpointStore::Load(store.PathFor(small.header.job(), 1, 2));
   EXPECT_TRUE(kept.ok()) << kept.status();
   umount(dir.c_str());

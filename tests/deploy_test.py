@@ -110,7 +110,7 @@ def check_prometheus(exported):
     rules = load_yaml("deploy/prometheus/alerts.yml")
     alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"]}
     for name in ("Co2RoundStuck", "Co2QuorumMisses",
-                 "Co2ContributionsRejected"):
+                 "Co2ContributionsRejected", "Co2CheckpointFailing"):
         check(name in alerts, f"alerts.yml: no {name} alert")
     with open(path("docs/operations.md")) as f:
         runbook = f.read()
@@ -162,6 +162,7 @@ def check_dashboard(exported):
                    "co2_aggregator_active_workers",
                    "co2_aggregator_quorum_misses_total",
                    "co2_aggregator_checkpoint_duration_seconds_bucket",
+                   "co2_aggregator_checkpoint_failures_total",
                    "co2_aggregator_gap_penalty_mean",
                    "co2_aggregator_outer_momentum_norm",
                    "co2_aggregator_clipped_fraction",

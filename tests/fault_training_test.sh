@@ -46,6 +46,14 @@
 #                   co2-train --resume continues from the workers'
 #                   checkpoints (--checkpoint_dir, both runs); the final
 #                   model must be bit-identical to the undisturbed run's
+#   disk_full       960 steps (120 rounds); shard 0's --checkpoint_dir is a
+#                   small tmpfs, filled up mid-job: the shard holds its updates, counts each failed
+#                   write (co2_aggregator_checkpoint_failures_total, reason
+#                   no_space, on its /metrics), logs one ERROR line for
+#                   them, not one per retry, and the waiting workers print
+#                   why ("update held: checkpoint failing: No space left on
+#                   device"); once the filler is removed the job finishes
+#                   with nothing lost (needs root to mount the tmpfs)
 #   grow_shrink     4 workers, a longer run: the job starts with 2, grows to
 #                   4 (co2-train --scale: workers 2 and 3 join the running
 #                   job) and shrinks to 3 (worker 3 leaves on SIGTERM, its
@@ -63,7 +71,8 @@
 # worker that left ends before the round its report names, with the anchor
 # it left with) and the shards closed exactly that many; the final test accuracy is within
 # TOLERANCE of an undisturbed run of the same job. Every wait is bounded (timeout). Exit 0: pass; 77:
-# skipped (no root for link_cut); else failure, with the logs kept.
+# skipped (no root for link_cut or disk_full); else failure, with the logs
+# kept.
 #
 # Usage: fault_training_test.sh BUILD_DIR SCENARIO [SEED]
 set -euo pipefail
@@ -96,6 +105,11 @@ NODE_ARGS=()         # node_restart: two processes per worker, both runs
 WORKERS=2
 RESUMABLE=""          # job_resume: worker checkpoints in both runs
 [[ $SCENARIO == job_resume ]] && RESUMABLE=yes
+if [[ $SCENARIO == disk_full ]]; then
+  # Long enough that the disk fills while rounds are left to hold.
+  STEPS=960
+  ROUNDS=$(( (STEPS + TAU - 1) / TAU ))
+fi
 if [[ $SCENARIO == grow_shrink ]]; then
   # Long enough for the joining workers' processes to start (seconds) and
   # take part in many rounds.
@@ -110,6 +124,8 @@ NETNS=co2fault$$
 VETH=co2f$$
 SUBNET=10.231.$(($$ % 250))  # per run: concurrent runs must not collide
 declare -a SHARD_PID SHARD_PORT
+SHARD0_METRICS=-1    # disk_full: 0, a free port shard 0 logs
+SMALL_DISK=""        # disk_full: shard 0's checkpoint tmpfs, mounted
 HOST=127.0.0.1
 IN_NS=()
 
@@ -127,6 +143,11 @@ cleanup() {
     pkill -9 -P "$TRAIN_PID" 2>/dev/null || true  # the launcher under timeout
     kill -9 "$TRAIN_PID" 2>/dev/null || true
   fi
+  if [[ -n ${FILLER_PID:-} ]]; then
+    kill "$FILLER_PID" 2>/dev/null || true
+    wait "$FILLER_PID" 2>/dev/null || true
+  fi
+  [[ -n $SMALL_DISK ]] && umount "$SMALL_DISK"
   ip netns del "$NETNS" 2>/dev/null || true
   ip link del "${VETH}a" 2>/dev/null || true
   if [[ $status -eq 0 || $status -eq 77 ]]; then
@@ -145,7 +166,8 @@ start_shard() {
   local i=$1 port=$2
   mkdir -p "$WORK/ckpt$i"
   "$AGGREGATOR" --insecure --host=0.0.0.0 --port="$port" --shard_index="$i" \
-    --num_shards=2 --checkpoint_dir="$WORK/ckpt$i" --metrics_port=-1 \
+    --num_shards=2 --checkpoint_dir="$WORK/ckpt$i" \
+    --metrics_port=$([[ $i == 0 ]] && echo "$SHARD0_METRICS" || echo -1) \
     --lease="$LEASE" >>"$WORK/shard$i.log" 2>&1 &
   SHARD_PID[$i]=$!
   local deadline=$((SECONDS + 20))
@@ -287,6 +309,36 @@ anchor_hash() {
     tail -1 | grep -o 'anchor_fnv1a=[0-9a-f]*'
 }
 
+# disk_full: shard 0 checkpoints to a 16 MiB tmpfs (each job's checkpoint
+# takes 1 MiB, and a replaced one stays open for the updates it holds)
+# and serves /metrics.
+setup_small_disk() {
+  mkdir -p "$WORK/ckpt0"
+  if ! mount -t tmpfs -o size=16m tmpfs "$WORK/ckpt0"; then
+    log "SKIP: cannot mount a tmpfs (needs root / CAP_SYS_ADMIN)"
+    exit 77
+  fi
+  SMALL_DISK=$WORK/ckpt0
+  SHARD0_METRICS=0
+}
+
+# no_space_failures: shard 0's co2_aggregator_checkpoint_failures_total
+# {reason="no_space"}, read from its /metrics.
+no_space_failures() {
+  local port
+  port=$(grep -o 'metrics on port [0-9]\+' "$WORK/shard0.log" | tail -1 | awk '{print $4}')
+  python3 - "$port" <<'EOF'
+import re, sys, urllib.request
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics",
+                              timeout=10).read().decode()
+m = re.search(r'^co2_aggregator_checkpoint_failures_total\{[^}]*reason="no_space"[^}]*\} (\S+)$',
+              text, re.M)
+if m is None:
+    sys.exit('no co2_aggregator_checkpoint_failures_total{reason="no_space"} on /metrics')
+print(int(float(m.group(1))))
+EOF
+}
+
 setup_netns() {
   if ! netns_pair "$NETNS" "$VETH" "$SUBNET"; then
     log "SKIP: 'ip netns add' failed (needs root / CAP_SYS_ADMIN)"
@@ -300,6 +352,7 @@ setup_netns() {
   fail "build co2-train, co2-aggregator and co2-checkpoint in $BUILD first"
 log "seed $SEED, work dir $WORK"
 [[ $SCENARIO == link_cut ]] && setup_netns
+[[ $SCENARIO == disk_full ]] && setup_small_disk
 start_shard 0 0
 start_shard 1 0
 
@@ -488,6 +541,48 @@ assert first[0] == first[1] == 0, first
 assert 20 <= first[2] < rounds and 20 <= first[3] < rounds, first
 EOF
     ;;
+  disk_full)
+    start_training fault
+    wait_round fault $((3 + RANDOM % 6))
+    log "filling shard 0's checkpoint disk after round $(current_round fault)"
+    # The space of a replaced checkpoint comes back when the shard closes
+    # it, a round later: the filler takes it every 10 ms, until the shard
+    # holds an update (then it frees nothing) and the disk is freed.
+    touch "$WORK/filling"
+    while [[ -e $WORK/filling ]]; do
+      dd if=/dev/zero of="$SMALL_DISK/filler" bs=64k oflag=append \
+        conv=notrunc 2>/dev/null || true
+      sleep 0.01
+    done &
+    FILLER_PID=$!
+    held="update held: checkpoint failing: No space left on device"
+    # Held until the worker says why and the shard counted three retries
+    # (one ERROR line must cover them all).
+    deadline=$((SECONDS + 60))
+    until grep -q "$held" "$WORK/run-fault/rank-0-0.log" 2>/dev/null &&
+          (( $(no_space_failures) >= 3 )); do
+      kill -0 "$TRAIN_PID" 2>/dev/null ||
+        fail "training ended before the full disk held an update"
+      (( SECONDS < deadline )) ||
+        fail "in 60 s: worker 0 printed no '$held' or shard 0 counted fewer than 3 no_space failures ($(no_space_failures))"
+      sleep 0.2
+    done
+    failures=$(no_space_failures)
+    log "worker 0: $(grep -o "shard 0 .*$held" "$WORK/run-fault/rank-0-0.log" | head -1)"
+    log "shard 0 counted $failures no_space failures; freeing the disk"
+    rm "$WORK/filling"
+    wait "$FILLER_PID"
+    FILLER_PID=
+    rm "$SMALL_DISK/filler"
+    finish_training fault
+    errors=$(grep -c "^E.*job fault: .* failed, update held:" "$WORK/shard0.log" || true)
+    (( errors >= 1 && errors < failures )) ||
+      fail "shard 0 logged $errors ERROR lines for $failures failed writes (one per minute expected)"
+    grep -q "job fault: checkpoint writes succeed again after" "$WORK/shard0.log" ||
+      fail "shard 0 did not log that its writes succeed again"
+    grep -q "shard 0 (.*): no update held any more" "$WORK/run-fault/rank-0-0.log" ||
+      fail "worker 0 did not print that the update is no longer held"
+    ;;
   link_cut)
     # A worker that misses more rounds than the shards can replay heals; one
     # whose streams stay down past --connect_timeout is restarted.
@@ -503,7 +598,7 @@ EOF
       fail "no worker log says its stream broke and reconnected"
     ;;
   *)
-    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | worker_kill_* | grow_shrink | job_resume)"
+    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | disk_full | worker_kill_* | grow_shrink | job_resume)"
     ;;
 esac
 log "disturbed run took $((SECONDS - START)) s"

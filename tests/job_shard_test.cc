@@ -856,11 +856,13 @@ TEST(JobShardCheckpointTest, UpdateIsHeldUntilItsCheckpointIsDurable) {
   EXPECT_EQ(shard->Poll(), 0);
   EXPECT_TRUE(sink->rounds.empty()) << "update released before it was durable";
   EXPECT_EQ(shard->stats().checkpoint_failures, 1u);
+  EXPECT_EQ(shard->UpdateHeld(), "checkpoint failing: Not a directory");
   // The disk comes back: the retry publishes.
   std::remove(dir.c_str());
   clock.Advance(absl::Seconds(2));
   EXPECT_EQ(shard->Poll(), 1);
   EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{0}));
+  EXPECT_EQ(shard->UpdateHeld(), "");
 }
 
 class RecordingObserver : public ShardObserver {

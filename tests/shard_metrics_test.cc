@@ -2,7 +2,13 @@
 // that co2-aggregator exports moves as the shard's work says it must.
 #include "server/service/shard_metrics.h"
 
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <memory>
@@ -218,6 +224,68 @@ TEST(ShardMetricsReseedTest, ReseedsAreCountedByReason) {
   EXPECT_EQ(Value(registry, "co2_aggregator_reseeds_total",
                   {{"co2_job", "job"}, {"reason", "missing"}}),
             1);
+}
+
+// A shard whose checkpoint directory is a full tmpfs: the update is held,
+// every retry counts as no_space, the workers' reason says why, and once
+// space is freed the update goes out and the reason clears.
+TEST(ShardMetricsCheckpointTest, AFullDiskIsCountedAsNoSpaceUntilFreed) {
+  char pattern[] = "/tmp/co2-full-XXXXXX";
+  const std::string dir = mkdtemp(pattern);
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
+  }
+  prometheus::Registry registry;
+  ShardMetrics metrics(registry, 0);
+  for (const char* reason : {"no_space", "io_error", "permission", "other"}) {
+    EXPECT_EQ(Value(registry, "co2_aggregator_checkpoint_failures_total",
+                    {{"reason", reason}}),
+              0)
+        << reason << " exists from the start";
+  }
+  common::FakeClock clock;
+  CheckpointStore store(dir);
+  JobShardOptions options;
+  options.checkpoints = &store;
+  options.observer = &metrics;
+  auto shard = *JobShard::Create("job", Config(1), options, &clock);
+  ASSERT_TRUE(shard->Join("a", Config(1), common::Codec::kFp32).ok());
+  ASSERT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1)).ok());
+  EXPECT_EQ(shard->Poll(), 0);  // the seeded anchor's checkpoint
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard->Subscribe(sink, 0).ok());
+  // Fill the disk: write until ENOSPC.
+  const std::string filler = dir + "/filler";
+  {
+    std::ofstream out(filler, std::ios::binary);
+    const std::string block(4096, 'x');
+    while (out.write(block.data(), block.size())) {
+    }
+  }
+  ASSERT_TRUE(shard->Contribute("a", Contribution(0, 1)).ok());
+  for (int retry = 0; retry < 3; ++retry) {
+    EXPECT_EQ(shard->Poll(), 0);
+    clock.Advance(absl::Seconds(1));
+  }
+  EXPECT_TRUE(sink->rounds.empty()) << "released before it was durable";
+  EXPECT_EQ(Value(registry, "co2_aggregator_checkpoint_failures_total",
+                  {{"reason", "no_space"}}),
+            3);
+  EXPECT_EQ(Value(registry, "co2_aggregator_checkpoint_failures_total",
+                  {{"reason", "other"}}),
+            0);
+  EXPECT_EQ(shard->UpdateHeld(),
+            "checkpoint failing: No space left on device");
+  ASSERT_EQ(std::remove(filler.c_str()), 0);
+  EXPECT_EQ(shard->Poll(), 1);
+  EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{0}));
+  EXPECT_EQ(shard->UpdateHeld(), "");
+  EXPECT_EQ(Value(registry, "co2_aggregator_checkpoint_failures_total",
+                  {{"reason", "no_space"}}),
+            3);
+  shard.reset();
+  umount(dir.c_str());
+  rmdir(dir.c_str());
 }
 
 TEST_F(ShardMetricsTest, DuplicatesLateChunksAndQuorumCloses) {

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
+import time
 
 import pytest
 import torch
@@ -231,3 +233,46 @@ def test_a_worker_whose_shard_dies_gets_co2_error():
         [r] = results(procs, timeout=200)
     assert "error_code" in r, r
     assert r["error_code"] in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED")
+
+
+def _wait_for_stderr(p, text: str, timeout: float = 120) -> str:
+    """Reads p's stderr until a line containing `text` (fails after timeout)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([p.stderr], [], [], deadline - time.monotonic())
+        if not ready:
+            break
+        line = p.stderr.readline()
+        if not line:
+            pytest.fail(f"worker ended before logging {text!r}")
+        if text in line:
+            return line
+    p.kill()
+    pytest.fail(f"worker did not log {text!r} within {timeout} s")
+
+
+def test_a_worker_waiting_for_a_held_update_logs_the_shards_reason(tmp_path):
+    with co2.local_aggregator(checkpoint_dir=str(tmp_path)) as agg:
+        [p] = workers(agg, "held", 1, "--rounds", "100", "--tau", "1")
+        wait_for_line(p, '"joined"')
+        # A non-empty directory where the job's checkpoint goes: the shard
+        # cannot rename its next checkpoint into place (EISDIR) and holds
+        # the round's update. The shard may replace the file between the
+        # unlink and the mkdir: then try again.
+        path = tmp_path / "held.shard-0-of-1.ckpt"
+        deadline = time.monotonic() + 30
+        while True:
+            path.unlink(missing_ok=True)
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                assert time.monotonic() < deadline, "the checkpoint kept coming back"
+        (path / "blocker").write_text("x")
+        line = _wait_for_stderr(p, "update held: checkpoint failing: Is a directory")
+        assert "W" == line[0] and "shard 0 (127.0.0.1:" in line, line
+        (path / "blocker").unlink()
+        path.rmdir()
+        [r] = results([p])
+    assert "error" not in r, r
+    assert r["stats"]["round"] == 100

@@ -10,6 +10,7 @@
 #include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "server/storage/write_failure.h"
 
 namespace co2::server {
 
@@ -55,6 +56,7 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       streamed_(step_, messages_),
       updates_(config.max_staleness() + 1),
       durability_(options.checkpoints != nullptr, options.checkpoint_retry),
+      checkpoint_health_(options.checkpoint_log_every),
       journal_(options.checkpoints == nullptr
                    ? nullptr
                    : std::make_unique<RoundJournal>(
@@ -490,14 +492,14 @@ int JobShard::PublishDurably() {
       // The update waits: releasing it before the state is durable could
       // leave workers ahead of a restarted shard.
       durability_.WriteFailed(clock_->Now());
-      ++stats_.checkpoint_failures;
-      CO2_LOG(ERROR) << "job " << job_ << ": checkpoint "
-                     << (rounds_closed_ == 0
-                             ? std::string("before the first round closed")
-                             : absl::StrCat("of round ", rounds_closed_ - 1))
-                     << " failed, update held: " << written.status();
+      WriteFailedLocked(
+          rounds_closed_ == 0
+              ? std::string("checkpoint before the first round closed")
+              : absl::StrCat("checkpoint of round ", rounds_closed_ - 1),
+          written.status());
       return 0;
     }
+    WriteSucceededLocked();
     durable = durability_.Written();
     ++stats_.checkpoints_written;
     stats_.last_checkpoint_duration = absl::Now() - start;
@@ -545,18 +547,39 @@ void JobShard::StreamDurably() {
       // Stepped but not durable: these chunks and the rest of the round go
       // out after the round's checkpoint, at its close.
       durability_.JournalFailed(round);
-      ++stats_.checkpoint_failures;
-      CO2_LOG(ERROR) << "job " << job_ << ": round " << round
-                     << " journal failed; the round's update waits for its "
-                        "checkpoint: "
-                     << written;
+      WriteFailedLocked(absl::StrCat("round ", round, " journal"), written);
       return;
     }
+    WriteSucceededLocked();
     released.push_back(
         std::make_shared<const UpdateChunks>(ReleaseLocked(stepped)));
     sinks = sinks_.Live();
   }
   SendToSinks(released, sinks);
+}
+
+void JobShard::WriteFailedLocked(absl::string_view what,
+                                 const absl::Status& error) {
+  ++stats_.checkpoint_failures;
+  if (options_.observer != nullptr) {
+    options_.observer->OnCheckpointFailed(job_, WriteFailureOf(error));
+  }
+  if (std::optional<std::string> line =
+          checkpoint_health_.Failed(what, error, clock_->Now())) {
+    CO2_LOG(ERROR) << "job " << job_ << ": " << *line;
+  }
+}
+
+void JobShard::WriteSucceededLocked() {
+  if (std::optional<std::string> line =
+          checkpoint_health_.Succeeded(clock_->Now())) {
+    CO2_LOG(INFO) << "job " << job_ << ": " << *line;
+  }
+}
+
+std::string JobShard::UpdateHeld() const {
+  absl::MutexLock lock(&mu_);
+  return checkpoint_health_.held();
 }
 
 void JobShard::SendToSinks(

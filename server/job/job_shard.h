@@ -20,6 +20,7 @@
 // evictions), SeedState (who seeds A), RoundState, StreamedRound (the open
 // round's step while its chunks stream), UpdateCache (updates kept for
 // replay), ShardDurability (when a checkpoint is due, what waits for one),
+// CheckpointHealth (failing writes: logged, and the reason workers hear),
 // SharedAnchorSnapshot, UpdateSinks and ShardReporter (the observer's round
 // and poll reports); checkpoint_state.h writes and restores the state
 // (called from job_shard_checkpoint.cc), RoundJournal the chunks streamed
@@ -41,6 +42,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "co2/v1/aggregator.pb.h"
@@ -49,6 +51,7 @@
 #include "common/layout.h"
 #include "common/payload_pieces.h"
 #include "server/job/anchor_snapshot.h"
+#include "server/job/checkpoint_health.h"
 #include "server/job/chunked_outer_step.h"
 #include "server/job/contribution_payload.h"
 #include "server/job/job_lifecycle.h"
@@ -90,6 +93,9 @@ struct JobShardOptions {
   bool stream_updates = true;
   // How soon a failed checkpoint write is retried (its update waits).
   absl::Duration checkpoint_retry = absl::Seconds(1);
+  // While checkpoint writes fail, at most one ERROR line per this long
+  // (server/job/checkpoint_health.h).
+  absl::Duration checkpoint_log_every = absl::Minutes(1);
   // Told about contributions, rounds and rejections (metrics); nullptr:
   // none. Borrowed; must outlive the shard. See shard_observer.h.
   ShardObserver* observer = nullptr;
@@ -236,6 +242,9 @@ class JobShard {
   absl::Time NextDeadline() const ABSL_LOCKS_EXCLUDED(mu_);
 
   JobShardStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Why updates are held from the workers: "checkpoint failing: " and the
+  // errno text while the job's durable writes fail; empty otherwise.
+  std::string UpdateHeld() const ABSL_LOCKS_EXCLUDED(mu_);
   // The job as co2-admin lists it (in_memory set).
   v1::JobSummary Summary() const ABSL_LOCKS_EXCLUDED(mu_);
   // Retires the shard if it is not OPEN, has not been for `retention`, and
@@ -287,6 +296,11 @@ class JobShard {
   int PublishDurably() ABSL_LOCKS_EXCLUDED(mu_);
   // Steps the open round's complete chunks, journals them and sends them.
   void StreamDurably() ABSL_LOCKS_EXCLUDED(mu_);
+  // A durable write (`what`) failed with `error`, or succeeded: counted,
+  // told to the observer and logged (rate-limited by CheckpointHealth).
+  void WriteFailedLocked(absl::string_view what, const absl::Status& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WriteSucceededLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendToSinks(
       const std::vector<std::shared_ptr<const UpdateChunks>>& updates,
       const std::vector<std::shared_ptr<UpdateSink>>& sinks)
@@ -361,6 +375,7 @@ class JobShard {
   // durable yet (not yet sent), and those kept for reconnecting workers.
   UpdateCache updates_ ABSL_GUARDED_BY(mu_);
   ShardDurability durability_ ABSL_GUARDED_BY(mu_);
+  CheckpointHealth checkpoint_health_ ABSL_GUARDED_BY(mu_);
   // With checkpoints: the chunks streamed ahead of their round's checkpoint
   // (null without); touched by the poller thread only.
   const std::unique_ptr<RoundJournal> journal_;

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/codec.h"
 #include "server/job/outer_optimizer.h"
+#include "server/storage/write_failure.h"
 
 namespace co2::server {
 
@@ -100,6 +101,11 @@ class ShardObserver {
   // (JobShard::Poll, after each successful write).
   virtual void OnCheckpointWritten(const std::string& /*job*/,
                                    absl::Duration /*duration*/) {}
+  // A durable write of the job's state (a checkpoint or the round
+  // journal) failed; `reason` is its errno's class. Retried every
+  // JobShardOptions::checkpoint_retry, each retry told again.
+  virtual void OnCheckpointFailed(const std::string& /*job*/,
+                                  WriteFailure /*reason*/) {}
   // The job's state on this shard was lost and a worker re-seeded it.
   virtual void OnReseeded(const std::string& /*job*/,
                           ReseedReason /*reason*/) {}

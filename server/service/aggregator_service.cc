@@ -546,6 +546,7 @@ grpc::ServerUnaryReactor* AggregatorService::Heartbeat(
         renewed->set_lease_ms(static_cast<uint32_t>(
             absl::ToInt64Milliseconds(registry_->options().shard.lease)));
         renewed->set_open_round(job->stats().rounds_closed);
+        renewed->set_update_held(job->UpdateHeld());
         return absl::OkStatus();
       });
 }

@@ -167,6 +167,14 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                             "accept (unauthenticated) or a token for another "
                             "job (permission_denied).",
                             registry, shard_index)),
+      checkpoint_failures_(Family(
+          prometheus::BuildCounter(),
+          "co2_aggregator_checkpoint_failures_total",
+          "Durable writes of job state (checkpoints and round journals) that "
+          "failed, by the class of their errno: no_space (ENOSPC, EDQUOT), "
+          "io_error (EIO), permission (EACCES, EPERM, EROFS), other. Each "
+          "retry of a failing write counts.",
+          registry, shard_index)),
       jobs_(Family(prometheus::BuildGauge(), "co2_aggregator_jobs",
                    "Open jobs on this shard (finished and abandoned ones "
                    "are not counted).",
@@ -178,6 +186,10 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                    .Add({})) {
   refused_calls_.Add({{"code", "unauthenticated"}});
   refused_calls_.Add({{"code", "permission_denied"}});
+  for (int r = 0; r <= static_cast<int>(WriteFailure::kOther); ++r) {
+    checkpoint_failures_.Add({{"reason", std::string(WriteFailureName(
+                                             static_cast<WriteFailure>(r)))}});
+  }
 }
 
 void ShardMetrics::OnContribution(const std::string& job, common::Codec codec,
@@ -300,6 +312,15 @@ void ShardMetrics::OnReseeded(const std::string& job, ReseedReason reason) {
   reseeds_
       .Add({{"co2_job", job},
             {"reason", std::string(ReseedReasonName(reason))}})
+      .Increment();
+}
+
+void ShardMetrics::OnCheckpointFailed(const std::string& /*job*/,
+                                      WriteFailure reason) {
+  // Per shard, not per job: the disk is the shard's, and a job whose last
+  // checkpoint fails has left OPEN (and its series) already.
+  checkpoint_failures_
+      .Add({{"reason", std::string(WriteFailureName(reason))}})
       .Increment();
 }
 

@@ -21,6 +21,11 @@
 //                                                  from a worker (reason)
 //   co2_aggregator_refused_calls_total             refused credentials
 //                                                  (code), from start: 0
+//   co2_aggregator_checkpoint_failures_total       failed durable writes
+//                                                  (checkpoints, journal)
+//                                                  of every job, by errno
+//                                                  class (reason), from
+//                                                  start: 0
 // Gauges:
 //   co2_aggregator_jobs                            open jobs (from start: 0)
 //   co2_aggregator_workers                         live leases, every job
@@ -74,6 +79,8 @@ class ShardMetrics : public ShardObserver {
   void OnCheckpointWritten(const std::string& job,
                            absl::Duration duration) override;
   void OnReseeded(const std::string& job, ReseedReason reason) override;
+  void OnCheckpointFailed(const std::string& job,
+                          WriteFailure reason) override;
   // Removes every series of the job, and the job from the jobs and workers
   // gauges.
   void OnJobClosed(const std::string& job) override;
@@ -120,6 +127,7 @@ class ShardMetrics : public ShardObserver {
   Gauges& momentum_norm_;
   Gauges& clipped_fraction_;
   Counters& refused_calls_;
+  Counters& checkpoint_failures_;
   prometheus::Gauge& jobs_;
   prometheus::Gauge& workers_;
   absl::Mutex mu_;

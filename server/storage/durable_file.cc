@@ -10,16 +10,17 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/storage/write_failure.h"
 
 namespace co2::server {
 
 absl::Status ErrnoStatus(const std::string& what, const std::string& path,
                          int err) {
   std::string message = absl::StrCat(what, " ", path, ": ", std::strerror(err));
-  if (err == ENOSPC || err == EDQUOT) {
-    return absl::ResourceExhaustedError(message);
-  }
-  return absl::UnavailableError(message);
+  return WithErrno(err == ENOSPC || err == EDQUOT
+                       ? absl::ResourceExhaustedError(message)
+                       : absl::UnavailableError(message),
+                   err);
 }
 
 FileWriter::FileWriter(int fd, std::string path)

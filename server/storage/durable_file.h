@@ -2,7 +2,7 @@
 // checkpoint files (server/storage/checkpoint_store.h) and the round journal
 // (server/job/round_journal.h) share. Errors are statuses naming the file and
 // the errno text: RESOURCE_EXHAUSTED for a full disk or quota, UNAVAILABLE
-// for the rest.
+// for the rest; each carries its errno (WriteFailureOf).
 //
 // Stateless functions, and a writer with one owner.
 #ifndef CO2_SERVER_DURABLE_FILE_H_
@@ -17,7 +17,8 @@
 
 namespace co2::server {
 
-// "<what> <path>: <strerror(err)>", RESOURCE_EXHAUSTED for ENOSPC/EDQUOT.
+// "<what> <path>: <strerror(err)>", RESOURCE_EXHAUSTED for ENOSPC/EDQUOT,
+// with `err` attached (write_failure.h).
 absl::Status ErrnoStatus(const std::string& what, const std::string& path,
                          int err);
 

@@ -49,20 +49,24 @@ def results(processes: List[subprocess.Popen], timeout: float = 300) -> List[Dic
     return out
 
 
-def wait_for_line(p: subprocess.Popen, text: str, timeout: float = 120) -> str:
-    """Reads p's stdout until a line containing `text` (fails after timeout)."""
+def wait_for_line(p: subprocess.Popen, text: str, timeout: float = 120,
+                  stream: str = "stdout") -> str:
+    """Reads p's stdout (or stderr) until a line containing `text` (fails
+    after timeout)."""
+    pipe = getattr(p, stream)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([p.stdout], [], [], deadline - time.monotonic())
+        ready, _, _ = select.select([pipe], [], [], deadline - time.monotonic())
         if not ready:
             break
-        line = p.stdout.readline()
+        line = pipe.readline()
         if not line:
-            pytest.fail(f"worker ended before printing {text!r}: {p.stderr.read()[-3000:]}")
+            rest = p.stderr.read()[-3000:] if stream == "stdout" else ""
+            pytest.fail(f"worker ended before printing {text!r} on {stream}: {rest}")
         if text in line:
             return line
     p.kill()
-    pytest.fail(f"worker did not print {text!r} within {timeout} s")
+    pytest.fail(f"worker did not print {text!r} on {stream} within {timeout} s")
 
 
 def wait_for_live_workers(addresses: Sequence[str], job: str, count: int,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import time
 
@@ -235,22 +234,6 @@ def test_a_worker_whose_shard_dies_gets_co2_error():
     assert r["error_code"] in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ABORTED")
 
 
-def _wait_for_stderr(p, text: str, timeout: float = 120) -> str:
-    """Reads p's stderr until a line containing `text` (fails after timeout)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([p.stderr], [], [], deadline - time.monotonic())
-        if not ready:
-            break
-        line = p.stderr.readline()
-        if not line:
-            pytest.fail(f"worker ended before logging {text!r}")
-        if text in line:
-            return line
-    p.kill()
-    pytest.fail(f"worker did not log {text!r} within {timeout} s")
-
-
 def test_a_worker_waiting_for_a_held_update_logs_the_shards_reason(tmp_path):
     with co2.local_aggregator(checkpoint_dir=str(tmp_path)) as agg:
         [p] = workers(agg, "held", 1, "--rounds", "100", "--tau", "1")
@@ -269,7 +252,8 @@ def test_a_worker_waiting_for_a_held_update_logs_the_shards_reason(tmp_path):
             except FileExistsError:
                 assert time.monotonic() < deadline, "the checkpoint kept coming back"
         (path / "blocker").write_text("x")
-        line = _wait_for_stderr(p, "update held: checkpoint failing: Is a directory")
+        line = wait_for_line(p, "update held: checkpoint failing: Is a directory",
+                             stream="stderr")
         assert "W" == line[0] and "shard 0 (127.0.0.1:" in line, line
         (path / "blocker").unlink()
         path.rmdir()

@@ -822,6 +822,33 @@ TEST(JobShardStreamTest, AStreamStartedBeforeACloseIsDurableGetsEveryChunk) {
   }
 }
 
+// A round whose mean would carry the anchor past fp32's range is refused,
+// not applied: the round closes and its update is zero, so the shard and
+// the workers stay at the last good anchor, and the refusal is counted.
+// The next round, whose step fits, moves the anchor again.
+TEST(JobShardOverflowTest, AStepThatWouldOverflowTheAnchorIsRefused) {
+  common::FakeClock clock;
+  auto seeded = shard_test::SeededShard(Config(2), JobShardOptions{}, &clock,
+                                        {"a", "b"}, /*anchor=*/3e38f);
+  ASSERT_TRUE(seeded.ok()) << seeded.status();
+  JobShard& shard = **seeded;
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard.Subscribe(sink, 0).ok());
+  // U = −mean = +1e38: A would be 4e38.
+  ASSERT_TRUE(shard.Contribute("a", Contribution(0, -1e38f)).ok());
+  ASSERT_TRUE(shard.Contribute("b", Contribution(0, -1e38f)).ok());
+  EXPECT_EQ(shard.Poll(), 1);
+  EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{0}));
+  EXPECT_EQ(shard.stats().refused_step_chunks, 1u);
+  uint64_t round = 0;
+  for (float a : shard.AnchorForTesting(&round)) ASSERT_EQ(a, 3e38f);
+  ASSERT_TRUE(shard.Contribute("a", Contribution(1, 1e37f)).ok());
+  ASSERT_TRUE(shard.Contribute("b", Contribution(1, 1e37f)).ok());
+  EXPECT_EQ(shard.Poll(), 1);
+  EXPECT_EQ(shard.stats().refused_step_chunks, 1u);
+  for (float a : shard.AnchorForTesting(&round)) ASSERT_EQ(a, 3e38f - 1e37f);
+}
+
 TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {
   JoinAndSeed({"a", "b"});
   auto first = shard_->Fetch("a");

@@ -658,6 +658,15 @@ bool JobShard::CloseRoundLocked() {
                       "be read back: "
                    << step.gap_error;
   }
+  if (step.stats.refused_chunks > 0) {
+    stats_.refused_step_chunks += step.stats.refused_chunks;
+    CO2_LOG(ERROR) << "job " << job_ << ": round " << closed->round
+                   << ": the outer step of " << step.stats.refused_chunks
+                   << " of " << step_.num_chunks()
+                   << " chunks was refused; those chunks keep their last "
+                      "good anchor and momentum and get a zero update: "
+                   << step.refused_error;
+  }
   if (closed->quorum_close) ++stats_.quorum_closes;
   report_.RoundClosed(*closed, stats_.last_step, range_.size());
   ++rounds_closed_;

@@ -128,6 +128,10 @@ struct JobShardStats {
   // Chunks stepped with a zero gap: the last update could not be read back
   // from its checkpoint (see StepResult).
   uint64_t unread_gap_chunks = 0;
+  // Chunks whose outer step was refused: their mean would have made the
+  // momentum, the update or the anchor non-finite (CheckStepFits); they
+  // stayed at the last good anchor with a zero update.
+  uint64_t refused_step_chunks = 0;
   absl::Duration last_checkpoint_duration;
   OuterStepStats last_step;
 };

@@ -128,6 +128,13 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                             "Rounds closed at their deadline with a "
                             "quorum, without every live worker.",
                             registry, shard_index)),
+      refused_step_chunks_(Family(
+          prometheus::BuildCounter(),
+          "co2_aggregator_refused_step_chunks_total",
+          "Chunks whose outer step was refused because their mean would "
+          "have made the momentum, the update or the anchor non-finite; "
+          "they kept their last good anchor.",
+          registry, shard_index)),
       quorum_misses_(Family(prometheus::BuildCounter(),
                             "co2_aggregator_quorum_misses_total",
                             "Rounds whose deadline passed with fewer than "
@@ -204,6 +211,9 @@ void ShardMetrics::OnRoundClosed(const std::string& job,
   contributions_.Add(labels).Increment(event.contributors);
   round_contributors_.Add(labels).Set(event.contributors);
   if (event.quorum_close) quorum_closes_.Add(labels).Increment();
+  if (event.step.refused_chunks > 0) {
+    refused_step_chunks_.Add(labels).Increment(event.step.refused_chunks);
+  }
   gap_penalty_mean_.Add(labels).Set(event.step.mean_penalty);
   momentum_norm_.Add(labels).Set(std::sqrt(event.step.momentum_norm_sq));
   clipped_fraction_.Add(labels).Set(
@@ -249,6 +259,7 @@ void ShardMetrics::RegisterJobSeries(const std::string& job) {
   late_chunks_.Add(labels);
   duplicate_chunks_.Add(labels);
   quorum_closes_.Add(labels);
+  refused_step_chunks_.Add(labels);
   for (int r = 0; r <= static_cast<int>(RejectReason::kOther); ++r) {
     rejected_chunks_.Add({{"co2_job", job},
                           {"reason", std::string(RejectReasonName(
@@ -268,7 +279,8 @@ void ShardMetrics::OnJobClosed(const std::string& job) {
   for (Counters* family :
        {&rounds_completed_, &contributions_, &contribution_chunks_,
         &late_chunks_, &duplicate_chunks_, &rejected_chunks_, &bytes_in_,
-        &bytes_out_, &quorum_closes_, &quorum_misses_, &reseeds_}) {
+        &bytes_out_, &quorum_closes_, &refused_step_chunks_, &quorum_misses_,
+        &reseeds_}) {
     RemoveJob(*family, job);
   }
   for (Gauges* family :

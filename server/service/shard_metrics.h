@@ -19,6 +19,9 @@
 //   co2_aggregator_quorum_misses_total             deadline without quorum
 //   co2_aggregator_reseeds_total                   state lost, re-seeded
 //                                                  from a worker (reason)
+//   co2_aggregator_refused_step_chunks_total       outer steps refused:
+//                                                  m, U or A would not be
+//                                                  finite
 //   co2_aggregator_refused_calls_total             refused credentials
 //                                                  (code), from start: 0
 // Gauges:
@@ -113,6 +116,7 @@ class ShardMetrics : public ShardObserver {
   Gauges& round_deadline_;
   Gauges& round_contributors_;
   Counters& quorum_closes_;
+  Counters& refused_step_chunks_;
   Counters& quorum_misses_;
   Counters& reseeds_;
   Histograms& checkpoint_duration_;

@@ -46,7 +46,8 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       rounds_(RoundOptions{range.size(), config.min_workers(),
                            absl::Milliseconds(config.round_timeout_ms()),
                            first_round, options.round_deadline,
-                           config.deterministic(), config.rounds()},
+                           config.deterministic(), config.rounds(),
+                           config.outlier_ratio()},
               clock),
       members_(job_, options.max_workers, options.lease,
                options.max_rejected_chunks),
@@ -627,6 +628,30 @@ absl::Status JobShard::RejectLocked(const std::string& worker,
   return status;
 }
 
+void JobShard::HoldOutLocked(uint64_t round,
+                             const std::vector<HeldOut>& held_out) {
+  for (const HeldOut& out : held_out) {
+    const std::string why = absl::StrCat("round ", round, " chunk ",
+                                         out.chunk_index, ": ", out.reason);
+    CO2_LOG(WARNING) << "job " << job_ << ": contribution of worker "
+                     << out.worker << " held out of the mean, " << why;
+    ++stats_.rejected_chunks;
+    ++stats_.held_out_chunks;
+    if (options_.observer != nullptr) {
+      options_.observer->OnRejected(job_, RejectReason::kOutlier);
+    }
+    ShardMember* member = members_.Find(out.worker);
+    if (member == nullptr) continue;
+    bool evicted = false;
+    members_.HoldOut(out.worker, *member, round, why, &evicted);
+    if (evicted) {
+      ForgetWorkerLocked(out.worker);
+      ++stats_.evicted_workers;
+      durability_.MarkDirty();
+    }
+  }
+}
+
 void JobShard::ForgetWorkerLocked(const std::string& worker) {
   rounds_.RemoveWorker(worker);
   if (!anchor_ready_) seed_.Forget(worker);
@@ -667,6 +692,7 @@ bool JobShard::CloseRoundLocked() {
                       "good anchor and momentum and get a zero update: "
                    << step.refused_error;
   }
+  HoldOutLocked(closed->round, closed->held_out);
   if (closed->quorum_close) ++stats_.quorum_closes;
   report_.RoundClosed(*closed, stats_.last_step, range_.size());
   ++rounds_closed_;
@@ -704,7 +730,8 @@ std::vector<JobShard::SteppedChunk> JobShard::StepCompleteChunksLocked() {
     SteppedChunk one;
     if (journal_ != nullptr) one.senders = rounds_.SendersOf(chunk.chunk_index);
     one.update = streamed_.Step(chunk.chunk_index, chunk.mean,
-                                chunk.contributors, keep);
+                                chunk.contributors, chunk.held_out, keep);
+    HoldOutLocked(rounds_.open_round(), chunk.held_out);
     stepped.push_back(std::move(one));
   }
   return stepped;

@@ -105,7 +105,8 @@ ChunkScreen::Settled ChunkScreen::Settle(double k, uint32_t chunk_index,
                                median > 0 ? held.norm / median : INFINITY,
                                " x the chunk's median ", median,
                                " (outlier_ratio ", k, ")")
-                : std::string(added.message())});
+                : std::string(added.message()),
+        outlier});
   }
   norms_.clear();
   held_.clear();

@@ -50,6 +50,9 @@ struct HeldOut {
   // Why, for the worker and the log: the ratio to the median and k, or why
   // a held contribution within the rule could not be added.
   std::string reason;
+  // Held out by the rule; false: within it, but its values did not fit the
+  // sum when it was added (fp32 overflow, as ChunkSum::Add refuses).
+  bool outlier = true;
 };
 
 class ChunkScreen {

@@ -401,6 +401,13 @@ void JobShard::UpdateLifecycleLocked() {
                 << JobStateName(lifecycle_.state()) << " at round "
                 << rounds_.open_round() << " on shard " << options_.shard_index;
   if (!lifecycle_.open()) report_.Closed();
+  if (lifecycle_.state() == v1::JOB_STATE_FINISHED &&
+      config_.outlier_ratio() > 0) {
+    CO2_LOG(INFO) << "job " << job_ << ": largest contribution norm / its "
+                  << "chunk's median in any round: " << stats_.max_norm_ratio
+                  << " (outlier_ratio " << config_.outlier_ratio() << ", "
+                  << stats_.held_out_chunks << " chunk(s) held out)";
+  }
 }
 
 v1::JobSummary JobShard::Summary() const {
@@ -638,7 +645,8 @@ void JobShard::HoldOutLocked(uint64_t round,
     ++stats_.rejected_chunks;
     ++stats_.held_out_chunks;
     if (options_.observer != nullptr) {
-      options_.observer->OnRejected(job_, RejectReason::kOutlier);
+      options_.observer->OnRejected(
+          job_, out.outlier ? RejectReason::kOutlier : RejectReason::kNonFinite);
     }
     ShardMember* member = members_.Find(out.worker);
     if (member == nullptr) continue;
@@ -693,6 +701,8 @@ bool JobShard::CloseRoundLocked() {
                    << step.refused_error;
   }
   HoldOutLocked(closed->round, closed->held_out);
+  stats_.max_norm_ratio =
+      std::max(stats_.max_norm_ratio, closed->max_norm_ratio);
   if (closed->quorum_close) ++stats_.quorum_closes;
   report_.RoundClosed(*closed, stats_.last_step, range_.size());
   ++rounds_closed_;

@@ -125,6 +125,9 @@ struct JobShardStats {
   uint64_t rejected_chunks = 0;
   uint64_t evicted_workers = 0;   // after max_rejected_chunks in a row
   uint64_t held_out_chunks = 0;   // of those rejected, by the outlier rule
+  // The largest contribution norm / its chunk's median in any round so far
+  // (0 without JobConfig.outlier_ratio), logged when the job finishes.
+  double max_norm_ratio = 0;
   uint64_t reseeds = 0;           // state lost; anchor re-seeded by a worker
   uint64_t checkpoints_written = 0;
   uint64_t checkpoint_failures = 0;

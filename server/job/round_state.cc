@@ -345,6 +345,7 @@ std::vector<float> RoundState::TakeMean(int slot, uint32_t chunk_index,
         },
         held_out);
     if (settled.median.has_value()) last_median_[chunk_index] = settled.median;
+    max_norm_ratio_ = std::max(max_norm_ratio_, settled.max_ratio);
   }
   std::vector<float> mean = sum.TakeMean();
   std::unique_ptr<ChunkSum>& acc = acc_[slot][chunk_index];
@@ -365,6 +366,8 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
   for (uint32_t c = 0; c < num_chunks_; ++c) {
     if (!taken_.Test(c)) closed.mean[c] = TakeMean(slot, c, &closed.held_out);
   }
+  closed.max_norm_ratio = max_norm_ratio_;
+  max_norm_ratio_ = 0;
   if (quorum_close) {
     for (auto& [id, w] : workers_) {
       if (Required(w) && w.received[kOpen].count() < num_chunks_) {

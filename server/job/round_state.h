@@ -108,6 +108,9 @@ struct ClosedRound {
   std::vector<std::vector<float>> mean;
   // Contributions held out of those chunks' means (outlier_ratio).
   std::vector<HeldOut> held_out;
+  // The largest norm / median of a chunk of this round, taken ahead or not
+  // (0 without outlier_ratio): how far the rule's k is from tripping.
+  double max_norm_ratio = 0;
 };
 
 class RoundState {
@@ -273,6 +276,7 @@ class RoundState {
   // only), and each chunk's median of its last settled round.
   std::array<std::vector<ChunkScreen>, 2> screens_;
   std::vector<std::optional<double>> last_median_;
+  double max_norm_ratio_ = 0;  // of the open round's settled chunks
   std::array<bool, 2> has_chunk_ = {false, false};  // a chunk of that round
   std::optional<absl::Time> deadline_;              // of the open round
   absl::Time armed_at_;  // when deadline_ was set: the round's first chunk

@@ -61,6 +61,8 @@ struct RoundClosedEvent {
   bool quorum_close = false;  // closed at the deadline, not by completeness
   OuterStepStats step;        // Λ, ||m||², clipped elements of this shard
   size_t elements = 0;        // this shard's range size (for fractions)
+  // The largest contribution norm / its chunk's median (ClosedRound).
+  double max_norm_ratio = 0;
 };
 
 // A snapshot taken at every Poll (at least every max_poll_interval).

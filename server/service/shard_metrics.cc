@@ -167,6 +167,13 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                                "elements changed by clipping in the last "
                                "outer step.",
                                registry, shard_index)),
+      norm_ratio_(Family(prometheus::BuildGauge(),
+                         "co2_aggregator_contribution_norm_ratio",
+                         "The largest ratio of a contribution's norm to its "
+                         "chunk's median in the last closed round (0 with "
+                         "JobConfig.outlier_ratio off): how close the "
+                         "outlier rule is to holding one out.",
+                         registry, shard_index)),
       refused_calls_(Family(prometheus::BuildCounter(),
                             "co2_aggregator_refused_calls_total",
                             "Calls refused for their credentials: a client "
@@ -216,6 +223,7 @@ void ShardMetrics::OnRoundClosed(const std::string& job,
   }
   gap_penalty_mean_.Add(labels).Set(event.step.mean_penalty);
   momentum_norm_.Add(labels).Set(std::sqrt(event.step.momentum_norm_sq));
+  norm_ratio_.Add(labels).Set(event.max_norm_ratio);
   clipped_fraction_.Add(labels).Set(
       event.elements == 0 ? 0.0
                           : static_cast<double>(event.step.clipped) /
@@ -286,7 +294,7 @@ void ShardMetrics::OnJobClosed(const std::string& job) {
   for (Gauges* family :
        {&active_workers_, &open_round_, &open_round_age_, &round_deadline_,
         &round_contributors_, &gap_penalty_mean_, &momentum_norm_,
-        &clipped_fraction_}) {
+        &clipped_fraction_, &norm_ratio_}) {
     RemoveJob(*family, job);
   }
   RemoveJob(round_duration_, job, RoundBuckets());

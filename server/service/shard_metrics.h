@@ -37,6 +37,9 @@
 //   co2_aggregator_gap_penalty_mean                mean Λ, last outer step
 //   co2_aggregator_outer_momentum_norm             ||m|| of this shard
 //   co2_aggregator_clipped_fraction                of m's elements, last step
+//   co2_aggregator_contribution_norm_ratio         largest norm / its
+//                                                  chunk's median, last
+//                                                  round (outlier_ratio)
 // Histograms:
 //   co2_aggregator_round_duration_seconds          opening to close
 //   co2_aggregator_checkpoint_duration_seconds     checkpoint made durable
@@ -123,6 +126,7 @@ class ShardMetrics : public ShardObserver {
   Gauges& gap_penalty_mean_;
   Gauges& momentum_norm_;
   Gauges& clipped_fraction_;
+  Gauges& norm_ratio_;
   Counters& refused_calls_;
   prometheus::Gauge& jobs_;
   prometheus::Gauge& workers_;

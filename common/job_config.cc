@@ -40,6 +40,7 @@ v1::JobConfig DefaultJobConfig(uint64_t num_parameters, uint32_t num_shards) {
   c.set_min_workers(1);
   c.set_round_timeout_ms(60000);
   c.set_max_staleness(1);
+  c.set_outlier_ratio(kDefaultOutlierRatio);
   return c;
 }
 

@@ -64,6 +64,11 @@ ABSL_FLAG(int, rounds, 4,
 ABSL_FLAG(int, repetitions, 3, "Repetitions of each N; medians are reported.");
 ABSL_FLAG(std::string, iperf3, "iperf3", "iperf3 binary; empty: skip it.");
 ABSL_FLAG(bool, gloo, true, "Run the Gloo all-reduce reference.");
+ABSL_FLAG(float, outlier_ratio, co2::common::kDefaultOutlierRatio,
+          "JobConfig.outlier_ratio of the job (0: the outlier rule off).");
+ABSL_FLAG(bool, outlier_off_reference, false,
+          "Also run each repetition with outlier_ratio 0 and report the "
+          "shards' CPU per round with the rule over without it.");
 ABSL_FLAG(bool, whole_round_reference, false,
           "Also run the aggregator with --stream_updates=false (each round's "
           "update sent only once the whole round closed) in every "
@@ -175,6 +180,7 @@ int RunClient() {
   options.job_config.set_round_timeout_ms(600000);
   options.job_config.set_downlink_codec(v1::Codec(*downlink));
   options.job_config.set_deterministic(absl::GetFlag(FLAGS_deterministic));
+  options.job_config.set_outlier_ratio(absl::GetFlag(FLAGS_outlier_ratio));
   std::vector<float> anchor(p, 0.0f);
   const std::vector<float> delta = MakeDelta(p, absl::GetFlag(FLAGS_rank));
   auto connected =
@@ -387,7 +393,8 @@ struct Repetition {
 // The aggregator part of one repetition, with the job's downlink codec;
 // false on failure.
 bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
-                   const std::string& scratch, Repetition* out) {
+                   float outlier_ratio, const std::string& scratch,
+                   Repetition* out) {
   const int s = absl::GetFlag(FLAGS_shards);
   const uint64_t p = absl::GetFlag(FLAGS_params);
   std::vector<ShardProcess> shards;
@@ -427,6 +434,7 @@ bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
                 "--downlink=" + std::string(common::CodecName(downlink)),
                 absl::StrCat("--deterministic=",
                              absl::GetFlag(FLAGS_deterministic)),
+                absl::StrCat("--outlier_ratio=", outlier_ratio),
                 absl::StrCat("--job=agg-", n, "-", rep),
                 absl::StrCat("--rank=", c)}),
         absl::StrCat(scratch, "/client-", c, ".log"), /*stdout_to_null=*/false,
@@ -727,19 +735,36 @@ int RunDriver() {
              static_cast<double>(common::EncodedSize(*downlink, p)));
     std::vector<double> goodput, vs_iperf3, vs_gloo, agg_round, gloo_round,
         iperf3_bps, whole_round, vs_whole, cpu_vs_iperf3, cpu_vs_gloo,
+        outlier_vs_off,
         agg_cores, iperf3_cores, gloo_cores;
     CpuSeries workers_cpu, shards_cpu, agg_cpu, iperf3_cpu, gloo_cpu;
     std::vector<std::string> shard_reports, client_copies;
     for (int rep = 0; rep < absl::GetFlag(FLAGS_repetitions); ++rep) {
       Repetition r;
-      if (!RunAggregator(n, rep, *downlink, /*stream_updates=*/true, scratch,
-                         &r)) {
+      const float k = absl::GetFlag(FLAGS_outlier_ratio);
+      if (!RunAggregator(n, rep, *downlink, /*stream_updates=*/true, k,
+                         scratch, &r)) {
         return 1;
+      }
+      if (absl::GetFlag(FLAGS_outlier_off_reference)) {
+        Repetition off;
+        if (!RunAggregator(n, rep, *downlink, /*stream_updates=*/true, 0,
+                           scratch, &off)) {
+          return 1;
+        }
+        const CpuTimes with = r.shard_cpu, without = off.shard_cpu;
+        outlier_vs_off.push_back((with.user_s + with.sys_s) /
+                                 (without.user_s + without.sys_s));
+        std::fprintf(stderr,
+                     "N=%d rep %d: shards' CPU with outlier_ratio %g / "
+                     "without: %.3f\n",
+                     n, rep, k, outlier_vs_off.back());
       }
       const double round_s = Median(r.aggregator_rounds);
       if (absl::GetFlag(FLAGS_whole_round_reference)) {
         Repetition whole;
-        if (!RunAggregator(n, rep, *downlink, /*stream_updates=*/false, scratch,
+        if (!RunAggregator(n, rep, *downlink, /*stream_updates=*/false,
+                           absl::GetFlag(FLAGS_outlier_ratio), scratch,
                            &whole)) {
           return 1;
         }
@@ -827,6 +852,9 @@ int RunDriver() {
       << ", \"goodput_over_iperf3_each\": " << NumbersJson(vs_iperf3)
       << ", \"gloo_round_over_aggregator_round\": " << Num(Median(vs_gloo))
       << ", \"gloo_round_over_aggregator_round_each\": " << NumbersJson(vs_gloo)
+      << ", \"shard_cpu_outlier_rule_over_off\": " << Num(Median(outlier_vs_off))
+      << ", \"shard_cpu_outlier_rule_over_off_each\": "
+      << NumbersJson(outlier_vs_off)
       << ", \"whole_round_over_aggregator_round\": " << Num(Median(vs_whole))
       << ", \"whole_round_over_aggregator_round_each\": "
       << NumbersJson(vs_whole)

@@ -142,8 +142,16 @@ absl::Status AnchorExchange::Push(uint64_t round, int steps,
   }
   const double weight = steps * options_.samples_per_step;
   const absl::Time pushed = options_.clock->Now();
-  CO2_RETURN_IF_ERROR(
-      client_->Push(round, x, weight, pushed + options_.push_timeout));
+  // ScaleDeltasForTesting scales a copy: x itself stays Δ.
+  std::vector<float> scaled;
+  if (delta_scale_ != 1.0f && round >= scale_first_ && round <= scale_last_) {
+    scaled.assign(x.begin(), x.end());
+    for (float& v : scaled) v *= delta_scale_;
+  }
+  const absl::Span<const float> pushing =
+      scaled.empty() ? absl::Span<const float>(x) : absl::MakeConstSpan(scaled);
+  CO2_RETURN_IF_ERROR(client_->Push(round, pushing, weight,
+                                    pushed + options_.push_timeout));
   times.push += options_.clock->Now() - pushed;
   times.bytes_sent += common::EncodedSize(options_.uplink_codec, x.size());
   return absl::OkStatus();

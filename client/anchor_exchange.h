@@ -181,6 +181,15 @@ class AnchorExchange {
   // (DATA_LOSS naming both hashes), then leaves the job (best effort).
   absl::Status VerifyAnchor(uint64_t anchor_round);
   void Leave();
+  // Test seam (the fault suite, co2-train --inject_fault=W:scale_delta=...):
+  // multiplies the Δ pushed in rounds first .. last by `factor`, as a worker
+  // whose training diverged would send it; without eager updates the
+  // worker's own next start point is not changed.
+  void ScaleDeltasForTesting(float factor, uint64_t first, uint64_t last) {
+    delta_scale_ = factor;
+    scale_first_ = first;
+    scale_last_ = last;
+  }
 
  private:
   AnchorExchange(const AnchorExchangeOptions& options,
@@ -218,6 +227,11 @@ class AnchorExchange {
   std::vector<float> last_delta_;
   // The owed update ApplyArrived applied before its round's boundary.
   std::optional<uint64_t> applied_early_;
+  // ScaleDeltasForTesting: the factor and the rounds [first, last] it
+  // applies to (none while factor is 1).
+  float delta_scale_ = 1.0f;
+  uint64_t scale_first_ = 0;
+  uint64_t scale_last_ = 0;
 };
 
 }  // namespace co2::client

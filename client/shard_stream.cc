@@ -361,6 +361,13 @@ void ShardStream::ReadLoop() {
 
 void ShardStream::HandleUpdate(ReceivedUpdate update) {
   const uint32_t index = update.chunk_index;
+  for (const v1::HeldOutContribution& out : update.held_out) {
+    if (out.worker_id() != options_.worker_id) continue;
+    CO2_LOG(WARNING) << "shard " << options_.shard_index
+                     << " held this worker's contribution to round "
+                     << update.round << " chunk " << index
+                     << " out of the mean: " << out.reason();
+  }
   absl::Status valid;
   if (index >= num_chunks_ || update.codec != int(options_.downlink)) {
     valid = absl::InternalError(

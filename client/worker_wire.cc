@@ -96,6 +96,14 @@ absl::StatusOr<ReceivedUpdate> ParseOuterUpdate(grpc::ByteBuffer* buffer) {
     } else if (field == v1::OuterUpdate::kPayloadFieldNumber &&
                type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
       ok = reader.ReadLengthDelimited(&update.payload);
+    } else if (field == v1::OuterUpdate::kHeldOutFieldNumber &&
+               type == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+      // Small and rare: parsed by protobuf from a copy.
+      std::vector<std::string_view> body;
+      ok = reader.ReadLengthDelimited(&body);
+      std::string bytes;
+      for (const std::string_view b : body) bytes.append(b);
+      ok = ok && update.held_out.emplace_back().ParseFromString(bytes);
     } else {
       ok = reader.Skip(type);
     }

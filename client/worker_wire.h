@@ -80,6 +80,8 @@ struct ReceivedUpdate {
   int codec = 0;  // a co2.v1.Codec wire value
   uint64_t anchor_digest = 0;  // 0: none sent
   std::vector<std::string_view> payload;
+  // Contributions the shard held out of this chunk's mean (outlier rule).
+  std::vector<v1::HeldOutContribution> held_out;
   std::vector<grpc::Slice> slices;
 };
 

@@ -40,6 +40,7 @@ v1::JobConfig DefaultJobConfig(uint64_t num_parameters, uint32_t num_shards) {
   c.set_min_workers(1);
   c.set_round_timeout_ms(60000);
   c.set_max_staleness(1);
+  c.set_outlier_ratio(kDefaultOutlierRatio);
   return c;
 }
 
@@ -69,7 +70,8 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
       {"alpha", c.alpha()},
       {"beta", c.beta()},
       {"penalty_lambda", c.penalty_lambda()},
-      {"clip_value", c.clip_value()}};
+      {"clip_value", c.clip_value()},
+      {"outlier_ratio", c.outlier_ratio()}};
   for (const auto& [name, value] : floats) {
     if (!std::isfinite(value)) {
       return Invalid(name, "must be finite (even when unused)", value);
@@ -132,6 +134,9 @@ absl::Status ValidateJobConfig(const v1::JobConfig& c) {
     return Invalid("downlink_codec", "must be FP32, BF16 or INT8",
                    c.downlink_codec());
   }
+  if (c.outlier_ratio() < 0) {
+    return Invalid("outlier_ratio", "must be >= 0 (0: off)", c.outlier_ratio());
+  }
   if (c.min_workers() == 0) return Invalid("min_workers", "must be >= 1", 0);
   if (c.round_timeout_ms() == 0) {
     return Invalid("round_timeout_ms", "must be > 0", 0);
@@ -190,7 +195,8 @@ std::string DescribeJobConfig(const v1::JobConfig& c) {
       " min_workers=", c.min_workers(),
       " round_timeout_ms=", c.round_timeout_ms(),
       " max_staleness=", c.max_staleness(), " rounds=", c.rounds(),
-      " deterministic=", c.deterministic());
+      " deterministic=", c.deterministic(),
+      " outlier_ratio=", c.outlier_ratio());
 }
 
 }  // namespace co2::common

@@ -15,6 +15,9 @@
 namespace co2::common {
 
 inline constexpr uint32_t kProtocolVersion = 2;
+// JobConfig.outlier_ratio of DefaultJobConfig, co2-train and co2.JobConfig:
+// far above what healthy jobs show (docs/algorithm.md, "Robust rounds").
+inline constexpr float kDefaultOutlierRatio = 20;
 
 // The defaults documented in docs/: CO2 with staleness 1, α = 0.5, β = 0,
 // heavy ball, no penalty, no clipping, fp32 downlink.

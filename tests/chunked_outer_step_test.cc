@@ -1,5 +1,6 @@
 #include "server/job/chunked_outer_step.h"
 
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -277,6 +278,104 @@ TEST(ShardStepConfigTest, AGapChunkThatCannotBeReadBackIsZero) {
   }
   ::unlink(path.c_str());
 }
+
+// Every value of `x` is finite.
+bool AllFinite(absl::Span<const float> x) {
+  for (const float v : x) {
+    if (!std::isfinite(v)) return false;
+  }
+  return true;
+}
+
+// A chunk whose mean would make the anchor (chunk 1) or the momentum
+// (chunk 2) non-finite is refused: its A and m stay, its update decodes to
+// zeros, and the digest is of the unchanged anchor; chunk 0 steps as usual.
+// Then rounds of the largest finite mean: nothing non-finite is ever
+// published or kept. Parameters: downlink codec, momentum.
+class RefusedStepTest
+    : public testing::TestWithParam<std::tuple<v1::Codec, v1::Momentum>> {};
+
+TEST_P(RefusedStepTest, NothingNonFiniteIsEverPublished) {
+  const auto [downlink, kind] = GetParam();
+  const size_t n = 2 * common::kChunkElements + 1000;
+  const v1::JobConfig config =
+      StepConfig(n, 0.9f, downlink, kind, v1::GAP_PENALTY_NONE);
+  const common::Codec codec = common::Codec(downlink);
+  const ShardStepConfig step(config, n);
+  const UpdateMessages messages(config, step.num_chunks());
+  const common::Range c1 = common::ChunkRange(n, 1), c2 = common::ChunkRange(n, 2);
+  std::vector<float> anchor(n, 1.0f), momentum(n, 0.0f), mean(n, 1.0f);
+  for (size_t i = c1.begin; i < c1.end; ++i) anchor[i] = 3e38f;
+  for (size_t i = c1.begin; i < c1.end; ++i) mean[i] = 1e38f;
+  for (size_t i = c2.begin; i < c2.end; ++i) momentum[i] = 3e38f;
+  for (size_t i = c2.begin; i < c2.end; ++i) mean[i] = 3e38f;
+  const std::vector<float> anchor_before = anchor, momentum_before = momentum;
+  ClosedRound closed;
+  closed.contributors = 2;
+  closed.mean = InChunks(mean);
+  const RoundRun first =
+      RunRound(step, messages, closed, nullptr,
+               {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
+  EXPECT_EQ(first.stats.refused_chunks, 2u);
+  EXPECT_EQ(first.refused_error.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(first.refused_error.message().find("chunk 1: the step would make "
+                                               "the anchor non-finite"),
+            std::string::npos)
+      << first.refused_error;
+  const auto span = [](const std::vector<float>& v, common::Range r) {
+    return std::vector<float>(v.begin() + r.begin, v.begin() + r.end);
+  };
+  for (const common::Range r : {c1, c2}) {
+    EXPECT_EQ(span(anchor, r), span(anchor_before, r));
+    EXPECT_EQ(span(momentum, r), span(momentum_before, r));
+  }
+  EXPECT_NE(anchor[0], 1.0f) << "chunk 0 steps";
+  for (uint32_t c = 1; c < 3; ++c) {
+    const common::Range r = common::ChunkRange(n, c);
+    std::vector<float> decoded(r.size(), 1.0f);
+    common::Decode(codec, (*first.update)[c]->payload(),
+                   absl::MakeSpan(decoded));
+    EXPECT_EQ(decoded, std::vector<float>(r.size(), 0.0f)) << "chunk " << c;
+    EXPECT_EQ((*first.update)[c]->anchor_digest(),
+              common::AnchorDigest(absl::MakeConstSpan(anchor).subspan(
+                  r.begin, r.size())));
+  }
+
+  // Means of 1e37 · 3^r, alternating in sign, then the largest finite
+  // value: the first steps fit, later ones are refused.
+  std::optional<KeptUpdate> last(KeptUpdate(first.update));
+  uint32_t refused = 0;
+  for (uint64_t r = 1; r < 6; ++r) {
+    closed.round = r;
+    const float size =
+        r >= 4 ? FLT_MAX : 1e37f * std::pow(3.0f, static_cast<float>(r));
+    closed.mean = InChunks(std::vector<float>(n, r % 2 ? size : -size));
+    const RoundRun run =
+        RunRound(step, messages, closed, &*last,
+                 {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
+    ASSERT_TRUE(AllFinite(anchor)) << "round " << r;
+    ASSERT_TRUE(AllFinite(momentum)) << "round " << r;
+    for (uint32_t c = 0; c < 3; ++c) {
+      const common::Range range = common::ChunkRange(n, c);
+      std::vector<float> decoded(range.size());
+      common::Decode(codec, (*run.update)[c]->payload(),
+                     absl::MakeSpan(decoded));
+      ASSERT_TRUE(AllFinite(decoded)) << "round " << r << " chunk " << c;
+    }
+    refused += run.stats.refused_chunks;
+    last.emplace(run.update);
+  }
+  EXPECT_GT(refused, 0u);
+  EXPECT_LT(refused, 5u * 3u) << "some steps near the limit fit";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CodecsAndMomenta, RefusedStepTest,
+    testing::Combine(testing::Values(v1::CODEC_FP32, v1::CODEC_BF16,
+                                     v1::CODEC_INT8),
+                     testing::Values(v1::MOMENTUM_HEAVY_BALL,
+                                     v1::MOMENTUM_NESTEROV,
+                                     v1::MOMENTUM_DELAYED_NESTEROV)));
 
 }  // namespace
 }  // namespace co2::server

@@ -23,6 +23,9 @@ TEST(ExchangeWireTest, SerializedUpdateIsTheMessageAndSharesItsPayload) {
   update->set_contributors(5);
   update->set_payload(std::string(300000, 'u'));
   update->set_anchor_digest(0x0123456789ABCDEFull);
+  v1::HeldOutContribution* held = update->add_held_out();
+  held->set_worker_id("w2");
+  held->set_reason("its norm 4e6 is 1e6 x the chunk's median 4");
   const grpc::ByteBuffer buffer = SerializeUpdate(update);
   std::vector<grpc::Slice> slices;
   EXPECT_EQ(BufferBytes(buffer, &slices), update->SerializeAsString());
@@ -32,7 +35,7 @@ TEST(ExchangeWireTest, SerializedUpdateIsTheMessageAndSharesItsPayload) {
 }
 
 TEST(ExchangeWireTest, KnowsEveryFieldOfOuterUpdate) {
-  EXPECT_EQ(v1::OuterUpdate::descriptor()->field_count(), 8)
+  EXPECT_EQ(v1::OuterUpdate::descriptor()->field_count(), 9)
       << "SerializeUpdate copies OuterUpdate's fields one by one: add the "
          "new field there and to the test above";
 }

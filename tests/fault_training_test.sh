@@ -47,7 +47,8 @@
 #                   checkpoints (--checkpoint_dir, both runs); the final
 #                   model must be bit-identical to the undisturbed run's
 #   disk_full       960 steps (120 rounds); shard 0's --checkpoint_dir is a
-#                   small tmpfs, filled up mid-job: the shard holds its updates, counts each failed
+#                   small tmpfs, filled up mid-job: the shard holds its
+#                   updates, counts each failed
 #                   write (co2_aggregator_checkpoint_failures_total, reason
 #                   no_space, on its /metrics), logs one ERROR line for
 #                   them, not one per retry, and the waiting workers print
@@ -58,6 +59,17 @@
 #                   4 (co2-train --scale: workers 2 and 3 join the running
 #                   job) and shrinks to 3 (worker 3 leaves on SIGTERM, its
 #                   last Δ counted); the undisturbed run has 4 throughout
+#   worker_outlier  4 workers; worker 2 multiplies its Δ by 10^6 in rounds
+#                   4 and 5 (--inject_fault=2:scale_delta=4-5), then trains
+#                   normally: the shards hold its contributions out of the
+#                   mean (outlier rule, co2-train's default outlier_ratio),
+#                   log and count it (rejected_chunks{reason="outlier"}),
+#                   tell the worker, and keep it; accuracy within 0.01
+#   worker_diverged 4 workers; worker 2 multiplies its Δ by 10^6 from round
+#                   4 on: held out 3 rounds in a row (--max_rejected_chunks
+#                   3) it is evicted, co2-train ends (the launcher reports
+#                   worker 2 failed, evicted), and the shards' rounds went
+#                   on without it
 #
 # SCENARIO runs co2-train's default, each worker applying the update a round
 # owes between inner steps when it has arrived (docs/algorithm.md, "Applying
@@ -105,10 +117,17 @@ NODE_ARGS=()         # node_restart: two processes per worker, both runs
 WORKERS=2
 RESUMABLE=""          # job_resume: worker checkpoints in both runs
 [[ $SCENARIO == job_resume ]] && RESUMABLE=yes
+METRICS_PORT=-1       # worker_outlier, disk_full: 0, a free port each shard logs
 if [[ $SCENARIO == disk_full ]]; then
   # Long enough that the disk fills while rounds are left to hold.
   STEPS=960
   ROUNDS=$(( (STEPS + TAU - 1) / TAU ))
+  METRICS_PORT=0
+fi
+[[ $SCENARIO == worker_outlier || $SCENARIO == worker_diverged ]] && WORKERS=4
+if [[ $SCENARIO == worker_outlier ]]; then
+  METRICS_PORT=0
+  TOLERANCE=0.01
 fi
 if [[ $SCENARIO == grow_shrink ]]; then
   # Long enough for the joining workers' processes to start (seconds) and
@@ -124,7 +143,6 @@ NETNS=co2fault$$
 VETH=co2f$$
 SUBNET=10.231.$(($$ % 250))  # per run: concurrent runs must not collide
 declare -a SHARD_PID SHARD_PORT
-SHARD0_METRICS=-1    # disk_full: 0, a free port shard 0 logs
 SMALL_DISK=""        # disk_full: shard 0's checkpoint tmpfs, mounted
 HOST=127.0.0.1
 IN_NS=()
@@ -166,8 +184,7 @@ start_shard() {
   local i=$1 port=$2
   mkdir -p "$WORK/ckpt$i"
   "$AGGREGATOR" --insecure --host=0.0.0.0 --port="$port" --shard_index="$i" \
-    --num_shards=2 --checkpoint_dir="$WORK/ckpt$i" \
-    --metrics_port=$([[ $i == 0 ]] && echo "$SHARD0_METRICS" || echo -1) \
+    --num_shards=2 --checkpoint_dir="$WORK/ckpt$i" --metrics_port=$METRICS_PORT \
     --lease="$LEASE" >>"$WORK/shard$i.log" 2>&1 &
   SHARD_PID[$i]=$!
   local deadline=$((SECONDS + 20))
@@ -310,8 +327,7 @@ anchor_hash() {
 }
 
 # disk_full: shard 0 checkpoints to a 16 MiB tmpfs (each job's checkpoint
-# takes 1 MiB, and a replaced one stays open for the updates it holds)
-# and serves /metrics.
+# takes 1 MiB, and a replaced one stays open for the updates it holds).
 setup_small_disk() {
   mkdir -p "$WORK/ckpt0"
   if ! mount -t tmpfs -o size=16m tmpfs "$WORK/ckpt0"; then
@@ -319,7 +335,6 @@ setup_small_disk() {
     exit 77
   fi
   SMALL_DISK=$WORK/ckpt0
-  SHARD0_METRICS=0
 }
 
 # no_space_failures: shard 0's co2_aggregator_checkpoint_failures_total
@@ -583,6 +598,58 @@ EOF
     grep -q "shard 0 (.*): no update held any more" "$WORK/run-fault/rank-0-0.log" ||
       fail "worker 0 did not print that the update is no longer held"
     ;;
+  worker_outlier)
+    start_training fault --inject_fault=2:scale_delta=4-5
+    wait_round fault 8
+    # Counted while the job is open (a finished job leaves the metrics).
+    for i in 0 1; do
+      port=$(grep -o 'metrics on port [0-9]*' "$WORK/shard$i.log" | awk '{print $4}')
+      count=$(python3 -c 'import re, sys, urllib.request
+text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode()
+print(sum(float(v) for v in re.findall(r"co2_aggregator_rejected_chunks_total\{[^}]*co2_job=\"fault\"[^}]*reason=\"outlier\"[^}]*\} (\S+)", text)))' \
+        "http://127.0.0.1:$port/metrics") || fail "shard $i's /metrics: $count"
+      python3 -c "import sys; sys.exit(not float('$count') >= 2)" ||
+        fail "shard $i counts $count outlier chunks, expected one per round for rounds 4 and 5"
+      log "shard $i: co2_aggregator_rejected_chunks_total{reason=\"outlier\"} = $count"
+    done
+    finish_training fault
+    grep -q "inject_fault: the delta of rounds 4 to 5" "$WORK/run-fault/rank-2-0.log" ||
+      fail "worker 2 did not scale its deltas"
+    for round in 4 5; do
+      for i in 0 1; do
+        grep -q "contribution of worker worker-2 held out of the mean, round $round " "$WORK/shard$i.log" ||
+          fail "shard $i did not hold worker 2's round $round out"
+      done
+      grep -q "held this worker's contribution to round $round .* out of the mean" "$WORK/run-fault/rank-2-0.log" ||
+        fail "worker 2 was not told its round $round contribution was held out"
+    done
+    if grep -h "held out of the mean" "$WORK/shard0.log" "$WORK/shard1.log" |
+         grep -v "worker worker-2 held out of the mean, round [45] "; then
+      fail "the shards held out other contributions"
+    fi
+    ! grep -q "evicting worker" "$WORK/shard0.log" "$WORK/shard1.log" ||
+      fail "a worker was evicted"
+    log "$(grep -h 'held out of the mean' "$WORK/shard0.log" | head -1 | sed 's/.*job fault: //')"
+    ;;
+  worker_diverged)
+    start_training fault --inject_fault=2:scale_delta=4-
+    status=0
+    wait "$TRAIN_PID" || status=$?
+    TRAIN_PID=
+    cat "$WORK/train-fault.out"
+    (( status != 0 )) || fail "co2-train succeeded with worker 2 evicted"
+    for i in 0 1; do
+      grep -q "evicting worker worker-2: 3 rounds in a row with a contribution held out of the mean" "$WORK/shard$i.log" ||
+        fail "shard $i did not evict worker 2: $(grep -h 'worker-2' "$WORK/shard$i.log" | tail -3)"
+    done
+    grep -q "evicted" "$WORK/run-fault/rank-2-0.log" ||
+      fail "worker 2's log does not say it was evicted: $(tail -3 "$WORK/run-fault/rank-2-0.log")"
+    grep -q "worker 2 local rank 0 failed" "$WORK/train-fault.out" ||
+      fail "the launcher does not name worker 2"
+    log "$(grep -h 'evicting worker' "$WORK/shard0.log" | head -1 | sed 's/.*job fault: //')"
+    log "PASS"
+    exit 0
+    ;;
   link_cut)
     # A worker that misses more rounds than the shards can replay heals; one
     # whose streams stay down past --connect_timeout is restarted.
@@ -598,7 +665,7 @@ EOF
       fail "no worker log says its stream broke and reconnected"
     ;;
   *)
-    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | disk_full | worker_kill_* | grow_shrink | job_resume)"
+    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | disk_full | worker_kill_* | grow_shrink | job_resume | worker_outlier | worker_diverged)"
     ;;
 esac
 log "disturbed run took $((SECONDS - START)) s"

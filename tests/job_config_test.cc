@@ -75,6 +75,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "clip_value must be finite (even when unused), got inf"},
         BadField{"beta_nan", [](auto* c) { c->set_beta(std::nanf("")); },
                  "beta must be finite"},
+        BadField{"outlier_ratio_nan",
+                 [](auto* c) { c->set_outlier_ratio(std::nanf("")); },
+                 "outlier_ratio must be finite (even when unused), got nan"},
+        BadField{"outlier_ratio_negative",
+                 [](auto* c) { c->set_outlier_ratio(-2.5f); },
+                 "outlier_ratio must be >= 0 (0: off), got -2.5"},
         BadField{"momentum", [](auto* c) { c->set_momentum(v1::Momentum(9)); },
                  "momentum must be HEAVY_BALL, NESTEROV or DELAYED_NESTEROV, "
                  "got 9"},

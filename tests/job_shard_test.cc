@@ -15,6 +15,7 @@
 #include "common/codec.h"
 #include "common/job_config.h"
 #include "common/layout.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job/outer_optimizer.h"
 #include "server/job/round_journal.h"
@@ -29,6 +30,16 @@ using shard_test::Contribution;
 using shard_test::Fp32;
 using shard_test::kParams;
 using shard_test::RecordingSink;
+
+// Records every update chunk it is sent.
+class UpdateRecorder : public UpdateSink {
+ public:
+  void Send(std::shared_ptr<const UpdateChunks> update) override {
+    for (const auto& chunk : *update) updates.push_back(chunk);
+  }
+  void Replay(const KeptUpdate&) override {}
+  std::vector<std::shared_ptr<const v1::OuterUpdate>> updates;
+};
 
 class JobShardTest : public testing::Test {
  protected:
@@ -820,6 +831,88 @@ TEST(JobShardStreamTest, AStreamStartedBeforeACloseIsDurableGetsEveryChunk) {
     EXPECT_FALSE(early->Payload(0, c).empty());
     EXPECT_EQ(late->Payload(0, c), early->Payload(0, c));
   }
+}
+
+// A round whose mean would carry the anchor past fp32's range is refused,
+// not applied: the round closes and its update is zero, so the shard and
+// the workers stay at the last good anchor, and the refusal is counted.
+// The next round, whose step fits, moves the anchor again.
+TEST(JobShardOverflowTest, AStepThatWouldOverflowTheAnchorIsRefused) {
+  common::FakeClock clock;
+  auto seeded = shard_test::SeededShard(Config(2), JobShardOptions{}, &clock,
+                                        {"a", "b"}, /*anchor=*/3e38f);
+  ASSERT_TRUE(seeded.ok()) << seeded.status();
+  JobShard& shard = **seeded;
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(shard.Subscribe(sink, 0).ok());
+  // U = −mean = +1e38: A would be 4e38.
+  ASSERT_TRUE(shard.Contribute("a", Contribution(0, -1e38f)).ok());
+  ASSERT_TRUE(shard.Contribute("b", Contribution(0, -1e38f)).ok());
+  EXPECT_EQ(shard.Poll(), 1);
+  EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{0}));
+  EXPECT_EQ(shard.stats().refused_step_chunks, 1u);
+  uint64_t round = 0;
+  for (float a : shard.AnchorForTesting(&round)) ASSERT_EQ(a, 3e38f);
+  ASSERT_TRUE(shard.Contribute("a", Contribution(1, 1e37f)).ok());
+  ASSERT_TRUE(shard.Contribute("b", Contribution(1, 1e37f)).ok());
+  EXPECT_EQ(shard.Poll(), 1);
+  EXPECT_EQ(shard.stats().refused_step_chunks, 1u);
+  for (float a : shard.AnchorForTesting(&round)) ASSERT_EQ(a, 3e38f - 1e37f);
+}
+
+// With the outlier rule, a contribution far off the others is held out:
+// the anchor moves by the others' mean, the update names the worker and
+// does not count it, and a worker held out in max_rejected_chunks rounds in
+// a row is evicted (a round in between without a hold-out starts the count
+// again).
+TEST(JobShardOutlierTest, AnOutlierIsHeldOutNamedAndEvictedAfterRoundsInARow) {
+  common::FakeClock clock;
+  v1::JobConfig config = Config(4);
+  config.set_outlier_ratio(10);
+  JobShardOptions options;
+  options.max_rejected_chunks = 2;
+  auto seeded =
+      shard_test::SeededShard(config, options, &clock, {"a", "b", "c", "d"});
+  ASSERT_TRUE(seeded.ok()) << seeded.status();
+  JobShard& shard = **seeded;
+  auto sink = std::make_shared<UpdateRecorder>();
+  ASSERT_TRUE(shard.Subscribe(sink, 0).ok());
+  const auto round = [&](uint64_t r, float d) {
+    for (const char* w : {"a", "b", "c"}) {
+      ASSERT_TRUE(shard.Contribute(w, Contribution(r, 1.0f)).ok()) << w;
+    }
+    ASSERT_TRUE(shard.Contribute("d", Contribution(r, d)).ok());
+    ASSERT_EQ(shard.Poll(), 1) << "round " << r;
+  };
+  round(0, 1e6f);
+  ASSERT_EQ(sink->updates.size(), 1u);
+  const v1::OuterUpdate& update = *sink->updates[0];
+  EXPECT_EQ(update.contributors(), 3u);
+  ASSERT_EQ(update.held_out_size(), 1);
+  EXPECT_EQ(update.held_out(0).worker_id(), "d");
+  EXPECT_THAT(update.held_out(0).reason(),
+              testing::HasSubstr("x the chunk's median"));
+  uint64_t anchor_round = 0;
+  for (float a : shard.AnchorForTesting(&anchor_round)) ASSERT_EQ(a, 9.0f);
+  EXPECT_EQ(shard.stats().held_out_chunks, 1u);
+  EXPECT_EQ(shard.stats().rejected_chunks, 1u);
+  round(1, 1.0f);  // d is back: the count starts again
+  EXPECT_EQ(sink->updates[1]->held_out_size(), 0);
+  round(2, 1e6f);
+  EXPECT_EQ(shard.stats().evicted_workers, 0u) << "one round in a row";
+  round(3, -1e6f);
+  EXPECT_EQ(shard.stats().evicted_workers, 1u);
+  EXPECT_EQ(shard.stats().held_out_chunks, 3u);
+  const absl::Status evicted = shard.Heartbeat("d");
+  EXPECT_EQ(evicted.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(evicted.message(),
+              testing::HasSubstr("2 rounds in a row with a contribution held "
+                                 "out of the mean (last: round 3 chunk 0"));
+  // The rounds close without it.
+  for (const char* w : {"a", "b", "c"}) {
+    ASSERT_TRUE(shard.Contribute(w, Contribution(4, 1.0f)).ok()) << w;
+  }
+  EXPECT_EQ(shard.Poll(), 1);
 }
 
 TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {

@@ -64,12 +64,17 @@ double Value(const prometheus::Registry& registry, const std::string& name,
 
 class ShardMetricsTest : public testing::Test {
  public:
-  // Job "job" reporting to metrics_, "a" and "b" joined, A_0 = 10.
-  void Create(uint32_t min_workers) {
+  // Job "job" reporting to metrics_, "a" and "b" joined, A_0 = 10; its
+  // JobConfig.outlier_ratio `k` (the default's holds the first two
+  // contributions of the first round until the round's median is known).
+  void Create(uint32_t min_workers,
+              float k = common::kDefaultOutlierRatio) {
     JobShardOptions options;
     options.observer = &metrics_;
-    auto seeded = shard_test::SeededShard(Config(min_workers), options, &clock_,
-                                          {"a", "b"});
+    v1::JobConfig config = Config(min_workers);
+    config.set_outlier_ratio(k);
+    auto seeded =
+        shard_test::SeededShard(config, options, &clock_, {"a", "b"});
     ASSERT_TRUE(seeded.ok()) << seeded.status();
     shard_ = *std::move(seeded);
   }
@@ -187,9 +192,10 @@ TEST_F(ShardMetricsTest, EvictedWorkersChunksHaveTheirOwnReason) {
 }
 
 // Finite values that the round's fp32 sum cannot take (3e38 + 3e38) are
-// refused before they reach it and counted like NaN.
+// refused before they reach it and counted like NaN (without the outlier
+// rule, which would hold them and check them when they are added).
 TEST_F(ShardMetricsTest, OverflowingChunksAreRejectedLikeNaN) {
-  Create(2);
+  Create(2, /*k=*/0);
   ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 3e38f)).ok());
   for (int i = 0; i < 3; ++i) {
     const absl::Status s = shard_->Contribute("b", Contribution(0, 3e38f));

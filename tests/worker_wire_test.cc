@@ -84,8 +84,13 @@ TEST(WorkerWireTest, UpdatePayloadStaysInTheReceivedSlices) {
   std::string payload(90001, '\0');
   for (size_t i = 0; i < payload.size(); ++i) payload[i] = char(i * 3);
   update.set_payload(payload);
+  v1::HeldOutContribution* held = update.add_held_out();
+  held->set_worker_id("worker-2");
+  held->set_reason("its norm 4e6 is 1e6 x the chunk's median 4");
   const std::string bytes = update.SerializeAsString();
-  grpc::ByteBuffer buffer = InSlices(bytes, {1, 2, 9, 17, 4000, 65536});
+  // The held-out entry, after the payload, is cut across slices too.
+  grpc::ByteBuffer buffer =
+      InSlices(bytes, {1, 2, 9, 17, 4000, 65536, bytes.size() - 20});
   absl::StatusOr<ReceivedUpdate> parsed = ParseOuterUpdate(&buffer);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(buffer.Length(), 0u);
@@ -96,6 +101,9 @@ TEST(WorkerWireTest, UpdatePayloadStaysInTheReceivedSlices) {
   EXPECT_EQ(got.codec, v1::CODEC_FP32);
   EXPECT_GT(got.payload.size(), 1u);
   EXPECT_EQ(testing::Joined(got.payload), payload);
+  ASSERT_EQ(got.held_out.size(), 1u);
+  EXPECT_EQ(got.held_out[0].worker_id(), "worker-2");
+  EXPECT_EQ(got.held_out[0].reason(), held->reason());
 }
 
 TEST(WorkerWireTest, Int8PayloadInSeveralSlicesStaysInThem) {

@@ -326,6 +326,7 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"codec", options.codec},
           {"downlink_codec", options.downlink_codec},
           {"deterministic", options.deterministic ? "true" : "false"},
+          {"outlier_ratio", absl::StrCat(options.outlier_ratio)},
           {"eager", RunsEagerUpdates(options) ? "true" : "false"},
           {"apply", options.apply},
           {"scale", options.scale},

@@ -104,6 +104,10 @@ ABSL_FLAG(bool, deterministic, false,
           "The shards sum each round exactly, so that two runs with the same "
           "seed and settings end with the same bits (JobConfig.deterministic: "
           "16 bytes of shard memory per parameter instead of 4).");
+ABSL_FLAG(float, outlier_ratio, co2::common::kDefaultOutlierRatio,
+          "k of the shards' outlier rule: a contribution whose norm is more "
+          "than k x the median of its chunk's is held out of the mean "
+          "(JobConfig.outlier_ratio; 0: off).");
 ABSL_FLAG(bool, hash_params, true,
           "Hash the parameters after every round to check that all ranks agree "
           "(one pass over the model per round).");
@@ -113,7 +117,8 @@ ABSL_FLAG(bool, verify_final_anchor, true,
 ABSL_FLAG(std::string, inject_fault, "",
           "Testing (the fault suite): WORKER:WHAT fails that worker's first "
           "process at one point; WHAT is kill_in_round=R, kill_before_finish, "
-          "kill_after_finish or flip_final_bit (apps/co2-train/trainer.h).");
+          "kill_after_finish, flip_final_bit or scale_delta=A-B "
+          "(apps/co2-train/trainer.h).");
 ABSL_FLAG(std::string, report, "", "Write the JSON report here.");
 ABSL_FLAG(std::string, run_dir, "", "Scratch directory (default: a fresh one in /tmp).");
 ABSL_FLAG(bool, progress, true, "Show the one-line progress display.");
@@ -222,6 +227,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.group_address = absl::GetFlag(FLAGS_group_address);
   o.hash_params = absl::GetFlag(FLAGS_hash_params);
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
+  o.outlier_ratio = absl::GetFlag(FLAGS_outlier_ratio);
   o.eager = absl::GetFlag(FLAGS_eager);
   o.apply = absl::GetFlag(FLAGS_apply).value_or(std::string(
       co2::client::ApplyAtName(co2::client::DefaultApplyAt(outer_algo,

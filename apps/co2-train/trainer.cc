@@ -92,6 +92,7 @@ absl::StatusOr<v1::JobConfig> MakeJobConfig(const TrainerOptions& options,
   c.set_round_timeout_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(options.round_timeout)));
   c.set_deterministic(options.deterministic);
+  c.set_outlier_ratio(options.outlier_ratio);
   ApplyAlgo(algo, c);
   return c;
 }
@@ -149,11 +150,27 @@ absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec) {
     f.kind = InjectedFault::Kind::kKillAfterFinish;
   } else if (what == "flip_final_bit") {
     f.kind = InjectedFault::Kind::kFlipFinalBit;
+  } else if (absl::ConsumePrefix(&what, "scale_delta=")) {
+    f.kind = InjectedFault::Kind::kScaleDelta;
+    const std::pair<absl::string_view, absl::string_view> rounds =
+        absl::StrSplit(what, absl::MaxSplits('-', 1));
+    f.last_round = UINT64_MAX;
+    if (!absl::SimpleAtoi(rounds.first, &f.round) || f.round < 0 ||
+        (!rounds.second.empty() &&
+         (!absl::SimpleAtoi(rounds.second, &f.last_round) ||
+          f.last_round < static_cast<uint64_t>(f.round))) ||
+        what.find('-') == absl::string_view::npos) {
+      return Bad("inject_fault",
+                 absl::StrCat("scale_delta needs rounds A-B (B >= A >= 0) or "
+                              "A-, got '",
+                              spec, "'"));
+    }
   } else {
     return Bad("inject_fault",
                absl::StrCat("unknown fault in '", spec,
                             "' (kill_in_round=R, kill_before_finish, "
-                            "kill_after_finish, flip_final_bit)"));
+                            "kill_after_finish, flip_final_bit, "
+                            "scale_delta=A-B)"));
   }
   return f;
 }
@@ -517,6 +534,17 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
       std::unique_ptr<Co2Optimizer> co2,
       Co2Optimizer::Create(optimizer_options, flat.get(), inner.get(),
                            std::move(client), local.get(), global.get()));
+  if (fault.kind == InjectedFault::Kind::kScaleDelta) {
+    CO2_LOG(WARNING) << "inject_fault: the delta of rounds " << fault.round
+                     << " to "
+                     << (fault.last_round == UINT64_MAX
+                             ? std::string("the end")
+                             : absl::StrCat(fault.last_round))
+                     << " is multiplied by " << kInjectedDeltaScale;
+    co2->ScaleDeltasForTesting(kInjectedDeltaScale,
+                               static_cast<uint64_t>(fault.round),
+                               fault.last_round);
+  }
   if (resumed) {
     CO2_LOG(INFO) << "worker " << worker << " rank " << local_rank
                   << " resumed the job at round " << resumed->round

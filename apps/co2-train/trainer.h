@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/job_config.h"
 
 namespace co2::client {
 
@@ -88,6 +89,8 @@ struct TrainerOptions {
   absl::Duration round_timeout = absl::Seconds(60);  // embedded shards
   // JobConfig.deterministic: exact, order-independent sums on the shards.
   bool deterministic = false;
+  // JobConfig.outlier_ratio: k of the shards' outlier rule (0: off).
+  float outlier_ratio = common::kDefaultOutlierRatio;
   // Eager updates (Co2OptimizerOptions::eager_share = 1/workers); co2 only:
   // the synchronous algorithms have no stale average to make up for.
   bool eager = false;
@@ -147,7 +150,10 @@ struct TrainerOptions {
   // steps of round R, before its boundary), kill_before_finish (its last Δ
   // pushed, the last update not applied), kill_after_finish (final anchor
   // applied and verified, no report written) or flip_final_bit (one bit of
-  // its final model flipped after the check, before the report). "" = none.
+  // its final model flipped after the check, before the report) or
+  // scale_delta=A-B (the Δ it pushes in rounds A to B multiplied by
+  // kInjectedDeltaScale, as a diverged worker's; "A-" for every round from
+  // A on). "" = none.
   std::string inject_fault;
 };
 
@@ -158,12 +164,16 @@ struct InjectedFault {
     kKillInRound,
     kKillBeforeFinish,
     kKillAfterFinish,
-    kFlipFinalBit
+    kFlipFinalBit,
+    kScaleDelta
   };
   Kind kind = Kind::kNone;
   int worker = -1;
-  int64_t round = 0;  // kKillInRound
+  int64_t round = 0;  // kKillInRound; kScaleDelta: the first round
+  uint64_t last_round = 0;  // kScaleDelta (UINT64_MAX: for good)
 };
+// What kScaleDelta multiplies Δ by.
+inline constexpr float kInjectedDeltaScale = 1e6f;
 absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec);
 
 // One step of TrainerOptions::scale: from `round` on, workers 0 .. count − 1

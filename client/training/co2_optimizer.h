@@ -231,6 +231,11 @@ class Co2Optimizer {
   // current round owes has arrived, without applying it, so that the next
   // Step's ApplyAt::kArrival test finds it there. OK on other ranks.
   absl::Status AwaitOwedUpdateForTesting();
+  // Test seam: AnchorExchange::ScaleDeltasForTesting on the local leader
+  // (nothing on other ranks and with DDP).
+  void ScaleDeltasForTesting(float factor, uint64_t first, uint64_t last) {
+    if (exchange_ != nullptr) exchange_->ScaleDeltasForTesting(factor, first, last);
+  }
 
  private:
   Co2Optimizer(const Co2OptimizerOptions& options, FlatParams* flat,

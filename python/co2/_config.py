@@ -44,6 +44,10 @@ class JobConfig:
             so that a run is a function of its seeds and settings (costs the
             shards 8 bytes per element of accumulator instead of 4; see
             docs/algorithm.md, "Order-independent sums").
+        outlier_ratio: k of the shards' outlier rule: a contribution whose
+            norm is more than k times the median of its chunk's (with at
+            least 3) is held out of the mean; >= 0, 0 turns it off (see
+            docs/algorithm.md, "Robust rounds").
         protocol_version: the wire protocol (set by the package).
         num_parameters: P, the flat parameter count (set from the model).
         num_shards: S, the number of aggregator shards (set from the addresses).
@@ -64,6 +68,7 @@ class JobConfig:
     tau: int = 12
     rounds: int = 0
     deterministic: bool = False
+    outlier_ratio: float = 20.0
     protocol_version: int = 2
     num_parameters: int = 0
     num_shards: int = 0

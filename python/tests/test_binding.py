@@ -27,7 +27,7 @@ def test_every_field_round_trips_through_the_proto():
                             clip="adaptive", clip_value=1.5, downlink_codec="bf16",
                             min_workers=3, round_timeout_ms=1234, max_staleness=0, tau=48,
                             rounds=77, num_parameters=1000, num_shards=4, deterministic=True,
-                            protocol_version=9)
+                            outlier_ratio=7.5, protocol_version=9)
     values = changed.to_dict()
     assert {f.name for f in dataclasses.fields(co2.JobConfig)} == set(values)
     # Every field off its default, so that one the binding drops shows.
@@ -46,6 +46,8 @@ def test_every_field_round_trips_through_the_proto():
     ("clip", "sometimes", "clip"),
     ("downlink_codec", "fp8", "downlink_codec"),
     ("min_workers", -2, "min_workers"),
+    ("outlier_ratio", -1.5, r"outlier_ratio must be >= 0 \(0: off\), got -1.5"),
+    ("outlier_ratio", float("nan"), "outlier_ratio must be finite"),
 ])
 def test_a_bad_value_is_a_value_error_naming_it(field, value, words):
     with pytest.raises(ValueError, match=words):

@@ -136,7 +136,23 @@ ChunkUpdate RoundStep::Step(uint32_t chunk_index, std::vector<float>& mean) {
   } else {
     momentum = buffers_.momentum.subspan(r.begin, r.size());
   }
+  // Zero bytes decode to zeros in every codec: a refused step's update.
   std::string payload(common::EncodedSize(codec, r.size()), '\0');
+  const absl::Span<float> anchor = buffers_.anchor.subspan(r.begin, r.size());
+  if (absl::Status fits = CheckStepFits(step_.outer(), mean, momentum, anchor);
+      !fits.ok()) {
+    if (result_.refused_error.ok()) {
+      result_.refused_error = absl::Status(
+          fits.code(), absl::StrCat("chunk ", chunk_index, ": ",
+                                    fits.message()));
+    }
+    ++result_.stats.refused_chunks;
+    penalty_sum_ += static_cast<double>(r.size());  // Λ = 1
+    std::vector<float>().swap(mean);
+    stepped_[chunk_index] = true;
+    return ChunkUpdate{chunk_index, std::move(payload),
+                       common::AnchorDigest(anchor)};
+  }
   std::vector<float> encoded_from(fp32 ? 0 : r.size());  // U before encoding
   const absl::Span<float> update =
       fp32 ? Fp32Floats(payload) : absl::MakeSpan(encoded_from);
@@ -150,7 +166,6 @@ ChunkUpdate RoundStep::Step(uint32_t chunk_index, std::vector<float>& mean) {
   // A += 1·decode(U) in one pass: what the workers apply
   // (AggregatorClient::ApplyUpdate), so both hold the same bits.
   // The digest reads the chunk just written, while it is in cache.
-  const absl::Span<float> anchor = buffers_.anchor.subspan(r.begin, r.size());
   common::AccumulateDecoded(codec, payload, 1.0f, anchor);
   stepped_[chunk_index] = true;
   return ChunkUpdate{chunk_index, std::move(payload),

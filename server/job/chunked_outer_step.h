@@ -59,6 +59,9 @@ struct StepResult {
   // chunk. `gap_error` is the first such error.
   uint32_t unread_gap_chunks = 0;
   absl::Status gap_error;
+  // The first chunk whose step was refused (stats.refused_chunks), naming
+  // it and the bound that did not fit.
+  absl::Status refused_error;
 };
 
 class ShardStepConfig {

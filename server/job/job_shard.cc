@@ -47,7 +47,8 @@ JobShard::JobShard(std::string job, const v1::JobConfig& config,
       rounds_(RoundOptions{range.size(), config.min_workers(),
                            absl::Milliseconds(config.round_timeout_ms()),
                            first_round, options.round_deadline,
-                           config.deterministic(), config.rounds()},
+                           config.deterministic(), config.rounds(),
+                           config.outlier_ratio()},
               clock),
       members_(job_, options.max_workers, options.lease,
                options.max_rejected_chunks),
@@ -402,6 +403,13 @@ void JobShard::UpdateLifecycleLocked() {
                 << JobStateName(lifecycle_.state()) << " at round "
                 << rounds_.open_round() << " on shard " << options_.shard_index;
   if (!lifecycle_.open()) report_.Closed();
+  if (lifecycle_.state() == v1::JOB_STATE_FINISHED &&
+      config_.outlier_ratio() > 0) {
+    CO2_LOG(INFO) << "job " << job_ << ": largest contribution norm / its "
+                  << "chunk's median in any round: " << stats_.max_norm_ratio
+                  << " (outlier_ratio " << config_.outlier_ratio() << ", "
+                  << stats_.held_out_chunks << " chunk(s) held out)";
+  }
 }
 
 v1::JobSummary JobShard::Summary() const {
@@ -650,6 +658,31 @@ absl::Status JobShard::RejectLocked(const std::string& worker,
   return status;
 }
 
+void JobShard::HoldOutLocked(uint64_t round,
+                             const std::vector<HeldOut>& held_out) {
+  for (const HeldOut& out : held_out) {
+    const std::string why = absl::StrCat("round ", round, " chunk ",
+                                         out.chunk_index, ": ", out.reason);
+    CO2_LOG(WARNING) << "job " << job_ << ": contribution of worker "
+                     << out.worker << " held out of the mean, " << why;
+    ++stats_.rejected_chunks;
+    ++stats_.held_out_chunks;
+    if (options_.observer != nullptr) {
+      options_.observer->OnRejected(
+          job_, out.outlier ? RejectReason::kOutlier : RejectReason::kNonFinite);
+    }
+    ShardMember* member = members_.Find(out.worker);
+    if (member == nullptr) continue;
+    bool evicted = false;
+    members_.HoldOut(out.worker, *member, round, why, &evicted);
+    if (evicted) {
+      ForgetWorkerLocked(out.worker);
+      ++stats_.evicted_workers;
+      durability_.MarkDirty();
+    }
+  }
+}
+
 void JobShard::ForgetWorkerLocked(const std::string& worker) {
   rounds_.RemoveWorker(worker);
   if (!anchor_ready_) seed_.Forget(worker);
@@ -681,6 +714,18 @@ bool JobShard::CloseRoundLocked() {
                       "be read back: "
                    << step.gap_error;
   }
+  if (step.stats.refused_chunks > 0) {
+    stats_.refused_step_chunks += step.stats.refused_chunks;
+    CO2_LOG(ERROR) << "job " << job_ << ": round " << closed->round
+                   << ": the outer step of " << step.stats.refused_chunks
+                   << " of " << step_.num_chunks()
+                   << " chunks was refused; those chunks keep their last "
+                      "good anchor and momentum and get a zero update: "
+                   << step.refused_error;
+  }
+  HoldOutLocked(closed->round, closed->held_out);
+  stats_.max_norm_ratio =
+      std::max(stats_.max_norm_ratio, closed->max_norm_ratio);
   if (closed->quorum_close) ++stats_.quorum_closes;
   report_.RoundClosed(*closed, stats_.last_step, range_.size());
   ++rounds_closed_;
@@ -718,7 +763,8 @@ std::vector<JobShard::SteppedChunk> JobShard::StepCompleteChunksLocked() {
     SteppedChunk one;
     if (journal_ != nullptr) one.senders = rounds_.SendersOf(chunk.chunk_index);
     one.update = streamed_.Step(chunk.chunk_index, chunk.mean,
-                                chunk.contributors, keep);
+                                chunk.contributors, chunk.held_out, keep);
+    HoldOutLocked(rounds_.open_round(), chunk.held_out);
     stepped.push_back(std::move(one));
   }
   return stepped;

@@ -126,14 +126,24 @@ struct JobShardStats {
   uint64_t late_chunks = 0;       // folded into the next round
   uint64_t duplicate_chunks = 0;
   uint64_t live_workers = 0;
-  uint64_t rejected_chunks = 0;   // failed validation (NaN/Inf, size); dropped
+  // Failed validation (NaN/Inf, size), dropped; or held out of the mean by
+  // the outlier rule.
+  uint64_t rejected_chunks = 0;
   uint64_t evicted_workers = 0;   // after max_rejected_chunks in a row
+  uint64_t held_out_chunks = 0;   // of those rejected, by the outlier rule
+  // The largest contribution norm / its chunk's median in any round so far
+  // (0 without JobConfig.outlier_ratio), logged when the job finishes.
+  double max_norm_ratio = 0;
   uint64_t reseeds = 0;           // state lost; anchor re-seeded by a worker
   uint64_t checkpoints_written = 0;
   uint64_t checkpoint_failures = 0;
   // Chunks stepped with a zero gap: the last update could not be read back
   // from its checkpoint (see StepResult).
   uint64_t unread_gap_chunks = 0;
+  // Chunks whose outer step was refused: their mean would have made the
+  // momentum, the update or the anchor non-finite (CheckStepFits); they
+  // stayed at the last good anchor with a zero update.
+  uint64_t refused_step_chunks = 0;
   absl::Duration last_checkpoint_duration;
   OuterStepStats last_step;
 };
@@ -280,6 +290,11 @@ class JobShard {
   // `member` is `worker`'s entry, erased when it is evicted.
   absl::Status RejectLocked(const std::string& worker, ShardMember& member,
                             const absl::Status& invalid)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Logs and counts contributions to `round` held out by the outlier rule
+  // (JobConfig.outlier_ratio), and evicts a worker held out in
+  // max_rejected_chunks rounds in a row.
+  void HoldOutLocked(uint64_t round, const std::vector<HeldOut>& held_out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Expires leases, closes the rounds that can close and moves the job
   // along its lifecycle.

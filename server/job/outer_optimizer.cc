@@ -148,7 +148,70 @@ Totals Step(const Coefficients& k, absl::Span<const float> mean_delta,
   }
 }
 
+// The largest |x[i]|, by the bits of |x| (for finite values they order as
+// the magnitudes do), in groups of kLanes with one maximum per lane: the
+// shape GCC's -O2 vectoriser takes.
+float MaxAbs(absl::Span<const float> x) {
+  uint32_t lanes[kLanes] = {};
+  size_t i = 0;
+  for (; i + kLanes <= x.size(); i += kLanes) {
+    for (size_t l = 0; l < kLanes; ++l) {
+      const uint32_t bits =
+          absl::bit_cast<uint32_t>(x[i + l]) & uint32_t{0x7FFFFFFF};
+      lanes[l] = lanes[l] > bits ? lanes[l] : bits;
+    }
+  }
+  uint32_t most = 0;
+  for (; i < x.size(); ++i) {
+    const uint32_t bits = absl::bit_cast<uint32_t>(x[i]) & uint32_t{0x7FFFFFFF};
+    most = most > bits ? most : bits;
+  }
+  for (const uint32_t bits : lanes) most = most > bits ? most : bits;
+  return absl::bit_cast<float>(most);
+}
+
 }  // namespace
+
+absl::Status CheckStepFits(const OuterConfig& config,
+                           absl::Span<const float> mean_delta,
+                           absl::Span<const float> momentum,
+                           absl::Span<const float> anchor) {
+  // A margin for the kernels' fp32 rounding (a few ulps) and the downlink
+  // codec's (bf16 rounds by at most 2^-9 of a value, int8 by less).
+  constexpr double kMargin = 1.0 / 128;
+  constexpr double kLimit = FLT_MAX * (1 - kMargin);
+  const double delta = MaxAbs(mean_delta);
+  const double m = delta + (momentum.empty() ? 0.0 : MaxAbs(momentum));
+  double alpha = config.alpha;
+  if (config.momentum == MomentumKind::kDelayedNesterov) {
+    alpha /= static_cast<double>(config.momentum_period);
+  }
+  // Nesterov's β·m' + D/Λ, before α multiplies it.
+  const double lookahead = m + delta;
+  const double u = alpha * lookahead;
+  const double a = MaxAbs(anchor) + u * (1 + kMargin);
+  const char* what = nullptr;
+  double value = 0;
+  if (!(m < kLimit)) {
+    what = "momentum";
+    value = m;
+  } else if (!(lookahead < kLimit)) {
+    what = "update's β·m + mean";
+    value = lookahead;
+  } else if (!(u < kLimit)) {
+    what = "update";
+    value = u;
+  } else if (!(a < kLimit)) {
+    what = "anchor";
+    value = a;
+  } else {
+    return absl::OkStatus();
+  }
+  return absl::OutOfRangeError(absl::StrCat(
+      "the step would make the ", what, " non-finite: its bound ", value,
+      " (largest |mean| ", delta, ") is past ", kLimit,
+      ", FLT_MAX less a margin for rounding"));
+}
 
 absl::Status ValidateOuterConfig(const OuterConfig& config) {
   if (!(std::isfinite(config.alpha) && config.alpha > 0.0f)) {

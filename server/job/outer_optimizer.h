@@ -45,6 +45,10 @@ struct OuterStepStats {
   // a milestone, of the sum so far between).
   double momentum_norm_sq = 0.0;
   size_t clipped = 0;             // elements of m changed by clipping
+  // Chunks whose step a RoundStep refused (CheckStepFits: their mean would
+  // have made m, U or A non-finite): their A and m stay as they were and
+  // their update is zero (server/job/chunked_outer_step.h). 0 from OuterStep.
+  uint32_t refused_chunks = 0;
 };
 
 // The outer step of round `round`. All spans have the same length.
@@ -73,6 +77,23 @@ OuterStepStats OuterStep(const OuterConfig& config, uint64_t round,
                          absl::Span<const float> mean_delta,
                          absl::Span<const float> gap,
                          absl::Span<float> momentum, absl::Span<float> update);
+
+// OK if OuterStep(config, round, mean_delta, ...) followed by A += U cannot
+// make the momentum, the update or the anchor non-finite, from bounds taken
+// in double over the largest magnitudes (Λ >= 1 and clipping only shrink):
+//   |m'| <= max|m| + max|D|,  |β·m' + D/Λ| <= |m'| + max|D|,
+//   |U| <= α'·(|m'| + max|D|),  |A + U| <= max|A| + |U|
+// (α' = α, or α/N with delayed Nesterov), each below FLT_MAX · (1 − 2^-7),
+// a margin for fp32's rounding and the downlink codec's (U counts 1 + 2^-7
+// times in A's bound). Else OUT_OF_RANGE naming the bound and its value.
+// `momentum` is empty with β = 0; all spans are one range of the shard.
+// Conservative by the triangle inequality over whole chunks: it can refuse a
+// step whose largest values are within a factor of about 2 of fp32's
+// largest value.
+absl::Status CheckStepFits(const OuterConfig& config,
+                           absl::Span<const float> mean_delta,
+                           absl::Span<const float> momentum,
+                           absl::Span<const float> anchor);
 
 }  // namespace co2::server
 

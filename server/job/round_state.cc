@@ -71,6 +71,10 @@ RoundState::RoundState(const RoundOptions& options, common::Clock* clock)
       deadline_rule_(options.deadline, options.round_timeout) {
   taken_.Reset(num_chunks_);
   senders_.assign(num_chunks_, 0);
+  if (options_.outlier_ratio > 0) {
+    for (auto& screens : screens_) screens.resize(num_chunks_);
+    last_median_.resize(num_chunks_);
+  }
 }
 
 RoundState::Worker& RoundState::RecordOf(std::string_view worker) {
@@ -178,8 +182,9 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
   uint64_t target = rel == kPrev ? open_ : round;
   if (target == open_ && taken_.Test(chunk_index)) ++target;
   outcome.folded = target != round;
-  const absl::Status added = Accumulate(Slot(target), chunk_index, codec,
-                                        payload, static_cast<float>(weight));
+  const absl::Status added =
+      Accumulate(Slot(target), chunk_index, codec, payload,
+                 static_cast<float>(weight), worker);
   if (!added.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("worker \"", AsAbsl(worker), "\" round ", round,
@@ -203,9 +208,20 @@ absl::StatusOr<ChunkOutcome> RoundState::AddChunk(
 
 absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
                                     common::Codec codec,
-                                    common::Pieces payload, float w) {
+                                    common::Pieces payload, float w,
+                                    std::string_view worker) {
   const common::Range range =
       common::ChunkRange(options_.shard_elements, chunk_index);
+  double norm = 0;
+  if (options_.outlier_ratio > 0) {
+    ChunkScreen& screen = screens_[slot][chunk_index];
+    norm = WeightedNorm(codec, payload, range.size(), w);
+    if (screen.ShouldHold(norm, options_.outlier_ratio,
+                          last_median_[chunk_index])) {
+      screen.Hold(worker, norm, codec, payload, w);
+      return absl::OkStatus();
+    }
+  }
   // All or nothing: a contribution that does not fit changes nothing.
   const absl::Status added =
       AccumulatorOf(slot, chunk_index).Add(codec, payload, w);
@@ -214,6 +230,7 @@ absl::Status RoundState::Accumulate(int slot, uint32_t chunk_index,
         absl::StrCat(added.message(), " (chunk element 0 is shard element ",
                      range.begin, "); chunk rejected"));
   }
+  if (options_.outlier_ratio > 0) screens_[slot][chunk_index].Added(norm);
   return absl::OkStatus();
 }
 
@@ -283,7 +300,10 @@ std::vector<CompleteChunk> RoundState::TakeCompleteChunks() {
     for (const uint32_t c : ready_) {
       if (taken_.Test(c) || senders_[c] != required_) continue;
       taken_.Set(c);
-      complete.push_back(CompleteChunk{c, required_, TakeMean(Slot(open_), c)});
+      CompleteChunk chunk{c, required_, {}, {}};
+      chunk.mean = TakeMean(Slot(open_), c, &chunk.held_out);
+      chunk.contributors -= static_cast<uint32_t>(chunk.held_out.size());
+      complete.push_back(std::move(chunk));
     }
   }
   ready_.clear();
@@ -314,8 +334,20 @@ void RoundState::RestoreTakenChunk(uint32_t chunk_index,
   RecountSenders();
 }
 
-std::vector<float> RoundState::TakeMean(int slot, uint32_t chunk_index) {
-  std::vector<float> mean = AccumulatorOf(slot, chunk_index).TakeMean();
+std::vector<float> RoundState::TakeMean(int slot, uint32_t chunk_index,
+                                        std::vector<HeldOut>* held_out) {
+  ChunkSum& sum = AccumulatorOf(slot, chunk_index);
+  if (options_.outlier_ratio > 0) {
+    const ChunkScreen::Settled settled = screens_[slot][chunk_index].Settle(
+        options_.outlier_ratio, chunk_index,
+        [&](common::Codec codec, common::Pieces payload, float w) {
+          return sum.Add(codec, payload, w);
+        },
+        held_out);
+    if (settled.median.has_value()) last_median_[chunk_index] = settled.median;
+    max_norm_ratio_ = std::max(max_norm_ratio_, settled.max_ratio);
+  }
+  std::vector<float> mean = sum.TakeMean();
   std::unique_ptr<ChunkSum>& acc = acc_[slot][chunk_index];
   if (acc->size() == common::kChunkElements) spare_.push_back(std::move(acc));
   acc.reset();
@@ -332,8 +364,10 @@ ClosedRound RoundState::Close(uint32_t contributors, double total_weight,
   closed.quorum_close = quorum_close;
   closed.mean.resize(num_chunks_);
   for (uint32_t c = 0; c < num_chunks_; ++c) {
-    if (!taken_.Test(c)) closed.mean[c] = TakeMean(slot, c);
+    if (!taken_.Test(c)) closed.mean[c] = TakeMean(slot, c, &closed.held_out);
   }
+  closed.max_norm_ratio = max_norm_ratio_;
+  max_norm_ratio_ = 0;
   if (quorum_close) {
     for (auto& [id, w] : workers_) {
       if (Required(w) && w.received[kOpen].count() < num_chunks_) {

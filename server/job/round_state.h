@@ -13,6 +13,10 @@
 //    FAILED_PRECONDITION.
 //  - Each (worker, round, chunk) counts once; a resend is accepted, ignored.
 //  - Weights are kept per chunk: the mean of chunk c is Σ w·Δ_c / Σ w.
+//  - With outlier_ratio k > 0 and at least 3 contributions to a chunk, one
+//    whose norm w·||Δ_c|| is more than k × the median of the chunk's norms
+//    is held out of its mean (server/job/chunk_screen.h): it still counts
+//    as sent (the round's completeness), not in the mean or its weights.
 //  - Round r closes when every live worker required for it (first_round <= r)
 //    has sent all chunks of r; or at its deadline (round_timeout after the
 //    round opened with a chunk in it, or after its first chunk) when at least
@@ -45,6 +49,7 @@
 #include "common/clock.h"
 #include "common/codec.h"
 #include "common/payload_pieces.h"
+#include "server/job/chunk_screen.h"
 #include "server/job/chunk_sum.h"
 #include "server/job/round_deadline.h"
 
@@ -65,6 +70,9 @@ struct RoundOptions {
   // states them closes a round without contributions, and never past the
   // last (TryClose).
   uint64_t rounds = 0;
+  // k of the outlier rule (JobConfig.outlier_ratio); 0: every contribution
+  // is averaged in.
+  double outlier_ratio = 0;
 };
 
 struct ChunkOutcome {
@@ -75,8 +83,10 @@ struct ChunkOutcome {
 // One chunk's mean, taken ahead of its round's close.
 struct CompleteChunk {
   uint32_t chunk_index = 0;
-  uint32_t contributors = 0;  // workers whose contribution completed it
+  // Workers whose contribution completed it and is in the mean.
+  uint32_t contributors = 0;
   std::vector<float> mean;
+  std::vector<HeldOut> held_out;  // contributions held out of the mean
 };
 
 // A worker whose contribution to a chunk was counted, with the weight of its
@@ -96,6 +106,11 @@ struct ClosedRound {
   // freed as soon as the caller is done with it.
   // Empty for the chunks taken ahead (TakeCompleteChunks).
   std::vector<std::vector<float>> mean;
+  // Contributions held out of those chunks' means (outlier_ratio).
+  std::vector<HeldOut> held_out;
+  // The largest norm / median of a chunk of this round, taken ahead or not
+  // (0 without outlier_ratio): how far the rule's k is from tripping.
+  double max_norm_ratio = 0;
 };
 
 class RoundState {
@@ -220,13 +235,17 @@ class RoundState {
   // The sum of chunk `chunk_index` in `slot`, made (zero) if the chunk has
   // none.
   ChunkSum& AccumulatorOf(int slot, uint32_t chunk_index);
-  // acc[slot][chunk c] += w · decode(payload).
-  // INVALID_ARGUMENT, with nothing added, if it does not fit.
+  // acc[slot][chunk c] += w · decode(payload), now or once the chunk's
+  // median is known (outlier_ratio). INVALID_ARGUMENT, with nothing added,
+  // if it does not fit.
   absl::Status Accumulate(int slot, uint32_t chunk_index, common::Codec codec,
-                          common::Pieces payload, float w);
-  // The mean of chunk `chunk_index` of `slot` (zeros if it has no weight);
-  // its sum is kept for reuse.
-  std::vector<float> TakeMean(int slot, uint32_t chunk_index);
+                          common::Pieces payload, float w,
+                          std::string_view worker);
+  // The mean of chunk `chunk_index` of `slot` (zeros if it has no weight),
+  // the held contributions settled first (their hold-outs appended to
+  // `held_out`); its sum is kept for reuse.
+  std::vector<float> TakeMean(int slot, uint32_t chunk_index,
+                              std::vector<HeldOut>* held_out);
   // Takes the means of the open round, hands them over and advances the open
   // round.
   ClosedRound Close(uint32_t contributors, double total_weight,
@@ -253,6 +272,11 @@ class RoundState {
   // Sums of full chunks whose means were taken, for reuse: at most as many
   // as two rounds had at once.
   std::vector<std::unique_ptr<ChunkSum>> spare_;
+  // The outlier rule's state per slot and chunk (sized with outlier_ratio
+  // only), and each chunk's median of its last settled round.
+  std::array<std::vector<ChunkScreen>, 2> screens_;
+  std::vector<std::optional<double>> last_median_;
+  double max_norm_ratio_ = 0;  // of the open round's settled chunks
   std::array<bool, 2> has_chunk_ = {false, false};  // a chunk of that round
   std::optional<absl::Time> deadline_;              // of the open round
   absl::Time armed_at_;  // when deadline_ was set: the round's first chunk

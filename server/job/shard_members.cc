@@ -73,16 +73,43 @@ absl::Status ShardMembers::Reject(const std::string& worker,
   if (max_rejected_chunks_ > 0 && rejects >= max_rejected_chunks_) {
     std::string reason = absl::StrCat(
         rejects, " invalid contribution chunks in a row (last: ", message, ")");
-    CO2_LOG(WARNING) << "job " << job_ << ": evicting worker " << worker
-                     << ": " << reason;
-    live_.erase(worker);
-    if (evicted_.size() >= max_workers_) evicted_.erase(evicted_.begin());
-    evicted_[worker] = std::move(reason);
+    Evict(worker, std::move(reason));
     *evicted = true;
     absl::StrAppend(&message, "; worker \"", worker, "\" is evicted after ",
                     rejects, " invalid chunks in a row");
   }
   return absl::Status(invalid.code(), message);
+}
+
+void ShardMembers::HoldOut(const std::string& worker, ShardMember& member,
+                           uint64_t round, const std::string& why,
+                           bool* evicted) {
+  // Per round: a round's chunks are judged one by one, and a diverged
+  // worker's chunks are all accepted on arrival, so a count of chunks in a
+  // row would be reset by them.
+  if (member.outlier_rounds > 0 && member.last_outlier_round == round) return;
+  member.outlier_rounds =
+      member.outlier_rounds > 0 && member.last_outlier_round + 1 == round
+          ? member.outlier_rounds + 1
+          : 1;
+  member.last_outlier_round = round;
+  if (max_rejected_chunks_ == 0 ||
+      member.outlier_rounds < max_rejected_chunks_) {
+    return;
+  }
+  Evict(worker, absl::StrCat(member.outlier_rounds,
+                             " rounds in a row with a contribution held out "
+                             "of the mean (last: ",
+                             why, ")"));
+  *evicted = true;
+}
+
+void ShardMembers::Evict(const std::string& worker, std::string reason) {
+  CO2_LOG(WARNING) << "job " << job_ << ": evicting worker " << worker << ": "
+                   << reason;
+  live_.erase(worker);
+  if (evicted_.size() >= max_workers_) evicted_.erase(evicted_.begin());
+  evicted_[worker] = std::move(reason);
 }
 
 std::vector<std::string> ShardMembers::ExpireLeases(absl::Time now) {

@@ -27,6 +27,10 @@ struct ShardMember {
   common::Codec uplink = common::Codec::kFp32;
   absl::Time lease_expiry;
   uint32_t consecutive_rejects = 0;  // invalid chunks since the last valid
+  // Rounds in a row with a contribution held out by the outlier rule, the
+  // last of them `last_outlier_round`.
+  uint32_t outlier_rounds = 0;
+  uint64_t last_outlier_round = 0;
 };
 
 class ShardMembers {
@@ -69,6 +73,11 @@ class ShardMembers {
   // worker.
   absl::Status Reject(const std::string& worker, ShardMember& member,
                       const absl::Status& invalid, bool* evicted);
+  // Counts a contribution of `worker` to round `round` held out of its
+  // chunk's mean (`why` names the round, chunk and ratio) and evicts the
+  // worker after max_rejected_chunks such rounds in a row, as Reject does.
+  void HoldOut(const std::string& worker, ShardMember& member, uint64_t round,
+               const std::string& why, bool* evicted);
   // Removes the members whose lease ran out by `now`; returns them.
   std::vector<std::string> ExpireLeases(absl::Time now);
   // The earliest lease expiry; InfiniteFuture without members.
@@ -79,6 +88,8 @@ class ShardMembers {
   const uint32_t max_workers_;
   const absl::Duration lease_;
   const uint32_t max_rejected_chunks_;
+  // Erases `worker` (whose entry is gone after) and records why.
+  void Evict(const std::string& worker, std::string reason);
   absl::flat_hash_map<std::string, ShardMember> live_;
   // Evicted workers → why.
   absl::flat_hash_map<std::string, std::string> evicted_;

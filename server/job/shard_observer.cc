@@ -46,6 +46,8 @@ absl::string_view RejectReasonName(RejectReason reason) {
       return "evicted";
     case RejectReason::kResourceExhausted:
       return "resource_exhausted";
+    case RejectReason::kOutlier:
+      return "outlier";
     case RejectReason::kOther:
       break;
   }

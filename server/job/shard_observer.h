@@ -34,13 +34,14 @@ enum class RejectReason {
   kNotMember,          // the worker is not a live member (lease expired?)
   kEvicted,            // the worker was evicted (FAILED_PRECONDITION)
   kResourceExhausted,  // a limit
+  kOutlier,            // held out of its chunk's mean: norm > k × median
   kOther,              // the last: ShardMetrics registers every reason up to it
 };
 
 // The reason for a status a JobShard returned from Contribute (not OK).
 RejectReason RejectReasonOf(const absl::Status& status);
 // "invalid_argument", "non_finite", "stale", "ahead", "not_member",
-// "evicted", "resource_exhausted", "other".
+// "evicted", "resource_exhausted", "outlier", "other".
 absl::string_view RejectReasonName(RejectReason reason);
 
 // Why a shard had no state for a job that a resuming worker joined, and was
@@ -61,6 +62,8 @@ struct RoundClosedEvent {
   bool quorum_close = false;  // closed at the deadline, not by completeness
   OuterStepStats step;        // Λ, ||m||², clipped elements of this shard
   size_t elements = 0;        // this shard's range size (for fractions)
+  // The largest contribution norm / its chunk's median (ClosedRound).
+  double max_norm_ratio = 0;
 };
 
 // A snapshot taken at every Poll (at least every max_poll_interval).

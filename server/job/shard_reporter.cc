@@ -28,6 +28,7 @@ void ShardReporter::RoundClosed(const ClosedRound& closed,
     event.quorum_close = closed.quorum_close;
     event.step = step;
     event.elements = elements;
+    event.max_norm_ratio = closed.max_norm_ratio;
     observer_->OnRoundClosed(job_, event);
   }
   round_opened_ = now;

@@ -21,14 +21,15 @@ void StreamedRound::Begin(uint64_t round, std::optional<KeptUpdate> last,
 
 std::shared_ptr<const v1::OuterUpdate> StreamedRound::Step(
     uint32_t chunk_index, std::vector<float>& mean, uint32_t contributors,
-    bool keep_start) {
+    const std::vector<HeldOut>& held_out, bool keep_start) {
   if (keep_start) {
     start_anchor_.resize(step_.num_chunks());
     const common::Range r = common::ChunkRange(step_.elements(), chunk_index);
     const absl::Span<const float> start = anchor_.subspan(r.begin, r.size());
     start_anchor_[chunk_index].assign(start.begin(), start.end());
   }
-  return Keep(contributors, step_of_round_->Step(chunk_index, mean));
+  return Keep(contributors, step_of_round_->Step(chunk_index, mean),
+              held_out);
 }
 
 std::shared_ptr<const v1::OuterUpdate> StreamedRound::Restore(
@@ -41,7 +42,12 @@ std::shared_ptr<const v1::OuterUpdate> StreamedRound::Restore(
 
 StreamedRound::Closed StreamedRound::Close(ClosedRound& closed) {
   for (ChunkUpdate& chunk : step_of_round_->StepRest(closed)) {
-    Keep(closed.contributors, std::move(chunk));
+    uint32_t held = 0;
+    for (const HeldOut& out : closed.held_out) {
+      held += out.chunk_index == chunk.chunk_index;
+    }
+    Keep(closed.contributors > held ? closed.contributors - held : 0,
+         std::move(chunk), closed.held_out);
   }
   Closed result{std::move(*step_of_round_).Finish(),
                 std::make_shared<const UpdateChunks>(std::move(update_))};
@@ -63,11 +69,13 @@ bool StreamedRound::StartAnchorWhole() const {
   return true;
 }
 
-std::shared_ptr<const v1::OuterUpdate> StreamedRound::Keep(uint32_t contributors,
-                                                           ChunkUpdate chunk) {
+std::shared_ptr<const v1::OuterUpdate> StreamedRound::Keep(
+    uint32_t contributors, ChunkUpdate chunk,
+    const std::vector<HeldOut>& held_out) {
   const uint32_t c = chunk.chunk_index;
-  update_[c] = messages_.Make(step_of_round_->round(), c, contributors,
-                              std::move(chunk.payload), chunk.anchor_digest);
+  update_[c] =
+      messages_.Make(step_of_round_->round(), c, contributors,
+                     std::move(chunk.payload), chunk.anchor_digest, held_out);
   return update_[c];
 }
 

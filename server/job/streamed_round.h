@@ -42,12 +42,12 @@ class StreamedRound {
   void Begin(uint64_t round, std::optional<KeptUpdate> last,
              const OuterStepBuffers& buffers);
   // Steps chunk `chunk_index` (not stepped yet) with its mean (freed) and
-  // returns the message carrying its update, counted from `contributors`.
+  // returns the message carrying its update, counted from `contributors`
+  // and naming the contributions `held_out` of it.
   // With `keep_start`, the chunk's anchor is copied first, for fetches.
-  std::shared_ptr<const v1::OuterUpdate> Step(uint32_t chunk_index,
-                                              std::vector<float>& mean,
-                                              uint32_t contributors,
-                                              bool keep_start);
+  std::shared_ptr<const v1::OuterUpdate> Step(
+      uint32_t chunk_index, std::vector<float>& mean, uint32_t contributors,
+      const std::vector<HeldOut>& held_out, bool keep_start);
   // Chunk `chunk_index` was stepped before the shard restarted (the round
   // journal has its update, `payload`, and the restored A and m include
   // it); returns its message.
@@ -57,8 +57,9 @@ class StreamedRound {
                                                  uint64_t anchor_digest);
 
   // The round closed: its step with the chunks not stepped yet run with
-  // closed.mean (freed) and closed.contributors, and its whole update in
-  // chunk order. None is active after.
+  // closed.mean (freed) and closed.contributors less each chunk's
+  // closed.held_out, and its whole update in chunk order. None is active
+  // after.
   struct Closed {
     StepResult result;
     std::shared_ptr<const UpdateChunks> update;
@@ -75,8 +76,9 @@ class StreamedRound {
   }
 
  private:
-  std::shared_ptr<const v1::OuterUpdate> Keep(uint32_t contributors,
-                                              ChunkUpdate chunk);
+  std::shared_ptr<const v1::OuterUpdate> Keep(
+      uint32_t contributors, ChunkUpdate chunk,
+      const std::vector<HeldOut>& held_out = {});
 
   const ShardStepConfig& step_;
   const UpdateMessages& messages_;

@@ -12,7 +12,8 @@ UpdateMessages::UpdateMessages(const v1::JobConfig& config,
 
 std::shared_ptr<const v1::OuterUpdate> UpdateMessages::Make(
     uint64_t round, uint32_t chunk_index, uint32_t contributors,
-    std::string payload, uint64_t anchor_digest) const {
+    std::string payload, uint64_t anchor_digest,
+    const std::vector<HeldOut>& held_out) const {
   auto msg = std::make_shared<v1::OuterUpdate>();
   msg->set_round(round);
   msg->set_anchor_round(round + 1 + max_staleness_);
@@ -22,6 +23,12 @@ std::shared_ptr<const v1::OuterUpdate> UpdateMessages::Make(
   msg->set_contributors(contributors);
   msg->set_payload(std::move(payload));
   msg->set_anchor_digest(anchor_digest);
+  for (const HeldOut& out : held_out) {
+    if (out.chunk_index != chunk_index) continue;
+    v1::HeldOutContribution* named = msg->add_held_out();
+    named->set_worker_id(out.worker);
+    named->set_reason(out.reason);
+  }
   return msg;
 }
 

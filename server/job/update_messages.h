@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "co2/v1/aggregator.pb.h"
+#include "server/job/chunk_screen.h"
 #include "server/storage/update_chunks.h"
 
 namespace co2::server {
@@ -25,12 +26,11 @@ class UpdateMessages {
   // The message carrying chunk `chunk_index` of the update of `round`
   // (`payload`, in the downlink codec), counted from `contributors`, with
   // the digest of the chunk's anchor after it (common::AnchorDigest; 0 if
-  // not known).
-  std::shared_ptr<const v1::OuterUpdate> Make(uint64_t round,
-                                              uint32_t chunk_index,
-                                              uint32_t contributors,
-                                              std::string payload,
-                                              uint64_t anchor_digest) const;
+  // not known), naming the contributions of `held_out` in that chunk.
+  std::shared_ptr<const v1::OuterUpdate> Make(
+      uint64_t round, uint32_t chunk_index, uint32_t contributors,
+      std::string payload, uint64_t anchor_digest,
+      const std::vector<HeldOut>& held_out = {}) const;
 
  private:
   v1::Codec downlink_;

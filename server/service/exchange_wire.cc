@@ -68,8 +68,8 @@ grpc::ByteBuffer SerializeUpdate(
     std::shared_ptr<const v1::OuterUpdate> update) {
   // Every field but the payload (set one by one: copying the message would
   // copy the payload): those numbered below it ahead of it and
-  // anchor_digest after it, so that the frame is the message's own
-  // encoding.
+  // anchor_digest and held_out after it, so that the frame is the message's
+  // own encoding.
   v1::OuterUpdate fields;
   fields.set_round(update->round());
   fields.set_anchor_round(update->anchor_round());
@@ -79,6 +79,7 @@ grpc::ByteBuffer SerializeUpdate(
   fields.set_contributors(update->contributors());
   v1::OuterUpdate tail;
   tail.set_anchor_digest(update->anchor_digest());
+  *tail.mutable_held_out() = update->held_out();
   const std::string_view payload = update->payload();
   return common::FrameWithPayload(fields.SerializeAsString(),
                                   v1::OuterUpdate::kPayloadFieldNumber, payload,

@@ -128,6 +128,13 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                             "Rounds closed at their deadline with a "
                             "quorum, without every live worker.",
                             registry, shard_index)),
+      refused_step_chunks_(Family(
+          prometheus::BuildCounter(),
+          "co2_aggregator_refused_step_chunks_total",
+          "Chunks whose outer step was refused because their mean would "
+          "have made the momentum, the update or the anchor non-finite; "
+          "they kept their last good anchor.",
+          registry, shard_index)),
       quorum_misses_(Family(prometheus::BuildCounter(),
                             "co2_aggregator_quorum_misses_total",
                             "Rounds whose deadline passed with fewer than "
@@ -160,6 +167,13 @@ ShardMetrics::ShardMetrics(prometheus::Registry& registry, uint32_t shard_index)
                                "elements changed by clipping in the last "
                                "outer step.",
                                registry, shard_index)),
+      norm_ratio_(Family(prometheus::BuildGauge(),
+                         "co2_aggregator_contribution_norm_ratio",
+                         "The largest ratio of a contribution's norm to its "
+                         "chunk's median in the last closed round (0 with "
+                         "JobConfig.outlier_ratio off): how close the "
+                         "outlier rule is to holding one out.",
+                         registry, shard_index)),
       refused_calls_(Family(prometheus::BuildCounter(),
                             "co2_aggregator_refused_calls_total",
                             "Calls refused for their credentials: a client "
@@ -216,8 +230,12 @@ void ShardMetrics::OnRoundClosed(const std::string& job,
   contributions_.Add(labels).Increment(event.contributors);
   round_contributors_.Add(labels).Set(event.contributors);
   if (event.quorum_close) quorum_closes_.Add(labels).Increment();
+  if (event.step.refused_chunks > 0) {
+    refused_step_chunks_.Add(labels).Increment(event.step.refused_chunks);
+  }
   gap_penalty_mean_.Add(labels).Set(event.step.mean_penalty);
   momentum_norm_.Add(labels).Set(std::sqrt(event.step.momentum_norm_sq));
+  norm_ratio_.Add(labels).Set(event.max_norm_ratio);
   clipped_fraction_.Add(labels).Set(
       event.elements == 0 ? 0.0
                           : static_cast<double>(event.step.clipped) /
@@ -261,6 +279,7 @@ void ShardMetrics::RegisterJobSeries(const std::string& job) {
   late_chunks_.Add(labels);
   duplicate_chunks_.Add(labels);
   quorum_closes_.Add(labels);
+  refused_step_chunks_.Add(labels);
   for (int r = 0; r <= static_cast<int>(RejectReason::kOther); ++r) {
     rejected_chunks_.Add({{"co2_job", job},
                           {"reason", std::string(RejectReasonName(
@@ -280,13 +299,14 @@ void ShardMetrics::OnJobClosed(const std::string& job) {
   for (Counters* family :
        {&rounds_completed_, &contributions_, &contribution_chunks_,
         &late_chunks_, &duplicate_chunks_, &rejected_chunks_, &bytes_in_,
-        &bytes_out_, &quorum_closes_, &quorum_misses_, &reseeds_}) {
+        &bytes_out_, &quorum_closes_, &refused_step_chunks_, &quorum_misses_,
+        &reseeds_}) {
     RemoveJob(*family, job);
   }
   for (Gauges* family :
        {&active_workers_, &open_round_, &open_round_age_, &round_deadline_,
         &round_contributors_, &gap_penalty_mean_, &momentum_norm_,
-        &clipped_fraction_}) {
+        &clipped_fraction_, &norm_ratio_}) {
     RemoveJob(*family, job);
   }
   RemoveJob(round_duration_, job, RoundBuckets());

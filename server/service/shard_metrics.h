@@ -19,6 +19,9 @@
 //   co2_aggregator_quorum_misses_total             deadline without quorum
 //   co2_aggregator_reseeds_total                   state lost, re-seeded
 //                                                  from a worker (reason)
+//   co2_aggregator_refused_step_chunks_total       outer steps refused:
+//                                                  m, U or A would not be
+//                                                  finite
 //   co2_aggregator_refused_calls_total             refused credentials
 //                                                  (code), from start: 0
 //   co2_aggregator_checkpoint_failures_total       failed durable writes
@@ -39,6 +42,9 @@
 //   co2_aggregator_gap_penalty_mean                mean Λ, last outer step
 //   co2_aggregator_outer_momentum_norm             ||m|| of this shard
 //   co2_aggregator_clipped_fraction                of m's elements, last step
+//   co2_aggregator_contribution_norm_ratio         largest norm / its
+//                                                  chunk's median, last
+//                                                  round (outlier_ratio)
 // Histograms:
 //   co2_aggregator_round_duration_seconds          opening to close
 //   co2_aggregator_checkpoint_duration_seconds     checkpoint made durable
@@ -120,12 +126,14 @@ class ShardMetrics : public ShardObserver {
   Gauges& round_deadline_;
   Gauges& round_contributors_;
   Counters& quorum_closes_;
+  Counters& refused_step_chunks_;
   Counters& quorum_misses_;
   Counters& reseeds_;
   Histograms& checkpoint_duration_;
   Gauges& gap_penalty_mean_;
   Gauges& momentum_norm_;
   Gauges& clipped_fraction_;
+  Gauges& norm_ratio_;
   Counters& refused_calls_;
   Counters& checkpoint_failures_;
   prometheus::Gauge& jobs_;

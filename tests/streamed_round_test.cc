@@ -40,7 +40,8 @@ TEST(StreamedRoundTest, StreamsAChunkAheadAndClosesWithTheWholeUpdate) {
   ASSERT_TRUE(streamed.active());
   EXPECT_EQ(streamed.round(), 5u);
   std::vector<float> mean1(ChunkOf(anchor, 1).size(), 0.5f);
-  auto sent = streamed.Step(1, mean1, /*contributors=*/3, /*keep_start=*/true);
+  auto sent = streamed.Step(1, mean1, /*contributors=*/3, /*held_out=*/{},
+                            /*keep_start=*/true);
   EXPECT_TRUE(mean1.empty()) << "the mean is freed";
   EXPECT_TRUE(streamed.stepped(1));
   EXPECT_FALSE(streamed.stepped(0));
@@ -105,7 +106,7 @@ TEST(StreamedRoundTest, AChunkSteppedWithoutKeepingItsStartIsNotWhole) {
                  {absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
   EXPECT_TRUE(streamed.StartAnchorWhole()) << "nothing stepped yet";
   std::vector<float> mean(common::kChunkElements, 0.5f);
-  streamed.Step(0, mean, 1, /*keep_start=*/false);
+  streamed.Step(0, mean, 1, /*held_out=*/{}, /*keep_start=*/false);
   EXPECT_FALSE(streamed.StartAnchorWhole());
 }
 

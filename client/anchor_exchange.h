@@ -183,8 +183,9 @@ class AnchorExchange {
   void Leave();
   // Test seam (the fault suite, co2-train --inject_fault=W:scale_delta=...):
   // multiplies the Δ pushed in rounds first .. last by `factor`, as a worker
-  // whose training diverged would send it; without eager updates the
-  // worker's own next start point is not changed.
+  // whose training diverged would send it. Only the pushed copy is scaled:
+  // x, and with it the next start point and the eager state, keep the
+  // worker's own Δ.
   void ScaleDeltasForTesting(float factor, uint64_t first, uint64_t last) {
     delta_scale_ = factor;
     scale_first_ = first;

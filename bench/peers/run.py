@@ -2,8 +2,10 @@
 """co2 against the systems its users would pick instead, on the same work:
 torch DDP (Gloo), torchft's DiLoCo, streaming DiLoCo and LocalSGD, hivemind's
 Optimizer with local updates, and co2 (defaults, eager updates, blocking
-DiLoCo), each through its own public API (bench/peers/worker.py), training
-the byte-level transformer of bench/peers/task.py with 4 workers.
+DiLoCo, the plain average as its outer step), each through its own public
+API (bench/peers/worker.py), training the byte-level transformer of
+bench/peers/task.py with 4 workers. Every system runs at its best inner lr
+from one shared sweep (seed 1, the small model, unshaped, tau 16).
 
 Each worker runs in its own network namespace behind its own link (unshaped,
 or tc tbf at 1 Gbit/s or 100 Mbit/s in both directions; bench/overlap/netns.sh);
@@ -28,6 +30,7 @@ import argparse
 import glob
 import hashlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -48,7 +51,7 @@ SHARDS = 2
 CACHE = os.path.join(os.environ.get("CO2_CACHE_DIR", os.path.expanduser("~/.cache/co2")),
                      "peers-runs")
 PEER_SYSTEMS = ("ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd", "hivemind")
-CO2_SYSTEMS = ("co2", "co2-eager", "co2-diloco")
+CO2_SYSTEMS = ("co2", "co2-eager", "co2-diloco", "co2-avg")
 SYSTEMS = PEER_SYSTEMS + CO2_SYSTEMS
 NEEDS = {"torchft-diloco": "torchft", "torchft-streaming": "torchft",
          "torchft-localsgd": "torchft", "hivemind": "hivemind"}
@@ -58,8 +61,22 @@ def worker_addr(i: int) -> str:
     return f"10.99.0.{i + 1}"
 
 
+# The shared inner-lr sweep: every system on the headline task (small model,
+# seed 1, tau 16) on the unshaped link, at each of SWEEP_LRS; a system whose
+# best lr is an edge of what it ran gets the next lr beyond it (halved or
+# doubled, within SWEEP_BOUNDS) until its best lies inside. Every other row
+# of the grid runs at its system's best.
+SWEEP_AT = dict(size="small", steps=256, link="none", tau=16, seed=1, val_windows=64,
+                eval_every=16)
+SWEEP_LRS = (2e-3, 4e-3, 8e-3)
+SWEEP_BOUNDS = (2.5e-4, 3.2e-2)
+# The no-communication reference only times the loop; its lr is fixed.
+LOCAL_LR = 1e-3
+
+
 def grid(quick: bool) -> list:
-    """Every run of the grid, in the order they run: headline rows first."""
+    """Every run of the grid, in the order they run: headline rows first.
+    Rows of the full grid have lr None: their system's best from the sweep."""
     if quick:
         common = dict(size="tiny", steps=64, lr=3e-3, val_windows=32, eval_every=8)
         rows = [dict(common, system="local", link="none", tau=8, seed=1)]
@@ -69,8 +86,8 @@ def grid(quick: bool) -> list:
     rows = []
 
     def block(size, steps, links, taus, seed):
-        common = dict(size=size, steps=steps, lr=1e-3, val_windows=64, eval_every=16, seed=seed)
-        out = [dict(common, system="local", link="none", tau=16)]
+        common = dict(size=size, steps=steps, lr=None, val_windows=64, eval_every=16, seed=seed)
+        out = [dict(common, system="local", link="none", tau=16, lr=LOCAL_LR)]
         for link in links:
             out.append(dict(common, system="ddp", link=link, tau=16))
             out += [dict(common, system=s, link=link, tau=tau, **co2_apply(s))
@@ -79,11 +96,11 @@ def grid(quick: bool) -> list:
 
     # Headline: the small model, unshaped and 100 Mbit/s, tau 16.
     rows += block("small", 256, ["none", "100mbit"], [16], 1)
-    rows += block("small", 256, ["none", "100mbit"], [64], 1)
-    rows += block("small", 256, ["1gbit"], [16, 64], 1)
-    rows += block("medium", 128, ["none", "100mbit", "1gbit"], [16], 1)
+    rows += block("small", 256, ["1gbit"], [16], 1)
+    rows += block("small", 256, ["none", "100mbit", "1gbit"], [64], 1)
     for seed in (2, 3):
         rows += block("small", 256, ["none", "100mbit"], [16], seed)
+    rows += block("medium", 128, ["none", "100mbit", "1gbit"], [16], 1)
     seen, ordered = set(), []
     for r in rows:
         r["name"] = run_name(r)
@@ -274,9 +291,117 @@ def head_commit() -> str:
     return p.stdout.strip() or "unknown"
 
 
-def cache_path(cache: str, r: dict) -> str:
-    key = hashlib.sha1(json.dumps(r, sort_keys=True).encode())
-    return os.path.join(cache, f"{r['name']}-{key.hexdigest()[:10]}.json")
+def cache_key(r: dict) -> str:
+    """The run's settings, not its name: a sweep row and a grid row with the
+    same settings are one run."""
+    settings = {k: v for k, v in r.items() if k != "name"}
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def cached(cache: str, r: dict):
+    """The cached record of r's settings (under r's name), or None."""
+    for path in glob.glob(os.path.join(cache, f"*-{cache_key(r)}.json")):
+        with open(path) as f:
+            rec = json.load(f)
+        rec["run"] = dict(r)
+        return rec
+    return None
+
+
+def sweep_row(system: str, lr: float) -> dict:
+    r = dict(SWEEP_AT, system=system, lr=lr, **co2_apply(system))
+    r["name"] = f"{run_name(r)}-lr{lr:g}"
+    return r
+
+
+class Runner:
+    """Runs rows (or takes them from the cache) into self.records; a row it
+    may not start goes to self.not_run."""
+
+    def __init__(self, args, python: str, installed: dict) -> None:
+        self.args, self.python, self.installed = args, python, installed
+        self.records, self.not_run = {}, []
+        self.started = time.monotonic()
+        self.current_link = None
+
+    def run(self, r: dict, selected: bool = True):
+        rec = cached(self.args.cache, r)
+        if rec is not None:
+            self.records[r["name"]] = rec
+            return rec
+        need = NEEDS.get(r["system"])
+        if need and self.installed.get(need, {}).get("status") != "ok":
+            rec = {"run": r, "error": f"{need} is not installed: "
+                   + self.installed.get(need, {}).get("error", "")}
+            self.records[r["name"]] = rec
+            return rec
+        if not selected or r["lr"] is None or (
+                self.args.max_minutes
+                and time.monotonic() - self.started > 60 * self.args.max_minutes):
+            self.not_run.append(r["name"])
+            return None
+        if r["link"] != self.current_link:
+            shape(r["link"])
+            self.current_link = r["link"]
+        limit = {"tiny": 240, "small": 900, "medium": 1500}[r["size"]]
+        print(f"run {r['name']}", file=sys.stderr, flush=True)
+        t = time.monotonic()
+        load = os.getloadavg()[0]
+        rec = one_run(r, self.python, limit)
+        rec["elapsed_s"] = time.monotonic() - t
+        # The machine is shared: its 1-minute load before and after the run.
+        rec["load_1min"] = [load, os.getloadavg()[0]]
+        rec["commit"] = head_commit()
+        if "error" in rec:
+            print(f"  FAILED: {rec['error'][-1500:]}", file=sys.stderr, flush=True)
+        else:
+            print(f"  done in {rec['elapsed_s']:.0f} s, final val loss "
+                  f"{rec['ranks'][0]['final_val_loss']:.4f}", file=sys.stderr, flush=True)
+            path = os.path.join(self.args.cache, f"{r['name']}-{cache_key(r)}.json")
+            with open(path + ".part", "w") as f:
+                json.dump(rec, f)
+            os.replace(path + ".part", path)
+        self.records[r["name"]] = rec
+        return rec
+
+
+def final_loss(rec) -> float:
+    """A run's final loss for the sweep: a failed or diverged run is +inf."""
+    if rec is None or "error" in rec:
+        return math.inf
+    loss = rec["ranks"][0]["final_val_loss"]
+    return loss if math.isfinite(loss) else math.inf
+
+
+def sweep(runner: Runner, systems: list) -> dict:
+    """The shared inner-lr sweep of SYSTEMS; per system the lrs it ran with
+    their final losses (failed runs with their error) and the best lr, None
+    while the sweep is incomplete."""
+    out = {}
+    for system in systems:
+        lrs = list(SWEEP_LRS)
+        while True:
+            recs = {lr: runner.run(sweep_row(system, lr)) for lr in lrs}
+            losses = {lr: final_loss(rec) for lr, rec in recs.items()}
+            best = None
+            if all(rec is not None for rec in recs.values()):
+                best = min(lrs, key=lambda lr: losses[lr])
+                if math.isinf(losses[best]):
+                    best = None
+                elif best == lrs[0] and best / 2 >= SWEEP_BOUNDS[0]:
+                    lrs.insert(0, best / 2)
+                    continue
+                elif best == lrs[-1] and best * 2 <= SWEEP_BOUNDS[1]:
+                    lrs.append(best * 2)
+                    continue
+            break
+        out[system] = {"best_lr": best, "runs": [
+            {"lr": lr, "name": sweep_row(system, lr)["name"],
+             "final_val_loss": None if recs[lr] is None or "error" in recs[lr]
+             else recs[lr]["ranks"][0]["final_val_loss"],
+             **({"error": recs[lr]["error"][-500:]} if recs[lr] and "error" in recs[lr] else {}),
+             **({} if recs[lr] is not None else {"not_run": True})} for lr in lrs]}
+    return out
 
 
 def versions(python: str) -> dict:
@@ -387,56 +512,29 @@ def main() -> int:
     only = [p for p in args.only.split(",") if p]
     selected = [r for r in rows if not only or any(r["name"].startswith(p) for p in only)]
     os.makedirs(args.cache, exist_ok=True)
-    started = time.monotonic()
-    records, not_run = {}, []
+    runner = Runner(args, python, installed)
+    lr_sweep = {}
     netns("ov_down")
     netns(f"ov_up {WORKERS}")
     try:
-        current_link = None
+        if not args.quick:
+            # The sweep comes first for every system a selected row needs.
+            needed = {r["system"] for r in selected if r["lr"] is None}
+            lr_sweep = sweep(runner, [s for s in SYSTEMS if s in needed])
+            for r in rows:
+                if r["lr"] is None and r["system"] in lr_sweep:
+                    r["lr"] = lr_sweep[r["system"]]["best_lr"]
         for r in rows:
-            path = cache_path(args.cache, r)
-            if os.path.exists(path):
-                with open(path) as f:
-                    records[r["name"]] = json.load(f)
-                continue
-            if r not in selected:
-                not_run.append(r["name"])
-                continue
-            need = NEEDS.get(r["system"])
-            if need and installed.get(need, {}).get("status") != "ok":
-                records[r["name"]] = {"run": r, "error": f"{need} is not installed: "
-                                      + installed.get(need, {}).get("error", "")}
-                continue
-            if args.max_minutes and time.monotonic() - started > 60 * args.max_minutes:
-                not_run.append(r["name"])
-                continue
-            if r["link"] != current_link:
-                shape(r["link"])
-                current_link = r["link"]
-            limit = {"tiny": 240, "small": 900, "medium": 1500}[r["size"]]
-            print(f"run {r['name']}", file=sys.stderr, flush=True)
-            t = time.monotonic()
-            load = os.getloadavg()[0]
-            rec = one_run(r, python, limit)
-            rec["elapsed_s"] = time.monotonic() - t
-            # The machine is shared: its 1-minute load before and after the run.
-            rec["load_1min"] = [load, os.getloadavg()[0]]
-            rec["commit"] = head_commit()
-            if "error" in rec:
-                print(f"  FAILED: {rec['error'][-1500:]}", file=sys.stderr, flush=True)
-            else:
-                print(f"  done in {rec['elapsed_s']:.0f} s, final val loss "
-                      f"{rec['ranks'][0]['final_val_loss']:.4f}", file=sys.stderr, flush=True)
-                with open(path + ".part", "w") as f:
-                    json.dump(rec, f)
-                os.replace(path + ".part", path)
-            records[r["name"]] = rec
+            runner.run(r, r in selected)
     finally:
         netns("ov_down")
+    records, not_run = runner.records, runner.not_run
     command = "sudo python3 bench/peers/run.py" + (" --quick" if args.quick else "")
     invocation = shlex.join(["python3", "bench/peers/run.py"] + sys.argv[1:])
     result = summarize.build(records, rows, not_run, command=command, versions=vers,
                              installed=installed, machine=machine(), quick=args.quick)
+    result["lr_sweep"] = {"at": SWEEP_AT, "grid": SWEEP_LRS, "bounds": SWEEP_BOUNDS,
+                          "systems": lr_sweep}
     result["this_invocation"] = invocation
     with open(out, "w") as f:
         json.dump(result, f, indent=1)

@@ -88,17 +88,17 @@ def row_of(rec: dict, records: dict) -> dict:
 
 
 def repeats_summary(table: list) -> list:
-    """Per (size, link, tau, seed, system): the median, min and max over the
+    """Per (size, link, tau, seed, system, lr): the median, min and max over the
     repeats of time to target, wall time and exposed share."""
     groups = {}
     for row in table:
         if "error" not in row and row["system"] != "local":
-            key = (row["size"], row["link"], row["tau"], row["seed"], row["system"])
+            key = (row["size"], row["link"], row["tau"], row["seed"], row["system"], row["lr"])
             groups.setdefault(key, []).append(row)
     out = []
-    for (size, link, tau, seed, system), rows in groups.items():
+    for (size, link, tau, seed, system, lr), rows in groups.items():
         entry = {"size": size, "link": link, "tau": tau, "seed": seed, "system": system,
-                 "repeats": len(rows), "final_val_loss": statistics.median(
+                 "lr": lr, "repeats": len(rows), "final_val_loss": statistics.median(
                      r["final_val_loss"] for r in rows),
                  "wire_bytes_per_worker": statistics.median(r["wire_bytes_per_worker"] for r in rows)}
         for k in ("time_to_target_s", "wall_s", "exposed_share"):
@@ -204,17 +204,42 @@ def markdown(result: dict) -> str:
         text = f"{v['median']:.2f}"
         return text if v["min"] == v["max"] else f"{text} [{v['min']:.2f}–{v['max']:.2f}]"
 
-    lines = ["| link | τ | system | runs | time to target (s) | final val loss | wall (s) | "
-             "exposed | MB/worker |", "|" + "---|" * 9]
+    lines = ["| link | τ | system | inner lr | runs | time to target (s) | final val loss | "
+             "wall (s) | exposed | MB/worker |", "|" + "---|" * 10]
     for e in result["repeats_summary"]:
-        lines.append(f"| {e['link']} | {e['tau']} | {e['system']} | {e['repeats']} | "
+        lines.append(f"| {e['link']} | {e['tau']} | {e['system']} | {e['lr']:g} | {e['repeats']} | "
                      f"{span(e['time_to_target_s'])} | {e['final_val_loss']:.4f} | "
                      f"{span(e['wall_s'])} | {share(e['exposed_share'])} | "
                      f"{e['wire_bytes_per_worker'] / 1e6:.0f} |")
     return "\n".join(lines)
 
 
+def sweep_markdown(result: dict) -> str:
+    """docs/results.md's sweep table: each system's final loss at each lr it
+    ran (the best in bold)."""
+    systems = result.get("lr_sweep", {}).get("systems", {})
+    lrs = sorted({run["lr"] for s in systems.values() for run in s["runs"]})
+    lines = ["| system | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best |",
+             "|" + "---|" * (len(lrs) + 2)]
+    for system, s in systems.items():
+        cells = {run["lr"]: run for run in s["runs"]}
+
+        def cell(lr):
+            run = cells.get(lr)
+            if run is None:
+                return ""
+            if run.get("final_val_loss") is None:
+                return "failed" if "error" in run else "not run"
+            text = f"{run['final_val_loss']:.4f}"
+            return f"**{text}**" if lr == s["best_lr"] else text
+
+        best = "-" if s["best_lr"] is None else f"{s['best_lr']:g}"
+        lines.append(f"| {system} | " + " | ".join(cell(lr) for lr in lrs) + f" | {best} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     import sys
     with open(sys.argv[1]) as f:
-        print(markdown(json.load(f)))
+        result = json.load(f)
+    print(sweep_markdown(result) + "\n\n" + markdown(result))

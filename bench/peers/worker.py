@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import task  # noqa: E402
 
 SYSTEMS = ("local", "ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd",
-           "hivemind", "co2", "co2-eager", "co2-diloco")
+           "hivemind", "co2", "co2-eager", "co2-diloco", "co2-avg")
 BARRIER_PORT = 29400
 DDP_PORT = 29500
 TORCHFT_STORE_PORT = 29600
@@ -174,6 +174,9 @@ def main() -> int:
             extra["eager_share"] = 1.0 / args.workers
         if system == "co2-diloco":
             extra["algo"] = "diloco"
+        if system == "co2-avg":
+            # LocalSGD's outer step (the plain average) on co2's overlapped exchange.
+            extra["config"] = co2.JobConfig(alpha=1.0, beta=0.0)
         opt = co2.Optimizer(model.parameters(), inner, tau=tau, rounds=args.steps // tau,
                             aggregators=args.aggregators.split(","), job=args.job,
                             worker_id=f"worker-{args.rank}", samples_per_step=size.batch,

@@ -1,0 +1,94 @@
+"""bench/peers/run.py's shared inner-lr sweep: which lrs it runs and which it
+picks, with a runner that answers from a table of final losses (ctest
+peers_sweep_test; the runs themselves are what the grid and peers_quick_test
+exercise)."""
+
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run  # noqa: E402
+
+
+class TableRunner:
+    """Answers run(row) from losses[system][lr]: a float is a finished run,
+    "error" a failed one, a missing lr (or None) a row it may not start."""
+
+    def __init__(self, losses: dict) -> None:
+        self.losses = losses
+        self.ran = []
+
+    def run(self, r: dict, selected: bool = True):
+        loss = self.losses[r["system"]].get(r["lr"])
+        if loss is None:
+            return None
+        self.ran.append((r["system"], r["lr"]))
+        if loss == "error":
+            return {"run": r, "error": "worker 0 exited 1: diverged"}
+        return {"run": r, "ranks": [{"final_val_loss": loss}]}
+
+
+def test_best_inside_the_grid_runs_the_grid_only():
+    runner = TableRunner({"ddp": {2e-3: 2.60, 4e-3: 2.55, 8e-3: 2.58}})
+    out = run.sweep(runner, ["ddp"])
+    assert out["ddp"]["best_lr"] == 4e-3
+    assert runner.ran == [("ddp", 2e-3), ("ddp", 4e-3), ("ddp", 8e-3)]
+    assert [x["final_val_loss"] for x in out["ddp"]["runs"]] == [2.60, 2.55, 2.58]
+
+
+def test_a_best_on_an_edge_extends_the_grid_until_it_is_inside():
+    losses = {"co2": {1e-3: 2.70, 2e-3: 2.65, 4e-3: 2.62, 8e-3: 2.60, 1.6e-2: 2.59,
+                      3.2e-2: 2.61},
+              "hivemind": {5e-4: 2.70, 1e-3: 2.66, 2e-3: 2.67, 4e-3: 2.68, 8e-3: 2.69}}
+    out = run.sweep(TableRunner(losses), ["co2", "hivemind"])
+    assert out["co2"]["best_lr"] == 1.6e-2
+    assert [x["lr"] for x in out["co2"]["runs"]] == [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
+    assert out["hivemind"]["best_lr"] == 1e-3
+    assert [x["lr"] for x in out["hivemind"]["runs"]] == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
+
+
+def test_the_bounds_stop_the_extension():
+    losses = {"co2": {lr: 3.0 - lr for lr in (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)}}
+    runner = TableRunner(losses)
+    out = run.sweep(runner, ["co2"])
+    assert out["co2"]["best_lr"] == run.SWEEP_BOUNDS[1] == 3.2e-2
+    assert (("co2", 6.4e-2)) not in runner.ran
+
+
+def test_a_failed_or_diverged_run_loses_and_is_reported():
+    losses = {"co2": {1e-3: 2.66, 2e-3: 2.64, 4e-3: math.nan, 8e-3: "error"}}
+    out = run.sweep(TableRunner(losses), ["co2"])
+    assert out["co2"]["best_lr"] == 2e-3
+    runs = {x["lr"]: x for x in out["co2"]["runs"]}
+    assert "diverged" in runs[8e-3]["error"]
+    assert math.isnan(runs[4e-3]["final_val_loss"])
+
+
+def test_every_run_failing_picks_nothing():
+    out = run.sweep(TableRunner({"co2": {lr: "error" for lr in run.SWEEP_LRS}}), ["co2"])
+    assert out["co2"]["best_lr"] is None
+
+
+def test_an_unfinished_sweep_picks_nothing():
+    out = run.sweep(TableRunner({"ddp": {2e-3: 2.6, 4e-3: 2.5}}), ["ddp"])
+    assert out["ddp"]["best_lr"] is None
+    assert out["ddp"]["runs"][-1] == {"lr": 8e-3, "name": run.sweep_row("ddp", 8e-3)["name"],
+                                      "final_val_loss": None, "not_run": True}
+
+
+def test_the_grid_row_at_the_best_lr_is_the_sweep_run():
+    """The headline row small-none-tau16-seed1-<system> at the chosen lr has
+    the sweep run's settings, so the cache serves it without a second run."""
+    for system in run.SYSTEMS:
+        row = next(r for r in run.grid(False) if r["name"] == run.run_name(
+            dict(run.SWEEP_AT, system=system)))
+        row = dict(row, lr=4e-3)
+        assert run.cache_key(row) == run.cache_key(run.sweep_row(system, 4e-3)), system
+        assert run.cache_key(row) != run.cache_key(run.sweep_row(system, 2e-3))
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))

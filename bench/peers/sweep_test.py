@@ -32,10 +32,11 @@ class TableRunner:
 
 
 def test_best_inside_the_grid_runs_the_grid_only():
-    runner = TableRunner({"ddp": {2e-3: 2.60, 4e-3: 2.55, 8e-3: 2.58}})
+    assert run.SWEEP_LRS == (1e-3, 2e-3, 4e-3)
+    runner = TableRunner({"ddp": {1e-3: 2.60, 2e-3: 2.55, 4e-3: 2.58}})
     out = run.sweep(runner, ["ddp"])
-    assert out["ddp"]["best_lr"] == 4e-3
-    assert runner.ran == [("ddp", 2e-3), ("ddp", 4e-3), ("ddp", 8e-3)]
+    assert out["ddp"]["best_lr"] == 2e-3
+    assert runner.ran == [("ddp", 1e-3), ("ddp", 2e-3), ("ddp", 4e-3)]
     assert [x["final_val_loss"] for x in out["ddp"]["runs"]] == [2.60, 2.55, 2.58]
 
 
@@ -45,13 +46,13 @@ def test_a_best_on_an_edge_extends_the_grid_until_it_is_inside():
               "hivemind": {5e-4: 2.70, 1e-3: 2.66, 2e-3: 2.67, 4e-3: 2.68, 8e-3: 2.69}}
     out = run.sweep(TableRunner(losses), ["co2", "hivemind"])
     assert out["co2"]["best_lr"] == 1.6e-2
-    assert [x["lr"] for x in out["co2"]["runs"]] == [2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
+    assert [x["lr"] for x in out["co2"]["runs"]] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
     assert out["hivemind"]["best_lr"] == 1e-3
-    assert [x["lr"] for x in out["hivemind"]["runs"]] == [5e-4, 1e-3, 2e-3, 4e-3, 8e-3]
+    assert [x["lr"] for x in out["hivemind"]["runs"]] == [5e-4, 1e-3, 2e-3, 4e-3]
 
 
 def test_the_bounds_stop_the_extension():
-    losses = {"co2": {lr: 3.0 - lr for lr in (2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)}}
+    losses = {"co2": {lr: 3.0 - lr for lr in (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)}}
     runner = TableRunner(losses)
     out = run.sweep(runner, ["co2"])
     assert out["co2"]["best_lr"] == run.SWEEP_BOUNDS[1] == 3.2e-2
@@ -59,12 +60,12 @@ def test_the_bounds_stop_the_extension():
 
 
 def test_a_failed_or_diverged_run_loses_and_is_reported():
-    losses = {"co2": {1e-3: 2.66, 2e-3: 2.64, 4e-3: math.nan, 8e-3: "error"}}
+    losses = {"co2": {5e-4: 2.66, 1e-3: 2.64, 2e-3: math.nan, 4e-3: "error"}}
     out = run.sweep(TableRunner(losses), ["co2"])
-    assert out["co2"]["best_lr"] == 2e-3
+    assert out["co2"]["best_lr"] == 1e-3
     runs = {x["lr"]: x for x in out["co2"]["runs"]}
-    assert "diverged" in runs[8e-3]["error"]
-    assert math.isnan(runs[4e-3]["final_val_loss"])
+    assert "diverged" in runs[4e-3]["error"]
+    assert math.isnan(runs[2e-3]["final_val_loss"])
 
 
 def test_every_run_failing_picks_nothing():
@@ -73,9 +74,9 @@ def test_every_run_failing_picks_nothing():
 
 
 def test_an_unfinished_sweep_picks_nothing():
-    out = run.sweep(TableRunner({"ddp": {2e-3: 2.6, 4e-3: 2.5}}), ["ddp"])
+    out = run.sweep(TableRunner({"ddp": {1e-3: 2.6, 2e-3: 2.5}}), ["ddp"])
     assert out["ddp"]["best_lr"] is None
-    assert out["ddp"]["runs"][-1] == {"lr": 8e-3, "name": run.sweep_row("ddp", 8e-3)["name"],
+    assert out["ddp"]["runs"][-1] == {"lr": 4e-3, "name": run.sweep_row("ddp", 4e-3)["name"],
                                       "final_val_loss": None, "not_run": True}
 
 

@@ -69,7 +69,7 @@ def worker_addr(i: int) -> str:
 SWEEP_AT = dict(size="small", steps=256, link="none", tau=16, seed=1, val_windows=64,
                 eval_every=16)
 SWEEP_LRS = (1e-3, 2e-3, 4e-3)
-SWEEP_BOUNDS = (2.5e-4, 3.2e-2)
+SWEEP_BOUNDS = (6.25e-5, 3.2e-2)
 # The no-communication reference only times the loop; its lr is fixed.
 LOCAL_LR = 1e-3
 

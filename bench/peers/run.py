@@ -127,6 +127,12 @@ def run_name(r: dict) -> str:
     return f"{r['size']}-{r['link']}{tau}-seed{r['seed']}-{r['system']}{rep}"
 
 
+def job_id(name: str) -> str:
+    """The run's name as a job id every system takes (hivemind's run_id may
+    not hold a '.', which an lr in a sweep row's name has)."""
+    return name.replace(".", "_")
+
+
 def sh(cmd: str, check: bool = True) -> str:
     p = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     if check and p.returncode != 0:
@@ -249,7 +255,7 @@ def one_run(r: dict, python: str, limit: int) -> dict:
                         f"--seed={r['seed']}", f"--eval_every={r['eval_every']}",
                         f"--val_windows={r['val_windows']}", f"--addr={worker_addr(i)}",
                         f"--rank0_addr={worker_addr(0)}", f"--service_addr={SERVICE_ADDR}",
-                        f"--job={r['name']}", f"--out={scratch}/rank-{i}.json"]
+                        f"--job={job_id(r['name'])}", f"--out={scratch}/rank-{i}.json"]
                 argv += services.worker_args
                 commands.append(shlex.join(argv))
                 log = open(os.path.join(scratch, f"w{i}.log"), "w")

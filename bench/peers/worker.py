@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 import torch
 
@@ -246,4 +247,12 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except Exception:
+        traceback.print_exc()
+        sys.stderr.flush()
+        # A peer's non-daemon threads (hivemind's progress tracker) would
+        # keep a failed worker alive until the harness's deadline.
+        os._exit(1)
+    sys.exit(code)

@@ -401,13 +401,21 @@ def sweep(runner: Runner, systems: list) -> dict:
                     lrs.append(best * 2)
                     continue
             break
-        out[system] = {"best_lr": best, "runs": [
-            {"lr": lr, "name": sweep_row(system, lr)["name"],
-             "final_val_loss": None if recs[lr] is None or "error" in recs[lr]
-             else recs[lr]["ranks"][0]["final_val_loss"],
-             **({"error": recs[lr]["error"][-500:]} if recs[lr] and "error" in recs[lr] else {}),
-             **({} if recs[lr] is not None else {"not_run": True})} for lr in lrs]}
+        out[system] = {"best_lr": best,
+                       "runs": [sweep_entry(system, lr, recs[lr]) for lr in lrs]}
     return out
+
+
+def sweep_entry(system: str, lr: float, rec) -> dict:
+    """One lr of a system's sweep as the results record it."""
+    entry = {"lr": lr, "name": sweep_row(system, lr)["name"], "final_val_loss": None}
+    if rec is None:
+        entry["not_run"] = True
+    elif "error" in rec:
+        entry["error"] = rec["error"][-500:]
+    else:
+        entry["final_val_loss"] = rec["ranks"][0]["final_val_loss"]
+    return entry
 
 
 def versions(python: str) -> dict:

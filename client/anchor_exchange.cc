@@ -75,10 +75,10 @@ AnchorExchange::AnchorExchange(const AnchorExchangeOptions& options,
       job_config_(client_->job_config()),
       staleness_(job_config_.max_staleness()),
       anchor_(x0.begin(), x0.end()) {
-  if (options_.eager_share != 0) {
-    eager_offset_.assign(anchor_.size(), 0.0f);
-    last_delta_.assign(anchor_.size(), 0.0f);
+  if (options_.eager_share != 0 || options_.carry_progress) {
+    start_offset_.assign(anchor_.size(), 0.0f);
   }
+  if (options_.eager_share != 0) last_delta_.assign(anchor_.size(), 0.0f);
 }
 
 absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
@@ -116,6 +116,13 @@ absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
         "a share in (0, 1]; the job has max_staleness ",
         config.max_staleness(), ", the share is ", options.eager_share));
   }
+  if (options.carry_progress &&
+      (config.max_staleness() != 1 || options.eager_share != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AnchorExchange: carried progress needs a one-round-stale job (co2) "
+        "without eager updates; the job has max_staleness ",
+        config.max_staleness(), ", the eager share is ", options.eager_share));
+  }
   if (!(options.samples_per_step > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("AnchorExchange: samples_per_step must be > 0, got ",
@@ -130,14 +137,15 @@ absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
 
 absl::Status AnchorExchange::Push(uint64_t round, int steps,
                                   absl::Span<float> x, ExchangeTimes& times) {
-  // Δ = A − x (with eager updates A + e − x, from where the round started),
-  // in place: x is overwritten with the next start point right after.
+  // Δ = A − x (with eager updates or carried progress A + e − x, from where
+  // the round started), in place: x is overwritten with the next start
+  // point right after.
   const float* a = anchor_.data();
   float* d = x.data();
-  if (eager_offset_.empty()) {
+  if (start_offset_.empty()) {
     for (size_t i = 0; i < x.size(); ++i) d[i] = a[i] - d[i];
   } else {
-    const float* e = eager_offset_.data();
+    const float* e = start_offset_.data();
     for (size_t i = 0; i < x.size(); ++i) d[i] = (a[i] + e[i]) - d[i];
   }
   const double weight = steps * options_.samples_per_step;
@@ -198,36 +206,45 @@ void AnchorExchange::CopyAnchorTo(absl::Span<float> x) const {
 }
 
 void AnchorExchange::CopyStartTo(absl::Span<float> x) const {
-  if (eager_offset_.empty()) return CopyAnchorTo(x);
+  if (start_offset_.empty()) return CopyAnchorTo(x);
   const float* a = anchor_.data();
-  const float* e = eager_offset_.data();
+  const float* e = start_offset_.data();
   for (size_t i = 0; i < x.size(); ++i) x[i] = a[i] + e[i];
 }
 
-absl::Status AnchorExchange::RestoreEager(absl::Span<const float> offset,
-                                          absl::Span<const float> last_delta) {
-  if (eager_offset_.empty()) {
+absl::Status AnchorExchange::RestoreStartOffset(
+    absl::Span<const float> offset, absl::Span<const float> last_delta) {
+  if (start_offset_.empty()) {
     return absl::InvalidArgumentError(
-        "AnchorExchange::RestoreEager: eager updates are off (eager_share 0)");
+        "AnchorExchange::RestoreStartOffset: eager updates and carried "
+        "progress are off");
   }
-  if (offset.size() != eager_offset_.size() ||
+  if (offset.size() != start_offset_.size() ||
       last_delta.size() != last_delta_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "AnchorExchange::RestoreEager: ", offset.size(), " and ",
-        last_delta.size(), " elements, the job has ", eager_offset_.size()));
+        "AnchorExchange::RestoreStartOffset: ", offset.size(), " and ",
+        last_delta.size(), " elements, this worker holds ",
+        start_offset_.size(), " and ", last_delta_.size()));
   }
-  eager_offset_.assign(offset.begin(), offset.end());
+  start_offset_.assign(offset.begin(), offset.end());
   last_delta_.assign(last_delta.begin(), last_delta.end());
   return absl::OkStatus();
 }
 
-void AnchorExchange::TakeEagerStep(uint64_t round,
-                                   absl::Span<const float> delta) {
+void AnchorExchange::TakeOffsetStep(uint64_t round,
+                                    absl::Span<const float> delta) {
+  float* e = start_offset_.data();
+  if (options_.carry_progress) {
+    // Δ_r stands in for round r's mean until the update made from it is
+    // applied.
+    const float k = EagerScale(job_config_, round);
+    for (size_t i = 0; i < delta.size(); ++i) e[i] = -k * delta[i];
+    return;
+  }
   // The step Δ_r replaces Δ_{r−1} in is that of round r − 1 (round 0 has
   // none before it: its own).
   const float k = EagerScale(job_config_, round == 0 ? 0 : round - 1) *
                   static_cast<float>(options_.eager_share);
-  float* e = eager_offset_.data();
   float* last = last_delta_.data();
   for (size_t i = 0; i < delta.size(); ++i) {
     e[i] = -k * (delta[i] - last[i]);
@@ -259,8 +276,8 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
     if (owed && applied_early_ == owed) owed.reset();
     if (owed) status = AwaitUpdate(*owed, times);
     if (status.ok()) status = Push(round, steps, x, times);
-    if (status.ok() && !eager_offset_.empty()) TakeEagerStep(round, x);
     if (owed && status.ok()) status = Apply(*owed, times);
+    if (status.ok() && !start_offset_.empty()) TakeOffsetStep(round, x);
   } else {
     status = Push(round, steps, x, times);
     if (status.ok()) status = AwaitUpdate(round, times);
@@ -300,9 +317,18 @@ absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
   }
   // x − s is the progress since the round's start; the start moves with A
   // (with eager updates s = A + e, and e stays), so x ← (x − A) + A_new.
+  // Carried progress stood in for this update: s = A + e, and e ← 0.
   float* d = x.data();
   const float* a = anchor_.data();
-  for (size_t i = 0; i < x.size(); ++i) d[i] -= a[i];
+  if (options_.carry_progress) {
+    float* e = start_offset_.data();
+    for (size_t i = 0; i < x.size(); ++i) {
+      d[i] -= a[i] + e[i];
+      e[i] = 0.0f;
+    }
+  } else {
+    for (size_t i = 0; i < x.size(); ++i) d[i] -= a[i];
+  }
   absl::Status status = Apply(*owed, times);
   if (!status.ok()) return Heal(std::move(status), x, times);
   for (size_t i = 0; i < x.size(); ++i) d[i] += a[i];
@@ -352,7 +378,7 @@ absl::Status AnchorExchange::Heal(absl::Status failed, absl::Span<float> x,
   CopyAnchorTo(x);
   // The rejoined worker starts from the shards' anchor, with no Δ before
   // and every update before its round applied.
-  std::fill(eager_offset_.begin(), eager_offset_.end(), 0.0f);
+  std::fill(start_offset_.begin(), start_offset_.end(), 0.0f);
   std::fill(last_delta_.begin(), last_delta_.end(), 0.0f);
   applied_early_.reset();
   times.healed_round = client_->start_round();

@@ -21,6 +21,16 @@
 // for a round. Δ is then taken against the round's start point, A + e, so
 // the shards' mean holds each worker's inner progress only.
 //
+// Carried progress (AnchorExchangeOptions::carry_progress), staleness 1,
+// not with eager updates: until the update made from round r's mean is
+// applied, round r + 1 runs from where this worker's own Δ_r would take the
+// anchor, x = A_{r+1} − k·Δ_r (k = EagerScale(config, r)), instead of from
+// A_{r+1}, which lacks every worker's round r; its own progress stands in
+// for the mean's until the mean arrives. Applying that update (on arrival
+// or at the boundary) replaces the stand-in: x ← x − (A + e) + A_new and
+// e ← 0. Δ is taken against the start point, so the shards' mean holds
+// each worker's inner progress only and A stays the shards'.
+//
 // Apply on arrival (ApplyArrived; docs/algorithm.md, "Applying an update
 // when it arrives"), staleness 1: the update a round owes may be applied
 // between its inner steps, as soon as every shard has sent it, instead of
@@ -30,7 +40,7 @@
 // the same progress, and applies nothing. The anchors stay the shards'.
 //
 // Memory: A (P floats) and the client's send and receive buffers; with eager
-// updates also e and the last Δ (2·P floats).
+// updates also e and the last Δ (2·P floats), with carried progress e.
 // One thread calls everything; stats() of the client from any thread.
 #ifndef CO2_CLIENT_ANCHOR_EXCHANGE_H_
 #define CO2_CLIENT_ANCHOR_EXCHANGE_H_
@@ -84,12 +94,15 @@ struct AnchorExchangeOptions {
   // Eager updates (above): this worker's share of a round's mean, in
   // (0, 1] (1/M for M workers of equal weight); 0: off. Needs staleness 1.
   double eager_share = 0;
+  // Carried progress (above); needs staleness 1 and no eager updates.
+  bool carry_progress = false;
 };
 
 // ∂U/∂D of the shards' step of `round` (server/job/outer_optimizer.h) with
 // the gap penalty at 1 and no clipping: α for heavy ball, α·(1 + β) for
 // Nesterov, α/N or, at a momentum step, α·(1 + β)/N for delayed Nesterov;
-// divided by λ for a constant penalty. The eager update's k.
+// divided by λ for a constant penalty. The eager update's and the carried
+// progress's k.
 float EagerScale(const v1::JobConfig& config, uint64_t round);
 
 // Why a failed boundary can be healed by fetching the anchor again: the
@@ -138,15 +151,17 @@ class AnchorExchange {
   absl::Status RestoreResidual(absl::Span<const float> residual) {
     return client_->RestoreResidual(residual);
   }
-  // Eager updates' state (empty when they are off): e, the offset of the
-  // next round's start from A, and the last Δ pushed. With the anchor and
-  // the residual, what a worker saves to resume bit for bit.
-  absl::Span<const float> eager_offset() const { return eager_offset_; }
+  // The start point's state: e, the offset of the round's start from A
+  // (eager updates or carried progress; empty when both are off), and with
+  // eager updates the last Δ pushed (else empty). With the anchor and the
+  // residual, what a worker saves to resume bit for bit.
+  absl::Span<const float> start_offset() const { return start_offset_; }
   absl::Span<const float> last_delta() const { return last_delta_; }
   // Replaces both after a resume (the caller starts from A + offset).
-  // INVALID_ARGUMENT when eager updates are off or a size is not P.
-  absl::Status RestoreEager(absl::Span<const float> offset,
-                            absl::Span<const float> last_delta);
+  // INVALID_ARGUMENT when both are off or a size is not what they hold (P,
+  // or 0 for the last Δ of carried progress).
+  absl::Status RestoreStartOffset(absl::Span<const float> offset,
+                                  absl::Span<const float> last_delta);
 
   // The boundary of `round` after `steps` inner steps: x (size P) holds the
   // live parameters and, on success, the anchor that starts round + 1, or,
@@ -171,7 +186,8 @@ class AnchorExchange {
   bool UpdateArrived(uint64_t round) const;
   // Applies that update now, inside round `round`: A ← A + U, and x (size P,
   // the live parameters) ← x + (A_new − A_old), so x keeps the steps taken
-  // since the round's start. The round's Boundary then applies nothing.
+  // since the round's start (with carried progress x ← x − (A_old + e) +
+  // A_new and e ← 0). The round's Boundary then applies nothing.
   // FAILED_PRECONDITION when UpdateArrived(round) is false. Heals as
   // Boundary does (times.healed_round: x holds that round's anchor).
   absl::Status ApplyArrived(uint64_t round, absl::Span<float> x,
@@ -210,21 +226,22 @@ class AnchorExchange {
   // A ← A + decode(U) of `round`, counting digest mismatches into `times`.
   absl::Status Apply(uint64_t round, ExchangeTimes& times);
   void CopyAnchorTo(absl::Span<float> x) const;
-  // x ← the next round's start point: A, or A + e with eager updates (one
-  // pass; Push takes Δ from the same sum).
+  // x ← the next round's start point: A, or A + e with eager updates or
+  // carried progress (one pass; Push takes Δ from the same sum).
   void CopyStartTo(absl::Span<float> x) const;
-  // With eager updates, after the push of `round` (x holds Δ_r): e and the
-  // last Δ for the next round's start.
-  void TakeEagerStep(uint64_t round, absl::Span<const float> delta);
+  // After the push of `round` (x holds Δ_r), with eager updates or carried
+  // progress: e (and the last Δ) for the next round's start.
+  void TakeOffsetStep(uint64_t round, absl::Span<const float> delta);
 
   const AnchorExchangeOptions options_;
   std::unique_ptr<AggregatorClient> client_;
   const v1::JobConfig job_config_;
   const uint32_t staleness_;
   std::vector<float> anchor_;
-  // Eager updates only: the offset e of this round's start from A, and the
-  // last Δ pushed (zeros before the first and after a heal).
-  std::vector<float> eager_offset_;
+  // Eager updates or carried progress: the offset e of this round's start
+  // from A; eager updates only: the last Δ pushed (zeros before the first
+  // and after a heal).
+  std::vector<float> start_offset_;
   std::vector<float> last_delta_;
   // The owed update ApplyArrived applied before its round's boundary.
   std::optional<uint64_t> applied_early_;

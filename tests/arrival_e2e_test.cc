@@ -3,7 +3,9 @@
 // inner steps keep the steps taken before it (x ← (x − A_old) + A_new), push
 // the same progress as workers that apply it at the boundary (up to the
 // rounding of that shift), and every worker ends on the shards' anchor bit
-// for bit, on the reference trajectory.
+// for bit, on the reference trajectory. With carried progress a round
+// starts from A + e, e = −k·Δ of the round before, and applying the update
+// drops e: x ← (x − (A_old + e)) + A_new.
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -29,15 +31,47 @@ struct Trainer {
   absl::Status status;
   std::vector<float> anchor;
   uint64_t applied_early = 0;  // rounds whose update ApplyArrived applied
+  uint64_t carried = 0;        // boundaries whose start offset was checked
+  double largest_offset = 0;   // max |e| at a round's start
 };
+
+// With carried progress, after the boundary of `round` that pushed from
+// `start` (A + e as the push saw it) and x = `before`: e = −k·Δ_r with
+// Δ_r = start − before and k = EagerScale(config, round), and x = A + e.
+absl::Status CheckCarried(const client::AnchorExchange& ex,
+                          const v1::JobConfig& config, uint64_t round,
+                          const std::vector<float>& start,
+                          const std::vector<float>& before,
+                          const std::vector<float>& x, Trainer& out) {
+  const float k = client::EagerScale(config, round);
+  const std::vector<float>& a = ex.anchor();
+  const absl::Span<const float> e = ex.start_offset();
+  if (e.size() != x.size()) {
+    return absl::InternalError(absl::StrCat("the start offset holds ",
+                                            e.size(), " elements"));
+  }
+  for (size_t j = 0; j < x.size(); ++j) {
+    const float want = -k * (start[j] - before[j]);
+    if (e[j] != want || x[j] != a[j] + e[j]) {
+      return absl::InternalError(absl::StrCat(
+          "round ", round + 1, " element ", j, ": starts at ", x[j],
+          " with offset ", e[j], ", not A + e = ", a[j], " + ", want));
+    }
+    out.largest_offset = std::max<double>(out.largest_offset, std::fabs(e[j]));
+  }
+  ++out.carried;
+  return absl::OkStatus();
+}
 
 // Worker `worker` through AnchorExchange, kTau inner steps per round: the
 // first takes its whole progress, x −= Delta(worker, round); with `arrival`
 // it then waits until the round's owed update is here (without applying it)
 // and applies it with ApplyArrived: x must be (x − A_old) + A_new, bit for
-// bit; the remaining steps change nothing. The boundary pushes A − x.
+// bit; the remaining steps change nothing. The boundary pushes A − x. With
+// `carry` (carried progress) the round's start is A + e: the apply must
+// give (x − (A_old + e)) + A_new and e = 0, the boundary CheckCarried.
 void Train(const E2eSpec& spec, const Cluster& cluster,
-           const v1::JobConfig& config, int worker, bool arrival,
+           const v1::JobConfig& config, int worker, bool arrival, bool carry,
            Barrier& joined, Trainer& out) {
   std::vector<float> x = InitialAnchor(spec.params);
   auto connected = ConnectWithEveryone(
@@ -47,13 +81,19 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
     out.status = connected.status();
     return;
   }
-  auto exchange = client::AnchorExchange::Create(
-      ExchangeOptions(spec, worker, kTimeout), *std::move(connected), x);
+  client::AnchorExchangeOptions eo = ExchangeOptions(spec, worker, kTimeout);
+  eo.carry_progress = carry;
+  auto exchange =
+      client::AnchorExchange::Create(eo, *std::move(connected), x);
   if (!exchange.ok()) {
     out.status = exchange.status();
     return;
   }
   client::AnchorExchange& ex = **exchange;
+  // e as a span: empty without carried progress.
+  const auto offset = [&ex](size_t j) {
+    return ex.start_offset().empty() ? 0.0f : ex.start_offset()[j];
+  };
   const size_t n = spec.params;
   for (uint64_t round = 0; round < spec.rounds; ++round) {
     for (size_t j = 0; j < n; ++j) x[j] -= Delta(worker, round, j);
@@ -62,6 +102,8 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
     client::ExchangeTimes times;
     if (arrival && owed) {
       const std::vector<float> before = x, anchor_before = ex.anchor();
+      std::vector<float> offset_before(n);
+      for (size_t j = 0; j < n; ++j) offset_before[j] = offset(j);
       out.status = ex.AwaitUpdate(*owed, times);
       if (!out.status.ok()) return;
       if (!ex.UpdateArrived(round)) {
@@ -74,11 +116,14 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
       if (!out.status.ok()) return;
       const std::vector<float>& a = ex.anchor();
       for (size_t j = 0; j < n; ++j) {
-        const float kept = (before[j] - anchor_before[j]) + a[j];
-        if (x[j] != kept) {
+        const float kept = carry
+                               ? (before[j] - (anchor_before[j] + offset_before[j])) + a[j]
+                               : (before[j] - anchor_before[j]) + a[j];
+        if (x[j] != kept || offset(j) != 0.0f) {
           out.status = absl::InternalError(absl::StrCat(
-              "round ", round, " element ", j, ": x is ", x[j],
-              " after the update, not (x − A_old) + A_new = ", kept));
+              "round ", round, " element ", j, ": x is ", x[j], " and e ",
+              offset(j), " after the update, not (x − s) + A_new = ", kept,
+              " and 0"));
           return;
         }
       }
@@ -94,8 +139,15 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
       }
       ++out.applied_early;
     }
+    std::vector<float> start(n);
+    for (size_t j = 0; j < n; ++j) start[j] = ex.anchor()[j] + offset(j);
+    const std::vector<float> before = x;
     out.status = ex.Boundary(round, kTau, absl::MakeSpan(x), times);
     if (!out.status.ok()) return;
+    if (carry) {
+      out.status = CheckCarried(ex, config, round, start, before, x, out);
+      if (!out.status.ok()) return;
+    }
   }
   const std::optional<uint64_t> owed =
       client::OwedUpdate(ex.staleness(), spec.rounds, spec.rounds);
@@ -121,7 +173,8 @@ TEST(ArrivalE2eTest, WorkersApplyingOnArrivalEndOnTheReferenceAnchor) {
   // Workers 0 and 1 apply on arrival, worker 2 at the boundary.
   for (int w = 0; w < spec.workers; ++w) {
     threads.emplace_back([&, w] {
-      Train(spec, cluster, config, w, /*arrival=*/w < 2, joined, trainers[w]);
+      Train(spec, cluster, config, w, /*arrival=*/w < 2, /*carry=*/false,
+            joined, trainers[w]);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -145,6 +198,79 @@ TEST(ArrivalE2eTest, WorkersApplyingOnArrivalEndOnTheReferenceAnchor) {
     ASSERT_TRUE(trainers[w].status.ok()) << trainers[w].status;
     EXPECT_EQ(trainers[w].applied_early, w < 2 ? spec.rounds - 1 : 0u);
     EXPECT_TRUE(trainers[w].anchor == shards) << "the final model is not the shards' anchor";
+  }
+}
+
+// Carried progress, applied on arrival (worker 0) and at the boundary
+// (worker 1), next to a worker without it (2): every round starts from
+// A + e, the update drops e, and the shards stay on the reference
+// trajectory, since each Δ is still the worker's own progress.
+TEST(ArrivalE2eTest, CarriedProgressStartsEachRoundFromTheWorkersOwnStep) {
+  E2eSpec spec;
+  spec.params = 2 * common::kChunkElements + 77;
+  spec.shards = 2;
+  spec.workers = 3;
+  spec.rounds = 8;
+  v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
+  config.set_rounds(spec.rounds);
+  Cluster cluster(spec.shards);
+  Barrier joined(spec.workers);
+  std::vector<Trainer> trainers(spec.workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < spec.workers; ++w) {
+    threads.emplace_back([&, w] {
+      Train(spec, cluster, config, w, /*arrival=*/w != 1, /*carry=*/w < 2,
+            joined, trainers[w]);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  uint64_t round = 0;
+  const std::vector<float> shards = cluster.Anchor("arrival", &round);
+  EXPECT_EQ(round, spec.rounds + 1);
+  const std::vector<float> reference = ReferenceAnchor(spec, config);
+  ASSERT_EQ(shards.size(), reference.size());
+  double off = 0;
+  for (size_t j = 0; j < shards.size(); ++j) {
+    off = std::max<double>(off, std::fabs(shards[j] - reference[j]));
+  }
+  EXPECT_LT(off, 1e-5) << "the shards left the reference trajectory";
+  for (int w = 0; w < spec.workers; ++w) {
+    SCOPED_TRACE(absl::StrCat("worker ", w));
+    ASSERT_TRUE(trainers[w].status.ok()) << trainers[w].status;
+    EXPECT_EQ(trainers[w].applied_early, w != 1 ? spec.rounds - 1 : 0u);
+    EXPECT_EQ(trainers[w].carried, w < 2 ? spec.rounds : 0u);
+    if (w < 2) EXPECT_GT(trainers[w].largest_offset, 0.0);
+    EXPECT_TRUE(trainers[w].anchor == shards) << "the final model is not the shards' anchor";
+  }
+}
+
+TEST(ArrivalE2eTest, CarriedProgressIsRefusedWithEagerUpdatesOrASynchronousJob) {
+  E2eSpec spec;
+  spec.params = 1000;
+  spec.shards = 1;
+  spec.workers = 1;
+  spec.rounds = 2;
+  for (const bool synchronous : {false, true}) {
+    SCOPED_TRACE(synchronous ? "staleness 0" : "with eager updates");
+    v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
+    config.set_rounds(spec.rounds);
+    if (synchronous) config.set_max_staleness(0);
+    Cluster cluster(spec.shards);
+    std::vector<float> x = InitialAnchor(spec.params);
+    auto connected = client::AggregatorClient::Connect(
+        WorkerOptions(cluster.addresses(), "carry", config, 0),
+        absl::MakeSpan(x));
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    client::AnchorExchangeOptions eo = ExchangeOptions(spec, 0, kTimeout);
+    eo.carry_progress = true;
+    if (!synchronous) eo.eager_share = 1.0;
+    auto exchange =
+        client::AnchorExchange::Create(eo, *std::move(connected), x);
+    EXPECT_EQ(exchange.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(exchange.status().message().find(
+                  "carried progress needs a one-round-stale job"),
+              std::string::npos)
+        << exchange.status();
   }
 }
 

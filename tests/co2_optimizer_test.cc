@@ -595,7 +595,7 @@ TEST(Co2OptimizerTest, AJobResumedFromWorkerCheckpointsEndsBitIdentical) {
     ASSERT_EQ(errors[i], "") << "worker " << i;
     ASSERT_EQ(saved[i].checkpoint.round, kStopAt) << "worker " << i;
     EXPECT_EQ(saved[i].checkpoint.steps, kStopAt * kTau + kTau);
-    EXPECT_FALSE(saved[i].checkpoint.eager_offset.empty());
+    EXPECT_FALSE(saved[i].checkpoint.start_offset.empty());
   }
   in_threads(
       [&](int i) { return run("resumed", i, &saved[i], {}, connected); },

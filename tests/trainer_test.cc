@@ -251,11 +251,23 @@ TEST(TrainerTest, BadFlagValueFailsBeforeSpawning) {
       RunCo2Train({"--algo=ddp", "--scale=4:1"}, /*timeout_s=*/30);
   EXPECT_NE(ddp_scale.exit_code, 0);
   EXPECT_THAT(ddp_scale.output, HasSubstr("--scale needs an aggregator"));
+  const RunResult carry_eager =
+      RunCo2Train({"--algo=co2", "--carry_progress"}, /*timeout_s=*/30);
+  EXPECT_NE(carry_eager.exit_code, 0);
+  EXPECT_THAT(carry_eager.output,
+              HasSubstr("--carry_progress and --eager both set where a round "
+                        "starts: pass --eager=false with it"));
+  const RunResult carry_sync = RunCo2Train(
+      {"--algo=localsgd", "--carry_progress", "--eager=false"},
+      /*timeout_s=*/30);
+  EXPECT_NE(carry_sync.exit_code, 0);
+  EXPECT_THAT(carry_sync.output,
+              HasSubstr("--carry_progress is for --algo=co2, not localsgd"));
 }
 
 // Runs co2-train with `args`, expects it to succeed with every rank
-// identical after every boundary, and returns the settings of its report.
-Struct SettingsOfRun(const TempDir& dir, std::vector<std::string> args) {
+// identical after every boundary, and returns its report.
+Struct ReportOfRun(const TempDir& dir, std::vector<std::string> args) {
   const std::string report = dir.path() + "/run.json";
   args.push_back(absl::StrCat("--report=", report));
   const RunResult run = RunCo2Train(args, /*timeout_s=*/300);
@@ -269,7 +281,12 @@ Struct SettingsOfRun(const TempDir& dir, std::vector<std::string> args) {
   EXPECT_TRUE(
       google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
       << text.str();
-  return Field(doc, "settings").struct_value();
+  return doc;
+}
+
+// The settings of ReportOfRun's report.
+Struct SettingsOfRun(const TempDir& dir, std::vector<std::string> args) {
+  return Field(ReportOfRun(dir, std::move(args)), "settings").struct_value();
 }
 
 // Eager updates with delayed Nesterov momentum, on a node of two local
@@ -285,6 +302,27 @@ TEST(TrainerTest, EagerUpdatesWithDelayedNesterovKeepTheAnchorsIdentical) {
   EXPECT_EQ(Field(settings, "eager").string_value(), "true");
   EXPECT_EQ(Field(settings, "momentum").string_value(), "delayed_nesterov");
   EXPECT_EQ(Field(settings, "momentum_period").string_value(), "2");
+}
+
+// Carried progress, applied on arrival, on a node of two local ranks: each
+// worker runs from its own offset until the update arrives (the leader
+// holds it next to the anchor), and the ranks agree on the anchor after
+// every boundary.
+TEST(TrainerTest, CarriedProgressOnArrivalKeepsTheAnchorsIdentical) {
+  TempDir dir;
+  const Struct report = ReportOfRun(
+      dir, {"--algo=co2", "--workers=2", "--local_ranks=2", "--tau=4",
+            "--steps=24", "--carry_progress", "--eager=false",
+            "--apply=arrival", "--eval_every=0", "--final_eval_examples=500",
+            "--progress=false"});
+  const Struct& memory = Field(report, "memory_bytes").struct_value();
+  EXPECT_EQ(Field(memory, "anchor").number_value(),
+            2 * Field(memory, "params").number_value())
+      << "the leader holds no start offset next to the anchor";
+  const Struct& settings = Field(report, "settings").struct_value();
+  EXPECT_EQ(Field(settings, "carry_progress").string_value(), "true");
+  EXPECT_EQ(Field(settings, "eager").string_value(), "false");
+  EXPECT_EQ(Field(settings, "apply").string_value(), "arrival");
 }
 
 // diloco trains through the aggregator with its published outer settings

@@ -328,6 +328,7 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"deterministic", options.deterministic ? "true" : "false"},
           {"outlier_ratio", absl::StrCat(options.outlier_ratio)},
           {"eager", RunsEagerUpdates(options) ? "true" : "false"},
+          {"carry_progress", options.carry_progress ? "true" : "false"},
           {"apply", options.apply},
           {"scale", options.scale},
           {"shards", absl::StrCat(options.shards)}};

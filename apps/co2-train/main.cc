@@ -53,6 +53,11 @@ ABSL_FLAG(bool, eager, true,
           "co2: each worker starts a round from the anchor plus the eager "
           "update of its own latest delta (docs/algorithm.md); the "
           "synchronous algorithms have no stale average to make up for.");
+ABSL_FLAG(bool, carry_progress, false,
+          "co2: until the update made from a round's mean is applied, the "
+          "next round runs from where the worker's own delta would take the "
+          "anchor, not from the anchor (docs/algorithm.md, \"Carried "
+          "progress\"); in place of eager updates: needs --eager=false.");
 ABSL_FLAG(std::optional<std::string>, apply, std::nullopt,
           "co2: when a worker applies the update a round owes: arrival (after "
           "the inner step it has arrived by, keeping the steps taken; "
@@ -229,6 +234,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.outlier_ratio = absl::GetFlag(FLAGS_outlier_ratio);
   o.eager = absl::GetFlag(FLAGS_eager);
+  o.carry_progress = absl::GetFlag(FLAGS_carry_progress);
   o.apply = absl::GetFlag(FLAGS_apply).value_or(std::string(
       co2::client::ApplyAtName(co2::client::DefaultApplyAt(outer_algo,
                                                            o.deterministic))));

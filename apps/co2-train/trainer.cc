@@ -234,6 +234,17 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
     return Bad("momentum", absl::StrCat("is '", options.momentum,
                                         "': diloco runs Nesterov momentum"));
   }
+  if (options.carry_progress && algo != Algo::kCo2) {
+    return Bad("carry_progress",
+               absl::StrCat("is for --algo=co2, not ", options.algo,
+                            ": a synchronous round has no stale average to "
+                            "stand in for"));
+  }
+  if (options.carry_progress && options.eager) {
+    return Bad("carry_progress",
+               "and --eager both set where a round starts: pass "
+               "--eager=false with it");
+  }
   const absl::StatusOr<ApplyAt> apply = ParseApplyAt(options.apply);
   if (!apply.ok()) return Bad("apply", std::string(apply.status().message()));
   if (absl::Status s = CheckApplyAt(algo, *apply, options.deterministic);
@@ -510,6 +521,7 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   if (RunsEagerUpdates(options)) {
     optimizer_options.eager_share = 1.0 / options.workers;
   }
+  optimizer_options.carry_progress = options.carry_progress;
   // ValidateTrainerOptions parsed it.
   optimizer_options.apply = ParseApplyAt(options.apply).value();
   if (client != nullptr && options.heal) {

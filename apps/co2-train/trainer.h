@@ -94,6 +94,9 @@ struct TrainerOptions {
   // Eager updates (Co2OptimizerOptions::eager_share = 1/workers); co2 only:
   // the synchronous algorithms have no stale average to make up for.
   bool eager = false;
+  // Carried progress (Co2OptimizerOptions::carry_progress); co2 only, not
+  // with eager updates.
+  bool carry_progress = false;
   // co2: when a worker applies the update a round owes, "boundary" or
   // "arrival" (Co2OptimizerOptions::apply; main.cc's default is
   // DefaultApplyAt).

@@ -43,8 +43,8 @@ absl::Status SaveWorkerCheckpoint(const std::string& path,
     archive.write("params", ToTensor(checkpoint.params));
     archive.write("anchor", ToTensor(checkpoint.anchor));
     archive.write("residual", ToTensor(checkpoint.residual));
-    archive.write("eager_offset", ToTensor(checkpoint.eager_offset));
-    archive.write("eager_last", ToTensor(checkpoint.eager_last));
+    archive.write("start_offset", ToTensor(checkpoint.start_offset));
+    archive.write("last_delta", ToTensor(checkpoint.last_delta));
     torch::serialize::OutputArchive state;
     inner.save(state);
     archive.write("inner", state);
@@ -93,10 +93,10 @@ absl::StatusOr<WorkerCheckpoint> LoadWorkerCheckpoint(
     c.anchor = FromTensor(t);
     archive.read("residual", t);
     c.residual = FromTensor(t);
-    archive.read("eager_offset", t);
-    c.eager_offset = FromTensor(t);
-    archive.read("eager_last", t);
-    c.eager_last = FromTensor(t);
+    archive.read("start_offset", t);
+    c.start_offset = FromTensor(t);
+    archive.read("last_delta", t);
+    c.last_delta = FromTensor(t);
     if (saved_job == job) {
       torch::serialize::InputArchive state;
       archive.read("inner", state);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """co2 against the systems its users would pick instead, on the same work:
 torch DDP (Gloo), torchft's DiLoCo, streaming DiLoCo and LocalSGD, hivemind's
-Optimizer with local updates, and co2 (defaults, eager updates, blocking
-DiLoCo, the plain average as its outer step), each through its own public
+Optimizer with local updates, and co2 (defaults; blocking DiLoCo; the plain
+average as its outer step, without and with carried progress; carried
+progress at the default outer step), each through its own public
 API (bench/peers/worker.py), training the byte-level transformer of
 bench/peers/task.py with 4 workers. Every system runs at its best inner lr
 from one shared sweep (seed 1, the small model, unshaped, tau 16).
@@ -51,7 +52,11 @@ SHARDS = 2
 CACHE = os.path.join(os.environ.get("CO2_CACHE_DIR", os.path.expanduser("~/.cache/co2")),
                      "peers-runs")
 PEER_SYSTEMS = ("ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd", "hivemind")
-CO2_SYSTEMS = ("co2", "co2-eager", "co2-diloco", "co2-avg")
+CO2_SYSTEMS = ("co2", "co2-diloco", "co2-avg", "co2-carry", "co2-avg-carry")
+# co2 settings that run in the sweep and the headline rows only: the rest of
+# the grid runs co2's defaults, its best setting (co2-avg-carry) and its
+# DiLoCo (a check of the harness against torchft's).
+CO2_HEADLINE_ONLY = ("co2-avg", "co2-carry")
 SYSTEMS = PEER_SYSTEMS + CO2_SYSTEMS
 NEEDS = {"torchft-diloco": "torchft", "torchft-streaming": "torchft",
          "torchft-localsgd": "torchft", "hivemind": "hivemind"}
@@ -80,22 +85,24 @@ def grid(quick: bool) -> list:
     if quick:
         common = dict(size="tiny", steps=64, lr=3e-3, val_windows=32, eval_every=8)
         rows = [dict(common, system="local", link="none", tau=8, seed=1)]
-        rows += [dict(common, system=s, link="100mbit", tau=8, seed=1, **co2_apply(s))
-                 for s in SYSTEMS]
+        rows += [dict(common, system=s, link="100mbit", tau=8, seed=1, **co2_settings(s))
+                 for s in SYSTEMS if s not in CO2_HEADLINE_ONLY]
         return rows
     rows = []
 
-    def block(size, steps, links, taus, seed):
+    def block(size, steps, links, taus, seed, headline=False):
         common = dict(size=size, steps=steps, lr=None, val_windows=64, eval_every=16, seed=seed)
+        systems = [s for s in SYSTEMS
+                   if s != "ddp" and (headline or s not in CO2_HEADLINE_ONLY)]
         out = [dict(common, system="local", link="none", tau=16, lr=LOCAL_LR)]
         for link in links:
             out.append(dict(common, system="ddp", link=link, tau=16))
-            out += [dict(common, system=s, link=link, tau=tau, **co2_apply(s))
-                    for tau in taus for s in SYSTEMS if s != "ddp"]
+            out += [dict(common, system=s, link=link, tau=tau, **co2_settings(s))
+                    for tau in taus for s in systems]
         return out
 
     # Headline: the small model, unshaped and 100 Mbit/s, tau 16.
-    rows += block("small", 256, ["none", "100mbit"], [16], 1)
+    rows += block("small", 256, ["none", "100mbit"], [16], 1, headline=True)
     rows += block("small", 256, ["1gbit"], [16], 1)
     rows += block("small", 256, ["none", "100mbit", "1gbit"], [64], 1)
     for seed in (2, 3):
@@ -110,13 +117,18 @@ def grid(quick: bool) -> list:
     return ordered
 
 
-def co2_apply(system: str) -> dict:
-    """When co2's rows apply each update (co2.Optimizer's default for co2:
-    on arrival; diloco at the boundary): part of the row's settings, and so
-    of its cache key."""
+def co2_settings(system: str) -> dict:
+    """What of co2's rows' settings the harness chooses, part of their cache
+    key: when they apply each update (co2.Optimizer's default for co2: on
+    arrival; diloco at the boundary), and, where the parameters at a round's
+    end are not the anchor (carried progress), that the curve's point there
+    is the anchor's (worker.py)."""
     if not system.startswith("co2"):
         return {}
-    return {"co2_apply": "boundary" if system == "co2-diloco" else "arrival"}
+    out = {"co2_apply": "boundary" if system == "co2-diloco" else "arrival"}
+    if system.endswith("-carry"):
+        out["snapshot"] = "anchor"
+    return out
 
 
 def run_name(r: dict) -> str:
@@ -315,7 +327,7 @@ def cached(cache: str, r: dict):
 
 
 def sweep_row(system: str, lr: float) -> dict:
-    r = dict(SWEEP_AT, system=system, lr=lr, **co2_apply(system))
+    r = dict(SWEEP_AT, system=system, lr=lr, **co2_settings(system))
     r["name"] = f"{run_name(r)}-lr{lr:g}"
     return r
 

@@ -91,5 +91,15 @@ def test_the_grid_row_at_the_best_lr_is_the_sweep_run():
         assert run.cache_key(row) != run.cache_key(run.sweep_row(system, 2e-3))
 
 
+def test_co2s_extra_settings_run_in_the_headline_rows_only():
+    rows = run.grid(False)
+    for system in run.CO2_HEADLINE_ONLY:
+        names = {r["name"] for r in rows if r["system"] == system}
+        assert names == {f"small-{link}-tau16-seed1-{system}" for link in ("none", "100mbit")}
+    for system in ("co2", "co2-avg-carry", "co2-diloco"):
+        assert any(r["system"] == system and r["size"] == "medium" for r in rows), system
+        assert any(r["system"] == system and r["tau"] == 64 for r in rows), system
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

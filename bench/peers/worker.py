@@ -7,7 +7,12 @@ The clock runs from the moment every worker has joined its system (a
 TCPStore barrier on worker 0) to the end of the last step, or of co2's
 finish(). Worker 0 copies its parameters every eval_every steps (the copy
 pauses the clock, for milliseconds) and evaluates the copies after training,
-so no evaluation runs while a system exchanges in the background.
+so no evaluation runs while a system exchanges in the background. At a
+round's end the copy is the model the workers agree on: the synchronous
+systems' parameters after their exchange, and co2's anchor
+(co2.Optimizer.anchor()), which with carried progress is not the worker's
+parameters; between round ends it is worker 0's parameters for
+every system.
 The interface counters of the namespace's eth0 are read at the start and the
 end of the clock.
 """
@@ -29,12 +34,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import task  # noqa: E402
 
 SYSTEMS = ("local", "ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd",
-           "hivemind", "co2", "co2-eager", "co2-diloco", "co2-avg")
+           "hivemind", "co2", "co2-diloco", "co2-avg", "co2-carry", "co2-avg-carry")
 BARRIER_PORT = 29400
 DDP_PORT = 29500
 TORCHFT_STORE_PORT = 29600
 LIGHTHOUSE_PORT = 29510
 TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def unflatten(flat: torch.Tensor, like: list) -> list:
+    """`flat` (parameters in order, as co2 lays them out) as tensors shaped
+    like `like`."""
+    out, offset = [], 0
+    for t in like:
+        out.append(flat[offset:offset + t.numel()].view_as(t).to(t.dtype))
+        offset += t.numel()
+    return out
 
 
 def counters(dev: str = "eth0") -> dict:
@@ -171,13 +186,13 @@ def main() -> int:
     elif system.startswith("co2"):
         import co2
         extra = {}
-        if system == "co2-eager":
-            extra["eager_share"] = 1.0 / args.workers
         if system == "co2-diloco":
             extra["algo"] = "diloco"
-        if system == "co2-avg":
+        if system in ("co2-avg", "co2-avg-carry"):
             # LocalSGD's outer step (the plain average) on co2's overlapped exchange.
             extra["config"] = co2.JobConfig(alpha=1.0, beta=0.0)
+        if system.endswith("-carry"):
+            extra["carry_progress"] = True
         opt = co2.Optimizer(model.parameters(), inner, tau=tau, rounds=args.steps // tau,
                             aggregators=args.aggregators.split(","), job=args.job,
                             worker_id=f"worker-{args.rank}", samples_per_step=size.batch,
@@ -185,7 +200,11 @@ def main() -> int:
         opt.connect()
         notes["co2_settings"] = {k: str(v) for k, v in extra.items()}
         notes["co2_settings"]["apply"] = opt.apply
-        finish = opt.finish
+
+        def finish():
+            opt.finish()
+            # Per round, the inner steps done when its update was applied.
+            notes["applied_after_steps"] = opt.stats()["applied_after_steps"]
 
     for c in contexts:
         c.__enter__()
@@ -209,9 +228,11 @@ def main() -> int:
             # background exchange goes on, which favours the overlapping ones.
             now = time.perf_counter()
             clock += now - start
+            params = [p.detach().clone() for p in model.parameters()]
+            if system.startswith("co2") and (step + 1) % tau == 0:
+                params = unflatten(opt.anchor(), params)
             snapshots.append(({"step": step + 1, "samples": (step + 1) * samples_per_step,
-                               "wall_s": clock},
-                              [p.detach().clone() for p in model.parameters()]))
+                               "wall_s": clock}, params))
             start = time.perf_counter()
             eval_s += start - now
     for c in reversed(contexts):

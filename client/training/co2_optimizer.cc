@@ -133,6 +133,7 @@ absl::Status Co2Optimizer::Init() {
       eo.clock = options_.clock;
       eo.reconnect = options_.reconnect;
       eo.eager_share = options_.eager_share;
+      eo.carry_progress = options_.carry_progress;
       CO2_ASSIGN_OR_RETURN(
           exchange_,
           AnchorExchange::Create(eo, std::move(client_), HostParams()));
@@ -184,8 +185,9 @@ absl::Status Co2Optimizer::RestoreCheckpoint() {
     if (!c.residual.empty()) {
       CO2_RETURN_IF_ERROR(exchange_->RestoreResidual(c.residual));
     }
-    if (!c.eager_offset.empty()) {
-      CO2_RETURN_IF_ERROR(exchange_->RestoreEager(c.eager_offset, c.eager_last));
+    if (!c.start_offset.empty()) {
+      CO2_RETURN_IF_ERROR(
+          exchange_->RestoreStartOffset(c.start_offset, c.last_delta));
     }
     try {
       SetParams(c.params);
@@ -235,10 +237,10 @@ absl::Status Co2Optimizer::SaveCheckpoint(RoundStats& stats) {
   c.anchor = exchange_->anchor();
   const absl::Span<const float> residual = exchange_->residual();
   c.residual.assign(residual.begin(), residual.end());
-  const absl::Span<const float> offset = exchange_->eager_offset();
-  c.eager_offset.assign(offset.begin(), offset.end());
+  const absl::Span<const float> offset = exchange_->start_offset();
+  c.start_offset.assign(offset.begin(), offset.end());
   const absl::Span<const float> last = exchange_->last_delta();
-  c.eager_last.assign(last.begin(), last.end());
+  c.last_delta.assign(last.begin(), last.end());
   return options_.save_checkpoint(c);
 }
 
@@ -516,7 +518,7 @@ MemoryReport Co2Optimizer::Memory() const {
   report.grads = p * sizeof(float);
   if (exchange_ != nullptr) {
     report.anchor = (exchange_->anchor().size() +
-                     exchange_->eager_offset().size() +
+                     exchange_->start_offset().size() +
                      exchange_->last_delta().size()) *
                     sizeof(float);
   }
@@ -537,7 +539,9 @@ MemoryReport Co2Optimizer::Memory() const {
 }
 
 absl::StatusOr<uint64_t> Co2Optimizer::BoundaryHash() {
-  if (options_.eager_share == 0) return ParamsHash();
+  if (options_.eager_share == 0 && !options_.carry_progress) {
+    return ParamsHash();
+  }
   uint64_t hash = exchange_ != nullptr
                       ? common::Fnv1a(absl::MakeConstSpan(exchange_->anchor()))
                       : 0;

@@ -63,8 +63,10 @@ struct WorkerCheckpoint {
   std::vector<float> params;        // x after the round's steps
   std::vector<float> anchor;        // A_round
   std::vector<float> residual;      // the uplink's; empty for fp32
-  std::vector<float> eager_offset;  // eager updates' state; empty when off
-  std::vector<float> eager_last;
+  // The start point's state (AnchorExchange::start_offset, last_delta):
+  // empty when eager updates and carried progress are off.
+  std::vector<float> start_offset;
+  std::vector<float> last_delta;
 };
 
 struct Co2OptimizerOptions {
@@ -105,6 +107,11 @@ struct Co2OptimizerOptions {
   // client/anchor_exchange.h): this worker's share of a round's mean, e.g.
   // 1/M for M workers; 0: off.
   double eager_share = 0;
+  // Carried progress (co2 only, not with eager updates;
+  // AnchorExchangeOptions::carry_progress): until a round's update is
+  // applied, the next round runs from where this worker's own Δ would take
+  // the anchor.
+  bool carry_progress = false;
   // co2 only: when the update a round owes is applied (client/algo.h;
   // co2-train and the Python package pick DefaultApplyAt: kArrival unless
   // the job is deterministic). With kArrival the local leader tests for it
@@ -125,7 +132,7 @@ struct Co2OptimizerOptions {
   // Resumes from a WorkerCheckpoint (borrowed until Create returns; on every
   // local rank, which share the leader's inner optimizer state): the leader's
   // client joined with resume_round = resume->round and the saved anchor.
-  // Create restores x, the residual and the eager state and completes the
+  // Create restores x, the residual and the start offset and completes the
   // boundary the checkpoint was taken at; round() is the next one.
   const WorkerCheckpoint* resume = nullptr;
   common::Clock* clock = common::Clock::Real();  // borrowed
@@ -153,8 +160,8 @@ struct RoundStats {
   const char* heal_reason = nullptr;
   absl::Duration heal_time;
   // After the boundary, if hash_params: of the live parameters, or with
-  // eager updates of the anchor (what every rank shares: each worker's
-  // parameters are the anchor plus its own eager offset).
+  // eager updates or carried progress of the anchor (what every rank
+  // shares: each worker's parameters are the anchor plus its own offset).
   uint64_t params_hash = 0;
 };
 
@@ -163,7 +170,7 @@ struct MemoryReport {
   size_t params = 0;           // live parameters (flat)
   size_t grads = 0;            // gradients (flat)
   // Anchor copy (leader of the aggregator algorithms); with eager updates
-  // also their offset and last Δ.
+  // also their offset and last Δ, with carried progress the offset.
   size_t anchor = 0;
   size_t staging = 0;          // host staging for device parameters
   size_t optimizer_state = 0;  // inner optimizer state tensors

@@ -112,6 +112,12 @@ class Optimizer(torch.optim.Optimizer):
             share of a round's mean, 1/M for M workers of equal weight; each
             round then starts from the anchor plus the eager update of this
             worker's own latest Δ. 0 (the default): off.
+        carry_progress: co2 only, not with ``eager_share``: until the
+            update made from a round's mean is applied, the next round runs
+            from where this worker's own Δ of that round would take the
+            anchor, instead of from the anchor, which lacks every worker's
+            last round (docs/algorithm.md, "Carried progress"). False (the
+            default): off.
         apply: co2 only: when the update a round owes is applied.
             ``"arrival"``: after the inner step it has arrived by (local
             rank 0 tests for it after every step and, with several ranks,
@@ -153,6 +159,7 @@ class Optimizer(torch.optim.Optimizer):
         update_timeout: float = 300.0,
         verify_final_anchor: bool = True,
         eager_share: float = 0.0,
+        carry_progress: bool = False,
         apply: Optional[str] = None,
     ) -> None:
         # ValueError for an algorithm the C++ side does not run with shards.
@@ -221,7 +228,7 @@ class Optimizer(torch.optim.Optimizer):
             samples_per_step=float(samples_per_step), ca_file=ca_file, cert_file=cert_file,
             key_file=key_file, token_file=token_file, rejoin=rejoin,
             connect_timeout=float(connect_timeout), update_timeout=float(update_timeout),
-            eager_share=float(eager_share))
+            eager_share=float(eager_share), carry_progress=bool(carry_progress))
         self._exchange: Optional[Any] = None
         self._final_stats: Dict[str, Any] = {}
         self._connected = False
@@ -261,11 +268,14 @@ class Optimizer(torch.optim.Optimizer):
                 if residual is not None:
                     residual = residual.contiguous()
                     self._exchange.restore_residual(residual.data_ptr(), residual.numel())
-                eager = self._resume.get("eager") if self._resume else None
-                if eager is not None:
-                    offset, last = (t.contiguous() for t in eager)
-                    self._exchange.restore_eager(offset.data_ptr(), last.data_ptr(),
-                                                 offset.numel())
+                start = self._resume.get("start_offset") if self._resume else None
+                if start is not None:
+                    offset, last = start
+                    offset = offset.contiguous()
+                    last = last.contiguous() if last is not None else None
+                    self._exchange.restore_start_offset(
+                        offset.data_ptr(), last.data_ptr() if last is not None else 0,
+                        offset.numel())
                     self._host.buffer.add_(offset)  # the round starts at A + e
                 self._host.scatter()
             start_round = self._broadcast_start(start_round)
@@ -396,7 +406,8 @@ class Optimizer(torch.optim.Optimizer):
         """What this worker needs to resume after preemption: the inner
         optimizer's state, the round, the anchor the round starts from, a
         lossy uplink codec's error-feedback residual, and with eager updates
-        their offset and last Δ.
+        or carried progress the round's start offset (eager updates: and
+        their last Δ).
 
         Call it at a round boundary (after the step that ended a round).
         With co2, local rank 0 first waits for the update of the round it
@@ -433,18 +444,19 @@ class Optimizer(torch.optim.Optimizer):
             residual = torch.empty(self._host.numel, dtype=torch.float32)
             if self._exchange.copy_residual(residual.data_ptr(), residual.numel()) == 0:
                 residual = None  # a fp32 uplink keeps none
-            eager = (torch.empty(self._host.numel, dtype=torch.float32),
-                     torch.empty(self._host.numel, dtype=torch.float32))
-            if not self._exchange.copy_eager(eager[0].data_ptr(), eager[1].data_ptr(),
-                                             self._host.numel):
-                eager = None  # eager updates are off
+            offset = torch.empty(self._host.numel, dtype=torch.float32)
+            last = torch.empty(self._host.numel, dtype=torch.float32)
+            filled = self._exchange.copy_start_offset(offset.data_ptr(), last.data_ptr(),
+                                                      self._host.numel)
+            # 0: eager updates and carried progress are off; 1: no last Δ.
+            start = None if filled == 0 else (offset, last if filled == 2 else None)
         else:
-            residual = eager = None
+            residual = start = None
         return {
             "inner": self._inner.state_dict(),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
                     "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
-                    "residual": residual, "eager": eager, "finished": False},
+                    "residual": residual, "start_offset": start, "finished": False},
         }
 
     def _final_state(self) -> Dict[str, Any]:
@@ -455,7 +467,7 @@ class Optimizer(torch.optim.Optimizer):
             "inner": self._inner.state_dict(),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
                     "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
-                    "residual": None, "eager": None, "finished": True},
+                    "residual": None, "start_offset": None, "finished": True},
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -500,6 +512,25 @@ class Optimizer(torch.optim.Optimizer):
     def anchor_round(self) -> int:
         """The round of the anchor the parameters were last set to."""
         return self._anchor_round
+
+    def anchor(self) -> Optional[torch.Tensor]:
+        """A float32 CPU copy of the anchor as this worker holds it now (the
+        last update it applied included), flat in parameter order: the model
+        every worker and shard agree on. With eager updates or carried
+        progress each worker's parameters are its own offset from it, so
+        this is the model to evaluate or save mid-training. After
+        ``finish()``: the final anchor (the parameters). On local rank 0;
+        None on the other ranks and before the first ``step()`` or
+        ``connect()``."""
+        if self._finished:
+            if not self.is_leader:
+                return None
+            return self._host.flat.detach().to(device="cpu", dtype=torch.float32, copy=True)
+        if self._exchange is None:
+            return None
+        out = torch.empty(self._host.numel, dtype=torch.float32)
+        self._exchange.copy_anchor(out.data_ptr(), out.numel())
+        return out
 
     @property
     def exposed_comm_seconds(self) -> float:

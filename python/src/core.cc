@@ -251,8 +251,8 @@ class Exchange {
            const std::string& cert_file, const std::string& key_file,
            const std::string& token_file, bool rejoin,
            std::optional<uint64_t> resume_round, double connect_timeout,
-           double update_timeout, double eager_share, uintptr_t x,
-           size_t numel) {
+           double update_timeout, double eager_share, bool carry_progress,
+           uintptr_t x, size_t numel) {
     client::ClientOptions co;
     co.addresses = std::move(addresses);
     co.job = std::move(job);
@@ -286,6 +286,7 @@ class Exchange {
     eo.uplink_codec = *uplink;
     eo.check_interrupt = CheckSignals;
     eo.eager_share = eager_share;
+    eo.carry_progress = carry_progress;
 
     // Connect runs on its own thread with a copy of x, so that Ctrl-C can
     // leave it (the thread finishes on its own, within connect_timeout).
@@ -388,24 +389,32 @@ class Exchange {
     return residual.size();
   }
 
-  // Copies e and the last Δ of eager updates (numel each) and returns true,
-  // or false when eager updates are off.
-  bool CopyEager(uintptr_t offset, uintptr_t last_delta, size_t numel) const {
-    const absl::Span<const float> e = exchange_->eager_offset();
-    if (e.empty()) return false;
+  // Copies the start point's state (AnchorExchange::start_offset and
+  // last_delta, numel each) and returns how many buffers it filled: 0 with
+  // eager updates and carried progress off, 1 (e only) with carried
+  // progress, 2 with eager updates.
+  int CopyStartOffset(uintptr_t offset, uintptr_t last_delta,
+                      size_t numel) const {
+    const absl::Span<const float> e = exchange_->start_offset();
+    if (e.empty()) return 0;
     if (numel != e.size()) {
-      throw py::value_error(absl::StrCat("copy_eager: ", numel,
+      throw py::value_error(absl::StrCat("copy_start_offset: ", numel,
                                          " elements, the job has ", e.size()));
     }
     std::copy(e.begin(), e.end(), Buffer(offset, numel).begin());
     const absl::Span<const float> last = exchange_->last_delta();
+    if (last.empty()) return 1;
     std::copy(last.begin(), last.end(), Buffer(last_delta, numel).begin());
-    return true;
+    return 2;
   }
 
-  void RestoreEager(uintptr_t offset, uintptr_t last_delta, size_t numel) {
-    absl::Status status = exchange_->RestoreEager(Buffer(offset, numel),
-                                                  Buffer(last_delta, numel));
+  // last_delta 0: none (carried progress keeps none).
+  void RestoreStartOffset(uintptr_t offset, uintptr_t last_delta,
+                          size_t numel) {
+    absl::Status status = exchange_->RestoreStartOffset(
+        Buffer(offset, numel),
+        last_delta == 0 ? absl::Span<const float>()
+                        : absl::Span<const float>(Buffer(last_delta, numel)));
     if (!status.ok()) throw py::value_error(std::string(status.message()));
   }
 
@@ -515,14 +524,15 @@ PYBIND11_MODULE(_core, m) {
                     const py::dict&, const std::string&, uint64_t, double,
                     const std::string&, const std::string&, const std::string&,
                     const std::string&, bool, std::optional<uint64_t>, double,
-                    double, double, uintptr_t, size_t>(),
+                    double, double, bool, uintptr_t, size_t>(),
            py::arg("addresses"), py::arg("job"), py::arg("worker_id"),
            py::arg("config"), py::arg("uplink_codec"), py::arg("rounds"),
            py::arg("samples_per_step"), py::arg("ca_file"),
            py::arg("cert_file"), py::arg("key_file"), py::arg("token_file"),
            py::arg("rejoin"), py::arg("resume_round"),
            py::arg("connect_timeout"), py::arg("update_timeout"),
-           py::arg("eager_share"), py::arg("x"), py::arg("numel"))
+           py::arg("eager_share"), py::arg("carry_progress"), py::arg("x"),
+           py::arg("numel"))
       .def_property_readonly("start_round", &Exchange::start_round)
       .def_property_readonly("staleness", &Exchange::staleness)
       .def_property_readonly("job_config", &Exchange::job_config)
@@ -540,10 +550,10 @@ PYBIND11_MODULE(_core, m) {
            py::arg("numel"))
       .def("copy_residual", &Exchange::CopyResidual, py::arg("out"),
            py::arg("numel"))
-      .def("copy_eager", &Exchange::CopyEager, py::arg("offset"),
+      .def("copy_start_offset", &Exchange::CopyStartOffset, py::arg("offset"),
            py::arg("last_delta"), py::arg("numel"))
-      .def("restore_eager", &Exchange::RestoreEager, py::arg("offset"),
-           py::arg("last_delta"), py::arg("numel"))
+      .def("restore_start_offset", &Exchange::RestoreStartOffset,
+           py::arg("offset"), py::arg("last_delta"), py::arg("numel"))
       .def("restore_residual", &Exchange::RestoreResidual, py::arg("data"),
            py::arg("numel"))
       .def("stats", &Exchange::Stats);

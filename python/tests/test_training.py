@@ -83,6 +83,47 @@ def test_an_update_that_arrived_is_applied_after_the_next_step():
         assert opt.stats()["applied_after_steps"] == [0, 1, 1, 1, 1]
 
 
+def test_carried_progress_stands_in_for_the_mean_until_it_arrives():
+    lr, alpha = 0.05, 0.5
+    with co2.local_aggregator() as agg:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
+                                    torch.nn.Linear(16, 1))
+        inner = torch.optim.SGD(model.parameters(), lr=lr)
+        opt = co2.Optimizer(model.parameters(), inner, tau=4, rounds=5,
+                            aggregators=agg.addresses, job="carry", apply="arrival",
+                            config=co2.JobConfig(alpha=alpha), carry_progress=True)
+        assert opt.anchor() is None  # not joined yet
+        x, y = torch.randn(64, 8), torch.randn(64, 1)
+        flat = lambda ts: torch.cat([t.detach().reshape(-1) for t in ts])  # noqa: E731
+        start = None
+        for step in range(20):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            grad = flat(p.grad for p in model.parameters())
+            before = flat(model.parameters())
+            if step % 4 == 0 and step > 0:
+                # The round starts off the anchor, by the stand-in e; the update
+                # is here before the round's first step, which drops e.
+                opt._exchange.await_update(opt.round - 1)
+                assert (before - opt.anchor()).abs().max() > 1e-4, "no stand-in was carried"
+            opt.step()
+            if step % 4 == 0:
+                assert torch.allclose(flat(model.parameters()), opt.anchor() - lr * grad,
+                                      rtol=0, atol=1e-6), "the stand-in was not dropped"
+                start = opt.anchor()
+            if step % 4 == 3:
+                # x = A + e, e = −α·Δ: α of the way from the anchor to where
+                # this worker's own round ended.
+                end = before - lr * grad
+                carried = opt.anchor() - alpha * (start - end)
+                assert torch.allclose(flat(model.parameters()), carried, rtol=0, atol=1e-6), \
+                    "the next round does not start from the worker's own step"
+        opt.finish()
+        assert torch.equal(opt.anchor(), flat(model.parameters()))
+        assert opt.stats()["applied_after_steps"] == [0, 1, 1, 1, 1]
+
+
 def _run_together(agg, job, n, *extra):
     """n workers of one job, all members before any round closes."""
     procs = workers(agg, job, n, "--wait_for_go", *extra)
@@ -118,13 +159,16 @@ def test_a_worker_that_leaves_is_waited_for_no_longer():
     assert out[2]["digest"] != out[0]["digest"]
 
 
-@pytest.mark.parametrize("codec,eager_share", [("fp32", 0.0), ("int8", 0.0), ("fp32", 0.5)])
-def test_a_job_stopped_at_round_10_and_resumed_ends_bit_identical(tmp_path, codec, eager_share):
+@pytest.mark.parametrize("codec,start", [("fp32", []), ("int8", []),
+                                         ("fp32", ["--eager_share", "0.5"]),
+                                         ("fp32", ["--carry_progress"])])
+def test_a_job_stopped_at_round_10_and_resumed_ends_bit_identical(tmp_path, codec, start):
     # int8: the error-feedback residual is part of the saved state; with
-    # eager updates, their offset and last delta are. At the boundary: the
-    # step an update is applied at on arrival depends on when it arrives.
-    common = ["--rounds", "20", "--tau", "4", "--uplink_codec", codec,
-              "--eager_share", str(eager_share), "--apply", "boundary"]
+    # eager updates, their offset and last delta are, with carried progress
+    # the offset. At the boundary: the step an update is applied at on
+    # arrival depends on when it arrives.
+    common = ["--rounds", "20", "--tau", "4", "--uplink_codec", codec, *start,
+              "--apply", "boundary"]
     with co2.local_aggregator(num_shards=2) as agg:
         whole = _run_together(agg, "whole", 2, *common)
     state = str(tmp_path / "w{worker}.pt")

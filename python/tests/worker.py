@@ -73,6 +73,7 @@ def main() -> int:
     ap.add_argument("--update_timeout", type=float, default=60.0)
     ap.add_argument("--uplink_codec", default="fp32")
     ap.add_argument("--eager_share", type=float, default=0.0)
+    ap.add_argument("--carry_progress", action="store_true")
     ap.add_argument("--apply", default=None)
     ap.add_argument("--stop_after_rounds", type=int, default=0,
                     help="save the optimizer's state_dict to --state after this many "
@@ -106,7 +107,7 @@ def main() -> int:
                             algo=args.algo, worker_id=f"worker-{args.worker}",
                             samples_per_step=args.batch, update_timeout=args.update_timeout,
                             uplink_codec=args.uplink_codec, eager_share=args.eager_share,
-                            apply=args.apply)
+                            carry_progress=args.carry_progress, apply=args.apply)
         if args.resume:
             opt.load_state_dict(torch.load(args.resume))
         opt.connect()

@@ -98,10 +98,9 @@ def repeats_summary(table: list) -> list:
     out = []
     for (size, link, tau, seed, system, lr), rows in groups.items():
         entry = {"size": size, "link": link, "tau": tau, "seed": seed, "system": system,
-                 "lr": lr, "repeats": len(rows), "final_val_loss": statistics.median(
-                     r["final_val_loss"] for r in rows),
+                 "lr": lr, "repeats": len(rows),
                  "wire_bytes_per_worker": statistics.median(r["wire_bytes_per_worker"] for r in rows)}
-        for k in ("time_to_target_s", "wall_s", "exposed_share"):
+        for k in ("final_val_loss", "time_to_target_s", "wall_s", "exposed_share"):
             vals = [r.get(k) for r in rows]
             if any(v is None for v in vals):
                 entry[k] = None
@@ -200,17 +199,21 @@ def markdown(result: dict) -> str:
         text = f"{v['median']:.1f}{unit}"
         return text if v["min"] == v["max"] else f"{text} [{v['min']:.1f}–{v['max']:.1f}]"
 
+    def loss(v):
+        text = f"{v['median']:.4f}"
+        return text if v["min"] == v["max"] else f"{text} [{v['min']:.4f}–{v['max']:.4f}]"
+
     def share(v):
         text = f"{v['median']:.2f}"
         return text if v["min"] == v["max"] else f"{text} [{v['min']:.2f}–{v['max']:.2f}]"
 
-    lines = ["| link | τ | system | inner lr | runs | time to target (s) | final val loss | "
-             "wall (s) | exposed | MB/worker |", "|" + "---|" * 10]
+    lines = ["| model | link | τ | system | inner lr | runs | time to target (s) | "
+             "final val loss | wall (s) | exposed | MB/worker |", "|" + "---|" * 11]
     for e in result["repeats_summary"]:
-        lines.append(f"| {e['link']} | {e['tau']} | {e['system']} | {e['lr']:g} | {e['repeats']} | "
-                     f"{span(e['time_to_target_s'])} | {e['final_val_loss']:.4f} | "
-                     f"{span(e['wall_s'])} | {share(e['exposed_share'])} | "
-                     f"{e['wire_bytes_per_worker'] / 1e6:.0f} |")
+        lines.append(f"| {e['size']} | {e['link']} | {e['tau']} | {e['system']} | {e['lr']:g} | "
+                     f"{e['repeats']} | {span(e['time_to_target_s'])} | "
+                     f"{loss(e['final_val_loss'])} | {span(e['wall_s'])} | "
+                     f"{share(e['exposed_share'])} | {e['wire_bytes_per_worker'] / 1e6:.0f} |")
     return "\n".join(lines)
 
 

@@ -48,16 +48,21 @@ def test_workers_applying_on_arrival_end_on_the_shards_anchor():
     assert out[0]["digest"] == out[1]["digest"]
 
 
+def _arrival_job(agg, job, lr, **kw):
+    """A small MLP whose co2.Optimizer (SGD at lr, 5 rounds of 4 steps)
+    applies on arrival; with its data."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    inner = torch.optim.SGD(model.parameters(), lr=lr)
+    opt = co2.Optimizer(model.parameters(), inner, tau=4, rounds=5, aggregators=agg.addresses,
+                        job=job, apply="arrival", **kw)
+    return model, opt, torch.randn(64, 8), torch.randn(64, 1)
+
+
 def test_an_update_that_arrived_is_applied_after_the_next_step():
     lr = 0.05
     with co2.local_aggregator() as agg:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
-                                    torch.nn.Linear(16, 1))
-        inner = torch.optim.SGD(model.parameters(), lr=lr)
-        opt = co2.Optimizer(model.parameters(), inner, tau=4, rounds=5,
-                            aggregators=agg.addresses, job="mid-round", apply="arrival")
-        x, y = torch.randn(64, 8), torch.randn(64, 1)
+        model, opt, x, y = _arrival_job(agg, "mid-round", lr)
         flat = lambda ts: torch.cat([t.detach().reshape(-1) for t in ts])  # noqa: E731
         for step in range(20):
             opt.zero_grad()
@@ -86,15 +91,9 @@ def test_an_update_that_arrived_is_applied_after_the_next_step():
 def test_carried_progress_stands_in_for_the_mean_until_it_arrives():
     lr, alpha = 0.05, 0.5
     with co2.local_aggregator() as agg:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(),
-                                    torch.nn.Linear(16, 1))
-        inner = torch.optim.SGD(model.parameters(), lr=lr)
-        opt = co2.Optimizer(model.parameters(), inner, tau=4, rounds=5,
-                            aggregators=agg.addresses, job="carry", apply="arrival",
-                            config=co2.JobConfig(alpha=alpha), carry_progress=True)
+        model, opt, x, y = _arrival_job(agg, "carry", lr, config=co2.JobConfig(alpha=alpha),
+                                        carry_progress=True)
         assert opt.anchor() is None  # not joined yet
-        x, y = torch.randn(64, 8), torch.randn(64, 1)
         flat = lambda ts: torch.cat([t.detach().reshape(-1) for t in ts])  # noqa: E731
         start = None
         for step in range(20):

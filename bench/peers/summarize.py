@@ -193,27 +193,22 @@ def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
 def markdown(result: dict) -> str:
     """docs/results.md's table: per row, the median over its repeats and,
     where there are several, [min–max]."""
-    def span(v, unit=""):
-        if v is None:
-            return "not reached"
-        text = f"{v['median']:.1f}{unit}"
-        return text if v["min"] == v["max"] else f"{text} [{v['min']:.1f}–{v['max']:.1f}]"
+    def spread(v, digits):
+        text = f"{v['median']:.{digits}f}"
+        if v["min"] == v["max"]:
+            return text
+        return f"{text} [{v['min']:.{digits}f}–{v['max']:.{digits}f}]"
 
-    def loss(v):
-        text = f"{v['median']:.4f}"
-        return text if v["min"] == v["max"] else f"{text} [{v['min']:.4f}–{v['max']:.4f}]"
-
-    def share(v):
-        text = f"{v['median']:.2f}"
-        return text if v["min"] == v["max"] else f"{text} [{v['min']:.2f}–{v['max']:.2f}]"
+    def to_target(v):
+        return "not reached" if v is None else spread(v, 1)
 
     lines = ["| model | link | τ | system | inner lr | runs | time to target (s) | "
              "final val loss | wall (s) | exposed | MB/worker |", "|" + "---|" * 11]
     for e in result["repeats_summary"]:
         lines.append(f"| {e['size']} | {e['link']} | {e['tau']} | {e['system']} | {e['lr']:g} | "
-                     f"{e['repeats']} | {span(e['time_to_target_s'])} | "
-                     f"{loss(e['final_val_loss'])} | {span(e['wall_s'])} | "
-                     f"{share(e['exposed_share'])} | {e['wire_bytes_per_worker'] / 1e6:.0f} |")
+                     f"{e['repeats']} | {to_target(e['time_to_target_s'])} | "
+                     f"{spread(e['final_val_loss'], 4)} | {spread(e['wall_s'], 1)} | "
+                     f"{spread(e['exposed_share'], 2)} | {e['wire_bytes_per_worker'] / 1e6:.0f} |")
     return "\n".join(lines)
 
 

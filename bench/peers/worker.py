@@ -45,11 +45,8 @@ TIMEOUT = datetime.timedelta(seconds=120)
 def unflatten(flat: torch.Tensor, like: list) -> list:
     """`flat` (parameters in order, as co2 lays them out) as tensors shaped
     like `like`."""
-    out, offset = [], 0
-    for t in like:
-        out.append(flat[offset:offset + t.numel()].view_as(t).to(t.dtype))
-        offset += t.numel()
-    return out
+    parts = flat.split([t.numel() for t in like])
+    return [part.view_as(t).to(t.dtype) for part, t in zip(parts, like)]
 
 
 def counters(dev: str = "eth0") -> dict:
@@ -228,9 +225,10 @@ def main() -> int:
             # background exchange goes on, which favours the overlapping ones.
             now = time.perf_counter()
             clock += now - start
-            params = [p.detach().clone() for p in model.parameters()]
             if system.startswith("co2") and (step + 1) % tau == 0:
-                params = unflatten(opt.anchor(), params)
+                params = unflatten(opt.anchor(), list(model.parameters()))
+            else:
+                params = [p.detach().clone() for p in model.parameters()]
             snapshots.append(({"step": step + 1, "samples": (step + 1) * samples_per_step,
                                "wall_s": clock}, params))
             start = time.perf_counter()

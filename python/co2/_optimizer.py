@@ -460,13 +460,10 @@ class Optimizer(torch.optim.Optimizer):
         }
 
     def _final_state(self) -> Dict[str, Any]:
-        anchor = None
-        if self.is_leader:
-            anchor = self._host.flat.detach().to(device="cpu", dtype=torch.float32, copy=True)
         return {
             "inner": self._inner.state_dict(),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
-                    "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
+                    "rounds": self.rounds, "algo": self.algo, "anchor": self.anchor(),
                     "residual": None, "start_offset": None, "finished": True},
         }
 

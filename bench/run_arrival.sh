@@ -18,7 +18,9 @@
 # ALPHA (co2's outer learning rate, 0.9: the convergence study's best at
 # τ = 48), VARIANTS ("diloco co2-boundary co2-arrival"; also co2-default,
 # co2-train's defaults for co2 with no outer flags, and co2-aX, those with
-# --alpha=X), NICE (-10), KEEP=1 keeps the scratch directory. Runs already in
+# --alpha=X; localsgd, Local-SGD's blocking average; co2-avg-carry, the plain
+# average with carried progress: --alpha=1 --beta=0 --carry_progress
+# --eager=false), NICE (-10), KEEP=1 keeps the scratch directory. Runs already in
 # OUT are kept (the study resumes), unless RERUN=1.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -85,6 +87,8 @@ for rate in $rates; do
       for variant in $variants; do
         case $variant in
           diloco) flags=(--algo=diloco) ;;
+          localsgd) flags=(--algo=localsgd) ;;
+          co2-avg-carry) flags=(--algo=co2 --alpha=1 --beta=0 --carry_progress --eager=false) ;;
           co2-default) flags=(--algo=co2) ;;
           co2-a*) flags=(--algo=co2 --alpha="${variant#co2-a}") ;;
           co2-boundary) flags=(--algo=co2 --alpha="$alpha" --apply=boundary) ;;

@@ -86,7 +86,9 @@ def table(data):
             return f"{m:.{digits}f}"
         return f"{m:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
 
-    order = {"diloco": 0, "co2-boundary": 1, "co2-arrival": 2, "co2-default": 3}
+    order = {"diloco": 0, "localsgd": 1, "co2-boundary": 2, "co2-arrival": 3,
+             "co2-default": 4, "co2-avg-carry": 5}
+    blocking = ("diloco", "localsgd")
     for (task, rate, tau, variant), runs in sorted(
             groups.items(),
             key=lambda g: (g[0][0], g[0][1], int(g[0][2][3:]), order.get(g[0][3], 9))):
@@ -95,7 +97,7 @@ def table(data):
         else:
             acc = spread([r["value"] for r in runs], 1, 3) + " loss"
         exp = spread([r["exposed_fraction"] for r in runs], 100, 1) + " %"
-        early = "" if variant == "diloco" else spread(
+        early = "" if variant in blocking else spread(
             [r["applied_early_fraction"] for r in runs], 100, 0) + " %"
         meds = [r["applied_after_steps_median"] for r in runs
                 if r["applied_after_steps_median"] is not None]

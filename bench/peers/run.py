@@ -108,6 +108,9 @@ def grid(quick: bool) -> list:
     for seed in (2, 3):
         rows += block("small", 256, ["none", "100mbit"], [16], seed)
     rows += block("medium", 128, ["none", "100mbit", "1gbit"], [16], 1)
+    # tau 8 on the 25M model: twice the rounds, where a blocking exchange
+    # costs LocalSGD most and co2 still hides its own.
+    rows += block("medium", 128, ["100mbit"], [8], 1)
     seen, ordered = set(), []
     for r in rows:
         r["name"] = run_name(r)
@@ -117,17 +120,17 @@ def grid(quick: bool) -> list:
     return ordered
 
 
-def co2_settings(system: str) -> dict:
+def co2_settings(system: str, curve: bool = True) -> dict:
     """What of co2's rows' settings the harness chooses, part of their cache
     key: when they apply each update (co2.Optimizer's default for co2: on
-    arrival; diloco at the boundary), and, where the parameters at a round's
-    end are not the anchor (carried progress), that the curve's point there
-    is the anchor's (worker.py)."""
+    arrival; diloco at the boundary), and, with `curve`, that the curve's
+    points at round ends are the anchor at the step it took in the round's
+    update (worker.py)."""
     if not system.startswith("co2"):
         return {}
     out = {"co2_apply": "boundary" if system == "co2-diloco" else "arrival"}
-    if system.endswith("-carry"):
-        out["snapshot"] = "anchor"
+    if curve:
+        out["snapshot"] = "applied"
     return out
 
 
@@ -327,7 +330,8 @@ def cached(cache: str, r: dict):
 
 
 def sweep_row(system: str, lr: float) -> dict:
-    r = dict(SWEEP_AT, system=system, lr=lr, **co2_settings(system))
+    """The sweep reads only the final loss: its rows carry no curve setting."""
+    r = dict(SWEEP_AT, system=system, lr=lr, **co2_settings(system, curve=False))
     r["name"] = f"{run_name(r)}-lr{lr:g}"
     return r
 

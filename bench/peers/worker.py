@@ -9,10 +9,13 @@ finish(). Worker 0 copies its parameters every eval_every steps (the copy
 pauses the clock, for milliseconds) and evaluates the copies after training,
 so no evaluation runs while a system exchanges in the background. At a
 round's end the copy is the model the workers agree on: the synchronous
-systems' parameters after their exchange, and co2's anchor
-(co2.Optimizer.anchor()), which with carried progress is not the worker's
-parameters; between round ends it is worker 0's parameters for
-every system.
+systems' parameters after their exchange. co2's agreed model, its anchor
+(co2.Optimizer.anchor(); with eager updates or carried progress not the
+worker's parameters), takes in a round's update later, when the update
+arrives: co2's copy is the anchor at the step it took in the update of a
+round ending at a multiple of eval_every steps, labelled with that round's
+end (the samples it holds) and timed when it was taken. Between round ends
+the copy is worker 0's parameters for every system.
 The interface counters of the namespace's eth0 are read at the start and the
 end of the clock.
 """
@@ -207,6 +210,7 @@ def main() -> int:
         c.__enter__()
     barrier(args)
     snapshots = []
+    anchor_held = 0
     clock = 0.0
     step_s = 0.0
     eval_s = 0.0
@@ -219,17 +223,31 @@ def main() -> int:
         t = time.perf_counter()
         opt.step()
         step_s += time.perf_counter() - t
-        if (step + 1) % args.eval_every == 0 and step + 1 < args.steps and args.rank == 0:
-            # A copy of the parameters now, evaluated after training: an
-            # evaluation in the loop would pause the clock while a system's
-            # background exchange goes on, which favours the overlapping ones.
+        if args.rank != 0:
+            continue
+        # A copy of the model now, evaluated after training: an evaluation
+        # in the loop would pause the clock while a system's background
+        # exchange goes on, which favours the overlapping ones.
+        point, of_anchor = None, False
+        if system.startswith("co2"):
+            # co2's anchor when it has just taken in a round's update, labelled
+            # with the steps of the rounds it holds.
+            held = (opt.anchor_round - opt.config.max_staleness) * tau
+            if held > anchor_held:
+                anchor_held = held
+                if held % args.eval_every == 0 and held < args.steps:
+                    point, of_anchor = held, True
+        if ((step + 1) % args.eval_every == 0 and step + 1 < args.steps
+                and not (system.startswith("co2") and (step + 1) % tau == 0)):
+            point, of_anchor = step + 1, False
+        if point is not None:
             now = time.perf_counter()
             clock += now - start
-            if system.startswith("co2") and (step + 1) % tau == 0:
+            if of_anchor:
                 params = unflatten(opt.anchor(), list(model.parameters()))
             else:
                 params = [p.detach().clone() for p in model.parameters()]
-            snapshots.append(({"step": step + 1, "samples": (step + 1) * samples_per_step,
+            snapshots.append(({"step": point, "samples": point * samples_per_step,
                                "wall_s": clock}, params))
             start = time.perf_counter()
             eval_s += start - now

@@ -445,9 +445,11 @@ class Optimizer(torch.optim.Optimizer):
             if self._exchange.copy_residual(residual.data_ptr(), residual.numel()) == 0:
                 residual = None  # a fp32 uplink keeps none
             offset = torch.empty(self._host.numel, dtype=torch.float32)
-            last = torch.empty(self._host.numel, dtype=torch.float32)
-            filled = self._exchange.copy_start_offset(offset.data_ptr(), last.data_ptr(),
-                                                      self._host.numel)
+            # Carried progress keeps no last Δ.
+            last = (None if self._join["carry_progress"]
+                    else torch.empty(self._host.numel, dtype=torch.float32))
+            filled = self._exchange.copy_start_offset(
+                offset.data_ptr(), 0 if last is None else last.data_ptr(), self._host.numel)
             # 0: eager updates and carried progress are off; 1: no last Δ.
             start = None if filled == 0 else (offset, last if filled == 2 else None)
         else:
@@ -507,7 +509,10 @@ class Optimizer(torch.optim.Optimizer):
 
     @property
     def anchor_round(self) -> int:
-        """The round of the anchor the parameters were last set to."""
+        """The round of the anchor the parameters were last set to: the
+        anchor that starts that round, which holds the outer updates of the
+        first ``anchor_round - config.max_staleness`` rounds. An update
+        applied on arrival sets it as the round's boundary would."""
         return self._anchor_round
 
     def anchor(self) -> Optional[torch.Tensor]:
@@ -607,6 +612,8 @@ class Optimizer(torch.optim.Optimizer):
             self._exchange.apply_arrived(self._round, self._host.address, self._host.numel)
             self._host.scatter()
         self._broadcast_params()
+        # The anchor the parameters now hold is the one the boundary would set.
+        self._anchor_round = self._round + 1
         self._applied_this_round = True
         self._steps_at_apply = self._steps_in_round
 

@@ -392,7 +392,8 @@ class Exchange {
   // Copies the start point's state (AnchorExchange::start_offset and
   // last_delta, numel each) and returns how many buffers it filled: 0 with
   // eager updates and carried progress off, 1 (e only) with carried
-  // progress, 2 with eager updates.
+  // progress, 2 with eager updates. last_delta may be 0 (no buffer) with
+  // carried progress.
   int CopyStartOffset(uintptr_t offset, uintptr_t last_delta,
                       size_t numel) const {
     const absl::Span<const float> e = exchange_->start_offset();
@@ -404,6 +405,10 @@ class Exchange {
     std::copy(e.begin(), e.end(), Buffer(offset, numel).begin());
     const absl::Span<const float> last = exchange_->last_delta();
     if (last.empty()) return 1;
+    if (last_delta == 0) {
+      throw py::value_error("copy_start_offset: eager updates keep a last delta, "
+                            "and no buffer was given for it");
+    }
     std::copy(last.begin(), last.end(), Buffer(last_delta, numel).begin());
     return 2;
   }

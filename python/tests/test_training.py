@@ -81,6 +81,7 @@ def test_an_update_that_arrived_is_applied_after_the_next_step():
                 new_anchor = torch.empty_like(before)
                 opt._exchange.copy_anchor(new_anchor.data_ptr(), new_anchor.numel())
                 assert (new_anchor - anchor).abs().max() > 1e-4, "no update was applied"
+                assert opt.anchor_round == opt.round + 1, "anchor_round missed the update"
                 kept = ((before - lr * grad) - anchor) + new_anchor
                 assert torch.allclose(flat(model.parameters()), kept, rtol=0, atol=1e-6), \
                     "the step's progress was not kept on the new anchor"

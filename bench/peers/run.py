@@ -395,15 +395,16 @@ def final_loss(rec) -> float:
     return loss if math.isfinite(loss) else math.inf
 
 
-def sweep(runner: Runner, systems: list) -> dict:
-    """The shared inner-lr sweep of SYSTEMS; per system the lrs it ran with
+def sweep(runner: Runner, needed: set) -> dict:
+    """The shared inner-lr sweep of SYSTEMS, run where a system is `needed`
+    and taken from the cache for the others; per system the lrs it ran with
     their final losses (failed runs with their error) and the best lr, None
     while the sweep is incomplete."""
     out = {}
-    for system in systems:
+    for system in SYSTEMS:
         lrs = list(SWEEP_LRS)
         while True:
-            recs = {lr: runner.run(sweep_row(system, lr)) for lr in lrs}
+            recs = {lr: runner.run(sweep_row(system, lr), system in needed) for lr in lrs}
             losses = {lr: final_loss(rec) for lr, rec in recs.items()}
             best = None
             if all(rec is not None for rec in recs.values()):
@@ -548,9 +549,9 @@ def main() -> int:
     netns(f"ov_up {WORKERS}")
     try:
         if not args.quick:
-            # The sweep comes first for every system a selected row needs.
-            needed = {r["system"] for r in selected if r["lr"] is None}
-            lr_sweep = sweep(runner, [s for s in SYSTEMS if s in needed])
+            # The sweep comes first for every system a selected row needs;
+            # the other systems' rows are read from the cache at their best.
+            lr_sweep = sweep(runner, {r["system"] for r in selected if r["lr"] is None})
             for r in rows:
                 if r["lr"] is None and r["system"] in lr_sweep:
                     r["lr"] = lr_sweep[r["system"]]["best_lr"]

@@ -15,14 +15,19 @@ import run  # noqa: E402
 
 class TableRunner:
     """Answers run(row) from losses[system][lr]: a float is a finished run,
-    "error" a failed one, a missing lr (or None) a row it may not start."""
+    "error" a failed one, a missing lr (or None) a row it may not start. A
+    row it is not to start (selected False) it answers from `cached` only."""
 
-    def __init__(self, losses: dict) -> None:
+    def __init__(self, losses: dict, cached: dict = None) -> None:
         self.losses = losses
+        self.cached = cached or {}
         self.ran = []
 
     def run(self, r: dict, selected: bool = True):
-        loss = self.losses[r["system"]].get(r["lr"])
+        if not selected:
+            loss = self.cached.get(r["system"], {}).get(r["lr"])
+            return None if loss is None else {"run": r, "ranks": [{"final_val_loss": loss}]}
+        loss = self.losses.get(r["system"], {}).get(r["lr"])
         if loss is None:
             return None
         self.ran.append((r["system"], r["lr"]))
@@ -34,7 +39,7 @@ class TableRunner:
 def test_best_inside_the_grid_runs_the_grid_only():
     assert run.SWEEP_LRS == (1e-3, 2e-3, 4e-3)
     runner = TableRunner({"ddp": {1e-3: 2.60, 2e-3: 2.55, 4e-3: 2.58}})
-    out = run.sweep(runner, ["ddp"])
+    out = run.sweep(runner, {"ddp"})
     assert out["ddp"]["best_lr"] == 2e-3
     assert runner.ran == [("ddp", 1e-3), ("ddp", 2e-3), ("ddp", 4e-3)]
     assert [x["final_val_loss"] for x in out["ddp"]["runs"]] == [2.60, 2.55, 2.58]
@@ -44,7 +49,7 @@ def test_a_best_on_an_edge_extends_the_grid_until_it_is_inside():
     losses = {"co2": {1e-3: 2.70, 2e-3: 2.65, 4e-3: 2.62, 8e-3: 2.60, 1.6e-2: 2.59,
                       3.2e-2: 2.61},
               "hivemind": {5e-4: 2.70, 1e-3: 2.66, 2e-3: 2.67, 4e-3: 2.68, 8e-3: 2.69}}
-    out = run.sweep(TableRunner(losses), ["co2", "hivemind"])
+    out = run.sweep(TableRunner(losses), {"co2", "hivemind"})
     assert out["co2"]["best_lr"] == 1.6e-2
     assert [x["lr"] for x in out["co2"]["runs"]] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
     assert out["hivemind"]["best_lr"] == 1e-3
@@ -54,14 +59,14 @@ def test_a_best_on_an_edge_extends_the_grid_until_it_is_inside():
 def test_the_bounds_stop_the_extension():
     losses = {"co2": {lr: 3.0 - lr for lr in (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)}}
     runner = TableRunner(losses)
-    out = run.sweep(runner, ["co2"])
+    out = run.sweep(runner, {"co2"})
     assert out["co2"]["best_lr"] == run.SWEEP_BOUNDS[1] == 3.2e-2
     assert (("co2", 6.4e-2)) not in runner.ran
 
 
 def test_a_failed_or_diverged_run_loses_and_is_reported():
     losses = {"co2": {5e-4: 2.66, 1e-3: 2.64, 2e-3: math.nan, 4e-3: "error"}}
-    out = run.sweep(TableRunner(losses), ["co2"])
+    out = run.sweep(TableRunner(losses), {"co2"})
     assert out["co2"]["best_lr"] == 1e-3
     runs = {x["lr"]: x for x in out["co2"]["runs"]}
     assert "diverged" in runs[4e-3]["error"]
@@ -69,24 +74,39 @@ def test_a_failed_or_diverged_run_loses_and_is_reported():
 
 
 def test_every_run_failing_picks_nothing():
-    out = run.sweep(TableRunner({"co2": {lr: "error" for lr in run.SWEEP_LRS}}), ["co2"])
+    out = run.sweep(TableRunner({"co2": {lr: "error" for lr in run.SWEEP_LRS}}), {"co2"})
     assert out["co2"]["best_lr"] is None
 
 
 def test_an_unfinished_sweep_picks_nothing():
-    out = run.sweep(TableRunner({"ddp": {1e-3: 2.6, 2e-3: 2.5}}), ["ddp"])
+    out = run.sweep(TableRunner({"ddp": {1e-3: 2.6, 2e-3: 2.5}}), {"ddp"})
     assert out["ddp"]["best_lr"] is None
     assert out["ddp"]["runs"][-1] == {"lr": 4e-3, "name": run.sweep_row("ddp", 4e-3)["name"],
                                       "final_val_loss": None, "not_run": True}
 
 
+def test_a_system_no_selected_row_needs_is_read_from_the_cache():
+    """An invocation that runs co2's rows still writes every peer's rows:
+    their sweeps come from the cache, and nothing of theirs is started."""
+    runner = TableRunner({"co2": {1e-3: 2.60, 2e-3: 2.55, 4e-3: 2.58}},
+                         cached={"ddp": {1e-3: 2.57, 2e-3: 2.56, 4e-3: 2.59}})
+    out = run.sweep(runner, {"co2"})
+    assert (out["co2"]["best_lr"], out["ddp"]["best_lr"]) == (2e-3, 2e-3)
+    assert {system for system, _ in runner.ran} == {"co2"}
+    assert out["hivemind"]["best_lr"] is None
+
+
 def test_the_grid_row_at_the_best_lr_is_the_sweep_run():
     """The headline row small-none-tau16-seed1-<system> at the chosen lr has
-    the sweep run's settings, so the cache serves it without a second run."""
+    the sweep run's settings, so the cache serves it without a second run;
+    co2's rows add only how their curve is taken (the sweep reads the final
+    loss alone)."""
     for system in run.SYSTEMS:
         row = next(r for r in run.grid(False) if r["name"] == run.run_name(
             dict(run.SWEEP_AT, system=system)))
         row = dict(row, lr=4e-3)
+        if system.startswith("co2"):
+            assert row.pop("snapshot") == "applied", system
         assert run.cache_key(row) == run.cache_key(run.sweep_row(system, 4e-3)), system
         assert run.cache_key(row) != run.cache_key(run.sweep_row(system, 2e-3))
 

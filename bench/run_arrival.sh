@@ -20,7 +20,8 @@
 # co2-train's defaults for co2 with no outer flags, and co2-aX, those with
 # --alpha=X; localsgd, Local-SGD's blocking average; co2-avg-carry, the plain
 # average with carried progress: --alpha=1 --beta=0 --carry_progress
-# --eager=false), NICE (-10), KEEP=1 keeps the scratch directory. Runs already in
+# --eager=false at co2-train's Local-SGD lr, since its outer step is
+# Local-SGD's), NICE (-10), KEEP=1 keeps the scratch directory. Runs already in
 # OUT are kept (the study resumes), unless RERUN=1.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -34,9 +35,9 @@ out=${OUT:-$here/results/arrival.json}
 task=${TASK:-fashion-mnist}
 case $task in
   fashion-mnist) task_flags=(--batch_size=16 --final_eval_examples=10000)
-                 steps=${STEPS:-1920} ;;
+                 steps=${STEPS:-1920} localsgd_lr=2e-3 ;;
   charlm) task_flags=(--batch_size=8 --seq_len=16 --final_eval_examples=1000)
-          steps=${STEPS:-2688} ;;
+          steps=${STEPS:-2688} localsgd_lr=8e-3 ;;
   *) echo "TASK must be fashion-mnist or charlm, got $task" >&2; exit 2 ;;
 esac
 rates=${RATES:-1gbit 100mbit}
@@ -88,7 +89,8 @@ for rate in $rates; do
         case $variant in
           diloco) flags=(--algo=diloco) ;;
           localsgd) flags=(--algo=localsgd) ;;
-          co2-avg-carry) flags=(--algo=co2 --alpha=1 --beta=0 --carry_progress --eager=false) ;;
+          co2-avg-carry) flags=(--algo=co2 --alpha=1 --beta=0 --carry_progress --eager=false
+                                --lr="$localsgd_lr") ;;
           co2-default) flags=(--algo=co2) ;;
           co2-a*) flags=(--algo=co2 --alpha="${variant#co2-a}") ;;
           co2-boundary) flags=(--algo=co2 --alpha="$alpha" --apply=boundary) ;;

@@ -202,10 +202,11 @@ def markdown(result: dict) -> str:
     def to_target(v):
         return "not reached" if v is None else spread(v, 1)
 
-    lines = ["| model | link | τ | system | inner lr | runs | time to target (s) | "
-             "final val loss | wall (s) | exposed | MB/worker |", "|" + "---|" * 11]
+    lines = ["| model | link | τ | seed | system | inner lr | runs | time to target (s) | "
+             "final val loss | wall (s) | exposed | MB/worker |", "|" + "---|" * 12]
     for e in result["repeats_summary"]:
-        lines.append(f"| {e['size']} | {e['link']} | {e['tau']} | {e['system']} | {e['lr']:g} | "
+        lines.append(f"| {e['size']} | {e['link']} | {e['tau']} | {e['seed']} | {e['system']} | "
+                     f"{e['lr']:g} | "
                      f"{e['repeats']} | {to_target(e['time_to_target_s'])} | "
                      f"{spread(e['final_val_loss'], 4)} | {spread(e['wall_s'], 1)} | "
                      f"{spread(e['exposed_share'], 2)} | {e['wire_bytes_per_worker'] / 1e6:.0f} |")

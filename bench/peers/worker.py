@@ -210,6 +210,7 @@ def main() -> int:
         c.__enter__()
     barrier(args)
     snapshots = []
+    is_co2 = system.startswith("co2")
     anchor_held = 0
     clock = 0.0
     step_s = 0.0
@@ -225,30 +226,32 @@ def main() -> int:
         step_s += time.perf_counter() - t
         if args.rank != 0:
             continue
-        # A copy of the model now, evaluated after training: an evaluation
+        # Copies of the model now, evaluated after training: an evaluation
         # in the loop would pause the clock while a system's background
-        # exchange goes on, which favours the overlapping ones.
-        point, of_anchor = None, False
-        if system.startswith("co2"):
+        # exchange goes on, which favours the overlapping ones. A step may
+        # take two: co2's anchor and, mid-round, the parameters.
+        points = []  # (the steps the copy holds, whether it is co2's anchor)
+        if is_co2:
             # co2's anchor when it has just taken in a round's update, labelled
             # with the steps of the rounds it holds.
             held = (opt.anchor_round - opt.config.max_staleness) * tau
             if held > anchor_held:
                 anchor_held = held
                 if held % args.eval_every == 0 and held < args.steps:
-                    point, of_anchor = held, True
+                    points.append((held, True))
         if ((step + 1) % args.eval_every == 0 and step + 1 < args.steps
-                and not (system.startswith("co2") and (step + 1) % tau == 0)):
-            point, of_anchor = step + 1, False
-        if point is not None:
+                and not (is_co2 and (step + 1) % tau == 0)):
+            points.append((step + 1, False))
+        if points:
             now = time.perf_counter()
             clock += now - start
-            if of_anchor:
-                params = unflatten(opt.anchor(), list(model.parameters()))
-            else:
-                params = [p.detach().clone() for p in model.parameters()]
-            snapshots.append(({"step": point, "samples": point * samples_per_step,
-                               "wall_s": clock}, params))
+            for point, of_anchor in points:
+                if of_anchor:
+                    params = unflatten(opt.anchor(), list(model.parameters()))
+                else:
+                    params = [p.detach().clone() for p in model.parameters()]
+                snapshots.append(({"step": point, "samples": point * samples_per_step,
+                                   "wall_s": clock}, params))
             start = time.perf_counter()
             eval_s += start - now
     for c in reversed(contexts):

@@ -15,14 +15,16 @@
 # 100mbit"), TAUS ("48 128"), SEEDS ("1 2 3"), STEPS (inner steps per
 # worker; 1920 for fashion-mnist, two epochs at batch 16; 2688 for charlm,
 # the study's), SHARDS (2),
-# ALPHA (co2's outer learning rate, 0.9: the convergence study's best at
-# τ = 48), VARIANTS ("diloco co2-boundary co2-arrival"; also co2-default,
-# co2-train's defaults for co2 with no outer flags, and co2-aX, those with
-# --alpha=X; localsgd, Local-SGD's blocking average; co2-avg-carry, the plain
-# average with carried progress: --alpha=1 --beta=0 --carry_progress
-# --eager=false at co2-train's Local-SGD lr, since its outer step is
-# Local-SGD's), NICE (-10), KEEP=1 keeps the scratch directory. Runs already in
-# OUT are kept (the study resumes), unless RERUN=1.
+# ALPHA (the outer learning rate of co2-boundary and co2-arrival, which run
+# eager updates: 0.9, the convergence study's best for them at τ = 48),
+# VARIANTS ("diloco co2-boundary co2-arrival"; also co2-default, co2-train's
+# defaults for co2 with no outer flags (the plain average with carried
+# progress, at Local-SGD's lr); co2-avg-carry, the same spelled out: --alpha=1
+# --beta=0 --carry_progress --eager=false at Local-SGD's lr; co2-aX, eager
+# updates at --alpha=X; localsgd, Local-SGD's blocking average). The eager
+# variants run at the convergence study's best lr for co2 with eager updates.
+# NICE (-10), KEEP=1 keeps the scratch directory. Runs already in OUT are
+# kept (the study resumes), unless RERUN=1.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 OV_PREFIX=co2arr
@@ -35,9 +37,9 @@ out=${OUT:-$here/results/arrival.json}
 task=${TASK:-fashion-mnist}
 case $task in
   fashion-mnist) task_flags=(--batch_size=16 --final_eval_examples=10000)
-                 steps=${STEPS:-1920} localsgd_lr=2e-3 ;;
+                 steps=${STEPS:-1920} localsgd_lr=2e-3 eager_lr=4e-3 ;;
   charlm) task_flags=(--batch_size=8 --seq_len=16 --final_eval_examples=1000)
-          steps=${STEPS:-2688} localsgd_lr=8e-3 ;;
+          steps=${STEPS:-2688} localsgd_lr=8e-3 eager_lr=3.2e-2 ;;
   *) echo "TASK must be fashion-mnist or charlm, got $task" >&2; exit 2 ;;
 esac
 rates=${RATES:-1gbit 100mbit}
@@ -92,9 +94,11 @@ for rate in $rates; do
           co2-avg-carry) flags=(--algo=co2 --alpha=1 --beta=0 --carry_progress --eager=false
                                 --lr="$localsgd_lr") ;;
           co2-default) flags=(--algo=co2) ;;
-          co2-a*) flags=(--algo=co2 --alpha="${variant#co2-a}") ;;
-          co2-boundary) flags=(--algo=co2 --alpha="$alpha" --apply=boundary) ;;
-          co2-arrival) flags=(--algo=co2 --alpha="$alpha" --apply=arrival) ;;
+          co2-a*) flags=(--algo=co2 --alpha="${variant#co2-a}" --eager --lr="$eager_lr") ;;
+          co2-boundary) flags=(--algo=co2 --alpha="$alpha" --eager --lr="$eager_lr"
+                               --apply=boundary) ;;
+          co2-arrival) flags=(--algo=co2 --alpha="$alpha" --eager --lr="$eager_lr"
+                              --apply=arrival) ;;
           *) echo "unknown variant $variant" >&2; exit 2 ;;
         esac
         run "$base/$variant" "$tau" "$seed" "${flags[@]}"

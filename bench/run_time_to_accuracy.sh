@@ -4,7 +4,8 @@
 # and the aggregator shards in another (bench/overlap/netns.sh), train
 # Fashion-MNIST's CNN with ddp, localsgd, diloco and co2 (co2-train's
 # defaults: each algorithm's inner lr from the convergence study, co2 with
-# eager updates, applying each update on arrival), each from the same seed.
+# the plain average and carried progress, applying each update on arrival),
+# each from the same seed.
 # Every algorithm but ddp runs twice ddp's steps, so that each has the time
 # to pass ddp's final accuracy if it can. Writes
 # bench/results/time_to_accuracy.json and time_to_accuracy.png: validation

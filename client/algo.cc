@@ -49,6 +49,10 @@ ApplyAt DefaultApplyAt(Algo algo, bool deterministic) {
                                               : ApplyAt::kBoundary;
 }
 
+bool DefaultCarryProgress(Algo algo, bool eager) {
+  return algo == Algo::kCo2 && !eager;
+}
+
 absl::string_view AlgoName(Algo algo) {
   switch (algo) {
     case Algo::kCo2:
@@ -83,7 +87,7 @@ void ApplyAlgo(Algo algo, v1::JobConfig& config) {
 
 OuterDefaults OuterDefaultsOf(Algo algo) {
   if (algo == Algo::kDiLoCo) return {0.7f, 0.9f};
-  return {0.5f, 0.0f};
+  return {1.0f, 0.0f};
 }
 
 }  // namespace co2::client

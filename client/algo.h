@@ -35,7 +35,9 @@ void ApplyAlgo(Algo algo, v1::JobConfig& config);
 
 // The outer learning rate and momentum an algorithm runs with where the user
 // sets neither: diloco's α = 0.7, β = 0.9; every other algorithm the
-// JobConfig defaults, α = 0.5, β = 0.
+// JobConfig defaults, α = 1, β = 0 (for co2 with carried progress: the
+// plain average, as Local-SGD's; docs/results.md, "Applying an update when
+// it arrives").
 struct OuterDefaults {
   float alpha;
   float beta;
@@ -59,6 +61,11 @@ absl::Status CheckApplyAt(Algo algo, ApplyAt apply, bool deterministic);
 // Where the user picks none: arrival for co2 unless the job is
 // deterministic, else boundary.
 ApplyAt DefaultApplyAt(Algo algo, bool deterministic);
+
+// Whether a worker carries its own progress across the rounds its update is
+// owed (AnchorExchangeOptions::carry_progress) where the user does not say:
+// for co2 without eager updates, which take the start point's place.
+bool DefaultCarryProgress(Algo algo, bool eager);
 
 // The momentum period N of delayed Nesterov momentum where the user sets
 // none (JobConfig.momentum_period).

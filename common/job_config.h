@@ -19,7 +19,7 @@ inline constexpr uint32_t kProtocolVersion = 2;
 // far above what healthy jobs show (docs/algorithm.md, "Robust rounds").
 inline constexpr float kDefaultOutlierRatio = 20;
 
-// The defaults documented in docs/: CO2 with staleness 1, α = 0.5, β = 0,
+// The defaults documented in docs/: CO2 with staleness 1, α = 1, β = 0,
 // heavy ball, no penalty, no clipping, fp32 downlink.
 v1::JobConfig DefaultJobConfig(uint64_t num_parameters, uint32_t num_shards);
 

@@ -62,6 +62,19 @@ TEST(AlgoTest, OnlyNonDeterministicCo2AppliesOnArrival) {
   }
 }
 
+// co2 without eager updates carries its progress unless told otherwise;
+// eager updates take its place, and the synchronous algorithms have no
+// stale average to stand in for.
+TEST(AlgoTest, OnlyCo2WithoutEagerUpdatesCarriesProgressByDefault) {
+  for (Algo algo : kAll) {
+    SCOPED_TRACE(AlgoName(algo));
+    EXPECT_EQ(DefaultCarryProgress(algo, false), algo == Algo::kCo2);
+    EXPECT_FALSE(DefaultCarryProgress(algo, true));
+  }
+  EXPECT_EQ(OuterDefaultsOf(Algo::kCo2).alpha, 1.0f);
+  EXPECT_EQ(OuterDefaultsOf(Algo::kCo2).beta, 0.0f);
+}
+
 // What each algorithm fixes, from a config that sets everything otherwise.
 TEST(AlgoTest, ApplyAlgoFixesWhatTheAlgorithmIs) {
   v1::JobConfig user = common::DefaultJobConfig(1000, 1);

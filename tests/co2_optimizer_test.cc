@@ -821,6 +821,51 @@ TEST(Co2OptimizerTest, VerifyAnchorNamesTheDifference) {
   EXPECT_THAT(bits.message(), ::testing::HasSubstr("FNV-1a of the range"));
 }
 
+// With carried progress a worker's parameters are its own offset from the
+// anchor; EvaluateAtAnchor shows the evaluation the anchor and gives the
+// worker its parameters back.
+TEST(Co2OptimizerTest, EvaluateAtAnchorSeesTheAnchorAndRestoresTheParameters) {
+  Shards shards(1);
+  torch::Tensor w = torch::zeros({8}).requires_grad_(true);
+  auto flat = FlatParams::Create({w});
+  ASSERT_TRUE(flat.ok());
+  torch::optim::SGD inner({w}, torch::optim::SGDOptions(0.1));
+  auto client = AggregatorClient::Connect(
+      MakeClientOptions(shards, "evaluate", "w0", Algo::kCo2, 0, 2),
+      (*flat)->ParamSpan());
+  ASSERT_TRUE(client.ok()) << client.status();
+  Co2OptimizerOptions options;
+  options.algo = Algo::kCo2;
+  options.tau = 2;
+  options.rounds = 2;
+  options.carry_progress = true;
+  auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
+                                  std::move(*client), nullptr, nullptr);
+  ASSERT_TRUE(opt.ok()) << opt.status();
+  for (int step = 0; step < 2; ++step) {
+    (*opt)->ZeroGrad();
+    w.sum().backward();
+    ASSERT_TRUE((*opt)->Step().ok());
+  }
+  // Round 0 owes no update: the anchor is still A_0 = 0, and x is where
+  // this worker's own round ended, two SGD steps down every gradient of 1.
+  const torch::Tensor x = w.detach().clone();
+  ASSERT_TRUE(torch::allclose(x, torch::full({8}, -0.2f)));
+  torch::Tensor seen;
+  ASSERT_TRUE((*opt)
+                  ->EvaluateAtAnchor([&] {
+                    seen = w.detach().clone();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_TRUE(torch::equal(seen, torch::zeros({8})));
+  EXPECT_TRUE(torch::equal(w.detach(), x));
+  const absl::Status failed = (*opt)->EvaluateAtAnchor(
+      [] { return absl::InternalError("evaluation failed"); });
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(torch::equal(w.detach(), x));
+}
+
 // ---------------------------------------------------------------------------
 // Memory and validation.
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bit-reproducible training (docs/algorithm.md, "Order-independent sums"):
-# co2-train --deterministic with 4 worker processes and the embedded
-# aggregator, run twice with the same seed, ends with the same parameters: every rank's final
+# co2-train --deterministic (co2's default outer settings, with carried
+# progress) with 4 worker processes and the embedded aggregator, run twice
+# with the same seed, ends with the same parameters: every rank's final
 # FNV-1a hash is the same within a run and across the two runs.
 #
 # Usage: reproducible_training_test.sh BUILD_DIR
@@ -13,7 +14,7 @@ trap 'rm -rf "$WORK"' EXIT
 run() {
   timeout -s KILL 600 "$BUILD/bin/co2-train" --task=fashion-mnist \
     --workers=4 --tau=8 --steps=96 --seed=3 --threads=1 --algo=co2 \
-    --lr=4e-3 --alpha=0.5 --optimizer=adamw --eval_every=0 \
+    --optimizer=adamw --eval_every=0 \
     --final_eval_examples=1000 --progress=false --hash_params --deterministic \
     --report="$WORK/$1.json" >"$WORK/$1.out" 2>&1 ||
     { cat "$WORK/$1.out" >&2; exit 1; }

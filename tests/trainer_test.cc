@@ -251,18 +251,6 @@ TEST(TrainerTest, BadFlagValueFailsBeforeSpawning) {
       RunCo2Train({"--algo=ddp", "--scale=4:1"}, /*timeout_s=*/30);
   EXPECT_NE(ddp_scale.exit_code, 0);
   EXPECT_THAT(ddp_scale.output, HasSubstr("--scale needs an aggregator"));
-  const RunResult carry_eager =
-      RunCo2Train({"--algo=co2", "--carry_progress"}, /*timeout_s=*/30);
-  EXPECT_NE(carry_eager.exit_code, 0);
-  EXPECT_THAT(carry_eager.output,
-              HasSubstr("--carry_progress and --eager both set where a round "
-                        "starts: pass --eager=false with it"));
-  const RunResult carry_sync = RunCo2Train(
-      {"--algo=localsgd", "--carry_progress", "--eager=false"},
-      /*timeout_s=*/30);
-  EXPECT_NE(carry_sync.exit_code, 0);
-  EXPECT_THAT(carry_sync.output,
-              HasSubstr("--carry_progress is for --algo=co2, not localsgd"));
 }
 
 // Runs co2-train with `args`, expects it to succeed with every rank
@@ -300,20 +288,22 @@ TEST(TrainerTest, EagerUpdatesWithDelayedNesterovKeepTheAnchorsIdentical) {
             "--momentum_period=2", "--beta=0.5", "--eval_every=0",
             "--final_eval_examples=500", "--progress=false"});
   EXPECT_EQ(Field(settings, "eager").string_value(), "true");
+  EXPECT_EQ(Field(settings, "carry_progress").string_value(), "false")
+      << "--eager takes carried progress' place";
   EXPECT_EQ(Field(settings, "momentum").string_value(), "delayed_nesterov");
   EXPECT_EQ(Field(settings, "momentum_period").string_value(), "2");
 }
 
-// Carried progress, applied on arrival, on a node of two local ranks: each
-// worker runs from its own offset until the update arrives (the leader
-// holds it next to the anchor), and the ranks agree on the anchor after
-// every boundary.
+// co2-train's defaults for co2 (no outer flags): the plain average with
+// carried progress, applied on arrival, at Local-SGD's inner lr; on a node
+// of two local ranks each worker runs from its own offset until the update
+// arrives (the leader holds it next to the anchor), and the ranks agree on
+// the anchor after every boundary.
 TEST(TrainerTest, CarriedProgressOnArrivalKeepsTheAnchorsIdentical) {
   TempDir dir;
   const Struct report = ReportOfRun(
       dir, {"--algo=co2", "--workers=2", "--local_ranks=2", "--tau=4",
-            "--steps=24", "--carry_progress", "--eager=false",
-            "--apply=arrival", "--eval_every=0", "--final_eval_examples=500",
+            "--steps=24", "--eval_every=0", "--final_eval_examples=500",
             "--progress=false"});
   const Struct& memory = Field(report, "memory_bytes").struct_value();
   EXPECT_EQ(Field(memory, "anchor").number_value(),
@@ -323,6 +313,9 @@ TEST(TrainerTest, CarriedProgressOnArrivalKeepsTheAnchorsIdentical) {
   EXPECT_EQ(Field(settings, "carry_progress").string_value(), "true");
   EXPECT_EQ(Field(settings, "eager").string_value(), "false");
   EXPECT_EQ(Field(settings, "apply").string_value(), "arrival");
+  EXPECT_EQ(Field(settings, "alpha").string_value(), "1");
+  EXPECT_EQ(Field(settings, "beta").string_value(), "0");
+  EXPECT_EQ(Field(settings, "lr").string_value(), "0.002");
 }
 
 // diloco trains through the aggregator with its published outer settings
@@ -341,6 +334,7 @@ TEST(TrainerTest, DiLoCoRunsWithItsOuterDefaults) {
   EXPECT_EQ(Field(defaults, "alpha").string_value(), "0.7");
   EXPECT_EQ(Field(defaults, "beta").string_value(), "0.9");
   EXPECT_EQ(Field(defaults, "momentum").string_value(), "nesterov");
+  EXPECT_EQ(Field(defaults, "carry_progress").string_value(), "false");
   const Struct given = settings_of({"--alpha=0.4", "--beta=0.5"});
   EXPECT_EQ(Field(given, "alpha").string_value(), "0.4");
   EXPECT_EQ(Field(given, "beta").string_value(), "0.5");

@@ -33,14 +33,14 @@ ABSL_FLAG(uint64_t, seed, 1, "Seeds the model, the data partition and order.");
 ABSL_FLAG(std::string, optimizer, "adamw", "Inner optimizer: adamw | sgd.");
 ABSL_FLAG(std::optional<double>, lr, std::nullopt,
           "Inner learning rate; unset: the study's best (docs/results.md): "
-          "fashion-mnist 4e-3 for co2, 5e-4 for diloco, 2e-3 otherwise; "
-          "charlm 3.2e-2 for co2, 2e-3 for diloco, 8e-3 otherwise.");
+          "fashion-mnist 5e-4 for diloco, 2e-3 otherwise; charlm 2e-3 for "
+          "diloco, 8e-3 otherwise.");
 ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine");
 ABSL_FLAG(double, weight_decay, 0.01, "Inner weight decay.");
 ABSL_FLAG(int, batch_size, 32, "Examples per local rank and inner step.");
 ABSL_FLAG(int, seq_len, 64, "charlm: characters per training window.");
 ABSL_FLAG(std::optional<float>, alpha, std::nullopt,
-          "Outer learning rate (docs/usage.md §4); unset: 0.5, diloco 0.7.");
+          "Outer learning rate (docs/usage.md §4); unset: 1, diloco 0.7.");
 ABSL_FLAG(std::optional<float>, beta, std::nullopt,
           "Outer momentum (docs/results.md; slowmo needs > 0, e.g. 0.5); "
           "unset: 0, diloco 0.9.");
@@ -49,15 +49,17 @@ ABSL_FLAG(std::optional<std::string>, momentum, std::nullopt,
           "diloco nesterov.");
 ABSL_FLAG(std::optional<uint32_t>, momentum_period, std::nullopt,
           "delayed_nesterov: rounds between momentum steps; unset: 4.");
-ABSL_FLAG(bool, eager, true,
+ABSL_FLAG(bool, eager, false,
           "co2: each worker starts a round from the anchor plus the eager "
-          "update of its own latest delta (docs/algorithm.md); the "
-          "synchronous algorithms have no stale average to make up for.");
-ABSL_FLAG(bool, carry_progress, false,
+          "update of its own latest delta (docs/algorithm.md), in place of "
+          "carried progress; the synchronous algorithms have no stale "
+          "average to make up for.");
+ABSL_FLAG(bool, carry_progress, true,
           "co2: until the update made from a round's mean is applied, the "
           "next round runs from where the worker's own delta would take the "
           "anchor, not from the anchor (docs/algorithm.md, \"Carried "
-          "progress\"); in place of eager updates: needs --eager=false.");
+          "progress\"); --eager takes its place, and the synchronous "
+          "algorithms have no stale average to stand in for.");
 ABSL_FLAG(std::optional<std::string>, apply, std::nullopt,
           "co2: when a worker applies the update a round owes: arrival (after "
           "the inner step it has arrived by, keeping the steps taken; "
@@ -184,6 +186,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.steps = absl::GetFlag(FLAGS_steps);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.eager = absl::GetFlag(FLAGS_eager);
   o.lr = absl::GetFlag(FLAGS_lr).value_or(
       co2::client::DefaultLearningRate(o.task, o.algo));
   o.lr_schedule = absl::GetFlag(FLAGS_lr_schedule);
@@ -233,8 +236,9 @@ co2::client::TrainerOptions ReadOptions() {
   o.hash_params = absl::GetFlag(FLAGS_hash_params);
   o.deterministic = absl::GetFlag(FLAGS_deterministic);
   o.outlier_ratio = absl::GetFlag(FLAGS_outlier_ratio);
-  o.eager = absl::GetFlag(FLAGS_eager);
-  o.carry_progress = absl::GetFlag(FLAGS_carry_progress);
+  o.carry_progress =
+      absl::GetFlag(FLAGS_carry_progress) &&
+      co2::client::DefaultCarryProgress(outer_algo, o.eager);
   o.apply = absl::GetFlag(FLAGS_apply).value_or(std::string(
       co2::client::ApplyAtName(co2::client::DefaultApplyAt(outer_algo,
                                                            o.deterministic))));

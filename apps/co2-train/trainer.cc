@@ -218,7 +218,6 @@ bool RunsEagerUpdates(const TrainerOptions& options) {
 
 double DefaultLearningRate(absl::string_view task, absl::string_view algo) {
   const bool charlm = task == "charlm";
-  if (algo == "co2") return charlm ? 3.2e-2 : 4e-3;
   if (algo == "diloco") return charlm ? 2e-3 : 5e-4;
   return charlm ? 8e-3 : 2e-3;
 }
@@ -233,17 +232,6 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
   if (algo == Algo::kDiLoCo && options.momentum != "nesterov") {
     return Bad("momentum", absl::StrCat("is '", options.momentum,
                                         "': diloco runs Nesterov momentum"));
-  }
-  if (options.carry_progress && algo != Algo::kCo2) {
-    return Bad("carry_progress",
-               absl::StrCat("is for --algo=co2, not ", options.algo,
-                            ": a synchronous round has no stale average to "
-                            "stand in for"));
-  }
-  if (options.carry_progress && options.eager) {
-    return Bad("carry_progress",
-               "and --eager both set where a round starts: pass "
-               "--eager=false with it");
   }
   const absl::StatusOr<ApplyAt> apply = ParseApplyAt(options.apply);
   if (!apply.ok()) return Bad("apply", std::string(apply.status().message()));
@@ -626,8 +614,14 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
       if (s.heal_reason != nullptr) r.heal_reason = s.heal_reason;
       const size_t index = s.round + 1;
       if (leader && options.eval_every > 0 && index % options.eval_every == 0) {
-        CO2_ASSIGN_OR_RETURN(TaskEval e, EvaluateTask(options, data, *model,
-                                                      options.eval_examples));
+        // The anchor: with eager updates or carried progress a worker's
+        // parameters are its own offset from it.
+        TaskEval e;
+        CO2_RETURN_IF_ERROR(co2->EvaluateAtAnchor([&]() -> absl::Status {
+          CO2_ASSIGN_OR_RETURN(e, EvaluateTask(options, data, *model,
+                                               options.eval_examples));
+          return absl::OkStatus();
+        }));
         r.metric = e.metric;
         r.eval_loss = e.loss;
       }

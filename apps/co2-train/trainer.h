@@ -43,7 +43,7 @@ struct TrainerOptions {
   int seq_len = 64;     // charlm window length
   // Outer step (JobConfig). localsgd forces α=1, β=0, no penalty, no clip;
   // slowmo forces no penalty and no clip.
-  float alpha = 0.5f;  // docs/usage.md §4
+  float alpha = 1.0f;  // docs/usage.md §4
   float beta = 0.0f;
   // heavy_ball | nesterov | delayed_nesterov
   std::string momentum = "heavy_ball";
@@ -95,7 +95,8 @@ struct TrainerOptions {
   // the synchronous algorithms have no stale average to make up for.
   bool eager = false;
   // Carried progress (Co2OptimizerOptions::carry_progress); co2 only, not
-  // with eager updates.
+  // with eager updates (main.cc: --carry_progress where DefaultCarryProgress
+  // allows it).
   bool carry_progress = false;
   // co2: when a worker applies the update a round owes, "boundary" or
   // "arrival" (Co2OptimizerOptions::apply; main.cc's default is
@@ -201,9 +202,9 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options);
 bool RunsEagerUpdates(const TrainerOptions& options);
 
 // The inner learning rate of `algo` on `task` where the user gives none:
-// the best of the convergence study's sweeps (docs/results.md). co2's is
-// larger: its outer step is smaller than a synchronous average's; diloco's
-// smaller: its Nesterov outer step amplifies the round's Δ.
+// the best of the convergence study's sweeps (docs/results.md). co2's
+// default outer step is Local-SGD's plain average, and so is its lr;
+// diloco's is smaller: its Nesterov outer step amplifies the round's Δ.
 double DefaultLearningRate(absl::string_view task, absl::string_view algo);
 
 // Checks that the data set of the task loads and validates (used by the

@@ -87,7 +87,7 @@ def table(data):
         return f"{m:.{digits}f} ± {statistics.stdev(values) * scale:.{digits}f}"
 
     order = {"diloco": 0, "localsgd": 1, "co2-boundary": 2, "co2-arrival": 3,
-             "co2-default": 4, "co2-avg-carry": 5}
+             "co2-a0.5": 4, "co2-a0.7": 5, "co2-default": 6, "co2-avg-carry": 7}
     blocking = ("diloco", "localsgd")
     for (task, rate, tau, variant), runs in sorted(
             groups.items(),

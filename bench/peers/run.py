@@ -21,13 +21,14 @@ peers_quick.json) and, for the full grid, bench/results/peers.png.
 Runs are cached in $CO2_CACHE_DIR/peers-runs (one JSON per run, keyed by its
 settings, recording the commit it ran at; --cache picks another directory);
 a rerun skips what is cached, and a failed run is not cached. --only selects
-rows by name prefix; --max_minutes stops starting runs after that long, and
+rows by name (shell-style patterns: small-100mbit-tau16-*); --max_minutes stops starting runs after that long, and
 the results then list the rows that were not run. Needs root, iproute2, tc.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import glob
 import hashlib
 import json
@@ -52,11 +53,13 @@ SHARDS = 2
 CACHE = os.path.join(os.environ.get("CO2_CACHE_DIR", os.path.expanduser("~/.cache/co2")),
                      "peers-runs")
 PEER_SYSTEMS = ("ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd", "hivemind")
-CO2_SYSTEMS = ("co2", "co2-diloco", "co2-avg", "co2-carry", "co2-avg-carry")
-# co2 settings that run in the sweep and the headline rows only: the rest of
-# the grid runs co2's defaults, its best setting (co2-avg-carry) and its
-# DiLoCo (a check of the harness against torchft's).
-CO2_HEADLINE_ONLY = ("co2-avg", "co2-carry")
+# co2: co2.Optimizer's defaults (the plain average, α = 1, with carried
+# progress); co2-diloco: its DiLoCo (a check of the harness against
+# torchft's); co2-a0.5: α = 0.5 without carried progress; co2-nocarry and
+# co2-a0.5-carry: α = 1 alone and carried progress alone (worker.py).
+CO2_SYSTEMS = ("co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry")
+# co2 settings that run in the sweep and the headline rows only.
+CO2_HEADLINE_ONLY = ("co2-nocarry", "co2-a0.5-carry")
 SYSTEMS = PEER_SYSTEMS + CO2_SYSTEMS
 NEEDS = {"torchft-diloco": "torchft", "torchft-streaming": "torchft",
          "torchft-localsgd": "torchft", "hivemind": "hivemind"}
@@ -140,6 +143,11 @@ def run_name(r: dict) -> str:
         return f"{r['size']}-local-seed{r['seed']}{rep}"
     tau = "" if r["system"] == "ddp" else f"-tau{r['tau']}"
     return f"{r['size']}-{r['link']}{tau}-seed{r['seed']}-{r['system']}{rep}"
+
+
+def named(name: str, patterns: list) -> bool:
+    """Whether --only's patterns name the run `name`."""
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
 def job_id(name: str) -> str:
@@ -490,7 +498,8 @@ def own_session() -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the tiny model at 100 Mbit/s only")
-    ap.add_argument("--only", default="", help="comma-separated prefixes of run names")
+    ap.add_argument("--only", default="",
+                    help="comma-separated run names or shell-style patterns of them")
     ap.add_argument("--max_minutes", type=float, default=0,
                     help="start no run after this many minutes (0: no bound)")
     ap.add_argument("--out", default="")
@@ -519,7 +528,7 @@ def main() -> int:
     if args.repeat > 1:
         # Repeats of the selected rows, after the grid, under their own names.
         only = [p for p in args.only.split(",") if p]
-        chosen = [r for r in rows if any(r["name"].startswith(p) for p in only)]
+        chosen = [r for r in rows if named(r["name"], only)]
         keys = {(r["size"], r["seed"]) for r in chosen}
         chosen += [r for r in rows if r["system"] == "local" and (r["size"], r["seed"]) in keys
                    and r not in chosen]
@@ -541,7 +550,7 @@ def main() -> int:
             rows.append(run)
             known.add(run["name"])
     only = [p for p in args.only.split(",") if p]
-    selected = [r for r in rows if not only or any(r["name"].startswith(p) for p in only)]
+    selected = [r for r in rows if not only or named(r["name"], only)]
     os.makedirs(args.cache, exist_ok=True)
     runner = Runner(args, python, installed)
     lr_sweep = {}

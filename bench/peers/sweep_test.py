@@ -116,9 +116,17 @@ def test_co2s_extra_settings_run_in_the_headline_rows_only():
     for system in run.CO2_HEADLINE_ONLY:
         names = {r["name"] for r in rows if r["system"] == system}
         assert names == {f"small-{link}-tau16-seed1-{system}" for link in ("none", "100mbit")}
-    for system in ("co2", "co2-avg-carry", "co2-diloco"):
+    for system in ("co2", "co2-a0.5", "co2-diloco"):
         assert any(r["system"] == system and r["size"] == "medium" for r in rows), system
         assert any(r["system"] == system and r["tau"] == 64 for r in rows), system
+
+
+
+def test_only_names_a_run_exactly_or_by_pattern():
+    name = "small-100mbit-tau16-seed1-co2-a0.5"
+    assert run.named(name, [name])
+    assert not run.named(name, ["small-100mbit-tau16-seed1-co2"])
+    assert run.named(name, ["small-none-*", "small-100mbit-tau16-*"])
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import task  # noqa: E402
 
 SYSTEMS = ("local", "ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd",
-           "hivemind", "co2", "co2-diloco", "co2-avg", "co2-carry", "co2-avg-carry")
+           "hivemind", "co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry")
 BARRIER_PORT = 29400
 DDP_PORT = 29500
 TORCHFT_STORE_PORT = 29600
@@ -188,11 +188,12 @@ def main() -> int:
         extra = {}
         if system == "co2-diloco":
             extra["algo"] = "diloco"
-        if system in ("co2-avg", "co2-avg-carry"):
-            # LocalSGD's outer step (the plain average) on co2's overlapped exchange.
-            extra["config"] = co2.JobConfig(alpha=1.0, beta=0.0)
-        if system.endswith("-carry"):
-            extra["carry_progress"] = True
+        # "co2": the package's defaults, LocalSGD's outer step (the plain
+        # average) with carried progress on co2's overlapped exchange.
+        if system.startswith("co2-a0.5"):
+            extra["config"] = co2.JobConfig(alpha=0.5)
+        if system in ("co2-a0.5", "co2-nocarry"):
+            extra["carry_progress"] = False
         opt = co2.Optimizer(model.parameters(), inner, tau=tau, rounds=args.steps // tau,
                             aggregators=args.aggregators.split(","), job=args.job,
                             worker_id=f"worker-{args.rank}", samples_per_step=size.batch,

@@ -260,6 +260,29 @@ void Co2Optimizer::SetParams(absl::Span<const float> host) {
 
 void Co2Optimizer::ZeroGrad() { flat_->ZeroGrads(); }
 
+absl::Status Co2Optimizer::EvaluateAtAnchor(
+    absl::FunctionRef<absl::Status()> evaluate) {
+  if (exchange_ == nullptr ||
+      (options_.eager_share == 0 && !options_.carry_progress)) {
+    return evaluate();
+  }
+  std::vector<float> x;
+  try {
+    const absl::Span<const float> live = HostParams();
+    x.assign(live.begin(), live.end());
+    SetParams(exchange_->anchor());
+  } catch (...) {
+    return TorchExceptionToStatus("Co2Optimizer::EvaluateAtAnchor");
+  }
+  const absl::Status status = evaluate();
+  try {
+    SetParams(x);
+  } catch (...) {
+    return TorchExceptionToStatus("Co2Optimizer::EvaluateAtAnchor restore");
+  }
+  return status;
+}
+
 absl::Status Co2Optimizer::Step() {
   if (broken_ || finished_) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -110,7 +110,8 @@ struct Co2OptimizerOptions {
   // Carried progress (co2 only, not with eager updates;
   // AnchorExchangeOptions::carry_progress): until a round's update is
   // applied, the next round runs from where this worker's own Δ would take
-  // the anchor.
+  // the anchor. co2-train and the Python package pick DefaultCarryProgress
+  // (client/algo.h): on for co2 without eager updates.
   bool carry_progress = false;
   // co2 only: when the update a round owes is applied (client/algo.h;
   // co2-train and the Python package pick DefaultApplyAt: kArrival unless
@@ -226,6 +227,11 @@ class Co2Optimizer {
   // The round of the anchor the parameters were last set to (A_r starts
   // round r; after Finish of co2 it is the last round + 2).
   uint64_t anchor_round() const { return anchor_round_; }
+  // Runs `evaluate` on the model the workers agree on: with eager updates or
+  // carried progress, on the local leader of an aggregator algorithm, with
+  // the parameters set to the anchor for its duration (x is restored after);
+  // elsewhere on the parameters as they are. Between steps only.
+  absl::Status EvaluateAtAnchor(absl::FunctionRef<absl::Status()> evaluate);
   uint64_t steps() const { return steps_; }
   const std::vector<RoundStats>& rounds() const { return rounds_; }
   absl::Duration total_exposed_comm() const;

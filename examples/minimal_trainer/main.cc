@@ -54,6 +54,9 @@ int main(int argc, char** argv) {
   options.rounds =
       rounds;  // the job's rounds: the last update is owed to every worker
   options.samples_per_step = batch;
+  // With DefaultJobConfig's plain average (α = 1), each worker carries its
+  // own progress until the average it is owed arrives (docs/usage.md §4).
+  options.carry_progress = true;
   auto co2 = cc::Co2Optimizer::Create(options, flat->get(), &inner,
                                       std::move(*connected), nullptr, nullptr);
   if (!co2.ok()) return Fail(co2.status());

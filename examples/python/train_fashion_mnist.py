@@ -60,8 +60,7 @@ def _co2_worker(rank: int, args, addresses, joined, results) -> None:
     inner = torch.optim.AdamW(model.parameters(), lr=args.co2_lr)
     opt = co2.Optimizer(model.parameters(), inner, tau=args.tau, rounds=rounds,
                         aggregators=addresses, job="fashion-mnist", algo="co2",
-                        worker_id=f"worker-{rank}", samples_per_step=args.batch,
-                        config=co2.JobConfig(alpha=0.5, beta=0.0))
+                        worker_id=f"worker-{rank}", samples_per_step=args.batch)
     opt.connect()  # joins the job
     # Every worker joins before any trains, so that all of them start at
     # round 0 (one that joined a running job would start at its open round).
@@ -116,7 +115,7 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=32, help="samples per worker and step")
     ap.add_argument("--tau", type=int, default=8, help="co2: inner steps per round")
-    ap.add_argument("--co2_lr", type=float, default=4e-3)
+    ap.add_argument("--co2_lr", type=float, default=2e-3)
     ap.add_argument("--ddp_lr", type=float, default=2e-3)
     ap.add_argument("--shards", type=int, default=1, help="local aggregator shards")
     ap.add_argument("--seed", type=int, default=1)

@@ -1,10 +1,10 @@
 """co2 for PyTorch: train across nodes joined by slow links (docs/python.md).
 
     import torch, co2
-    inner = torch.optim.AdamW(model.parameters(), lr=4e-3)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-3)
     opt = co2.Optimizer(model.parameters(), inner, tau=12, rounds=100,
                         aggregators=["shard-0:50051", "shard-1:50051"],
-                        job="run-1", config=co2.JobConfig(alpha=0.5))
+                        job="run-1")
     for x, y in loader:
         opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
     opt.finish()

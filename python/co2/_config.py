@@ -53,7 +53,7 @@ class JobConfig:
         num_shards: S, the number of aggregator shards (set from the addresses).
     """
 
-    alpha: float = 0.5
+    alpha: float = 1.0
     beta: float = 0.0
     momentum: str = "heavy_ball"
     momentum_period: int = 0

@@ -116,8 +116,10 @@ class Optimizer(torch.optim.Optimizer):
             update made from a round's mean is applied, the next round runs
             from where this worker's own Δ of that round would take the
             anchor, instead of from the anchor, which lacks every worker's
-            last round (docs/algorithm.md, "Carried progress"). False (the
-            default): off.
+            last round (docs/algorithm.md, "Carried progress"). None (the
+            default): on for co2 without ``eager_share``, with the default
+            outer step α = 1 (the plain average), else off;
+            ``opt.carry_progress`` says which.
         apply: co2 only: when the update a round owes is applied.
             ``"arrival"``: after the inner step it has arrived by (local
             rank 0 tests for it after every step and, with several ranks,
@@ -159,7 +161,7 @@ class Optimizer(torch.optim.Optimizer):
         update_timeout: float = 300.0,
         verify_final_anchor: bool = True,
         eager_share: float = 0.0,
-        carry_progress: bool = False,
+        carry_progress: Optional[bool] = None,
         apply: Optional[str] = None,
     ) -> None:
         # ValueError for an algorithm the C++ side does not run with shards.
@@ -178,6 +180,13 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError("aggregators is empty: give host:port of every shard")
         if not job:
             raise ValueError("job is empty")
+        if carry_progress is None:
+            carry_progress = _core.default_carry_progress(algo, eager_share != 0)
+        self.carry_progress = bool(carry_progress)
+        if self.carry_progress and (algo != "co2" or eager_share != 0):
+            raise ValueError(
+                "carry_progress=True is for algo='co2' without eager_share (both move where "
+                f"a round starts), got algo={algo!r}, eager_share={eager_share!r}")
         deterministic = bool(config is not None and config.deterministic)
         if apply is None:
             apply = _core.default_apply(algo, deterministic)

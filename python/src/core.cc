@@ -511,6 +511,13 @@ PYBIND11_MODULE(_core, m) {
       },
       "The apply mode where the user picks none (client/algo.h).");
   m.def(
+      "default_carry_progress",
+      [](const std::string& algo, bool eager) {
+        return client::DefaultCarryProgress(ParseExchangeAlgo(algo), eager);
+      },
+      "Whether a worker carries its progress where the user does not say "
+      "(client/algo.h).");
+  m.def(
       "outer_defaults",
       [](const std::string& algo) {
         const client::OuterDefaults outer =

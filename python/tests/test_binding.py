@@ -145,6 +145,28 @@ def test_co2_applies_on_arrival_unless_deterministic_or_told():
     assert apply(apply="boundary") == "boundary"
 
 
+def test_co2s_defaults_are_the_plain_average_with_carried_progress():
+    w = torch.zeros(4, requires_grad=True)
+    inner = torch.optim.SGD([w], lr=0.1)
+
+    def make(**kwargs):
+        return co2.Optimizer([w], inner, tau=2, rounds=2, aggregators=["127.0.0.1:1"],
+                             job="j", **kwargs)
+
+    opt = make()
+    assert (opt.config.alpha, opt.config.beta, opt.config.momentum) == (1.0, 0.0, "heavy_ball")
+    assert (opt.carry_progress, opt.apply) == (True, "arrival")
+    assert co2.JobConfig().alpha == 1.0
+    assert not make(eager_share=0.25).carry_progress
+    assert not make(algo="localsgd").carry_progress
+    assert not make(algo="diloco").carry_progress
+    assert not make(carry_progress=False).carry_progress
+    with pytest.raises(ValueError, match="eager_share=0.25"):
+        make(eager_share=0.25, carry_progress=True)
+    with pytest.raises(ValueError, match="algo='localsgd'"):
+        make(algo="localsgd", carry_progress=True)
+
+
 def test_diloco_runs_its_published_outer_settings_unless_given():
     w = torch.zeros(4, requires_grad=True)
     inner = torch.optim.SGD([w], lr=0.1)

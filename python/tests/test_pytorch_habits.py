@@ -52,10 +52,10 @@ def _train(opt: co2.Optimizer, forward, steps: int, batch: int = 32, start: int 
 
 
 def _optimizer(model: torch.nn.Module, agg, job: str, *, tau: int = 4, rounds: int = 6,
-               lr: float = 1e-2) -> co2.Optimizer:
+               lr: float = 1e-2, **kw) -> co2.Optimizer:
     inner = torch.optim.AdamW(model.parameters(), lr=lr)
     return co2.Optimizer(model.parameters(), inner, tau=tau, rounds=rounds,
-                         aggregators=agg.addresses, job=job, worker_id="w0")
+                         aggregators=agg.addresses, job=job, worker_id="w0", **kw)
 
 
 def test_an_lr_scheduler_drives_the_wrapper_like_any_optimizer():
@@ -120,7 +120,10 @@ def test_bf16_autocast_in_the_inner_loop_keeps_float32_parameters():
 def test_bfloat16_parameters_are_the_float32_anchor_rounded():
     with co2.local_aggregator() as agg:
         model = _model(torch.bfloat16)
-        opt = _optimizer(model, agg, "bf16-params")
+        # Without carried progress a round starts at the anchor itself; at
+        # α = 1 a lone worker's anchor would be its own bf16 end point.
+        opt = _optimizer(model, agg, "bf16-params", carry_progress=False,
+                         config=co2.JobConfig(alpha=0.5))
         forward = lambda xb: model(xb.to(torch.bfloat16))  # noqa: E731
         first = _train(opt, forward, 12)  # three rounds
         state = opt.state_dict()
@@ -128,7 +131,7 @@ def test_bfloat16_parameters_are_the_float32_anchor_rounded():
         assert anchor.dtype == torch.float32
         flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         assert flat.dtype == torch.bfloat16
-        # Every round starts at the anchor, rounded to the parameters' dtype.
+        # The round starts at the anchor, rounded to the parameters' dtype.
         assert torch.equal(flat, anchor.to(torch.bfloat16))
         assert not torch.equal(anchor, anchor.to(torch.bfloat16).float()), \
             "the anchor holds no more than bf16: nothing shows the mirror is float32"

@@ -73,7 +73,8 @@ def main() -> int:
     ap.add_argument("--update_timeout", type=float, default=60.0)
     ap.add_argument("--uplink_codec", default="fp32")
     ap.add_argument("--eager_share", type=float, default=0.0)
-    ap.add_argument("--carry_progress", action="store_true")
+    ap.add_argument("--carry_progress", action=argparse.BooleanOptionalAction,
+                    help="unset: co2.Optimizer's default")
     ap.add_argument("--apply", default=None)
     ap.add_argument("--stop_after_rounds", type=int, default=0,
                     help="save the optimizer's state_dict to --state after this many "

@@ -145,6 +145,34 @@ def run_name(r: dict) -> str:
     return f"{r['size']}-{r['link']}{tau}-seed{r['seed']}-{r['system']}{rep}"
 
 
+def repeat_of(row: dict, k: int) -> dict:
+    """The grid row `row`'s settings, run again as repeat k (named ...-rK)."""
+    x = {key: v for key, v in row.items() if key != "name"}
+    x["repeat"] = k
+    x["name"] = run_name(x)
+    return x
+
+
+def cached_repeats(rows: list, cache: str) -> list:
+    """The repeats of `rows` that earlier invocations ran: each a grid row's
+    settings as that repeat, so that the cache serves the run of those
+    settings (a repeat cached under settings the grid no longer has is not
+    one of its rows)."""
+    grid_rows = {r["name"]: r for r in rows if r.get("repeat", 1) == 1}
+    known = {r["name"] for r in rows}
+    out = []
+    for path in sorted(glob.glob(os.path.join(cache, "*.json"))):
+        with open(path) as f:
+            run = json.load(f)["run"]
+        base = grid_rows.get(run_name(dict(run, repeat=1)))
+        if run.get("repeat", 1) > 1 and base is not None:
+            x = repeat_of(base, run["repeat"])
+            if x["name"] not in known:
+                out.append(x)
+                known.add(x["name"])
+    return out
+
+
 def named(name: str, patterns: list) -> bool:
     """Whether --only's patterns name the run `name`."""
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
@@ -532,23 +560,10 @@ def main() -> int:
         keys = {(r["size"], r["seed"]) for r in chosen}
         chosen += [r for r in rows if r["system"] == "local" and (r["size"], r["seed"]) in keys
                    and r not in chosen]
-        extra = []
-        for r in chosen:
-            x = {k: v for k, v in r.items() if k != "name"}
-            x["repeat"] = args.repeat
-            x["name"] = run_name(x)
-            extra.append(x)
+        extra = [repeat_of(r, args.repeat) for r in chosen]
         rows += extra
         args.only = ",".join(x["name"] for x in extra)
-    # Repeats run by earlier invocations are results too.
-    known = {r["name"] for r in rows}
-    for path in sorted(glob.glob(os.path.join(args.cache, "*.json"))):
-        with open(path) as f:
-            run = json.load(f)["run"]
-        if run.get("repeat", 1) > 1 and run["name"] not in known and run["size"] in {
-                r["size"] for r in rows}:
-            rows.append(run)
-            known.add(run["name"])
+    rows += cached_repeats(rows, args.cache)
     only = [p for p in args.only.split(",") if p]
     selected = [r for r in rows if not only or named(r["name"], only)]
     os.makedirs(args.cache, exist_ok=True)

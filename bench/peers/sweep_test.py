@@ -3,6 +3,7 @@ picks, with a runner that answers from a table of final losses (ctest
 peers_sweep_test; the runs themselves are what the grid and peers_quick_test
 exercise)."""
 
+import json
 import math
 import os
 import sys
@@ -127,6 +128,21 @@ def test_only_names_a_run_exactly_or_by_pattern():
     assert run.named(name, [name])
     assert not run.named(name, ["small-100mbit-tau16-seed1-co2"])
     assert run.named(name, ["small-none-*", "small-100mbit-tau16-*"])
+
+
+
+def test_a_cached_repeat_is_its_grid_rows_settings(tmp_path):
+    rows = run.grid(False)
+    row = next(r for r in rows if r["name"] == "small-100mbit-tau16-seed1-co2")
+    stale = dict(run.repeat_of(row, 2), snapshot="anchor")
+    for i, r in enumerate((stale, dict(run.repeat_of(row, 3)))):
+        (tmp_path / f"{i}.json").write_text(json.dumps({"run": r}))
+    found = run.cached_repeats(rows, str(tmp_path))
+    assert [x["name"] for x in found] == [
+        "small-100mbit-tau16-seed1-co2-r2", "small-100mbit-tau16-seed1-co2-r3"]
+    # The row the cache is asked for has the grid's settings, not the stale ones.
+    assert found[0]["snapshot"] == "applied"
+    assert run.cache_key(found[0]) != run.cache_key(stale)
 
 
 if __name__ == "__main__":

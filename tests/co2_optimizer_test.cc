@@ -103,6 +103,25 @@ ClientOptions MakeClientOptions(const Shards& shards, const std::string& job,
   return options;
 }
 
+// The optimizer of a co2 job's only worker (τ = 2, 2 rounds), joined to
+// `shards`.
+absl::StatusOr<std::unique_ptr<Co2Optimizer>> LoneCo2Worker(
+    const Shards& shards, const std::string& job, FlatParams* flat,
+    torch::optim::Optimizer* inner, bool carry_progress) {
+  CO2_ASSIGN_OR_RETURN(
+      std::unique_ptr<AggregatorClient> client,
+      AggregatorClient::Connect(
+          MakeClientOptions(shards, job, "w0", Algo::kCo2, 0, 2),
+          flat->ParamSpan()));
+  Co2OptimizerOptions options;
+  options.algo = Algo::kCo2;
+  options.tau = 2;
+  options.rounds = 2;
+  options.carry_progress = carry_progress;
+  return Co2Optimizer::Create(options, flat, inner, std::move(client), nullptr,
+                              nullptr);
+}
+
 // Runs body(i) on n threads and joins them.
 void RunThreads(int n, const std::function<void(int)>& body) {
   std::vector<std::thread> threads;
@@ -830,17 +849,8 @@ TEST(Co2OptimizerTest, EvaluateAtAnchorSeesTheAnchorAndRestoresTheParameters) {
   auto flat = FlatParams::Create({w});
   ASSERT_TRUE(flat.ok());
   torch::optim::SGD inner({w}, torch::optim::SGDOptions(0.1));
-  auto client = AggregatorClient::Connect(
-      MakeClientOptions(shards, "evaluate", "w0", Algo::kCo2, 0, 2),
-      (*flat)->ParamSpan());
-  ASSERT_TRUE(client.ok()) << client.status();
-  Co2OptimizerOptions options;
-  options.algo = Algo::kCo2;
-  options.tau = 2;
-  options.rounds = 2;
-  options.carry_progress = true;
-  auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
-                                  std::move(*client), nullptr, nullptr);
+  auto opt = LoneCo2Worker(shards, "evaluate", flat->get(), &inner,
+                           /*carry_progress=*/true);
   ASSERT_TRUE(opt.ok()) << opt.status();
   for (int step = 0; step < 2; ++step) {
     (*opt)->ZeroGrad();
@@ -876,16 +886,8 @@ TEST(Co2OptimizerTest, LeaderHoldsOnlyParamsGradsAnchorStateAndClientBuffers) {
   auto flat = FlatParams::Create({w});
   ASSERT_TRUE(flat.ok());
   torch::optim::AdamW inner({w}, torch::optim::AdamWOptions(1e-3));
-  auto client = AggregatorClient::Connect(
-      MakeClientOptions(shards, "memory", "w0", Algo::kCo2, 0, 2),
-      (*flat)->ParamSpan());
-  ASSERT_TRUE(client.ok()) << client.status();
-  Co2OptimizerOptions options;
-  options.algo = Algo::kCo2;
-  options.tau = 2;
-  options.rounds = 2;
-  auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
-                                  std::move(*client), nullptr, nullptr);
+  auto opt = LoneCo2Worker(shards, "memory", flat->get(), &inner,
+                           /*carry_progress=*/false);
   ASSERT_TRUE(opt.ok()) << opt.status();
   for (int step = 0; step < 4; ++step) {
     (*opt)->ZeroGrad();

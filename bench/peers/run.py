@@ -21,8 +21,9 @@ peers_quick.json) and, for the full grid, bench/results/peers.png.
 Runs are cached in $CO2_CACHE_DIR/peers-runs (one JSON per run, keyed by its
 settings, recording the commit it ran at; --cache picks another directory);
 a rerun skips what is cached, and a failed run is not cached. --only selects
-rows by name (shell-style patterns: small-100mbit-tau16-*); --max_minutes stops starting runs after that long, and
-the results then list the rows that were not run. Needs root, iproute2, tc.
+rows by name (or shell-style patterns: small-100mbit-tau16-*); --max_minutes
+stops starting runs after that long, and the results then list the rows that
+were not run. Needs root, iproute2, tc.
 """
 
 from __future__ import annotations

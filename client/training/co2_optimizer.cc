@@ -262,8 +262,7 @@ void Co2Optimizer::ZeroGrad() { flat_->ZeroGrads(); }
 
 absl::Status Co2Optimizer::EvaluateAtAnchor(
     absl::FunctionRef<absl::Status()> evaluate) {
-  if (exchange_ == nullptr ||
-      (options_.eager_share == 0 && !options_.carry_progress)) {
+  if (exchange_ == nullptr || !OffsetFromAnchor()) {
     return evaluate();
   }
   std::vector<float> x;
@@ -562,7 +561,7 @@ MemoryReport Co2Optimizer::Memory() const {
 }
 
 absl::StatusOr<uint64_t> Co2Optimizer::BoundaryHash() {
-  if (options_.eager_share == 0 && !options_.carry_progress) {
+  if (!OffsetFromAnchor()) {
     return ParamsHash();
   }
   uint64_t hash = exchange_ != nullptr

@@ -280,6 +280,11 @@ class Co2Optimizer {
   absl::Status EndRound(RoundStats stats);
   // The local leader saves a WorkerCheckpoint at this round's boundary.
   bool CheckpointDue() const;
+  // With eager updates or carried progress each worker's parameters are its
+  // own offset from the anchor the ranks and workers share.
+  bool OffsetFromAnchor() const {
+    return options_.eager_share != 0 || options_.carry_progress;
+  }
   absl::Span<float> HostParams();
   // x <- `host` (all of x, on the host), wherever x lives. Throws what
   // LibTorch throws.

@@ -180,10 +180,10 @@ class Optimizer(torch.optim.Optimizer):
             raise ValueError("aggregators is empty: give host:port of every shard")
         if not job:
             raise ValueError("job is empty")
-        if carry_progress is None:
-            carry_progress = _core.default_carry_progress(algo, eager_share != 0)
-        self.carry_progress = bool(carry_progress)
-        if self.carry_progress and (algo != "co2" or eager_share != 0):
+        # Where carried progress applies at all (client::DefaultCarryProgress).
+        carries = _core.default_carry_progress(algo, eager_share != 0)
+        self.carry_progress = carries if carry_progress is None else bool(carry_progress)
+        if self.carry_progress and not carries:
             raise ValueError(
                 "carry_progress=True is for algo='co2' without eager_share (both move where "
                 f"a round starts), got algo={algo!r}, eager_share={eager_share!r}")
@@ -237,7 +237,7 @@ class Optimizer(torch.optim.Optimizer):
             samples_per_step=float(samples_per_step), ca_file=ca_file, cert_file=cert_file,
             key_file=key_file, token_file=token_file, rejoin=rejoin,
             connect_timeout=float(connect_timeout), update_timeout=float(update_timeout),
-            eager_share=float(eager_share), carry_progress=bool(carry_progress))
+            eager_share=float(eager_share), carry_progress=self.carry_progress)
         self._exchange: Optional[Any] = None
         self._final_stats: Dict[str, Any] = {}
         self._connected = False
@@ -455,7 +455,7 @@ class Optimizer(torch.optim.Optimizer):
                 residual = None  # a fp32 uplink keeps none
             offset = torch.empty(self._host.numel, dtype=torch.float32)
             # Carried progress keeps no last Δ.
-            last = (None if self._join["carry_progress"]
+            last = (None if self.carry_progress
                     else torch.empty(self._host.numel, dtype=torch.float32))
             filled = self._exchange.copy_start_offset(
                 offset.data_ptr(), 0 if last is None else last.data_ptr(), self._host.numel)

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """co2 against the systems its users would pick instead, on the same work:
 torch DDP (Gloo), torchft's DiLoCo, streaming DiLoCo and LocalSGD, hivemind's
-Optimizer with local updates, and co2 (defaults; blocking DiLoCo; the plain
-average as its outer step, without and with carried progress; carried
-progress at the default outer step), each through its own public
-API (bench/peers/worker.py), training the byte-level transformer of
+Optimizer with local updates, and co2 (its defaults; its blocking DiLoCo;
+alpha 0.5 without and with carried progress; alpha 1 without it; the
+defaults with an int8 exchange), each through its own public API
+(bench/peers/worker.py), training the byte-level transformer of
 bench/peers/task.py with 4 workers. Every system runs at its best inner lr
 from one shared sweep (seed 1, the small model, unshaped, tau 16).
 
@@ -57,8 +57,9 @@ PEER_SYSTEMS = ("ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd"
 # co2: co2.Optimizer's defaults (the plain average, α = 1, with carried
 # progress); co2-diloco: its DiLoCo (a check of the harness against
 # torchft's); co2-a0.5: α = 0.5 without carried progress; co2-nocarry and
-# co2-a0.5-carry: α = 1 alone and carried progress alone (worker.py).
-CO2_SYSTEMS = ("co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry")
+# co2-a0.5-carry: α = 1 alone and carried progress alone; co2-int8: the
+# defaults with an int8 exchange both ways (worker.py).
+CO2_SYSTEMS = ("co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry", "co2-int8")
 # co2 settings that run in the sweep and the headline rows only.
 CO2_HEADLINE_ONLY = ("co2-nocarry", "co2-a0.5-carry")
 SYSTEMS = PEER_SYSTEMS + CO2_SYSTEMS

@@ -12,6 +12,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run  # noqa: E402
+import seed  # noqa: E402
+import summarize  # noqa: E402
 
 
 class TableRunner:
@@ -117,7 +119,7 @@ def test_co2s_extra_settings_run_in_the_headline_rows_only():
     for system in run.CO2_HEADLINE_ONLY:
         names = {r["name"] for r in rows if r["system"] == system}
         assert names == {f"small-{link}-tau16-seed1-{system}" for link in ("none", "100mbit")}
-    for system in ("co2", "co2-a0.5", "co2-diloco"):
+    for system in ("co2", "co2-a0.5", "co2-diloco", "co2-int8"):
         assert any(r["system"] == system and r["size"] == "medium" for r in rows), system
         assert any(r["system"] == system and r["tau"] == 64 for r in rows), system
 
@@ -143,6 +145,58 @@ def test_a_cached_repeat_is_its_grid_rows_settings(tmp_path):
     # The row the cache is asked for has the grid's settings, not the stale ones.
     assert found[0]["snapshot"] == "applied"
     assert run.cache_key(found[0]) != run.cache_key(stale)
+
+
+def fake_record(r: dict, loss: float) -> dict:
+    rank = {"train_s": 80.0, "params": 10, "final_val_loss": loss, "params_digest": "d",
+            "optimizer_step_s": 8.0, "net_tx_bytes": 5, "net_rx_bytes": 6, "notes": {},
+            "curve": [{"samples": 16 * k, "wall_s": 10.0 * k, "val_loss": loss + 1 / k}
+                      for k in (1, 2)]}
+    return {"run": r, "ranks": [rank] * 4, "commands": ["w0"], "elapsed_s": 90.0,
+            "commit": "abc", "load_1min": [3.0, 4.0],
+            "wire": {f"co2pr-w{i}": {"tx_bytes": 100, "rx_bytes": 200} for i in range(4)}}
+
+
+def test_seeding_the_cache_from_results_gives_back_their_table(tmp_path):
+    """A cache seeded from a results JSON serves every run of it under the
+    settings the harness asks for, and the table built from it is the JSON's:
+    a grid row (also the sweep's run at that lr), a co2 row, a repeat and a
+    sweep-only run."""
+    rows = {r["name"]: r for r in run.grid(False)}
+    ddp = dict(rows["small-none-seed1-ddp"], lr=5e-4)
+    co2 = dict(rows["small-100mbit-tau16-seed1-co2"], lr=1e-3)
+    picked = [dict(rows["small-local-seed1"]), ddp, co2, run.repeat_of(co2, 2)]
+    records = {r["name"]: fake_record(dict(r), 2.5 + i / 10) for i, r in enumerate(picked)}
+    sweep_only = run.sweep_row("ddp", 1e-3)
+    records[sweep_only["name"]] = fake_record(sweep_only, 2.7)
+    ddp_sweep = run.sweep_row("ddp", 5e-4)
+    records[ddp_sweep["name"]] = records[ddp["name"]]
+    result = summarize.build(records, picked, [], command="c", versions={}, installed={},
+                             machine={}, quick=False)
+    result["lr_sweep"] = {"systems": {"ddp": {"best_lr": 5e-4, "runs": [
+        {"lr": 5e-4}, {"lr": 1e-3}]}}}
+    path = tmp_path / "peers.json"
+    path.write_text(json.dumps(result))
+    cache = str(tmp_path / "cache")
+    written, present = seed.seed(str(path), cache)
+    assert sorted(written + present) == sorted(records)
+    assert present == [ddp_sweep["name"]]  # the grid row's run, cached once
+    got = {r["name"]: run.cached(cache, r) for r in picked + [sweep_only, ddp_sweep]}
+    assert all(rec is not None for rec in got.values())
+    assert got[sweep_only["name"]]["ranks"][0]["final_val_loss"] == 2.7
+    table = [summarize.row_of(got[r["name"]], got) for r in picked]
+    assert json.loads(json.dumps(table)) == result["rows"]
+    assert seed.seed(str(path), cache)[0] == []
+
+
+def test_seeding_refuses_a_run_the_grid_does_not_name(tmp_path):
+    r = dict(run.SWEEP_AT, system="ddp", lr=1e-3, name="small-none-seed1-nosuch")
+    result = summarize.build({r["name"]: fake_record(r, 2.6)}, [r], [], command="c",
+                             versions={}, installed={}, machine={}, quick=False)
+    path = tmp_path / "peers.json"
+    path.write_text(json.dumps(result))
+    with pytest.raises(ValueError, match="small-none-seed1-nosuch"):
+        seed.seed(str(path), str(tmp_path / "cache"))
 
 
 if __name__ == "__main__":

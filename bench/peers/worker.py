@@ -37,7 +37,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import task  # noqa: E402
 
 SYSTEMS = ("local", "ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd",
-           "hivemind", "co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry")
+           "hivemind", "co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry",
+           "co2-int8")
 BARRIER_PORT = 29400
 DDP_PORT = 29500
 TORCHFT_STORE_PORT = 29600
@@ -194,6 +195,11 @@ def main() -> int:
             extra["config"] = co2.JobConfig(alpha=0.5)
         if system in ("co2-a0.5", "co2-nocarry"):
             extra["carry_progress"] = False
+        # "co2-int8": the defaults with both directions int8 (Δ with error
+        # feedback), a quarter of fp32's bytes.
+        if system == "co2-int8":
+            extra["config"] = co2.JobConfig(downlink_codec="int8")
+            extra["uplink_codec"] = "int8"
         opt = co2.Optimizer(model.parameters(), inner, tau=tau, rounds=args.steps // tau,
                             aggregators=args.aggregators.split(","), job=args.job,
                             worker_id=f"worker-{args.rank}", samples_per_step=size.batch,

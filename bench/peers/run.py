@@ -412,6 +412,7 @@ class Runner:
         # The machine is shared: its 1-minute load before and after the run.
         rec["load_1min"] = [load, os.getloadavg()[0]]
         rec["commit"] = head_commit()
+        rec["cpu"] = machine()["cpu"]
         if "error" in rec:
             print(f"  FAILED: {rec['error'][-1500:]}", file=sys.stderr, flush=True)
         else:

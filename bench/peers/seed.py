@@ -65,7 +65,7 @@ def records(result: dict, source: str) -> dict:
         out[name] = {"run": r, "ranks": ranks, "wire": run["wire"],
                      "commands": run["worker_commands"], "elapsed_s": run["elapsed_s"],
                      "load_1min": table.get(name, {}).get("load_1min"),
-                     "commit": run["commit"], "seeded_from": source}
+                     "commit": run["commit"], "cpu": run.get("cpu"), "seeded_from": source}
     return out
 
 

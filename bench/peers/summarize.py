@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -44,6 +45,7 @@ def row_of(rec: dict, records: dict) -> dict:
     row = {k: r[k] for k in ("name", "system", "size", "link", "tau", "seed", "steps", "lr")}
     row["repeat"] = r.get("repeat", 1)
     row["load_1min"] = rec.get("load_1min")
+    row["cpu"] = rec.get("cpu")
     if "error" in rec:
         row["error"] = rec["error"]
         return row
@@ -68,11 +70,8 @@ def row_of(rec: dict, records: dict) -> dict:
         "curve": [{k: p[k] for k in ("samples", "wall_s", "val_loss")} for p in r0["curve"]],
         "notes": r0.get("notes", {}),
     })
-    # The no-communication run of the same repeat if there is one.
-    rep = f"-r{row['repeat']}" if row["repeat"] > 1 else ""
-    local = (records.get(f"{r['size']}-local-seed{r['seed']}{rep}")
-             or records.get(f"{r['size']}-local-seed{r['seed']}"))
-    if local and "error" not in local and r["system"] != "local":
+    local = reference(records, r, rec.get("cpu"), row["repeat"])
+    if local and r["system"] != "local":
         local_wall = max(x["train_s"] for x in local["ranks"])
         row["vs_local"] = local_wall / wall
         row["exposed_share"] = 1 - local_wall / wall
@@ -85,6 +84,19 @@ def row_of(rec: dict, records: dict) -> dict:
                        time_to_target_s=time_to(r0["curve"], target))
             break
     return row
+
+
+def reference(records: dict, r: dict, cpu, repeat: int):
+    """The no-communication run a row's throughput is measured against: of
+    the same size and seed, timed on the same CPU (a run records its CPU's
+    model; runs seeded from results that predate that have none) and, among
+    those, of the same repeat, else the first; None if there is none."""
+    base = f"{r['size']}-local-seed{r['seed']}"
+    runs = {1 if name == base else int(name[len(base) + 2:]): rec
+            for name, rec in records.items()
+            if (name == base or re.fullmatch(re.escape(base) + r"-r[0-9]+", name))
+            and "error" not in rec and rec.get("cpu") == cpu}
+    return runs.get(repeat) or (runs[min(runs)] if runs else None)
 
 
 def repeats_summary(table: list) -> list:
@@ -128,7 +140,8 @@ def build(records: dict, rows: list, not_run: list, *, command: str, versions: d
         "rows": table,
         "repeats_summary": repeats_summary(table),
         "not_run": not_run,
-        "runs": {name: {"commit": rec.get("commit"), "elapsed_s": rec.get("elapsed_s"),
+        "runs": {name: {"commit": rec.get("commit"), "cpu": rec.get("cpu"),
+                        "elapsed_s": rec.get("elapsed_s"),
                         "worker_commands": rec.get("commands", []),
                         "wire": rec.get("wire"),
                         "ranks": [{k: v for k, v in x.items() if k != "curve"}

@@ -189,6 +189,26 @@ def test_seeding_the_cache_from_results_gives_back_their_table(tmp_path):
     assert seed.seed(str(path), cache)[0] == []
 
 
+def test_throughput_is_against_the_no_communication_run_on_the_same_cpu():
+    rows = {r["name"]: r for r in run.grid(False)}
+    local, co2 = rows["small-local-seed1"], dict(rows["small-100mbit-tau16-seed1-co2"], lr=1e-3)
+    records = {}
+    for r, cpu, train_s in ((local, None, 40.0), (run.repeat_of(local, 2), "B", 20.0),
+                            (run.repeat_of(local, 3), "A", 30.0), (co2, "A", 60.0),
+                            (run.repeat_of(co2, 2), "A", 60.0),
+                            (run.repeat_of(co2, 3), None, 60.0)):
+        rec = fake_record(dict(r), 2.6)
+        rec["ranks"] = [dict(x, train_s=train_s) for x in rec["ranks"]]
+        rec["cpu"] = cpu
+        records[r["name"]] = rec
+    rows = [summarize.row_of(records[n], records) for n in (
+        co2["name"], co2["name"] + "-r2", co2["name"] + "-r3")]
+    # The same CPU's reference (r3's) serves both of A's repeats; a run of
+    # unknown CPU (seeded from old results) keeps the first.
+    assert [x["vs_local"] for x in rows] == [0.5, 0.5, 40.0 / 60.0]
+    assert [x["cpu"] for x in rows] == ["A", "A", None]
+
+
 def test_seeding_refuses_a_run_the_grid_does_not_name(tmp_path):
     r = dict(run.SWEEP_AT, system="ddp", lr=1e-3, name="small-none-seed1-nosuch")
     result = summarize.build({r["name"]: fake_record(r, 2.6)}, [r], [], command="c",

@@ -21,6 +21,8 @@
 # defaults for co2 with no outer flags (the plain average with carried
 # progress, at Local-SGD's lr); co2-avg-carry, the same spelled out: --alpha=1
 # --beta=0 --carry_progress --eager=false at Local-SGD's lr; co2-aX, eager
+# updates at --alpha=X; co2-det, the defaults with --deterministic, which
+# applies each update at the boundary; co2-det-aX, --deterministic with eager
 # updates at --alpha=X; localsgd, Local-SGD's blocking average). The eager
 # variants run at the convergence study's best lr for co2 with eager updates.
 # NICE (-10), KEEP=1 keeps the scratch directory. Runs already in OUT are
@@ -94,6 +96,9 @@ for rate in $rates; do
           co2-avg-carry) flags=(--algo=co2 --alpha=1 --beta=0 --carry_progress --eager=false
                                 --lr="$localsgd_lr") ;;
           co2-default) flags=(--algo=co2) ;;
+          co2-det) flags=(--algo=co2 --deterministic) ;;
+          co2-det-a*) flags=(--algo=co2 --deterministic --alpha="${variant#co2-det-a}" --eager
+                             --lr="$eager_lr") ;;
           co2-a*) flags=(--algo=co2 --alpha="${variant#co2-a}" --eager --lr="$eager_lr") ;;
           co2-boundary) flags=(--algo=co2 --alpha="$alpha" --eager --lr="$eager_lr"
                                --apply=boundary) ;;

@@ -100,17 +100,20 @@ def reference(records: dict, r: dict, cpu, repeat: int):
 
 
 def repeats_summary(table: list) -> list:
-    """Per (size, link, tau, seed, system, lr): the median, min and max over the
-    repeats of time to target, wall time and exposed share."""
+    """Per (size, link, tau, seed, system, lr, CPU): the median, min and max
+    over the repeats of time to target, wall time and exposed share. Times
+    are only comparable on one CPU, so repeats on different CPUs are
+    separate entries."""
     groups = {}
     for row in table:
         if "error" not in row and row["system"] != "local":
-            key = (row["size"], row["link"], row["tau"], row["seed"], row["system"], row["lr"])
+            key = (row["size"], row["link"], row["tau"], row["seed"], row["system"], row["lr"],
+                   row.get("cpu"))
             groups.setdefault(key, []).append(row)
     out = []
-    for (size, link, tau, seed, system, lr), rows in groups.items():
+    for (size, link, tau, seed, system, lr, cpu), rows in groups.items():
         entry = {"size": size, "link": link, "tau": tau, "seed": seed, "system": system,
-                 "lr": lr, "repeats": len(rows),
+                 "lr": lr, "cpu": cpu, "repeats": len(rows),
                  "wire_bytes_per_worker": statistics.median(r["wire_bytes_per_worker"] for r in rows)}
         for k in ("final_val_loss", "time_to_target_s", "wall_s", "exposed_share"):
             vals = [r.get(k) for r in rows]
@@ -205,7 +208,8 @@ def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
 
 def markdown(result: dict) -> str:
     """docs/results.md's table: per row, the median over its repeats and,
-    where there are several, [min–max]."""
+    where there are several, [min–max]; the runs of each CPU together (those
+    that recorded none first), in the grid's order."""
     def spread(v, digits):
         text = f"{v['median']:.{digits}f}"
         if v["min"] == v["max"]:
@@ -215,15 +219,25 @@ def markdown(result: dict) -> str:
     def to_target(v):
         return "not reached" if v is None else spread(v, 1)
 
-    lines = ["| model | link | τ | seed | system | inner lr | runs | time to target (s) | "
-             "final val loss | wall (s) | exposed | MB/worker |", "|" + "---|" * 12]
-    for e in result["repeats_summary"]:
-        lines.append(f"| {e['size']} | {e['link']} | {e['tau']} | {e['seed']} | {e['system']} | "
+    cpus = list(dict.fromkeys(e.get("cpu") for e in result["repeats_summary"]))
+    cpus.sort(key=lambda c: c is not None)
+    lines = ["| CPU | model | link | τ | seed | system | inner lr | runs | time to target (s) | "
+             "final val loss | wall (s) | exposed | MB/worker |", "|" + "---|" * 13]
+    for e in sorted(result["repeats_summary"], key=lambda e: cpus.index(e.get("cpu"))):
+        lines.append(f"| {cpu_label(e.get('cpu'))} | {e['size']} | {e['link']} | {e['tau']} | "
+                     f"{e['seed']} | {e['system']} | "
                      f"{e['lr']:g} | "
                      f"{e['repeats']} | {to_target(e['time_to_target_s'])} | "
                      f"{spread(e['final_val_loss'], 4)} | {spread(e['wall_s'], 1)} | "
                      f"{spread(e['exposed_share'], 2)} | {e['wire_bytes_per_worker'] / 1e6:.0f} |")
     return "\n".join(lines)
+
+
+def cpu_label(cpu) -> str:
+    """A CPU's model without its trademarks, or "not recorded"."""
+    if cpu is None:
+        return "not recorded"
+    return re.sub(r"\((R|TM)\)", "", cpu).replace(" Processor", "").strip()
 
 
 def sweep_markdown(result: dict) -> str:

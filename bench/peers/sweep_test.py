@@ -207,6 +207,9 @@ def test_throughput_is_against_the_no_communication_run_on_the_same_cpu():
     # unknown CPU (seeded from old results) keeps the first.
     assert [x["vs_local"] for x in rows] == [0.5, 0.5, 40.0 / 60.0]
     assert [x["cpu"] for x in rows] == ["A", "A", None]
+    # Repeats on different CPUs are not one median.
+    summary = summarize.repeats_summary(rows)
+    assert [(e["cpu"], e["repeats"]) for e in summary] == [("A", 2), (None, 1)]
 
 
 def test_seeding_refuses_a_run_the_grid_does_not_name(tmp_path):

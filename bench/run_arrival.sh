@@ -23,8 +23,10 @@
 # --beta=0 --carry_progress --eager=false at Local-SGD's lr; co2-aX, eager
 # updates at --alpha=X; co2-det, the defaults with --deterministic, which
 # applies each update at the boundary; co2-det-aX, --deterministic with eager
-# updates at --alpha=X; localsgd, Local-SGD's blocking average). The eager
-# variants run at the convergence study's best lr for co2 with eager updates.
+# updates at --alpha=X; co2-det-nocarry-aX, --deterministic at --alpha=X
+# without carried progress; localsgd, Local-SGD's blocking average). The
+# eager and no-carry variants run at the convergence study's best lr for co2
+# with eager updates.
 # NICE (-10), KEEP=1 keeps the scratch directory. Runs already in OUT are
 # kept (the study resumes), unless RERUN=1.
 set -euo pipefail
@@ -99,6 +101,9 @@ for rate in $rates; do
           co2-det) flags=(--algo=co2 --deterministic) ;;
           co2-det-a*) flags=(--algo=co2 --deterministic --alpha="${variant#co2-det-a}" --eager
                              --lr="$eager_lr") ;;
+          co2-det-nocarry-a*) flags=(--algo=co2 --deterministic
+                                     --alpha="${variant#co2-det-nocarry-a}"
+                                     --carry_progress=false --lr="$eager_lr") ;;
           co2-a*) flags=(--algo=co2 --alpha="${variant#co2-a}" --eager --lr="$eager_lr") ;;
           co2-boundary) flags=(--algo=co2 --alpha="$alpha" --eager --lr="$eager_lr"
                                --apply=boundary) ;;

@@ -109,6 +109,15 @@ def table(data):
     return "\n".join(lines)
 
 
+def cpu_model() -> str:
+    """The CPU a run ran on: its exposed share is only comparable on one."""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("action", choices=["has", "add", "table"])
@@ -122,7 +131,8 @@ def main():
     if args.action == "has":
         return 0 if args.id in data["runs"] else 1
     if args.action == "add":
-        data["runs"][args.id] = record(args.scratch, args.workers, args.command)
+        data["runs"][args.id] = dict(record(args.scratch, args.workers, args.command),
+                                     cpu=cpu_model())
         data["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
         save(args.out, data)
         return 0

@@ -173,18 +173,30 @@ def print_table(result: dict) -> None:
 
 
 def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
-         tau: int = 16, seed: int = 1) -> None:
-    """Validation loss against wall time, one line per system, at LINK;
-    of a system's repeats, the one with the median wall time."""
-    runs = {}
+         tau: int = 16, seed: int = 1) -> list:
+    """Validation loss against wall time, one line per system, at LINK; of a
+    system's repeats, the one with the median wall time. Times compare only
+    on one CPU, so each CPU gets its own plot: the one with the most systems
+    at PATH, the others beside it named after their CPU. Returns the paths."""
+    by_cpu = {}
     for r in result["rows"]:
         if ("error" not in r and r["system"] != "local" and r["size"] == size
                 and r["link"] == link and r["seed"] == seed
                 and (r["tau"] == tau or r["system"] == "ddp")):
-            runs.setdefault(r["system"], []).append(r)
+            by_cpu.setdefault(r.get("cpu"), {}).setdefault(r["system"], []).append(r)
+    written = []
+    stem, ext = os.path.splitext(path)
+    for i, (cpu, runs) in enumerate(sorted(by_cpu.items(), key=lambda kv: -len(kv[1]))):
+        slug = re.sub(r"[^a-z0-9]+", "-", cpu_label(cpu).lower())
+        out = path if i == 0 else f"{stem}-{slug}{ext}"
+        plot_one(runs, out, f"{size} model, 4 workers, {link} per worker, tau {tau}, "
+                 f"CPU: {cpu_label(cpu)}")
+        written.append(out)
+    return written
+
+
+def plot_one(runs: dict, path: str, what: str) -> None:
     rows = [sorted(rs, key=lambda r: r["wall_s"])[(len(rs) - 1) // 2] for rs in runs.values()]
-    if not rows:
-        return
     with tempfile.TemporaryDirectory() as tmp:
         plots = []
         for i, r in enumerate(rows):
@@ -198,8 +210,8 @@ def plot(result: dict, path: str, size: str = "small", link: str = "100mbit",
         if target:
             plots.append(f"{target} with lines dashtype 2 lc rgb 'gray' title 'target'")
         script = (f"set terminal pngcairo size 800,500 font ',10'\nset output '{path}'\n"
-                  f"set title 'validation loss, {size} model ({rows[0]['params'] / 1e6:.1f}M), "
-                  f"4 workers, {link} per worker, tau {tau}'\n"
+                  f"set title 'validation loss, {rows[0]['params'] / 1e6:.1f}M parameters, "
+                  f"{what}'\n"
                   "set xlabel 'wall time (s, log scale)'\nset ylabel 'validation loss (nats/byte)'\n"
                   "set key top right\nset grid\nset yrange [2.55:3.1]\n"
                   "set logscale x\nplot " + ", ".join(plots) + "\n")

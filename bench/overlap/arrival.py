@@ -21,6 +21,8 @@ import platform
 import statistics
 import sys
 
+from summarize import machine
+
 
 def load(path):
     if not os.path.exists(path):
@@ -109,15 +111,6 @@ def table(data):
     return "\n".join(lines)
 
 
-def cpu_model() -> str:
-    """The CPU a run ran on: its exposed share is only comparable on one."""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return ""
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("action", choices=["has", "add", "table"])
@@ -131,8 +124,9 @@ def main():
     if args.action == "has":
         return 0 if args.id in data["runs"] else 1
     if args.action == "add":
+        # The CPU a run ran on: its exposed share is only comparable on one.
         data["runs"][args.id] = dict(record(args.scratch, args.workers, args.command),
-                                     cpu=cpu_model())
+                                     cpu=machine()["cpu"])
         data["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
         save(args.out, data)
         return 0

@@ -381,6 +381,7 @@ class Runner:
     def __init__(self, args, python: str, installed: dict) -> None:
         self.args, self.python, self.installed = args, python, installed
         self.records, self.not_run = {}, []
+        self.cpu = machine()["cpu"]
         self.started = time.monotonic()
         self.current_link = None
 
@@ -412,7 +413,7 @@ class Runner:
         # The machine is shared: its 1-minute load before and after the run.
         rec["load_1min"] = [load, os.getloadavg()[0]]
         rec["commit"] = head_commit()
-        rec["cpu"] = machine()["cpu"]
+        rec["cpu"] = self.cpu
         if "error" in rec:
             print(f"  FAILED: {rec['error'][-1500:]}", file=sys.stderr, flush=True)
         else:

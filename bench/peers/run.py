@@ -6,7 +6,8 @@ alpha 0.5 without and with carried progress; alpha 1 without it; the
 defaults with an int8 exchange), each through its own public API
 (bench/peers/worker.py), training the byte-level transformer of
 bench/peers/task.py with 4 workers. Every system runs at its best inner lr
-from one shared sweep (seed 1, the small model, unshaped, tau 16).
+for the model's size, from one shared sweep per size (seed 1, unshaped,
+tau 16).
 
 Each worker runs in its own network namespace behind its own link (unshaped,
 or tc tbf at 1 Gbit/s or 100 Mbit/s in both directions; bench/overlap/netns.sh);
@@ -71,14 +72,18 @@ def worker_addr(i: int) -> str:
     return f"10.99.0.{i + 1}"
 
 
-# The shared inner-lr sweep: every system on the headline task (small model,
-# seed 1, tau 16) on the unshaped link, at each of SWEEP_LRS; a system whose
-# best lr is an edge of what it ran gets the next lr beyond it (halved or
-# doubled, within SWEEP_BOUNDS) until its best lies inside. Every other row
-# of the grid runs at its system's best.
-SWEEP_AT = dict(size="small", steps=256, link="none", tau=16, seed=1, val_windows=64,
-                eval_every=16)
-SWEEP_LRS = (1e-3, 2e-3, 4e-3)
+# The shared inner-lr sweep, one per model size: every system of that size's
+# rows on its task at seed 1, tau 16, on the unshaped link, at each of the
+# size's SWEEP_LRS; a system whose best lr is an edge of what it ran gets the
+# next lr beyond it (halved or doubled, within SWEEP_BOUNDS) until its best
+# lies inside. Every other row of the grid runs at its system's best for its
+# size.
+SWEEP_AT = {size: dict(size=size, steps=steps, link="none", tau=16, seed=1, val_windows=64,
+                       eval_every=16)
+            for size, steps in (("small", 256), ("medium", 128))}
+# Where each size's sweep starts; the 25M model's a factor 4 lower, where a
+# transformer of its size trains (the edge rule still finds a best outside).
+SWEEP_LRS = {"small": (1e-3, 2e-3, 4e-3), "medium": (2.5e-4, 5e-4, 1e-3)}
 SWEEP_BOUNDS = (6.25e-5, 3.2e-2)
 # The no-communication reference only times the loop; its lr is fixed.
 LOCAL_LR = 1e-3
@@ -367,9 +372,9 @@ def cached(cache: str, r: dict):
     return None
 
 
-def sweep_row(system: str, lr: float) -> dict:
+def sweep_row(size: str, system: str, lr: float) -> dict:
     """The sweep reads only the final loss: its rows carry no curve setting."""
-    r = dict(SWEEP_AT, system=system, lr=lr, **co2_settings(system, curve=False))
+    r = dict(SWEEP_AT[size], system=system, lr=lr, **co2_settings(system, curve=False))
     r["name"] = f"{run_name(r)}-lr{lr:g}"
     return r
 
@@ -435,16 +440,17 @@ def final_loss(rec) -> float:
     return loss if math.isfinite(loss) else math.inf
 
 
-def sweep(runner: Runner, needed: set) -> dict:
-    """The shared inner-lr sweep of SYSTEMS, run where a system is `needed`
-    and taken from the cache for the others; per system the lrs it ran with
-    their final losses (failed runs with their error) and the best lr, None
-    while the sweep is incomplete."""
+def sweep(runner: Runner, size: str, systems: list, needed: set) -> dict:
+    """The shared inner-lr sweep of `systems` on the model `size`, run where
+    a system is `needed` and taken from the cache for the others; per system
+    the lrs it ran with their final losses (failed runs with their error)
+    and the best lr, None while the sweep is incomplete."""
     out = {}
-    for system in SYSTEMS:
-        lrs = list(SWEEP_LRS)
+    for system in systems:
+        lrs = list(SWEEP_LRS[size])
         while True:
-            recs = {lr: runner.run(sweep_row(system, lr), system in needed) for lr in lrs}
+            recs = {lr: runner.run(sweep_row(size, system, lr), system in needed)
+                    for lr in lrs}
             losses = {lr: final_loss(rec) for lr, rec in recs.items()}
             best = None
             if all(rec is not None for rec in recs.values()):
@@ -459,13 +465,27 @@ def sweep(runner: Runner, needed: set) -> dict:
                     continue
             break
         out[system] = {"best_lr": best,
-                       "runs": [sweep_entry(system, lr, recs[lr]) for lr in lrs]}
+                       "runs": [sweep_entry(size, system, lr, recs[lr]) for lr in lrs]}
     return out
 
 
-def sweep_entry(system: str, lr: float, rec) -> dict:
+def sweep_systems(rows: list, size: str) -> list:
+    """The systems whose rows of the model `size` take their lr from its sweep."""
+    return [s for s in SYSTEMS
+            if any(r["size"] == size and r["system"] == s and r["lr"] is None for r in rows)]
+
+
+def take_best(rows: list, lr_sweep: dict) -> None:
+    """Gives each row whose lr the sweep decides (None) its system's best lr
+    for the row's model size."""
+    for r in rows:
+        if r["lr"] is None and r["system"] in lr_sweep.get(r["size"], {}):
+            r["lr"] = lr_sweep[r["size"]][r["system"]]["best_lr"]
+
+
+def sweep_entry(size: str, system: str, lr: float, rec) -> dict:
     """One lr of a system's sweep as the results record it."""
-    entry = {"lr": lr, "name": sweep_row(system, lr)["name"], "final_val_loss": None}
+    entry = {"lr": lr, "name": sweep_row(size, system, lr)["name"], "final_val_loss": None}
     if rec is None:
         entry["not_run"] = True
     elif "error" in rec:
@@ -577,12 +597,13 @@ def main() -> int:
     netns(f"ov_up {WORKERS}")
     try:
         if not args.quick:
-            # The sweep comes first for every system a selected row needs;
-            # the other systems' rows are read from the cache at their best.
-            lr_sweep = sweep(runner, {r["system"] for r in selected if r["lr"] is None})
-            for r in rows:
-                if r["lr"] is None and r["system"] in lr_sweep:
-                    r["lr"] = lr_sweep[r["system"]]["best_lr"]
+            # Each size's sweep comes first for every system a selected row
+            # of that size needs; the other systems' rows are read from the
+            # cache at their best.
+            for size in SWEEP_AT:
+                needed = {r["system"] for r in selected if r["lr"] is None and r["size"] == size}
+                lr_sweep[size] = sweep(runner, size, sweep_systems(rows, size), needed)
+            take_best(rows, lr_sweep)
         for r in rows:
             runner.run(r, r in selected)
     finally:
@@ -592,8 +613,9 @@ def main() -> int:
     invocation = shlex.join(["python3", "bench/peers/run.py"] + sys.argv[1:])
     result = summarize.build(records, rows, not_run, command=command, versions=vers,
                              installed=installed, machine=machine(), quick=args.quick)
-    result["lr_sweep"] = {"at": SWEEP_AT, "grid": SWEEP_LRS, "bounds": SWEEP_BOUNDS,
-                          "systems": lr_sweep}
+    result["lr_sweep"] = {size: {"at": SWEEP_AT[size], "grid": SWEEP_LRS[size],
+                                 "bounds": SWEEP_BOUNDS, "systems": systems}
+                          for size, systems in lr_sweep.items()}
     result["this_invocation"] = invocation
     with open(out, "w") as f:
         json.dump(result, f, indent=1)

@@ -37,10 +37,11 @@ def rows_by_name(result: dict) -> dict:
         base, _, k = name.rpartition("-r")
         if k.isdigit() and base in out and name not in out:
             out[name] = dict(harness.repeat_of(out[base], int(k)), lr=lrs.get(name))
-    for system, sweep in result.get("lr_sweep", {}).get("systems", {}).items():
-        for entry in sweep["runs"]:
-            r = harness.sweep_row(system, entry["lr"])
-            out.setdefault(r["name"], r)
+    for size, at in result.get("lr_sweep", {}).items():
+        for system, sweep in at["systems"].items():
+            for entry in sweep["runs"]:
+                r = harness.sweep_row(size, system, entry["lr"])
+                out.setdefault(r["name"], r)
     return out
 
 

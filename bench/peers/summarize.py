@@ -253,28 +253,30 @@ def cpu_label(cpu) -> str:
 
 
 def sweep_markdown(result: dict) -> str:
-    """docs/results.md's sweep table: each system's final loss at each lr it
-    ran (the best in bold)."""
-    systems = result.get("lr_sweep", {}).get("systems", {})
-    lrs = sorted({run["lr"] for s in systems.values() for run in s["runs"]})
-    lines = ["| system | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best |",
-             "|" + "---|" * (len(lrs) + 2)]
-    for system, s in systems.items():
-        cells = {run["lr"]: run for run in s["runs"]}
+    """docs/results.md's sweep table: per model size, each system's final
+    loss at each lr it ran (the best in bold)."""
+    sweeps = result.get("lr_sweep", {})
+    lrs = sorted({run["lr"] for at in sweeps.values() for s in at["systems"].values()
+                  for run in s["runs"]})
+    lines = ["| model | system | " + " | ".join(f"lr {lr:g}" for lr in lrs) + " | best |",
+             "|" + "---|" * (len(lrs) + 3)]
+    for size, at in sweeps.items():
+        for system, s in at["systems"].items():
+            cells = {run["lr"]: run for run in s["runs"]}
 
-        def cell(lr):
-            run = cells.get(lr)
-            if run is None:
-                return ""
-            if run.get("final_val_loss") is None:
-                return "failed" if "error" in run else "not run"
-            text = f"{run['final_val_loss']:.4f}"
-            return f"**{text}**" if lr == s["best_lr"] else text
+            def cell(lr):
+                run = cells.get(lr)
+                if run is None:
+                    return ""
+                if run.get("final_val_loss") is None:
+                    return "failed" if "error" in run else "not run"
+                text = f"{run['final_val_loss']:.4f}"
+                return f"**{text}**" if lr == s["best_lr"] else text
 
-        best = "-" if s["best_lr"] is None else f"{s['best_lr']:g}"
-        lines.append(f"| {system} | " + " | ".join(cell(lr) for lr in lrs) + f" | {best} |")
+            best = "-" if s["best_lr"] is None else f"{s['best_lr']:g}"
+            lines.append(f"| {size} | {system} | " + " | ".join(cell(lr) for lr in lrs)
+                         + f" | {best} |")
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     import sys

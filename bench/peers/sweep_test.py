@@ -39,10 +39,14 @@ class TableRunner:
         return {"run": r, "ranks": [{"final_val_loss": loss}]}
 
 
+def sweep(runner, needed, size="small"):
+    return run.sweep(runner, size, list(run.SYSTEMS), needed)
+
+
 def test_best_inside_the_grid_runs_the_grid_only():
-    assert run.SWEEP_LRS == (1e-3, 2e-3, 4e-3)
+    assert run.SWEEP_LRS["small"] == (1e-3, 2e-3, 4e-3)
     runner = TableRunner({"ddp": {1e-3: 2.60, 2e-3: 2.55, 4e-3: 2.58}})
-    out = run.sweep(runner, {"ddp"})
+    out = sweep(runner, {"ddp"})
     assert out["ddp"]["best_lr"] == 2e-3
     assert runner.ran == [("ddp", 1e-3), ("ddp", 2e-3), ("ddp", 4e-3)]
     assert [x["final_val_loss"] for x in out["ddp"]["runs"]] == [2.60, 2.55, 2.58]
@@ -52,7 +56,7 @@ def test_a_best_on_an_edge_extends_the_grid_until_it_is_inside():
     losses = {"co2": {1e-3: 2.70, 2e-3: 2.65, 4e-3: 2.62, 8e-3: 2.60, 1.6e-2: 2.59,
                       3.2e-2: 2.61},
               "hivemind": {5e-4: 2.70, 1e-3: 2.66, 2e-3: 2.67, 4e-3: 2.68, 8e-3: 2.69}}
-    out = run.sweep(TableRunner(losses), {"co2", "hivemind"})
+    out = sweep(TableRunner(losses), {"co2", "hivemind"})
     assert out["co2"]["best_lr"] == 1.6e-2
     assert [x["lr"] for x in out["co2"]["runs"]] == [1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2]
     assert out["hivemind"]["best_lr"] == 1e-3
@@ -62,14 +66,14 @@ def test_a_best_on_an_edge_extends_the_grid_until_it_is_inside():
 def test_the_bounds_stop_the_extension():
     losses = {"co2": {lr: 3.0 - lr for lr in (1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2, 3.2e-2, 6.4e-2)}}
     runner = TableRunner(losses)
-    out = run.sweep(runner, {"co2"})
+    out = sweep(runner, {"co2"})
     assert out["co2"]["best_lr"] == run.SWEEP_BOUNDS[1] == 3.2e-2
     assert (("co2", 6.4e-2)) not in runner.ran
 
 
 def test_a_failed_or_diverged_run_loses_and_is_reported():
     losses = {"co2": {5e-4: 2.66, 1e-3: 2.64, 2e-3: math.nan, 4e-3: "error"}}
-    out = run.sweep(TableRunner(losses), {"co2"})
+    out = sweep(TableRunner(losses), {"co2"})
     assert out["co2"]["best_lr"] == 1e-3
     runs = {x["lr"]: x for x in out["co2"]["runs"]}
     assert "diverged" in runs[4e-3]["error"]
@@ -77,14 +81,14 @@ def test_a_failed_or_diverged_run_loses_and_is_reported():
 
 
 def test_every_run_failing_picks_nothing():
-    out = run.sweep(TableRunner({"co2": {lr: "error" for lr in run.SWEEP_LRS}}), {"co2"})
+    out = sweep(TableRunner({"co2": {lr: "error" for lr in run.SWEEP_LRS["small"]}}), {"co2"})
     assert out["co2"]["best_lr"] is None
 
 
 def test_an_unfinished_sweep_picks_nothing():
-    out = run.sweep(TableRunner({"ddp": {1e-3: 2.6, 2e-3: 2.5}}), {"ddp"})
+    out = sweep(TableRunner({"ddp": {1e-3: 2.6, 2e-3: 2.5}}), {"ddp"})
     assert out["ddp"]["best_lr"] is None
-    assert out["ddp"]["runs"][-1] == {"lr": 4e-3, "name": run.sweep_row("ddp", 4e-3)["name"],
+    assert out["ddp"]["runs"][-1] == {"lr": 4e-3, "name": run.sweep_row("small", "ddp", 4e-3)["name"],
                                       "final_val_loss": None, "not_run": True}
 
 
@@ -93,25 +97,49 @@ def test_a_system_no_selected_row_needs_is_read_from_the_cache():
     their sweeps come from the cache, and nothing of theirs is started."""
     runner = TableRunner({"co2": {1e-3: 2.60, 2e-3: 2.55, 4e-3: 2.58}},
                          cached={"ddp": {1e-3: 2.57, 2e-3: 2.56, 4e-3: 2.59}})
-    out = run.sweep(runner, {"co2"})
+    out = sweep(runner, {"co2"})
     assert (out["co2"]["best_lr"], out["ddp"]["best_lr"]) == (2e-3, 2e-3)
     assert {system for system, _ in runner.ran} == {"co2"}
     assert out["hivemind"]["best_lr"] is None
 
 
 def test_the_grid_row_at_the_best_lr_is_the_sweep_run():
-    """The headline row small-none-tau16-seed1-<system> at the chosen lr has
-    the sweep run's settings, so the cache serves it without a second run;
-    co2's rows add only how their curve is taken (the sweep reads the final
-    loss alone)."""
-    for system in run.SYSTEMS:
-        row = next(r for r in run.grid(False) if r["name"] == run.run_name(
-            dict(run.SWEEP_AT, system=system)))
-        row = dict(row, lr=4e-3)
-        if system.startswith("co2"):
-            assert row.pop("snapshot") == "applied", system
-        assert run.cache_key(row) == run.cache_key(run.sweep_row(system, 4e-3)), system
-        assert run.cache_key(row) != run.cache_key(run.sweep_row(system, 2e-3))
+    """Each size's row <size>-none-tau16-seed1-<system> at the chosen lr has
+    that size's sweep run's settings, so the cache serves it without a
+    second run; co2's rows add only how their curve is taken (the sweep
+    reads the final loss alone)."""
+    rows = run.grid(False)
+    for size in run.SWEEP_AT:
+        systems = run.sweep_systems(rows, size)
+        assert "ddp" in systems and "co2" in systems, size
+        for system in systems:
+            row = next(r for r in rows if r["name"] == run.run_name(
+                dict(run.SWEEP_AT[size], system=system)))
+            row = dict(row, lr=4e-3)
+            if system.startswith("co2"):
+                assert row.pop("snapshot") == "applied", system
+            assert run.cache_key(row) == run.cache_key(run.sweep_row(size, system, 4e-3)), system
+            assert run.cache_key(row) != run.cache_key(run.sweep_row(size, system, 2e-3))
+
+
+def test_each_size_sweeps_from_its_own_grid_and_its_rows_take_its_best():
+    """The 25M model's rows take the lr its own sweep picks, not the small
+    model's; its sweep starts at its own grid and runs only the systems it
+    has rows for."""
+    rows = run.grid(False)
+    assert set(run.sweep_systems(rows, "medium")) == set(run.SYSTEMS) - set(run.CO2_HEADLINE_ONLY)
+    losses = {"co2": {2.5e-4: 2.70, 5e-4: 2.60, 1e-3: 2.65}}
+    runner = TableRunner(losses)
+    out = run.sweep(runner, "medium", ["co2"], {"co2"})
+    assert runner.ran == [("co2", 2.5e-4), ("co2", 5e-4), ("co2", 1e-3)]
+    assert out["co2"]["best_lr"] == 5e-4
+    assert {r["size"] for r in (run.sweep_row("medium", "co2", lr) for lr in losses["co2"])} \
+        == {"medium"}
+    small = run.sweep(TableRunner({"co2": {1e-3: 2.5, 2e-3: 2.4, 4e-3: 2.45}}), "small",
+                      ["co2"], {"co2"})
+    run.take_best(rows, {"small": small, "medium": out})
+    lrs = {(r["size"], r["lr"]) for r in rows if r["system"] == "co2"}
+    assert lrs == {("small", 2e-3), ("medium", 5e-4)}
 
 
 def test_co2s_extra_settings_run_in_the_headline_rows_only():
@@ -167,14 +195,14 @@ def test_seeding_the_cache_from_results_gives_back_their_table(tmp_path):
     co2 = dict(rows["small-100mbit-tau16-seed1-co2"], lr=1e-3)
     picked = [dict(rows["small-local-seed1"]), ddp, co2, run.repeat_of(co2, 2)]
     records = {r["name"]: fake_record(dict(r), 2.5 + i / 10) for i, r in enumerate(picked)}
-    sweep_only = run.sweep_row("ddp", 1e-3)
+    sweep_only = run.sweep_row("small", "ddp", 1e-3)
     records[sweep_only["name"]] = fake_record(sweep_only, 2.7)
-    ddp_sweep = run.sweep_row("ddp", 5e-4)
+    ddp_sweep = run.sweep_row("small", "ddp", 5e-4)
     records[ddp_sweep["name"]] = records[ddp["name"]]
     result = summarize.build(records, picked, [], command="c", versions={}, installed={},
                              machine={}, quick=False)
-    result["lr_sweep"] = {"systems": {"ddp": {"best_lr": 5e-4, "runs": [
-        {"lr": 5e-4}, {"lr": 1e-3}]}}}
+    result["lr_sweep"] = {"small": {"systems": {"ddp": {"best_lr": 5e-4, "runs": [
+        {"lr": 5e-4}, {"lr": 1e-3}]}}}}
     path = tmp_path / "peers.json"
     path.write_text(json.dumps(result))
     cache = str(tmp_path / "cache")
@@ -213,7 +241,7 @@ def test_throughput_is_against_the_no_communication_run_on_the_same_cpu():
 
 
 def test_seeding_refuses_a_run_the_grid_does_not_name(tmp_path):
-    r = dict(run.SWEEP_AT, system="ddp", lr=1e-3, name="small-none-seed1-nosuch")
+    r = dict(run.SWEEP_AT["small"], system="ddp", lr=1e-3, name="small-none-seed1-nosuch")
     result = summarize.build({r["name"]: fake_record(r, 2.6)}, [r], [], command="c",
                              versions={}, installed={}, machine={}, quick=False)
     path = tmp_path / "peers.json"

@@ -623,6 +623,7 @@ def main() -> int:
     print(f"wrote {out}", file=sys.stderr)
     if not args.quick:
         summarize.plot(result, os.path.splitext(out)[0] + ".png")
+        summarize.plot(result, os.path.splitext(out)[0] + "-medium.png", size="medium")
     summarize.print_table(result)
     failures = [n for n, rec in records.items() if "error" in rec
                 and "is not installed" not in rec["error"]]

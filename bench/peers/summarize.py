@@ -278,6 +278,7 @@ def sweep_markdown(result: dict) -> str:
                          + f" | {best} |")
     return "\n".join(lines)
 
+
 if __name__ == "__main__":
     import sys
     with open(sys.argv[1]) as f:

@@ -88,7 +88,8 @@ def test_every_run_failing_picks_nothing():
 def test_an_unfinished_sweep_picks_nothing():
     out = sweep(TableRunner({"ddp": {1e-3: 2.6, 2e-3: 2.5}}), {"ddp"})
     assert out["ddp"]["best_lr"] is None
-    assert out["ddp"]["runs"][-1] == {"lr": 4e-3, "name": run.sweep_row("small", "ddp", 4e-3)["name"],
+    assert out["ddp"]["runs"][-1] == {"lr": 4e-3,
+                                      "name": run.sweep_row("small", "ddp", 4e-3)["name"],
                                       "final_val_loss": None, "not_run": True}
 
 

@@ -21,10 +21,11 @@ peers_quick.json) and, for the full grid, bench/results/peers.png.
 
 Runs are cached in $CO2_CACHE_DIR/peers-runs (one JSON per run, keyed by its
 settings, recording the commit it ran at; --cache picks another directory);
-a rerun skips what is cached, and a failed run is not cached. --only selects
-rows by name (or shell-style patterns: small-100mbit-tau16-*); --max_minutes
-stops starting runs after that long, and the results then list the rows that
-were not run. Needs root, iproute2, tc.
+a rerun skips what is cached. A failed run is kept apart (with its error):
+the results show it as failed, and a rerun that selects its row runs it again.
+--only selects rows by name (or shell-style patterns: small-100mbit-tau16-*);
+--max_minutes stops starting runs after that long, and the results then list
+the rows that were not run. Needs root, iproute2, tc.
 """
 
 from __future__ import annotations
@@ -329,7 +330,9 @@ def one_run(r: dict, python: str, limit: int) -> dict:
                     os.killpg(p.pid, signal.SIGKILL)
                     rc = p.wait(timeout=30)
                 if rc != 0:
-                    failed.append(f"worker {i} exited {rc}: " + tail(f"{scratch}/w{i}.log"))
+                    # timeout(1) exits 124 when the worker ran past its limit.
+                    why = (f"ran past its {limit} s limit" if rc == 124 else f"exited {rc}")
+                    failed.append(f"worker {i} {why}: " + tail(f"{scratch}/w{i}.log"))
                     for q in procs:  # the others would wait for it until their deadline
                         if q.poll() is None:
                             os.killpg(q.pid, signal.SIGKILL)
@@ -362,14 +365,30 @@ def cache_key(r: dict) -> str:
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
 
 
-def cached(cache: str, r: dict):
-    """The cached record of r's settings (under r's name), or None."""
-    for path in glob.glob(os.path.join(cache, f"*-{cache_key(r)}.json")):
+def cache_path(cache: str, r: dict, failed: bool = False) -> str:
+    """Where the cache keeps r's record: a finished run, or (`failed`) the
+    last failed run of r's settings."""
+    return os.path.join(cache, f"{r['name']}-{cache_key(r)}"
+                        + (".failed.json" if failed else ".json"))
+
+
+def cached(cache: str, r: dict, failed: bool = False):
+    """The cached record of r's settings (under r's name), or None; with
+    `failed`, the record of their last failed run."""
+    suffix = ".failed.json" if failed else ".json"
+    for path in glob.glob(os.path.join(cache, f"*-{cache_key(r)}{suffix}")):
         with open(path) as f:
             rec = json.load(f)
         rec["run"] = dict(r)
         return rec
     return None
+
+
+def store(path: str, rec: dict) -> None:
+    """Writes a cache record whole or not at all."""
+    with open(path + ".part", "w") as f:
+        json.dump(rec, f)
+    os.replace(path + ".part", path)
 
 
 def sweep_row(size: str, system: str, lr: float) -> dict:
@@ -381,7 +400,9 @@ def sweep_row(size: str, system: str, lr: float) -> dict:
 
 class Runner:
     """Runs rows (or takes them from the cache) into self.records; a row it
-    may not start goes to self.not_run."""
+    may not start is its last failed run's record where the cache has one,
+    and goes to self.not_run where it has none. A failed row that is
+    selected runs again."""
 
     def __init__(self, args, python: str, installed: dict) -> None:
         self.args, self.python, self.installed = args, python, installed
@@ -404,8 +425,12 @@ class Runner:
         if not selected or r["lr"] is None or (
                 self.args.max_minutes
                 and time.monotonic() - self.started > 60 * self.args.max_minutes):
-            self.not_run.append(r["name"])
-            return None
+            rec = cached(self.args.cache, r, failed=True)
+            if rec is None:
+                self.not_run.append(r["name"])
+                return None
+            self.records[r["name"]] = rec
+            return rec
         if r["link"] != self.current_link:
             shape(r["link"])
             self.current_link = r["link"]
@@ -420,14 +445,16 @@ class Runner:
         rec["commit"] = head_commit()
         rec["cpu"] = self.cpu
         if "error" in rec:
-            print(f"  FAILED: {rec['error'][-1500:]}", file=sys.stderr, flush=True)
+            what, _, log = rec["error"].partition(": ")
+            print(f"  FAILED: {what}; its log ends: {log[-1500:]}", file=sys.stderr, flush=True)
+            store(cache_path(self.args.cache, r, failed=True), rec)
         else:
             print(f"  done in {rec['elapsed_s']:.0f} s, final val loss "
                   f"{rec['ranks'][0]['final_val_loss']:.4f}", file=sys.stderr, flush=True)
-            path = os.path.join(self.args.cache, f"{r['name']}-{cache_key(r)}.json")
-            with open(path + ".part", "w") as f:
-                json.dump(rec, f)
-            os.replace(path + ".part", path)
+            store(cache_path(self.args.cache, r), rec)
+            for path in glob.glob(os.path.join(self.args.cache,
+                                               f"*-{cache_key(r)}.failed.json")):
+                os.remove(path)
         self.records[r["name"]] = rec
         return rec
 

@@ -10,7 +10,8 @@ its settings are its grid, sweep or repeat row's (as run.py names them), its
 workers' results, commands, interface counters, commit and load are the
 JSON's, and worker 0's curve is the one the table kept (samples, wall time,
 validation loss; the other workers' curves are not in the results, and the
-table does not read them). The record names the JSON it came from
+table does not read them); a failed run's record holds its error instead,
+kept apart as run.py keeps a failure. The record names the JSON it came from
 (`seeded_from`). A run whose name no row of the current grid has is an error:
 its settings are unknown.
 """
@@ -60,13 +61,17 @@ def records(result: dict, source: str) -> dict:
         r = {k: v for k, v in settings[name].items() if k != "name"}
         if r["lr"] is None:
             raise ValueError(f"{source}: run {name!r} has no lr in the results' rows")
-        ranks = [dict(x) for x in run["ranks"]]
-        if name in table and ranks:
-            ranks[0]["curve"] = table[name]["curve"]
-        out[name] = {"run": r, "ranks": ranks, "wire": run["wire"],
-                     "commands": run["worker_commands"], "elapsed_s": run["elapsed_s"],
-                     "load_1min": table.get(name, {}).get("load_1min"),
-                     "commit": run["commit"], "cpu": run.get("cpu"), "seeded_from": source}
+        rec = {"run": r, "commands": run["worker_commands"], "elapsed_s": run["elapsed_s"],
+               "load_1min": table.get(name, {}).get("load_1min"),
+               "commit": run["commit"], "cpu": run.get("cpu"), "seeded_from": source}
+        if "error" in run:
+            rec["error"] = run["error"]
+        else:
+            rec["ranks"] = [dict(x) for x in run["ranks"]]
+            rec["wire"] = run["wire"]
+            if name in table:
+                rec["ranks"][0]["curve"] = table[name]["curve"]
+        out[name] = rec
     return out
 
 
@@ -79,13 +84,13 @@ def seed(result_path: str, cache: str) -> tuple:
     os.makedirs(cache, exist_ok=True)
     written, present = [], []
     for name, rec in records(result, os.path.relpath(result_path, harness.ROOT)).items():
-        if harness.cached(cache, dict(rec["run"], name=name)) is not None:
+        r = dict(rec["run"], name=name)
+        failed = "error" in rec
+        if (harness.cached(cache, r) is not None
+                or failed and harness.cached(cache, r, failed=True) is not None):
             present.append(name)
             continue
-        path = os.path.join(cache, f"{name}-{harness.cache_key(rec['run'])}.json")
-        with open(path + ".part", "w") as f:
-            json.dump(rec, f)
-        os.replace(path + ".part", path)
+        harness.store(harness.cache_path(cache, r, failed=failed), rec)
         written.append(name)
     return written, present
 

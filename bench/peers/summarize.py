@@ -145,6 +145,7 @@ def build(records: dict, rows: list, not_run: list, *, command: str, versions: d
         "not_run": not_run,
         "runs": {name: {"commit": rec.get("commit"), "cpu": rec.get("cpu"),
                         "elapsed_s": rec.get("elapsed_s"),
+                        **({"error": rec["error"]} if "error" in rec else {}),
                         "worker_commands": rec.get("commands", []),
                         "wire": rec.get("wire"),
                         "ranks": [{k: v for k, v in x.items() if k != "curve"}
@@ -231,15 +232,20 @@ def markdown(result: dict) -> str:
     def to_target(v):
         return "not reached" if v is None else spread(v, 1)
 
-    cpus = list(dict.fromkeys(e.get("cpu") for e in result["repeats_summary"]))
+    failed = [r for r in result["rows"] if "error" in r and r["system"] != "local"]
+    entries = result["repeats_summary"] + failed
+    cpus = list(dict.fromkeys(e.get("cpu") for e in entries))
     cpus.sort(key=lambda c: c is not None)
     lines = ["| CPU | model | link | τ | seed | system | inner lr | runs | time to target (s) | "
              "final val loss | wall (s) | exposed | MB/worker |", "|" + "---|" * 13]
-    for e in sorted(result["repeats_summary"], key=lambda e: cpus.index(e.get("cpu"))):
-        lines.append(f"| {cpu_label(e.get('cpu'))} | {e['size']} | {e['link']} | {e['tau']} | "
-                     f"{e['seed']} | {e['system']} | "
-                     f"{e['lr']:g} | "
-                     f"{e['repeats']} | {to_target(e['time_to_target_s'])} | "
+    for e in sorted(entries, key=lambda e: cpus.index(e.get("cpu"))):
+        first = (f"| {cpu_label(e.get('cpu'))} | {e['size']} | {e['link']} | {e['tau']} | "
+                 f"{e['seed']} | {e['system']} | {e['lr']:g} | ")
+        if "error" in e:
+            # What stopped the run, without the log tail that follows it.
+            lines.append(first + f"failed | {e['error'].partition(': ')[0]} | | | | |")
+            continue
+        lines.append(first + f"{e['repeats']} | {to_target(e['time_to_target_s'])} | "
                      f"{spread(e['final_val_loss'], 4)} | {spread(e['wall_s'], 1)} | "
                      f"{spread(e['exposed_share'], 2)} | {e['wire_bytes_per_worker'] / 1e6:.0f} |")
     return "\n".join(lines)

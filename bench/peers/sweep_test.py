@@ -186,16 +186,25 @@ def fake_record(r: dict, loss: float) -> dict:
             "wire": {f"co2pr-w{i}": {"tx_bytes": 100, "rx_bytes": 200} for i in range(4)}}
 
 
+def failed_record(r: dict) -> dict:
+    return {"run": r, "error": "worker 2 ran past its 900 s limit: Unable to run All-Reduce",
+            "commands": ["w0"], "elapsed_s": 930.0, "commit": "abc", "cpu": "A",
+            "load_1min": [3.0, 4.0]}
+
+
 def test_seeding_the_cache_from_results_gives_back_their_table(tmp_path):
     """A cache seeded from a results JSON serves every run of it under the
     settings the harness asks for, and the table built from it is the JSON's:
-    a grid row (also the sweep's run at that lr), a co2 row, a repeat and a
-    sweep-only run."""
+    a grid row (also the sweep's run at that lr), a co2 row, a repeat, a
+    sweep-only run and a failed run (kept apart, with its error)."""
     rows = {r["name"]: r for r in run.grid(False)}
     ddp = dict(rows["small-none-seed1-ddp"], lr=5e-4)
     co2 = dict(rows["small-100mbit-tau16-seed1-co2"], lr=1e-3)
     picked = [dict(rows["small-local-seed1"]), ddp, co2, run.repeat_of(co2, 2)]
     records = {r["name"]: fake_record(dict(r), 2.5 + i / 10) for i, r in enumerate(picked)}
+    failed = dict(rows["small-100mbit-tau16-seed1-hivemind"], lr=2.5e-4)
+    records[failed["name"]] = failed_record(dict(failed))
+    picked.append(failed)
     sweep_only = run.sweep_row("small", "ddp", 1e-3)
     records[sweep_only["name"]] = fake_record(sweep_only, 2.7)
     ddp_sweep = run.sweep_row("small", "ddp", 5e-4)
@@ -210,12 +219,54 @@ def test_seeding_the_cache_from_results_gives_back_their_table(tmp_path):
     written, present = seed.seed(str(path), cache)
     assert sorted(written + present) == sorted(records)
     assert present == [ddp_sweep["name"]]  # the grid row's run, cached once
-    got = {r["name"]: run.cached(cache, r) for r in picked + [sweep_only, ddp_sweep]}
+    got = {r["name"]: run.cached(cache, r, failed=r is failed)
+           for r in picked + [sweep_only, ddp_sweep]}
     assert all(rec is not None for rec in got.values())
+    assert run.cached(cache, failed) is None
+    assert got[failed["name"]]["error"] == records[failed["name"]]["error"]
     assert got[sweep_only["name"]]["ranks"][0]["final_val_loss"] == 2.7
     table = [summarize.row_of(got[r["name"]], got) for r in picked]
     assert json.loads(json.dumps(table)) == result["rows"]
     assert seed.seed(str(path), cache)[0] == []
+
+
+class Args:
+    def __init__(self, cache: str) -> None:
+        self.cache, self.max_minutes = cache, 0
+
+
+def test_a_failed_run_is_kept_shown_and_run_again_when_selected(tmp_path, monkeypatch):
+    """A run that fails is cached apart with its error: an invocation that
+    does not select its row shows it as failed (not as not run) in the rows,
+    the runs and docs/results.md's table; one that selects it runs it again,
+    and its success replaces the failure."""
+    row = dict(next(r for r in run.grid(False)
+                    if r["name"] == "medium-100mbit-tau16-seed1-hivemind"), lr=2.5e-4)
+    outcome = {"rec": failed_record(dict(row))}
+    monkeypatch.setattr(run, "one_run", lambda r, python, limit: dict(outcome["rec"], run=r))
+    cache = str(tmp_path)
+
+    def runner():
+        x = run.Runner(Args(cache), "python", {"hivemind": {"status": "ok"}})
+        x.current_link = row["link"]
+        return x
+
+    runner().run(dict(row))
+    assert run.cached(cache, row) is None
+    later = runner()
+    rec = later.run(dict(row), selected=False)
+    assert rec["error"].startswith("worker 2 ran past its 900 s limit") and later.not_run == []
+    result = summarize.build(later.records, [row], later.not_run, command="c", versions={},
+                             installed={}, machine={}, quick=False)
+    assert result["rows"][0]["error"] == rec["error"]
+    assert result["runs"][row["name"]]["error"] == rec["error"]
+    assert ("| medium | 100mbit | 16 | 1 | hivemind | 0.00025 | failed | "
+            "worker 2 ran past its 900 s limit | | | | |") in summarize.markdown(result)
+    outcome["rec"] = fake_record(dict(row), 2.69)
+    runner().run(dict(row))
+    assert run.cached(cache, row)["ranks"][0]["final_val_loss"] == 2.69
+    assert run.cached(cache, row, failed=True) is None
+    assert runner().run(dict(row), selected=False)["ranks"][0]["final_val_loss"] == 2.69
 
 
 def test_throughput_is_against_the_no_communication_run_on_the_same_cpu():

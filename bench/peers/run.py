@@ -407,6 +407,8 @@ class Runner:
     def __init__(self, args, python: str, installed: dict) -> None:
         self.args, self.python, self.installed = args, python, installed
         self.records, self.not_run = {}, []
+        # The rows this invocation ran and saw fail.
+        self.failed = []
         self.cpu = machine()["cpu"]
         self.started = time.monotonic()
         self.current_link = None
@@ -448,6 +450,7 @@ class Runner:
             what, _, log = rec["error"].partition(": ")
             print(f"  FAILED: {what}; its log ends: {log[-1500:]}", file=sys.stderr, flush=True)
             store(cache_path(self.args.cache, r, failed=True), rec)
+            self.failed.append(r["name"])
         else:
             print(f"  done in {rec['elapsed_s']:.0f} s, final val loss "
                   f"{rec['ranks'][0]['final_val_loss']:.4f}", file=sys.stderr, flush=True)
@@ -652,10 +655,13 @@ def main() -> int:
         summarize.plot(result, os.path.splitext(out)[0] + ".png")
         summarize.plot(result, os.path.splitext(out)[0] + "-medium.png", size="medium")
     summarize.print_table(result)
-    failures = [n for n, rec in records.items() if "error" in rec
-                and "is not installed" not in rec["error"]]
-    if failures:
-        print("FAILED runs: " + ", ".join(failures), file=sys.stderr)
+    earlier = [n for n, rec in records.items() if "error" in rec
+               and "is not installed" not in rec["error"] and n not in runner.failed]
+    if earlier:
+        print("failed in an earlier invocation (--only NAME runs it again): "
+              + ", ".join(earlier), file=sys.stderr)
+    if runner.failed:
+        print("FAILED runs: " + ", ".join(runner.failed), file=sys.stderr)
         return 1
     return 0
 

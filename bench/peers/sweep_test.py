@@ -236,10 +236,11 @@ class Args:
 
 
 def test_a_failed_run_is_kept_shown_and_run_again_when_selected(tmp_path, monkeypatch):
-    """A run that fails is cached apart with its error: an invocation that
-    does not select its row shows it as failed (not as not run) in the rows,
-    the runs and docs/results.md's table; one that selects it runs it again,
-    and its success replaces the failure."""
+    """A run that fails is cached apart with its error and fails the
+    invocation that ran it: one that does not select its row shows it as
+    failed (not as not run) in the rows, the runs and docs/results.md's
+    table, without failing; one that selects it runs it again, and its
+    success replaces the failure."""
     row = dict(next(r for r in run.grid(False)
                     if r["name"] == "medium-100mbit-tau16-seed1-hivemind"), lr=2.5e-4)
     outcome = {"rec": failed_record(dict(row))}
@@ -251,11 +252,13 @@ def test_a_failed_run_is_kept_shown_and_run_again_when_selected(tmp_path, monkey
         x.current_link = row["link"]
         return x
 
-    runner().run(dict(row))
-    assert run.cached(cache, row) is None
+    first = runner()
+    first.run(dict(row))
+    assert run.cached(cache, row) is None and first.failed == [row["name"]]
     later = runner()
     rec = later.run(dict(row), selected=False)
     assert rec["error"].startswith("worker 2 ran past its 900 s limit") and later.not_run == []
+    assert later.failed == []  # not this invocation's failure
     result = summarize.build(later.records, [row], later.not_run, command="c", versions={},
                              installed={}, machine={}, quick=False)
     assert result["rows"][0]["error"] == rec["error"]

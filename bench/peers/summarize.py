@@ -224,6 +224,8 @@ def markdown(result: dict) -> str:
     where there are several, [min–max]; the runs of each CPU together (those
     that recorded none first), in the grid's order."""
     def spread(v, digits):
+        if v is None:  # e.g. no no-communication run on the row's CPU
+            return "-"
         text = f"{v['median']:.{digits}f}"
         if v["min"] == v["max"]:
             return text

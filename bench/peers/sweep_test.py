@@ -295,6 +295,17 @@ def test_throughput_is_against_the_no_communication_run_on_the_same_cpu():
     assert [(e["cpu"], e["repeats"]) for e in summary] == [("A", 2), (None, 1)]
 
 
+def test_a_row_without_a_reference_on_its_cpu_has_no_exposed_share():
+    co2 = dict(next(r for r in run.grid(False) if r["name"] == "small-100mbit-tau16-seed1-co2"),
+               lr=1e-3)
+    rec = dict(fake_record(dict(co2), 2.6), cpu="A")
+    result = summarize.build({co2["name"]: rec}, [co2], [], command="c", versions={},
+                             installed={}, machine={}, quick=False)
+    assert result["rows"][0].get("exposed_share") is None
+    line = next(x for x in summarize.markdown(result).splitlines() if "| co2 |" in x)
+    assert line.endswith("| 2.6000 | 80.0 | - | 0 |"), line
+
+
 def test_seeding_refuses_a_run_the_grid_does_not_name(tmp_path):
     r = dict(run.SWEEP_AT["small"], system="ddp", lr=1e-3, name="small-none-seed1-nosuch")
     result = summarize.build({r["name"]: fake_record(r, 2.6)}, [r], [], command="c",

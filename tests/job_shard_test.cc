@@ -915,6 +915,31 @@ TEST(JobShardOutlierTest, AnOutlierIsHeldOutNamedAndEvictedAfterRoundsInARow) {
   EXPECT_EQ(shard.Poll(), 1);
 }
 
+// A worker evicted for invalid chunks leaves the membership a checkpoint
+// holds, as one that left does: a restarted shard does not wait for it.
+TEST(JobShardCheckpointTest, AWorkerEvictedForInvalidChunksLeavesTheCheckpoint) {
+  common::FakeClock clock;
+  CheckpointStore store(TempDir());
+  JobShardOptions options;
+  options.checkpoints = &store;
+  options.max_rejected_chunks = 2;
+  auto seeded =
+      shard_test::SeededShard(Config(2), options, &clock, {"a", "b", "c"});
+  ASSERT_TRUE(seeded.ok()) << seeded.status();
+  JobShard& shard = **seeded;
+  EXPECT_EQ(shard.Poll(), 0);  // the seeded anchor's checkpoint, with c
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(shard.Contribute("c", Contribution(0, NAN)).code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  ASSERT_EQ(shard.stats().evicted_workers, 1u);
+  EXPECT_EQ(shard.Poll(), 0);
+  auto restored = RestoredShard(store, {}, &clock);
+  ASSERT_NE(restored, nullptr);
+  EXPECT_TRUE(restored->Heartbeat("a").ok());
+  EXPECT_EQ(restored->Heartbeat("c").code(), absl::StatusCode::kNotFound);
+}
+
 TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {
   JoinAndSeed({"a", "b"});
   auto first = shard_->Fetch("a");

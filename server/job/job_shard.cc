@@ -651,10 +651,7 @@ absl::Status JobShard::RejectLocked(const std::string& worker,
   ++stats_.rejected_chunks;
   bool evicted = false;
   absl::Status status = members_.Reject(worker, member, invalid, &evicted);
-  if (evicted) {
-    ForgetWorkerLocked(worker);
-    ++stats_.evicted_workers;
-  }
+  if (evicted) EvictedLocked(worker);
   return status;
 }
 
@@ -675,12 +672,14 @@ void JobShard::HoldOutLocked(uint64_t round,
     if (member == nullptr) continue;
     bool evicted = false;
     members_.HoldOut(out.worker, *member, round, why, &evicted);
-    if (evicted) {
-      ForgetWorkerLocked(out.worker);
-      ++stats_.evicted_workers;
-      durability_.MarkDirty();
-    }
+    if (evicted) EvictedLocked(out.worker);
   }
+}
+
+void JobShard::EvictedLocked(const std::string& worker) {
+  ForgetWorkerLocked(worker);
+  ++stats_.evicted_workers;
+  durability_.MarkDirty();
 }
 
 void JobShard::ForgetWorkerLocked(const std::string& worker) {

@@ -296,6 +296,10 @@ class JobShard {
   // max_rejected_chunks rounds in a row.
   void HoldOutLocked(uint64_t round, const std::vector<HeldOut>& held_out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ShardMembers evicted `worker` (rejected or held out too often in a
+  // row): it is forgotten, counted, and the checkpoint's membership is due.
+  void EvictedLocked(const std::string& worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Expires leases, closes the rounds that can close and moves the job
   // along its lifecycle.
   void AdvanceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -365,18 +365,26 @@ def cache_key(r: dict) -> str:
     return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
 
 
+# A cached record's file ends in its settings' key and this: a finished
+# run, or (True) the last failed run of those settings.
+RECORD_SUFFIX = {False: ".json", True: ".failed.json"}
+
+
 def cache_path(cache: str, r: dict, failed: bool = False) -> str:
-    """Where the cache keeps r's record: a finished run, or (`failed`) the
-    last failed run of r's settings."""
-    return os.path.join(cache, f"{r['name']}-{cache_key(r)}"
-                        + (".failed.json" if failed else ".json"))
+    """Where the cache keeps r's record (see RECORD_SUFFIX)."""
+    return os.path.join(cache, f"{r['name']}-{cache_key(r)}{RECORD_SUFFIX[failed]}")
+
+
+def cache_files(cache: str, r: dict, failed: bool = False) -> list:
+    """The cache's records of r's settings, under any name (a sweep row and a
+    grid row with the same settings are one run)."""
+    return glob.glob(os.path.join(cache, f"*-{cache_key(r)}{RECORD_SUFFIX[failed]}"))
 
 
 def cached(cache: str, r: dict, failed: bool = False):
     """The cached record of r's settings (under r's name), or None; with
     `failed`, the record of their last failed run."""
-    suffix = ".failed.json" if failed else ".json"
-    for path in glob.glob(os.path.join(cache, f"*-{cache_key(r)}{suffix}")):
+    for path in cache_files(cache, r, failed):
         with open(path) as f:
             rec = json.load(f)
         rec["run"] = dict(r)
@@ -447,16 +455,15 @@ class Runner:
         rec["commit"] = head_commit()
         rec["cpu"] = self.cpu
         if "error" in rec:
-            what, _, log = rec["error"].partition(": ")
-            print(f"  FAILED: {what}; its log ends: {log[-1500:]}", file=sys.stderr, flush=True)
+            print(f"  FAILED: {summarize.failure(rec['error'])}; its log ends: "
+                  f"{rec['error'][-1500:]}", file=sys.stderr, flush=True)
             store(cache_path(self.args.cache, r, failed=True), rec)
             self.failed.append(r["name"])
         else:
             print(f"  done in {rec['elapsed_s']:.0f} s, final val loss "
                   f"{rec['ranks'][0]['final_val_loss']:.4f}", file=sys.stderr, flush=True)
             store(cache_path(self.args.cache, r), rec)
-            for path in glob.glob(os.path.join(self.args.cache,
-                                               f"*-{cache_key(r)}.failed.json")):
+            for path in cache_files(self.args.cache, r, failed=True):
                 os.remove(path)
         self.records[r["name"]] = rec
         return rec

@@ -244,13 +244,18 @@ def markdown(result: dict) -> str:
         first = (f"| {cpu_label(e.get('cpu'))} | {e['size']} | {e['link']} | {e['tau']} | "
                  f"{e['seed']} | {e['system']} | {e['lr']:g} | ")
         if "error" in e:
-            # What stopped the run, without the log tail that follows it.
-            lines.append(first + f"failed | {e['error'].partition(': ')[0]} | | | | |")
+            lines.append(first + f"failed | {failure(e['error'])} | | | | |")
             continue
         lines.append(first + f"{e['repeats']} | {to_target(e['time_to_target_s'])} | "
                      f"{spread(e['final_val_loss'], 4)} | {spread(e['wall_s'], 1)} | "
                      f"{spread(e['exposed_share'], 2)} | {e['wire_bytes_per_worker'] / 1e6:.0f} |")
     return "\n".join(lines)
+
+
+def failure(error: str) -> str:
+    """What stopped a failed run ("worker 0 ran past its 900 s limit"),
+    without the log tail its error goes on with."""
+    return error.partition(": ")[0]
 
 
 def cpu_label(cpu) -> str:

@@ -181,6 +181,15 @@ def cached_repeats(rows: list, cache: str) -> list:
     return out
 
 
+def recorded_repeats(rows: list, repeats: list, only: list, cache: str) -> list:
+    """`rows` without those of `repeats` (found by cached_repeats) that the
+    cache has no run of at the lr the sweep gives them now, unless --only
+    names them: a repeat run at an lr the sweep no longer picks is not one of
+    the rows."""
+    return [r for r in rows if r not in repeats or named(r["name"], only)
+            or any(cache_files(cache, r, failed) for failed in (False, True))]
+
+
 def named(name: str, patterns: list) -> bool:
     """Whether --only's patterns name the run `name`."""
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
@@ -634,7 +643,8 @@ def main() -> int:
         extra = [repeat_of(r, args.repeat) for r in chosen]
         rows += extra
         args.only = ",".join(x["name"] for x in extra)
-    rows += cached_repeats(rows, args.cache)
+    repeats = cached_repeats(rows, args.cache)
+    rows += repeats
     only = [p for p in args.only.split(",") if p]
     selected = [r for r in rows if not only or named(r["name"], only)]
     os.makedirs(args.cache, exist_ok=True)
@@ -651,6 +661,7 @@ def main() -> int:
                 needed = {r["system"] for r in selected if r["lr"] is None and r["size"] == size}
                 lr_sweep[size] = sweep(runner, size, sweep_systems(rows, size), needed)
             take_best(rows, lr_sweep)
+            rows = recorded_repeats(rows, repeats, only, args.cache)
         for r in rows:
             runner.run(r, r in selected)
     finally:

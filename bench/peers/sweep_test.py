@@ -176,6 +176,27 @@ def test_a_cached_repeat_is_its_grid_rows_settings(tmp_path):
     assert run.cache_key(found[0]) != run.cache_key(stale)
 
 
+def test_a_repeat_cached_at_an_lr_the_sweep_no_longer_picks_is_not_a_row(tmp_path):
+    rows = run.grid(False)
+    row = next(r for r in rows if r["name"] == "medium-100mbit-tau8-seed1-co2")
+    for k, lr in ((2, 2.5e-4), (3, 5e-4)):
+        x = dict(run.repeat_of(row, k), lr=lr)
+        run.store(run.cache_path(str(tmp_path), x), {"run": x})
+    repeats = run.cached_repeats(rows, str(tmp_path))
+    assert [x["name"] for x in repeats] == [
+        "medium-100mbit-tau8-seed1-co2-r2", "medium-100mbit-tau8-seed1-co2-r3"]
+    rows += repeats
+    run.take_best(rows, {"medium": {"co2": {"best_lr": 5e-4}}})
+    kept = run.recorded_repeats(rows, repeats, [], str(tmp_path))
+    names = {r["name"] for r in kept}
+    assert "medium-100mbit-tau8-seed1-co2-r3" in names
+    assert "medium-100mbit-tau8-seed1-co2-r2" not in names
+    assert len(kept) == len(rows) - 1
+    # --only naming the stale repeat runs it again at the sweep's lr.
+    again = run.recorded_repeats(rows, repeats, ["*-co2-r2"], str(tmp_path))
+    assert len(again) == len(rows)
+
+
 def fake_record(r: dict, loss: float) -> dict:
     rank = {"train_s": 80.0, "params": 10, "final_val_loss": loss, "params_digest": "d",
             "optimizer_step_s": 8.0, "net_tx_bytes": 5, "net_rx_bytes": 6, "notes": {},

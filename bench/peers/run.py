@@ -434,8 +434,9 @@ class Runner:
     def __init__(self, args, python: str, installed: dict) -> None:
         self.args, self.python, self.installed = args, python, installed
         self.records, self.not_run = {}, []
-        # The rows this invocation ran and saw fail.
-        self.failed = []
+        # The rows this invocation ran and saw fail, and those whose failed
+        # run an earlier invocation cached.
+        self.failed, self.failed_earlier = [], []
         self.cpu = machine()["cpu"]
         self.started = time.monotonic()
         self.current_link = None
@@ -458,6 +459,7 @@ class Runner:
             if rec is None:
                 self.not_run.append(r["name"])
                 return None
+            self.failed_earlier.append(r["name"])
             self.records[r["name"]] = rec
             return rec
         if r["link"] != self.current_link:
@@ -683,11 +685,9 @@ def main() -> int:
         summarize.plot(result, os.path.splitext(out)[0] + ".png")
         summarize.plot(result, os.path.splitext(out)[0] + "-medium.png", size="medium")
     summarize.print_table(result)
-    earlier = [n for n, rec in records.items() if "error" in rec
-               and "is not installed" not in rec["error"] and n not in runner.failed]
-    if earlier:
+    if runner.failed_earlier:
         print("failed in an earlier invocation (--only NAME runs it again): "
-              + ", ".join(earlier), file=sys.stderr)
+              + ", ".join(runner.failed_earlier), file=sys.stderr)
     if runner.failed:
         print("FAILED runs: " + ", ".join(runner.failed), file=sys.stderr)
         return 1

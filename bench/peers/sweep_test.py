@@ -279,7 +279,8 @@ def test_a_failed_run_is_kept_shown_and_run_again_when_selected(tmp_path, monkey
     later = runner()
     rec = later.run(dict(row), selected=False)
     assert rec["error"].startswith("worker 2 ran past its 900 s limit") and later.not_run == []
-    assert later.failed == []  # not this invocation's failure
+    # Not this invocation's failure: listed as an earlier one.
+    assert later.failed == [] and later.failed_earlier == [row["name"]]
     result = summarize.build(later.records, [row], later.not_run, command="c", versions={},
                              installed={}, machine={}, quick=False)
     assert result["rows"][0]["error"] == rec["error"]

@@ -96,7 +96,8 @@ def grid(quick: bool) -> list:
     if quick:
         common = dict(size="tiny", steps=64, lr=3e-3, val_windows=32, eval_every=8)
         rows = [dict(common, system="local", link="none", tau=8, seed=1)]
-        rows += [dict(common, system=s, link="100mbit", tau=8, seed=1, **co2_settings(s))
+        rows += [dict(common, system=s, link="100mbit", tau=8, seed=1, **co2_settings(s),
+                      **peer_settings(s, "tiny", "100mbit"))
                  for s in SYSTEMS if s not in CO2_HEADLINE_ONLY]
         return rows
     rows = []
@@ -108,7 +109,8 @@ def grid(quick: bool) -> list:
         out = [dict(common, system="local", link="none", tau=16, lr=LOCAL_LR)]
         for link in links:
             out.append(dict(common, system="ddp", link=link, tau=16))
-            out += [dict(common, system=s, link=link, tau=tau, **co2_settings(s))
+            out += [dict(common, system=s, link=link, tau=tau, **co2_settings(s),
+                         **peer_settings(s, size, link))
                     for tau in taus for s in systems]
         return out
 
@@ -129,6 +131,36 @@ def grid(quick: bool) -> list:
             seen.add(r["name"])
             ordered.append(r)
     return ordered
+
+
+# task.py's model sizes, in parameters (task.count_parameters).
+PARAMS = {"tiny": 135_168, "small": 3_307_264, "medium": 25_515_264}
+# hivemind's quickstart averaging_timeout, seconds.
+HIVEMIND_AVERAGING_TIMEOUT = 10
+
+
+def link_bytes_per_s(link: str) -> float:
+    """A shaped link's rate (tc's syntax, as bench/overlap/netns.sh's
+    ov_shape takes it) in bytes per second."""
+    for unit, bits in (("gbit", 1e9), ("mbit", 1e6)):
+        if link.endswith(unit):
+            return float(link[:-len(unit)]) * bits / 8
+    raise ValueError(f"not a shaped link: {link!r}")
+
+
+def peer_settings(system: str, size: str, link: str) -> dict:
+    """What of a peer's settings the harness derives from the row, part of
+    its cache key. hivemind's averaging_timeout is its quickstart's 10 s
+    unless an all-reduce of the model takes longer behind the link: then
+    "around 2x the actual time it takes to run all-reduce" (its
+    Optimizer's docstring), where a butterfly all-reduce moves 2(N - 1)/N
+    of the model each way through each worker's link."""
+    if system != "hivemind" or link == "none":
+        return {}
+    allreduce_s = (2 * (WORKERS - 1) / WORKERS * 4 * PARAMS[size]
+                   / link_bytes_per_s(link))
+    timeout = math.ceil(2 * allreduce_s)
+    return {"averaging_timeout": timeout} if timeout > HIVEMIND_AVERAGING_TIMEOUT else {}
 
 
 def co2_settings(system: str, curve: bool = True) -> dict:
@@ -334,6 +366,8 @@ def one_run(r: dict, python: str, limit: int) -> dict:
                         f"--val_windows={r['val_windows']}", f"--addr={worker_addr(i)}",
                         f"--rank0_addr={worker_addr(0)}", f"--service_addr={SERVICE_ADDR}",
                         f"--job={job_id(r['name'])}", f"--out={scratch}/rank-{i}.json"]
+                if "averaging_timeout" in r:
+                    argv.append(f"--averaging_timeout={r['averaging_timeout']}")
                 argv += services.worker_args
                 commands.append(shlex.join(argv))
                 log = open(os.path.join(scratch, f"w{i}.log"), "w")

@@ -154,6 +154,20 @@ def test_co2s_extra_settings_run_in_the_headline_rows_only():
 
 
 
+def test_hivemind_waits_twice_an_all_reduce_where_that_outlasts_its_quickstart_timeout():
+    """hivemind's docstring: averaging_timeout "around 2x the actual time it
+    takes to run all-reduce". 1.5 x 102 MB each way at 12.5 MB/s is 12.2 s:
+    the 25M model behind 100 Mbit/s waits 25 s; every other row keeps the
+    quickstart's 10 s (no setting, so their cache keys stay as they were)."""
+    rows = run.grid(False) + run.grid(True)
+    longer = {r["name"]: r["averaging_timeout"] for r in rows if "averaging_timeout" in r}
+    assert longer == {"medium-100mbit-tau16-seed1-hivemind": 25,
+                      "medium-100mbit-tau8-seed1-hivemind": 25}
+    assert run.link_bytes_per_s("1gbit") == 125e6
+    with pytest.raises(ValueError, match="not a shaped link: 'none'"):
+        run.link_bytes_per_s("none")
+
+
 def test_only_names_a_run_exactly_or_by_pattern():
     name = "small-100mbit-tau16-seed1-co2-a0.5"
     assert run.named(name, [name])

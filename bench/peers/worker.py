@@ -129,6 +129,8 @@ def main() -> int:
                     help="the unshaped host of co2's shards, the lighthouse, hivemind's first peer")
     ap.add_argument("--aggregators", default="", help="co2: the shards, comma-separated")
     ap.add_argument("--initial_peer", default="", help="hivemind: the first peer's multiaddr")
+    ap.add_argument("--averaging_timeout", type=float, default=10.0,
+                    help="hivemind: its Optimizer's averaging_timeout (the quickstart's 10 s)")
     ap.add_argument("--job", default="peers")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -176,13 +178,15 @@ def main() -> int:
         import hivemind
         dht = hivemind.DHT(initial_peers=[args.initial_peer],
                            host_maddrs=[f"/ip4/{args.addr}/tcp/0"], start=True)
-        # hivemind's quickstart: local updates, matchmaking_time=3, averaging_timeout=10;
+        # hivemind's quickstart: local updates, matchmaking_time=3, averaging_timeout=10
+        # (run.py's peer_settings lengthens it where an all-reduce takes longer);
         # one epoch (one averaging) per tau steps of every worker.
         opt = hivemind.Optimizer(
             dht=dht, run_id=args.job, batch_size_per_step=size.batch,
             target_batch_size=samples_per_step * tau, optimizer=inner,
-            use_local_updates=True, matchmaking_time=3.0, averaging_timeout=10.0,
-            verbose=False)
+            use_local_updates=True, matchmaking_time=3.0,
+            averaging_timeout=args.averaging_timeout, verbose=False)
+        notes["averaging_timeout"] = args.averaging_timeout
         finish = lambda: (opt.shutdown(), dht.shutdown())
     elif system.startswith("co2"):
         import co2

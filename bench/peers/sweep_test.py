@@ -168,6 +168,13 @@ def test_hivemind_waits_twice_an_all_reduce_where_that_outlasts_its_quickstart_t
         run.link_bytes_per_s("none")
 
 
+def test_the_harness_knows_each_models_parameter_count():
+    """run.PARAMS, which sizes hivemind's timeout, is task.py's models' count."""
+    import task
+    assert run.PARAMS == {size: task.count_parameters(task.make_model(shape, 1))
+                          for size, shape in task.SIZES.items()}
+
+
 def test_only_names_a_run_exactly_or_by_pattern():
     name = "small-100mbit-tau16-seed1-co2-a0.5"
     assert run.named(name, [name])

@@ -135,7 +135,8 @@ def grid(quick: bool) -> list:
 
 # task.py's model sizes, in parameters (task.count_parameters).
 PARAMS = {"tiny": 135_168, "small": 3_307_264, "medium": 25_515_264}
-# hivemind's quickstart averaging_timeout, seconds.
+# hivemind's quickstart's matchmaking_time and averaging_timeout, seconds.
+HIVEMIND_MATCHMAKING_TIME = 3.0
 HIVEMIND_AVERAGING_TIMEOUT = 10
 
 
@@ -161,6 +162,15 @@ def peer_settings(system: str, size: str, link: str) -> dict:
                    / link_bytes_per_s(link))
     timeout = math.ceil(2 * allreduce_s)
     return {"averaging_timeout": timeout} if timeout > HIVEMIND_AVERAGING_TIMEOUT else {}
+
+
+def peer_args(r: dict) -> list:
+    """The worker's flags for r's peer settings: hivemind's, the quickstart's
+    where peer_settings gives none."""
+    if r["system"] != "hivemind":
+        return []
+    return [f"--matchmaking_time={HIVEMIND_MATCHMAKING_TIME}",
+            f"--averaging_timeout={r.get('averaging_timeout', HIVEMIND_AVERAGING_TIMEOUT)}"]
 
 
 def co2_settings(system: str, curve: bool = True) -> dict:
@@ -366,9 +376,7 @@ def one_run(r: dict, python: str, limit: int) -> dict:
                         f"--val_windows={r['val_windows']}", f"--addr={worker_addr(i)}",
                         f"--rank0_addr={worker_addr(0)}", f"--service_addr={SERVICE_ADDR}",
                         f"--job={job_id(r['name'])}", f"--out={scratch}/rank-{i}.json"]
-                if "averaging_timeout" in r:
-                    argv.append(f"--averaging_timeout={r['averaging_timeout']}")
-                argv += services.worker_args
+                argv += peer_args(r) + services.worker_args
                 commands.append(shlex.join(argv))
                 log = open(os.path.join(scratch, f"w{i}.log"), "w")
                 procs.append(subprocess.Popen(
@@ -454,7 +462,8 @@ def store(path: str, rec: dict) -> None:
 
 def sweep_row(size: str, system: str, lr: float) -> dict:
     """The sweep reads only the final loss: its rows carry no curve setting."""
-    r = dict(SWEEP_AT[size], system=system, lr=lr, **co2_settings(system, curve=False))
+    r = dict(SWEEP_AT[size], system=system, lr=lr, **co2_settings(system, curve=False),
+             **peer_settings(system, size, SWEEP_AT[size]["link"]))
     r["name"] = f"{run_name(r)}-lr{lr:g}"
     return r
 

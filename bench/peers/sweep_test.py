@@ -157,12 +157,22 @@ def test_co2s_extra_settings_run_in_the_headline_rows_only():
 def test_hivemind_waits_twice_an_all_reduce_where_that_outlasts_its_quickstart_timeout():
     """hivemind's docstring: averaging_timeout "around 2x the actual time it
     takes to run all-reduce". 1.5 x 102 MB each way at 12.5 MB/s is 12.2 s:
-    the 25M model behind 100 Mbit/s waits 25 s; every other row keeps the
-    quickstart's 10 s (no setting, so their cache keys stay as they were)."""
+    the 25M model behind 100 Mbit/s waits 25 s; every other hivemind row,
+    its sweep's included, runs at the quickstart's 10 s and 3 s of
+    matchmaking, with no setting in its cache key."""
     rows = run.grid(False) + run.grid(True)
+    rows += [run.sweep_row(size, s, 1e-3) for size in run.SWEEP_AT for s in run.SYSTEMS]
+    for r in rows:
+        r.setdefault("name", run.run_name(r))
     longer = {r["name"]: r["averaging_timeout"] for r in rows if "averaging_timeout" in r}
     assert longer == {"medium-100mbit-tau16-seed1-hivemind": 25,
                       "medium-100mbit-tau8-seed1-hivemind": 25}
+    flags = {r["name"]: run.peer_args(r) for r in rows if run.peer_args(r)}
+    assert {r["name"] for r in rows if r["system"] == "hivemind"} == set(flags)
+    assert flags["medium-100mbit-tau8-seed1-hivemind"] == [
+        "--matchmaking_time=3.0", "--averaging_timeout=25"]
+    assert flags["small-none-tau16-seed1-hivemind-lr0.001"] == [
+        "--matchmaking_time=3.0", "--averaging_timeout=10"]
     assert run.link_bytes_per_s("1gbit") == 125e6
     with pytest.raises(ValueError, match="not a shaped link: 'none'"):
         run.link_bytes_per_s("none")

@@ -129,11 +129,15 @@ def main() -> int:
                     help="the unshaped host of co2's shards, the lighthouse, hivemind's first peer")
     ap.add_argument("--aggregators", default="", help="co2: the shards, comma-separated")
     ap.add_argument("--initial_peer", default="", help="hivemind: the first peer's multiaddr")
-    ap.add_argument("--averaging_timeout", type=float, default=10.0,
-                    help="hivemind: its Optimizer's averaging_timeout (the quickstart's 10 s)")
+    ap.add_argument("--matchmaking_time", type=float,
+                    help="hivemind: its Optimizer's matchmaking_time (run.py's peer_args)")
+    ap.add_argument("--averaging_timeout", type=float,
+                    help="hivemind: its Optimizer's averaging_timeout (run.py's peer_args)")
     ap.add_argument("--job", default="peers")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.system == "hivemind" and None in (args.matchmaking_time, args.averaging_timeout):
+        ap.error("hivemind needs --matchmaking_time and --averaging_timeout")
     torch.set_num_threads(1)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "eth0")
 
@@ -178,14 +182,14 @@ def main() -> int:
         import hivemind
         dht = hivemind.DHT(initial_peers=[args.initial_peer],
                            host_maddrs=[f"/ip4/{args.addr}/tcp/0"], start=True)
-        # hivemind's quickstart: local updates, matchmaking_time=3, averaging_timeout=10
-        # (run.py's peer_settings lengthens it where an all-reduce takes longer);
-        # one epoch (one averaging) per tau steps of every worker.
+        # hivemind's quickstart: local updates, one epoch (one averaging) per
+        # tau steps of every worker; its timings from run.py's peer_args.
         opt = hivemind.Optimizer(
             dht=dht, run_id=args.job, batch_size_per_step=size.batch,
             target_batch_size=samples_per_step * tau, optimizer=inner,
-            use_local_updates=True, matchmaking_time=3.0,
+            use_local_updates=True, matchmaking_time=args.matchmaking_time,
             averaging_timeout=args.averaging_timeout, verbose=False)
+        notes["matchmaking_time"] = args.matchmaking_time
         notes["averaging_timeout"] = args.averaging_timeout
         finish = lambda: (opt.shutdown(), dht.shutdown())
     elif system.startswith("co2"):

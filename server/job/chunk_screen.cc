@@ -76,6 +76,14 @@ double Median(std::vector<double>& values) {
   return (lower + upper) / 2;
 }
 
+uint32_t ChunkContributors(uint32_t complete,
+                           const std::vector<HeldOut>& held_out,
+                           uint32_t chunk_index) {
+  uint32_t held = 0;
+  for (const HeldOut& out : held_out) held += out.chunk_index == chunk_index;
+  return complete > held ? complete - held : 0;
+}
+
 bool ChunkScreen::ShouldHold(double norm, double k,
                              std::optional<double> last_median) const {
   if (k <= 0) return false;

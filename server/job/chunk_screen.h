@@ -55,6 +55,12 @@ struct HeldOut {
   bool outlier = true;
 };
 
+// The contributions in chunk `chunk_index`'s mean: `complete` less those of
+// `held_out` held out of that chunk.
+uint32_t ChunkContributors(uint32_t complete,
+                           const std::vector<HeldOut>& held_out,
+                           uint32_t chunk_index);
+
 class ChunkScreen {
  public:
   // Adds w·decode(payload) to the chunk's sum: INVALID_ARGUMENT when it

@@ -300,9 +300,9 @@ std::vector<CompleteChunk> RoundState::TakeCompleteChunks() {
     for (const uint32_t c : ready_) {
       if (taken_.Test(c) || senders_[c] != required_) continue;
       taken_.Set(c);
-      CompleteChunk chunk{c, required_, {}, {}};
+      CompleteChunk chunk{c, 0, {}, {}};
       chunk.mean = TakeMean(Slot(open_), c, &chunk.held_out);
-      chunk.contributors -= static_cast<uint32_t>(chunk.held_out.size());
+      chunk.contributors = ChunkContributors(required_, chunk.held_out, c);
       complete.push_back(std::move(chunk));
     }
   }

@@ -42,12 +42,9 @@ std::shared_ptr<const v1::OuterUpdate> StreamedRound::Restore(
 
 StreamedRound::Closed StreamedRound::Close(ClosedRound& closed) {
   for (ChunkUpdate& chunk : step_of_round_->StepRest(closed)) {
-    uint32_t held = 0;
-    for (const HeldOut& out : closed.held_out) {
-      held += out.chunk_index == chunk.chunk_index;
-    }
-    Keep(closed.contributors > held ? closed.contributors - held : 0,
-         std::move(chunk), closed.held_out);
+    const uint32_t contributors = ChunkContributors(
+        closed.contributors, closed.held_out, chunk.chunk_index);
+    Keep(contributors, std::move(chunk), closed.held_out);
   }
   Closed result{std::move(*step_of_round_).Finish(),
                 std::make_shared<const UpdateChunks>(std::move(update_))};

@@ -24,7 +24,8 @@
 // SharedAnchorSnapshot, UpdateSinks and ShardReporter (the observer's round
 // and poll reports); checkpoint_state.h writes and restores the state
 // (called from job_shard_checkpoint.cc), RoundJournal the chunks streamed
-// ahead of a round's checkpoint.
+// ahead of a round's checkpoint (job_shard_publish.cc: how updates go out,
+// at once in memory or once durable).
 //
 // It is the logic behind the gRPC service (which validates and translates):
 // no gRPC types, only the co2.v1 messages it publishes. Thread-safe: every

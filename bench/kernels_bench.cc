@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/codec.h"
 #include "common/payload_pieces.h"
@@ -194,6 +195,27 @@ void BM_OuterStep(benchmark::State& state) {
   SetBytes(state, 5 * n * sizeof(float));
 }
 
+// The check before each chunk's step that it cannot make m, U or A
+// non-finite (CheckStepFits): a max-|x| pass over each of mean Δ, m and A
+// (3 · n · 4 bytes read), with BM_OuterStep's settings.
+void BM_CheckStepFits(benchmark::State& state) {
+  const size_t n = Elements(state);
+  co2::server::OuterConfig config;
+  config.alpha = 1.0f;
+  config.beta = 0.5f;
+  config.momentum = co2::server::MomentumKind::kHeavyBall;
+  const std::vector<float> delta = RandomFloats(n, 7);
+  const std::vector<float> momentum = RandomFloats(n, 8);
+  const std::vector<float> anchor = RandomFloats(n, 10);
+  for (auto _ : state) {
+    absl::Status fits =
+        co2::server::CheckStepFits(config, delta, momentum, anchor);
+    if (!fits.ok()) state.SkipWithError(std::string(fits.message()).c_str());
+    benchmark::DoNotOptimize(fits);
+  }
+  SetBytes(state, 3 * n * sizeof(float));
+}
+
 void Sizes(benchmark::internal::Benchmark* b) {
   b->Arg(kInCache)->Arg(kOutOfCache);
 }
@@ -219,6 +241,7 @@ BENCHMARK_CAPTURE(BM_Validate, fp32, Codec::kFp32)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Validate, bf16, Codec::kBf16)->Apply(Sizes);
 BENCHMARK_CAPTURE(BM_Validate, int8, Codec::kInt8)->Apply(Sizes);
 BENCHMARK(BM_OuterStep)->Apply(Sizes);
+BENCHMARK(BM_CheckStepFits)->Apply(Sizes);
 
 }  // namespace
 

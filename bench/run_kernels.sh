@@ -90,6 +90,8 @@ notes = {
                             "element, read and written",
     "Validate/int8": "reads only the 4-byte scale of each 1,024 values; "
                      "GB/s is per payload byte validated",
+    "CheckStepFits": "the largest |x| of mean delta, m and A, read before "
+                     "each chunk's outer step (server/job/outer_optimizer.h)",
 }
 results = []
 for name, reps in runs.items():
@@ -117,7 +119,7 @@ for name, reps in runs.items():
     results.append(entry)
 
 family = ["Memcpy", "Accumulate", "ExactAccumulate", "OverflowCheck", "Decode", "Encode", "EncodeWithFeedback",
-          "Validate", "OuterStep"]
+          "Validate", "OuterStep", "CheckStepFits"]
 codecs = ["", "fp32", "bf16", "int8"]
 def order(r):
     parts = r["kernel"].split("/") + [""]

@@ -386,6 +386,35 @@ INSTANTIATE_TEST_SUITE_P(
 // ---------------------------------------------------------------------------
 // Hand-computed cases.
 
+// CheckStepFits reads every element of each span, under every kernel
+// variant: one value too large (or NaN) anywhere, in a lane of a group or
+// in the tail past the last whole group, refuses the step.
+TEST(OuterOptimizerTest, CheckStepFitsSeesEveryElementUnderEveryKernelIsa) {
+  OuterConfig config;
+  config.alpha = 1.0f;
+  config.beta = 0.5f;
+  config.momentum = MomentumKind::kHeavyBall;
+  const size_t n = 3 * 16 + 5;
+  const std::vector<float> ones(n, 1.0f);
+  for (common::KernelIsa isa : common::SupportedKernelIsas()) {
+    SCOPED_TRACE(common::KernelIsaName(isa));
+    common::ScopedKernelIsaForTesting pin(isa);
+    EXPECT_TRUE(CheckStepFits(config, ones, ones, ones).ok());
+    for (size_t i = 0; i < n; ++i) {
+      SCOPED_TRACE(absl::StrCat("element ", i));
+      std::vector<float> bad = ones;
+      bad[i] = -3.39e38f;  // finite, past FLT_MAX less the margin
+      EXPECT_THAT(CheckStepFits(config, ones, ones, bad).message(),
+                  HasSubstr("the anchor non-finite"));
+      EXPECT_THAT(CheckStepFits(config, ones, bad, ones).message(),
+                  HasSubstr("the momentum non-finite"));
+      bad[i] = std::nanf("");
+      EXPECT_THAT(CheckStepFits(config, bad, ones, ones).message(),
+                  HasSubstr("the momentum non-finite"));
+    }
+  }
+}
+
 TEST(OuterOptimizerTest, HeavyBallGapAwareClosedForm) {
   OuterConfig c;
   c.alpha = 0.5f;

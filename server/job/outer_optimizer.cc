@@ -148,26 +148,17 @@ Totals Step(const Coefficients& k, absl::Span<const float> mean_delta,
   }
 }
 
-// The largest |x[i]|, by the bits of |x| (for finite values they order as
-// the magnitudes do), in groups of kLanes with one maximum per lane: the
-// shape GCC's -O2 vectoriser takes.
 float MaxAbs(absl::Span<const float> x) {
-  uint32_t lanes[kLanes] = {};
-  size_t i = 0;
-  for (; i + kLanes <= x.size(); i += kLanes) {
-    for (size_t l = 0; l < kLanes; ++l) {
-      const uint32_t bits =
-          absl::bit_cast<uint32_t>(x[i + l]) & uint32_t{0x7FFFFFFF};
-      lanes[l] = lanes[l] > bits ? lanes[l] : bits;
-    }
+  switch (common::ActiveKernelIsa()) {
+#if defined(__x86_64__)
+    case common::KernelIsa::kSse2:
+      return sse2::MaxAbs(x);
+    case common::KernelIsa::kAvx2:
+      return avx2::MaxAbs(x);
+#endif
+    default:
+      return portable::MaxAbs(x);
   }
-  uint32_t most = 0;
-  for (; i < x.size(); ++i) {
-    const uint32_t bits = absl::bit_cast<uint32_t>(x[i]) & uint32_t{0x7FFFFFFF};
-    most = most > bits ? most : bits;
-  }
-  for (const uint32_t bits : lanes) most = most > bits ? most : bits;
-  return absl::bit_cast<float>(most);
 }
 
 }  // namespace

@@ -170,11 +170,9 @@ void BM_Validate(benchmark::State& state, Codec codec) {
   SetBytes(state, payload.size());
 }
 
-// The outer step with the default JobConfig (gap-aware penalty, adaptive
-// clipping k = 3, heavy ball β = 0.5, α = 1), update written over the gap as a
-// shard does: reads mean Δ, gap and m, writes m and U (5 · n · 4 bytes).
-void BM_OuterStep(benchmark::State& state) {
-  const size_t n = Elements(state);
+// The outer step's settings in both benchmarks: gap-aware penalty, adaptive
+// clipping k = 3, heavy ball β = 0.5, α = 1.
+co2::server::OuterConfig StepConfig() {
   co2::server::OuterConfig config;
   config.alpha = 1.0f;
   config.beta = 0.5f;
@@ -182,6 +180,14 @@ void BM_OuterStep(benchmark::State& state) {
   config.penalty = co2::server::GapPenalty::kGapAware;
   config.clip = co2::server::ClipMode::kAdaptive;
   config.clip_value = 3.0f;
+  return config;
+}
+
+// The outer step (StepConfig), update written over the gap as a shard does:
+// reads mean Δ, gap and m, writes m and U (5 · n · 4 bytes).
+void BM_OuterStep(benchmark::State& state) {
+  const size_t n = Elements(state);
+  const co2::server::OuterConfig config = StepConfig();
   const std::vector<float> delta = RandomFloats(n, 7);
   std::vector<float> momentum = RandomFloats(n, 8);
   std::vector<float> update = RandomFloats(n, 9);
@@ -197,13 +203,10 @@ void BM_OuterStep(benchmark::State& state) {
 
 // The check before each chunk's step that it cannot make m, U or A
 // non-finite (CheckStepFits): a max-|x| pass over each of mean Δ, m and A
-// (3 · n · 4 bytes read), with BM_OuterStep's settings.
+// (3 · n · 4 bytes read), at StepConfig.
 void BM_CheckStepFits(benchmark::State& state) {
   const size_t n = Elements(state);
-  co2::server::OuterConfig config;
-  config.alpha = 1.0f;
-  config.beta = 0.5f;
-  config.momentum = co2::server::MomentumKind::kHeavyBall;
+  const co2::server::OuterConfig config = StepConfig();
   const std::vector<float> delta = RandomFloats(n, 7);
   const std::vector<float> momentum = RandomFloats(n, 8);
   const std::vector<float> anchor = RandomFloats(n, 10);

@@ -139,21 +139,6 @@ std::string FormatFloat(float f) {
 #include "common/per_isa_kernels.inc"
 #undef CO2_KERNELS_FILE
 
-// fn(Kernels{}) with the Kernels of this thread's ActiveKernelIsa().
-template <typename Fn>
-decltype(auto) WithKernels(Fn&& fn) {
-  switch (ActiveKernelIsa()) {
-#if defined(__x86_64__)
-    case KernelIsa::kSse2:
-      return fn(sse2::Kernels{});
-    case KernelIsa::kAvx2:
-      return fn(avx2::Kernels{});
-#endif
-    default:
-      return fn(portable::Kernels{});
-  }
-}
-
 template <typename Op>
 void DecodeWith(const EncodedRun& run, Op op, absl::Span<float> out) {
   assert(out.size() == run.count);

@@ -42,21 +42,6 @@ inline bool AddIsExact(double term, double sum) {
 #include "common/per_isa_kernels.inc"
 #undef CO2_KERNELS_FILE
 
-// kernel(Kernels()) with the active KernelIsa's Kernels.
-template <typename Kernel>
-decltype(auto) WithActiveIsa(Kernel kernel) {
-  switch (common::ActiveKernelIsa()) {
-#if defined(__x86_64__)
-    case common::KernelIsa::kSse2:
-      return kernel(sse2::Kernels());
-    case common::KernelIsa::kAvx2:
-      return kernel(avx2::Kernels());
-#endif
-    default:
-      return kernel(portable::Kernels());
-  }
-}
-
 // Decoded values are taken in blocks of this many, in a buffer that stays
 // in L1 (fp32 payloads are read in place).
 constexpr size_t kBlock = 1024;
@@ -164,7 +149,7 @@ size_t ExactSum::AddRun(const float* x, size_t first, size_t n, float w) {
   const char* bytes = reinterpret_cast<const char*>(x);
   double* sum = &sum_[first];
   if (terms_ == 0) {
-    if (WithActiveIsa([&](auto kernels) {
+    if (WithKernels([&](auto kernels) {
           return kernels.StoreTerms(bytes, n, w, sum);
         })) {
       return n;
@@ -175,7 +160,7 @@ size_t ExactSum::AddRun(const float* x, size_t first, size_t n, float w) {
   }
   uint64_t skipped[kBlock / 64];
   assert(n <= kBlock);
-  if (WithActiveIsa([&](auto kernels) {
+  if (WithKernels([&](auto kernels) {
         return kernels.AddTerms(bytes, n, w, sum, skipped);
       })) {
     return n;
@@ -277,7 +262,7 @@ std::vector<float> ExactSum::Mean(double divisor) const {
   float block[kBlock];
   for (size_t done = 0; done < size_; done += kBlock) {
     const size_t n = std::min(kBlock, size_ - done);
-    WithActiveIsa(
+    WithKernels(
         [&](auto kernels) { kernels.Divide(&sum_[done], n, divisor, block); });
     mean.insert(mean.end(), block, block + n);
   }

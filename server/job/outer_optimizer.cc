@@ -136,29 +136,14 @@ struct Totals {
 Totals Step(const Coefficients& k, absl::Span<const float> mean_delta,
             absl::Span<const float> gap, absl::Span<float> momentum,
             absl::Span<float> update) {
-  switch (common::ActiveKernelIsa()) {
-#if defined(__x86_64__)
-    case common::KernelIsa::kSse2:
-      return sse2::Step(k, mean_delta, gap, momentum, update);
-    case common::KernelIsa::kAvx2:
-      return avx2::Step(k, mean_delta, gap, momentum, update);
-#endif
-    default:
-      return portable::Step(k, mean_delta, gap, momentum, update);
-  }
+  return WithKernels([&](auto kernels) {
+    return decltype(kernels)::OuterStep(k, mean_delta, gap, momentum, update);
+  });
 }
 
 float MaxAbs(absl::Span<const float> x) {
-  switch (common::ActiveKernelIsa()) {
-#if defined(__x86_64__)
-    case common::KernelIsa::kSse2:
-      return sse2::MaxAbs(x);
-    case common::KernelIsa::kAvx2:
-      return avx2::MaxAbs(x);
-#endif
-    default:
-      return portable::MaxAbs(x);
-  }
+  return WithKernels(
+      [&](auto kernels) { return decltype(kernels)::MaxAbs(x); });
 }
 
 }  // namespace

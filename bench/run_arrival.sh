@@ -19,7 +19,10 @@
 # eager updates: 0.9, the convergence study's best for them at τ = 48),
 # VARIANTS ("diloco co2-boundary co2-arrival"; also co2-default, co2-train's
 # defaults for co2 with no outer flags (the plain average with carried
-# progress, at Local-SGD's lr); co2-avg-carry, the same spelled out: --alpha=1
+# progress, at Local-SGD's lr); co2-byL, the defaults applying each update by
+# inner step L of its round at the latest (--apply_by_step=L); co2-nest-byL,
+# the same with DiLoCo's outer step (--alpha=0.7 --beta=0.9
+# --momentum=nesterov) at DiLoCo's lr; co2-avg-carry, the same spelled out: --alpha=1
 # --beta=0 --carry_progress --eager=false at Local-SGD's lr; co2-aX, eager
 # updates at --alpha=X; co2-det, the defaults with --deterministic, which
 # applies each update at the boundary; co2-det-aX, --deterministic with eager
@@ -41,9 +44,9 @@ out=${OUT:-$here/results/arrival.json}
 task=${TASK:-fashion-mnist}
 case $task in
   fashion-mnist) task_flags=(--batch_size=16 --final_eval_examples=10000)
-                 steps=${STEPS:-1920} localsgd_lr=2e-3 eager_lr=4e-3 ;;
+                 steps=${STEPS:-1920} localsgd_lr=2e-3 eager_lr=4e-3 diloco_lr=5e-4 ;;
   charlm) task_flags=(--batch_size=8 --seq_len=16 --final_eval_examples=1000)
-          steps=${STEPS:-2688} localsgd_lr=8e-3 eager_lr=3.2e-2 ;;
+          steps=${STEPS:-2688} localsgd_lr=8e-3 eager_lr=3.2e-2 diloco_lr=2e-3 ;;
   *) echo "TASK must be fashion-mnist or charlm, got $task" >&2; exit 2 ;;
 esac
 rates=${RATES:-1gbit 100mbit}
@@ -98,6 +101,9 @@ for rate in $rates; do
           co2-avg-carry) flags=(--algo=co2 --alpha=1 --beta=0 --carry_progress --eager=false
                                 --lr="$localsgd_lr") ;;
           co2-default) flags=(--algo=co2) ;;
+          co2-by*) flags=(--algo=co2 --apply_by_step="${variant#co2-by}") ;;
+          co2-nest-by*) flags=(--algo=co2 --alpha=0.7 --beta=0.9 --momentum=nesterov
+                               --lr="$diloco_lr" --apply_by_step="${variant#co2-nest-by}") ;;
           co2-det) flags=(--algo=co2 --deterministic) ;;
           co2-det-a*) flags=(--algo=co2 --deterministic --alpha="${variant#co2-det-a}" --eager
                              --lr="$eager_lr") ;;

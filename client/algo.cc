@@ -49,6 +49,23 @@ ApplyAt DefaultApplyAt(Algo algo, bool deterministic) {
                                               : ApplyAt::kBoundary;
 }
 
+absl::Status CheckApplyBy(ApplyAt apply, int apply_by_step, int tau) {
+  if (apply_by_step == 0) return absl::OkStatus();
+  if (apply != ApplyAt::kArrival) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "is ", apply_by_step,
+        ", which bounds when an update applied on arrival is applied; with "
+        "apply=",
+        ApplyAtName(apply), " it is applied at the boundary"));
+  }
+  if (apply_by_step < 0 || apply_by_step >= tau) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "is ", apply_by_step, ": must be between 1 and tau - 1 = ",
+        tau - 1, " (0: wait for the update only at the boundary)"));
+  }
+  return absl::OkStatus();
+}
+
 bool DefaultCarryProgress(Algo algo, bool eager) {
   return algo == Algo::kCo2 && !eager;
 }

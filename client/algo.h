@@ -61,6 +61,12 @@ absl::Status CheckApplyAt(Algo algo, ApplyAt apply, bool deterministic);
 // Where the user picks none: arrival for co2 unless the job is
 // deterministic, else boundary.
 ApplyAt DefaultApplyAt(Algo algo, bool deterministic);
+// The inner step of a round by which a worker applying on arrival applies
+// the owed update at the latest, waiting for it there
+// (Co2OptimizerOptions::apply_by_step): 0 (the boundary only) or 1 .. tau − 1,
+// and only with arrival; otherwise INVALID_ARGUMENT whose message, to follow
+// the setting's name, says what is wrong with the value.
+absl::Status CheckApplyBy(ApplyAt apply, int apply_by_step, int tau);
 
 // Whether a worker carries its own progress across the rounds its update is
 // owed (AnchorExchangeOptions::carry_progress) where the user does not say:

@@ -288,18 +288,27 @@ absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
   return absl::OkStatus();
 }
 
-std::optional<uint64_t> AnchorExchange::ArrivedUpdate(uint64_t round) const {
+std::optional<uint64_t> AnchorExchange::PendingUpdate(uint64_t round) const {
   const std::optional<uint64_t> owed =
       OwedUpdate(staleness_, options_.rounds, round);
-  if (!owed || applied_early_ == owed || client_ == nullptr ||
-      !client_->UpdateReady(*owed)) {
+  if (!owed || applied_early_ == owed || client_ == nullptr) {
     return std::nullopt;
   }
   return owed;
 }
 
+std::optional<uint64_t> AnchorExchange::ArrivedUpdate(uint64_t round) const {
+  const std::optional<uint64_t> owed = PendingUpdate(round);
+  if (!owed || !client_->UpdateReady(*owed)) return std::nullopt;
+  return owed;
+}
+
 bool AnchorExchange::UpdateArrived(uint64_t round) const {
   return ArrivedUpdate(round).has_value();
+}
+
+bool AnchorExchange::UpdatePending(uint64_t round) const {
+  return PendingUpdate(round).has_value();
 }
 
 absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
@@ -315,6 +324,29 @@ absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
         "AnchorExchange::ApplyArrived: round ", round,
         " has no arrived update left to apply"));
   }
+  return ApplyEarly(*owed, x, times);
+}
+
+absl::Status AnchorExchange::AwaitAndApply(uint64_t round, absl::Span<float> x,
+                                           ExchangeTimes& times) {
+  if (x.size() != anchor_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AnchorExchange::AwaitAndApply: ", x.size(),
+                     " parameters, the job has ", anchor_.size()));
+  }
+  const std::optional<uint64_t> owed = PendingUpdate(round);
+  if (!owed) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("AnchorExchange::AwaitAndApply: round ", round,
+                     " has no update left to apply"));
+  }
+  absl::Status waited = AwaitUpdate(*owed, times);
+  if (!waited.ok()) return Heal(std::move(waited), x, times);
+  return ApplyEarly(*owed, x, times);
+}
+
+absl::Status AnchorExchange::ApplyEarly(uint64_t owed, absl::Span<float> x,
+                                        ExchangeTimes& times) {
   // x − s is the progress since the round's start; the start moves with A
   // (with eager updates s = A + e, and e stays), so x ← (x − A) + A_new.
   // Carried progress stood in for this update: s = A + e, and e ← 0.
@@ -329,7 +361,7 @@ absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
   } else {
     for (size_t i = 0; i < x.size(); ++i) d[i] -= a[i];
   }
-  absl::Status status = Apply(*owed, times);
+  absl::Status status = Apply(owed, times);
   if (!status.ok()) return Heal(std::move(status), x, times);
   for (size_t i = 0; i < x.size(); ++i) d[i] += a[i];
   applied_early_ = owed;

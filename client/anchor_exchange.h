@@ -192,6 +192,15 @@ class AnchorExchange {
   // Boundary does (times.healed_round: x holds that round's anchor).
   absl::Status ApplyArrived(uint64_t round, absl::Span<float> x,
                             ExchangeTimes& times);
+  // Whether round `round` owes an update that was not applied yet, arrived
+  // or not.
+  bool UpdatePending(uint64_t round) const;
+  // As ApplyArrived, but first waits for the update, as the boundary would
+  // (timed as exposed communication, at most update_timeout): a worker that
+  // bounds how many inner steps an update may lag. FAILED_PRECONDITION when
+  // UpdatePending(round) is false.
+  absl::Status AwaitAndApply(uint64_t round, absl::Span<float> x,
+                             ExchangeTimes& times);
 
   // Checks A bit for bit against the shards' anchor of `anchor_round`
   // (DATA_LOSS naming both hashes), then leaves the job (best effort).
@@ -220,9 +229,14 @@ class AnchorExchange {
   // and records it in `times`; else `failed` itself.
   absl::Status Heal(absl::Status failed, absl::Span<float> x,
                     ExchangeTimes& times);
-  // The update round `round` owes, when it has arrived from every shard and
-  // was not applied yet (UpdateArrived).
+  // The update round `round` owes, when it was not applied yet
+  // (UpdatePending), and when it has also arrived from every shard
+  // (UpdateArrived).
+  std::optional<uint64_t> PendingUpdate(uint64_t round) const;
   std::optional<uint64_t> ArrivedUpdate(uint64_t round) const;
+  // ApplyArrived's apply of `owed`, which has arrived.
+  absl::Status ApplyEarly(uint64_t owed, absl::Span<float> x,
+                          ExchangeTimes& times);
   // A ← A + decode(U) of `round`, counting digest mismatches into `times`.
   absl::Status Apply(uint64_t round, ExchangeTimes& times);
   void CopyAnchorTo(absl::Span<float> x) const;

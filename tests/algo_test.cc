@@ -62,6 +62,28 @@ TEST(AlgoTest, OnlyNonDeterministicCo2AppliesOnArrival) {
   }
 }
 
+// apply_by_step bounds an arrival's step: 0, or a step inside the round.
+TEST(AlgoTest, ApplyByStepIsAStepInsideTheRoundAndOnlyForArrival) {
+  for (ApplyAt apply : {ApplyAt::kBoundary, ApplyAt::kArrival}) {
+    EXPECT_TRUE(CheckApplyBy(apply, 0, 16).ok());
+  }
+  for (int by : {1, 8, 15}) {
+    EXPECT_TRUE(CheckApplyBy(ApplyAt::kArrival, by, 16).ok()) << by;
+  }
+  for (int by : {-1, 16, 17}) {
+    const absl::Status s = CheckApplyBy(ApplyAt::kArrival, by, 16);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << by;
+    EXPECT_NE(s.message().find(absl::StrCat("is ", by, ": must be between 1 "
+                                            "and tau - 1 = 15")),
+              std::string::npos)
+        << s;
+  }
+  const absl::Status boundary = CheckApplyBy(ApplyAt::kBoundary, 4, 16);
+  EXPECT_EQ(boundary.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(boundary.message().find("with apply=boundary"), std::string::npos)
+      << boundary;
+}
+
 // co2 without eager updates carries its progress unless told otherwise;
 // eager updates take its place, and the synchronous algorithms have no
 // stale average to stand in for.

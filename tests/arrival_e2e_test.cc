@@ -1,6 +1,7 @@
-// Apply on arrival (AnchorExchange::ApplyArrived): over real gRPC against
-// in-process shards, workers that apply the update a round owes between its
-// inner steps keep the steps taken before it (x ← (x − A_old) + A_new), push
+// Apply on arrival (AnchorExchange::ApplyArrived, AwaitAndApply): over real
+// gRPC against in-process shards, workers that apply the update a round owes
+// between its inner steps keep the steps taken before it
+// (x ← (x − A_old) + A_new), push
 // the same progress as workers that apply it at the boundary (up to the
 // rounding of that shift), and every worker ends on the shards' anchor bit
 // for bit, on the reference trajectory. With carried progress a round
@@ -8,6 +9,7 @@
 // drops e: x ← (x − (A_old + e)) + A_new.
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -266,6 +268,75 @@ TEST(ArrivalE2eTest, CarriedProgressIsRefusedWithEagerUpdatesOrASynchronousJob) 
               std::string::npos)
         << exchange.status();
   }
+}
+
+// A worker bounding how late it applies an update (Co2Optimizer's
+// apply_by_step) calls AwaitAndApply for an update that cannot have arrived
+// yet (worker 1 has not pushed the round it is made from): it waits for it,
+// then applies it keeping the step taken, and both workers end on the same
+// anchor.
+TEST(ArrivalE2eTest, AwaitAndApplyWaitsForAnUpdateNotYetArrived) {
+  E2eSpec spec;
+  spec.params = common::kChunkElements + 77;
+  spec.shards = 1;
+  spec.workers = 2;
+  spec.rounds = 2;
+  v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
+  config.set_rounds(spec.rounds);
+  Cluster cluster(spec.shards);
+  std::vector<std::vector<float>> x(2, InitialAnchor(spec.params));
+  std::vector<std::unique_ptr<client::AnchorExchange>> ex;
+  for (int w = 0; w < 2; ++w) {
+    auto connected = client::AggregatorClient::Connect(
+        WorkerOptions(cluster.addresses(), "await", config, w),
+        absl::MakeSpan(x[w]));
+    ASSERT_TRUE(connected.ok()) << connected.status();
+    auto exchange = client::AnchorExchange::Create(
+        ExchangeOptions(spec, w, kTimeout), *std::move(connected), x[w]);
+    ASSERT_TRUE(exchange.ok()) << exchange.status();
+    ex.push_back(*std::move(exchange));
+  }
+  const auto step = [&](int w, uint64_t round) {
+    for (size_t j = 0; j < x[w].size(); ++j) x[w][j] -= Delta(w, round, j);
+  };
+  client::ExchangeTimes times;
+  step(0, 0);
+  ASSERT_TRUE(ex[0]->Boundary(0, kTau, absl::MakeSpan(x[0]), times).ok());
+  step(0, 1);
+  ASSERT_TRUE(ex[0]->UpdatePending(1));
+  ASSERT_FALSE(ex[0]->UpdateArrived(1));
+  const std::vector<float> before = x[0], anchor_before = ex[0]->anchor();
+  absl::Status applied;
+  std::thread waiter([&] {
+    applied = ex[0]->AwaitAndApply(1, absl::MakeSpan(x[0]), times);
+  });
+  step(1, 0);
+  const absl::Status pushed =
+      ex[1]->Boundary(0, kTau, absl::MakeSpan(x[1]), times);
+  waiter.join();
+  ASSERT_TRUE(pushed.ok()) << pushed;
+  ASSERT_TRUE(applied.ok()) << applied;
+  const std::vector<float>& a = ex[0]->anchor();
+  EXPECT_FALSE(a == anchor_before) << "AwaitAndApply left A as it was";
+  for (size_t j = 0; j < a.size(); ++j) {
+    ASSERT_EQ(x[0][j], (before[j] - anchor_before[j]) + a[j])
+        << "element " << j << ": the step taken before the update was lost";
+  }
+  EXPECT_FALSE(ex[0]->UpdatePending(1));
+  const absl::Status again = ex[0]->AwaitAndApply(1, absl::MakeSpan(x[0]), times);
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+  step(1, 1);
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(ex[w]->Boundary(1, kTau, absl::MakeSpan(x[w]), times).ok());
+  }
+  const std::optional<uint64_t> last =
+      client::OwedUpdate(ex[0]->staleness(), spec.rounds, spec.rounds);
+  ASSERT_TRUE(last.has_value());
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_TRUE(ex[w]->Drain(*last, absl::MakeSpan(x[w]), times).ok());
+  }
+  EXPECT_TRUE(x[0] == x[1]) << "the workers end on different anchors";
+  for (int w = 0; w < 2; ++w) ex[w]->Leave();
 }
 
 TEST(ArrivalE2eTest, NothingArrivedIsRefused) {

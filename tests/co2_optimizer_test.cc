@@ -216,6 +216,9 @@ struct ClosedFormCase {
   // update, so the next step at the latest applies it (the gradients are
   // constant, so the progress and the anchors are those of the boundary).
   ApplyAt apply = ApplyAt::kBoundary;
+  // With kArrival: Co2OptimizerOptions::apply_by_step; the optimizer itself
+  // waits for the owed update after that step, and the test does not.
+  int apply_by_step = 0;
 };
 
 class ClosedFormTest : public ::testing::TestWithParam<ClosedFormCase> {};
@@ -256,6 +259,7 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
   std::vector<std::vector<float>> seen(kWorkers);
   std::vector<std::vector<uint64_t>> hashes(kWorkers);
   std::vector<int> applied_early(kWorkers, 0);
+  std::vector<std::vector<int>> applied_after(kWorkers);
   std::vector<std::string> errors(kWorkers);
   std::atomic<int> connected{0};
   RunThreads(kWorkers, [&](int i) {
@@ -277,6 +281,7 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
     options.rounds = kRounds;
     options.hash_params = true;
     options.apply = param.apply;
+    options.apply_by_step = param.apply_by_step;
     auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
                                     std::move(*client), nullptr, nullptr);
     if (!opt.ok()) return void(errors[i] = opt.status().ToString());
@@ -286,7 +291,8 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
       (w * c).sum().backward();
       absl::Status s = (*opt)->Step();
       if (!s.ok()) return void(errors[i] = s.ToString());
-      if (param.apply == ApplyAt::kArrival && step % kTau == 0) {
+      if (param.apply == ApplyAt::kArrival && param.apply_by_step == 0 &&
+          step % kTau == 0) {
         s = (*opt)->AwaitOwedUpdateForTesting();
         if (!s.ok()) return void(errors[i] = s.ToString());
       }
@@ -303,6 +309,7 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
     for (const RoundStats& r : (*opt)->rounds()) {
       hashes[i].push_back(r.params_hash);
       if (r.applied_after_steps > 0) ++applied_early[i];
+      applied_after[i].push_back(r.applied_after_steps);
     }
   });
   for (int i = 0; i < kWorkers; ++i) {
@@ -314,6 +321,17 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
   // Every round but the first owes an update, applied before its boundary.
   const int early = param.apply == ApplyAt::kArrival ? kRounds - 1 : 0;
   EXPECT_THAT(applied_early, ::testing::Each(early));
+  if (param.apply_by_step > 0) {
+    // Each round after the first applied its update after exactly that
+    // step (at 1: whether it was back by then or had to be waited for).
+    for (int i = 0; i < kWorkers; ++i) {
+      ASSERT_GE(applied_after[i].size(), static_cast<size_t>(kRounds));
+      for (int r = 1; r < kRounds; ++r) {
+        EXPECT_EQ(applied_after[i][r], param.apply_by_step)
+            << "worker " << i << " round " << r;
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -321,13 +339,17 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ClosedFormCase{Algo::kCo2, 0.0f},
                       ClosedFormCase{Algo::kCo2, 0.5f},
                       ClosedFormCase{Algo::kCo2, 0.5f, ApplyAt::kArrival},
+                      ClosedFormCase{Algo::kCo2, 0.5f, ApplyAt::kArrival, 1},
                       ClosedFormCase{Algo::kLocalSgd, 0.0f},
                       ClosedFormCase{Algo::kSlowMo, 0.5f}),
     [](const auto& info) {
       return absl::StrCat(AlgoName(info.param.algo),
                           info.param.beta > 0 ? "_momentum" : "",
                           info.param.apply == ApplyAt::kArrival ? "_arrival"
-                                                                : "");
+                                                                : "",
+                          info.param.apply_by_step > 0
+                              ? absl::StrCat("_by", info.param.apply_by_step)
+                              : "");
     });
 
 // ---------------------------------------------------------------------------
@@ -927,7 +949,16 @@ TEST(Co2OptimizerTest, RejectsInconsistentSetups) {
                                         nullptr, nullptr);
   EXPECT_EQ(no_rounds.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(no_rounds.status().message(), ::testing::HasSubstr("rounds"));
-  options.rounds = 4;  // a leader without a client
+  options.rounds = 4;
+  options.apply = ApplyAt::kArrival;
+  options.apply_by_step = 2;  // not inside a round of 2 steps
+  auto by_boundary = Co2Optimizer::Create(options, flat->get(), &inner,
+                                          nullptr, nullptr, nullptr);
+  EXPECT_EQ(by_boundary.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(by_boundary.status().message(),
+              ::testing::HasSubstr("apply_by_step is 2: must be between 1"));
+  options.apply = ApplyAt::kBoundary;
+  options.apply_by_step = 0;  // a leader without a client
   auto no_client = Co2Optimizer::Create(options, flat->get(), &inner, nullptr,
                                         nullptr, nullptr);
   EXPECT_EQ(no_client.status().code(), absl::StatusCode::kInvalidArgument);

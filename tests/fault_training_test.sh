@@ -75,7 +75,8 @@
 # SCENARIO runs co2-train's default, each worker applying the update a round
 # owes between inner steps when it has arrived (docs/algorithm.md, "Applying
 # an update when it arrives"); SCENARIO_boundary runs it with
-# --apply=boundary in both runs.
+# --apply=boundary in both runs, SCENARIO_by1 with --apply_by_step=1 (each
+# worker waits for the update it owes after its round's first step).
 #
 # After each: training completes; every worker's final model hash equals the
 # hash of the anchor in the shards' checkpoints (co2-checkpoint); every
@@ -94,11 +95,14 @@ BUILD=$(cd "$1" && pwd)
 SCENARIO=$2
 APPLY=default
 APPLY_FLAGS=()
-if [[ $SCENARIO == *_boundary ]]; then
-  SCENARIO=${SCENARIO%_boundary}
-  APPLY=boundary
-  APPLY_FLAGS=(--apply=boundary)
-fi
+case $SCENARIO in
+  *_boundary) SCENARIO=${SCENARIO%_boundary}
+              APPLY=boundary
+              APPLY_FLAGS=(--apply=boundary) ;;
+  *_by1) SCENARIO=${SCENARIO%_by1}
+         APPLY=by1
+         APPLY_FLAGS=(--apply_by_step=1) ;;
+esac
 SEED=${3:-$(( $(date +%s) % 100000 ))}
 RANDOM=$SEED
 TRAIN=$BUILD/bin/co2-train

@@ -330,6 +330,7 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"eager", RunsEagerUpdates(options) ? "true" : "false"},
           {"carry_progress", options.carry_progress ? "true" : "false"},
           {"apply", options.apply},
+          {"apply_by_step", absl::StrCat(options.apply_by_step)},
           {"scale", options.scale},
           {"shards", absl::StrCat(options.shards)}};
 }

@@ -66,6 +66,11 @@ ABSL_FLAG(std::optional<std::string>, apply, std::nullopt,
           "docs/algorithm.md) | boundary (at the end of the round it arrives "
           "in); unset: arrival, boundary with --deterministic and for the "
           "other algorithms.");
+ABSL_FLAG(int, apply_by_step, 0,
+          "co2 with --apply=arrival: the inner step of a round by which a "
+          "worker applies the update it owes at the latest, waiting for it "
+          "there if it has not arrived (docs/algorithm.md); 0: it waits only "
+          "at the boundary. At most --tau - 1.");
 ABSL_FLAG(std::string, gap_penalty, "none", "none | constant | gap_aware");
 ABSL_FLAG(float, penalty_lambda, 1.0f, "λ of --gap_penalty=constant.");
 ABSL_FLAG(std::string, clip, "none",
@@ -242,6 +247,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.apply = absl::GetFlag(FLAGS_apply).value_or(std::string(
       co2::client::ApplyAtName(co2::client::DefaultApplyAt(outer_algo,
                                                            o.deterministic))));
+  o.apply_by_step = absl::GetFlag(FLAGS_apply_by_step);
   o.verify_final_anchor = absl::GetFlag(FLAGS_verify_final_anchor);
   o.inject_fault = absl::GetFlag(FLAGS_inject_fault);
   o.round_timeout = absl::GetFlag(FLAGS_round_timeout);

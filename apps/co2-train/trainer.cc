@@ -239,6 +239,11 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
       !s.ok()) {
     return Bad("apply", std::string(s.message()));
   }
+  if (absl::Status s =
+          CheckApplyBy(*apply, options.apply_by_step, options.tau);
+      !s.ok()) {
+    return Bad("apply_by_step", std::string(s.message()));
+  }
   if (options.workers < 1)
     return Bad("workers", absl::StrCat("must be >= 1, got ", options.workers));
   if (options.local_ranks < 1) {
@@ -512,6 +517,7 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   optimizer_options.carry_progress = options.carry_progress;
   // ValidateTrainerOptions parsed it.
   optimizer_options.apply = ParseApplyAt(options.apply).value();
+  optimizer_options.apply_by_step = options.apply_by_step;
   if (client != nullptr && options.heal) {
     optimizer_options.reconnect = [client_options](absl::Span<float> anchor) {
       ClientOptions rejoin = client_options;

@@ -102,6 +102,9 @@ struct TrainerOptions {
   // "arrival" (Co2OptimizerOptions::apply; main.cc's default is
   // DefaultApplyAt).
   std::string apply = "boundary";
+  // With "arrival": the inner step by which the owed update is applied at the
+  // latest (Co2OptimizerOptions::apply_by_step); 0: the boundary.
+  int apply_by_step = 0;
   // This worker restarts into a running job (after a crash): it skips the
   // start barrier, fetches the anchor and trains from the shards' round.
   bool rejoin = false;

@@ -94,6 +94,12 @@ absl::StatusOr<std::unique_ptr<Co2Optimizer>> Co2Optimizer::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("Co2Optimizer: apply=", apply.message()));
   }
+  if (absl::Status by =
+          CheckApplyBy(options.apply, options.apply_by_step, options.tau);
+      !by.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: apply_by_step ", by.message()));
+  }
   std::unique_ptr<Co2Optimizer> opt(new Co2Optimizer(
       options, flat, inner, std::move(client), local, global));
   CO2_RETURN_IF_ERROR(opt->Init());
@@ -349,19 +355,23 @@ bool Co2Optimizer::CheckpointDue() const {
 
 absl::Status Co2Optimizer::ApplyIfArrived() {
   // The checkpoint of this boundary holds A_r and x against it.
-  bool arrived = exchange_ != nullptr && !CheckpointDue() &&
-                 exchange_->UpdateArrived(round_);
+  const bool may_apply = exchange_ != nullptr && !CheckpointDue();
+  const bool due = options_.apply_by_step > 0 &&
+                   steps_in_round_ >= options_.apply_by_step;
+  bool apply = may_apply && (due ? exchange_->UpdatePending(round_)
+                                 : exchange_->UpdateArrived(round_));
   if (local_ != nullptr && local_->size() > 1) {
-    float decided = arrived ? 1.0f : 0.0f;
+    float decided = apply ? 1.0f : 0.0f;
     CO2_RETURN_IF_ERROR(local_->Broadcast(&decided, 1, 0));
-    arrived = decided > 0;
+    apply = decided > 0;
   }
-  if (!arrived) return absl::OkStatus();
+  if (!apply) return absl::OkStatus();
   RoundStats& stats = current_;
   const absl::Time start = options_.clock->Now();
   CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(
       [&](absl::Span<float> x, ExchangeTimes& times) {
-        return exchange_->ApplyArrived(round_, x, times);
+        return due ? exchange_->AwaitAndApply(round_, x, times)
+                   : exchange_->ApplyArrived(round_, x, times);
       },
       stats));
   stats.boundary += options_.clock->Now() - start;

@@ -121,6 +121,11 @@ struct Co2OptimizerOptions {
   // its decision every step, so that all apply it at the same step. A round
   // whose boundary saves a checkpoint applies it at the boundary.
   ApplyAt apply = ApplyAt::kBoundary;
+  // kArrival: the inner step of a round by which the owed update is applied
+  // at the latest; a leader whose update has not arrived by then waits for
+  // it there (AnchorExchange::AwaitAndApply), as the boundary would.
+  // 0: only the boundary waits. At most tau − 1.
+  int apply_by_step = 0;
   // Aggregator algorithms: every `checkpoint_every` rounds (0: never) the
   // local leader passes a WorkerCheckpoint to `save_checkpoint` (a failure
   // fails the boundary). With co2 it first waits for the previous round's

@@ -130,6 +130,11 @@ class Optimizer(torch.optim.Optimizer):
             round after its Δ was sent; what a deterministic job needs. None
             (the default): arrival for co2 unless ``config.deterministic``,
             else boundary.
+        apply_by_step: with ``apply="arrival"``: the inner step of a round
+            by which the owed update is applied at the latest; local rank 0
+            waits for it there if it has not arrived, as the boundary would
+            (docs/algorithm.md). 0 (the default): only the boundary waits.
+            At most ``tau - 1``.
 
     Raises:
         ValueError: a bad argument or config value, naming it.
@@ -163,6 +168,7 @@ class Optimizer(torch.optim.Optimizer):
         eager_share: float = 0.0,
         carry_progress: Optional[bool] = None,
         apply: Optional[str] = None,
+        apply_by_step: int = 0,
     ) -> None:
         # ValueError for an algorithm the C++ side does not run with shards.
         outer_defaults = _core.outer_defaults(algo)
@@ -191,7 +197,11 @@ class Optimizer(torch.optim.Optimizer):
         if apply is None:
             apply = _core.default_apply(algo, deterministic)
         _core.check_apply(algo, apply, deterministic)
+        if not isinstance(apply_by_step, int):
+            raise ValueError(f"apply_by_step must be an int, got {apply_by_step!r}")
+        _core.check_apply_by(apply, apply_by_step, tau)
         self.apply = apply
+        self.apply_by_step = apply_by_step
         self._apply_on_arrival = apply == "arrival"
         self._applied_this_round = False
         self._steps_at_apply = 0
@@ -607,18 +617,25 @@ class Optimizer(torch.optim.Optimizer):
 
     def _apply_if_arrived(self) -> None:
         # The leader decides; with several ranks its decision reaches all of
-        # them at this step, so that they apply it at the same step.
-        arrived = self._exchange is not None and self._exchange.update_arrived(self._round)
+        # them at this step, so that they apply it at the same step. From
+        # step apply_by_step on it applies a pending update, waiting for it.
+        due = 0 < self.apply_by_step <= self._steps_in_round
+        apply = False
+        if self._exchange is not None:
+            apply = (self._exchange.update_pending(self._round) if due
+                     else self._exchange.update_arrived(self._round))
         if self._group_size > 1:
-            flag = torch.tensor([1 if arrived else 0], dtype=torch.int32,
+            flag = torch.tensor([1 if apply else 0], dtype=torch.int32,
                                 device=self._params[0].device)
             dist.broadcast(flag, src=self._leader_rank, group=self._group)
-            arrived = bool(flag.item())
-        if not arrived:
+            apply = bool(flag.item())
+        if not apply:
             return
         if self._exchange is not None:
             self._host.gather()
-            self._exchange.apply_arrived(self._round, self._host.address, self._host.numel)
+            exchange = self._exchange.await_and_apply if due else self._exchange.apply_arrived
+            times = exchange(self._round, self._host.address, self._host.numel)
+            self._exposed_comm += times["exposed_comm_s"]
             self._host.scatter()
         self._broadcast_params()
         # The anchor the parameters now hold is the one the boundary would set.

@@ -349,6 +349,16 @@ class Exchange {
     });
   }
 
+  bool UpdatePending(uint64_t round) const {
+    return exchange_->UpdatePending(round);
+  }
+
+  py::dict AwaitAndApply(uint64_t round, uintptr_t x, size_t numel) {
+    return Timed([&](client::ExchangeTimes& times) {
+      return exchange_->AwaitAndApply(round, Buffer(x, numel), times);
+    });
+  }
+
   py::dict AwaitUpdate(uint64_t round) {
     return Timed([&](client::ExchangeTimes& times) {
       return exchange_->AwaitUpdate(round, times);
@@ -504,6 +514,22 @@ PYBIND11_MODULE(_core, m) {
       "ValueError unless `apply` is a mode `algo` can run, in a deterministic "
       "job or not (client/algo.h).");
   m.def(
+      "check_apply_by",
+      [](const std::string& apply, int apply_by_step, int tau) {
+        const absl::StatusOr<client::ApplyAt> parsed =
+            client::ParseApplyAt(apply);
+        if (!parsed.ok()) {
+          throw py::value_error(std::string(parsed.status().message()));
+        }
+        const absl::Status s =
+            client::CheckApplyBy(*parsed, apply_by_step, tau);
+        if (!s.ok()) {
+          throw py::value_error(absl::StrCat("apply_by_step ", s.message()));
+        }
+      },
+      "ValueError unless `apply_by_step` is 0 or a step of a round of `tau` "
+      "that `apply` can bound (client/algo.h).");
+  m.def(
       "default_apply",
       [](const std::string& algo, bool deterministic) {
         return std::string(client::ApplyAtName(
@@ -554,6 +580,9 @@ PYBIND11_MODULE(_core, m) {
            py::arg("numel"))
       .def("update_arrived", &Exchange::UpdateArrived, py::arg("round"))
       .def("apply_arrived", &Exchange::ApplyArrived, py::arg("round"),
+           py::arg("x"), py::arg("numel"))
+      .def("update_pending", &Exchange::UpdatePending, py::arg("round"))
+      .def("await_and_apply", &Exchange::AwaitAndApply, py::arg("round"),
            py::arg("x"), py::arg("numel"))
       .def("await_update", &Exchange::AwaitUpdate, py::arg("round"))
       .def("verify_anchor", &Exchange::VerifyAnchor, py::arg("anchor_round"))

@@ -24,6 +24,7 @@ def main() -> int:
     ap.add_argument("--tau", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--apply", default=None)
+    ap.add_argument("--apply_by_step", type=int, default=0)
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -36,7 +37,7 @@ def main() -> int:
     opt = co2.Optimizer(model.parameters(), inner, tau=args.tau, rounds=args.rounds,
                         aggregators=args.aggregators.split(","), job=args.job,
                         worker_id="node-0", samples_per_step=8 * dist.get_world_size(),
-                        apply=args.apply)
+                        apply=args.apply, apply_by_step=args.apply_by_step)
     data = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
     same_every_step = True
     for _ in range(args.tau * args.rounds):

@@ -93,6 +93,15 @@ def test_bad_optimizer_arguments_are_value_errors():
     with pytest.raises(ValueError, match="apply=arrival is not for a deterministic job"):
         co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j",
                       config=co2.JobConfig(deterministic=True), apply="arrival")
+    with pytest.raises(ValueError, match="apply_by_step is 4: must be between 1 and tau - 1 = 3"):
+        co2.Optimizer([w], inner, tau=4, rounds=2, aggregators=["127.0.0.1:1"], job="j",
+                      apply_by_step=4)
+    with pytest.raises(ValueError, match="apply_by_step is 1, .* with apply=boundary"):
+        co2.Optimizer([w], inner, tau=4, rounds=2, aggregators=["127.0.0.1:1"], job="j",
+                      apply="boundary", apply_by_step=1)
+    with pytest.raises(ValueError, match="apply_by_step must be an int, got 1.5"):
+        co2.Optimizer([w], inner, tau=4, rounds=2, aggregators=["127.0.0.1:1"], job="j",
+                      apply_by_step=1.5)
     with pytest.raises(ValueError, match="parameter 1 is parameter 0 again"):
         co2.Optimizer([w, w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j")
 

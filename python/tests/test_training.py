@@ -48,6 +48,19 @@ def test_workers_applying_on_arrival_end_on_the_shards_anchor():
     assert out[0]["digest"] == out[1]["digest"]
 
 
+def test_workers_applying_by_a_step_apply_every_update_there():
+    # apply_by_step=1: each update is applied after its round's first step,
+    # waited for there when it is not back yet.
+    with co2.local_aggregator(num_shards=2) as agg:
+        out = _run_together(agg, "by-step", 2, "--rounds", "10", "--tau", "8",
+                            "--apply", "arrival", "--apply_by_step", "1")
+    for r in out:
+        assert "error" not in r, r
+        assert r["anchor_round"] == 11
+        assert r["stats"]["applied_after_steps"] == [0] + [1] * 9
+    assert out[0]["digest"] == out[1]["digest"]
+
+
 def _arrival_job(agg, job, lr, **kw):
     """A small MLP whose co2.Optimizer (SGD at lr, 5 rounds of 4 steps)
     applies on arrival; with its data."""

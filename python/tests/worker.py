@@ -76,6 +76,7 @@ def main() -> int:
     ap.add_argument("--carry_progress", action=argparse.BooleanOptionalAction,
                     help="unset: co2.Optimizer's default")
     ap.add_argument("--apply", default=None)
+    ap.add_argument("--apply_by_step", type=int, default=0)
     ap.add_argument("--stop_after_rounds", type=int, default=0,
                     help="save the optimizer's state_dict to --state after this many "
                          "rounds and stop without finishing (preemption)")
@@ -108,7 +109,8 @@ def main() -> int:
                             algo=args.algo, worker_id=f"worker-{args.worker}",
                             samples_per_step=args.batch, update_timeout=args.update_timeout,
                             uplink_codec=args.uplink_codec, eager_share=args.eager_share,
-                            carry_progress=args.carry_progress, apply=args.apply)
+                            carry_progress=args.carry_progress, apply=args.apply,
+                            apply_by_step=args.apply_by_step)
         if args.resume:
             opt.load_state_dict(torch.load(args.resume))
         opt.connect()

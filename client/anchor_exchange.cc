@@ -201,6 +201,14 @@ absl::Status AnchorExchange::Apply(uint64_t round, ExchangeTimes& times) {
   return applied;
 }
 
+absl::Status AnchorExchange::CheckSize(absl::string_view method,
+                                     absl::Span<const float> x) const {
+  if (x.size() == anchor_.size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("AnchorExchange::", method, ": ", x.size(),
+                   " parameters, the job has ", anchor_.size()));
+}
+
 void AnchorExchange::CopyAnchorTo(absl::Span<float> x) const {
   std::memcpy(x.data(), anchor_.data(), anchor_.size() * sizeof(float));
 }
@@ -255,11 +263,7 @@ void AnchorExchange::TakeOffsetStep(uint64_t round,
 absl::Status AnchorExchange::Boundary(uint64_t round, int steps,
                                       absl::Span<float> x,
                                       ExchangeTimes& times) {
-  if (x.size() != anchor_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AnchorExchange::Boundary: ", x.size(),
-                     " parameters, the job has ", anchor_.size()));
-  }
+  CO2_RETURN_IF_ERROR(CheckSize("Boundary", x));
   if (options_.rounds > 0 && round >= options_.rounds) {
     return absl::FailedPreconditionError(
         absl::StrCat("AnchorExchange: round ", round,
@@ -313,11 +317,7 @@ bool AnchorExchange::UpdatePending(uint64_t round) const {
 
 absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
                                           ExchangeTimes& times) {
-  if (x.size() != anchor_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AnchorExchange::ApplyArrived: ", x.size(),
-                     " parameters, the job has ", anchor_.size()));
-  }
+  CO2_RETURN_IF_ERROR(CheckSize("ApplyArrived", x));
   const std::optional<uint64_t> owed = ArrivedUpdate(round);
   if (!owed) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -329,11 +329,7 @@ absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
 
 absl::Status AnchorExchange::AwaitAndApply(uint64_t round, absl::Span<float> x,
                                            ExchangeTimes& times) {
-  if (x.size() != anchor_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AnchorExchange::AwaitAndApply: ", x.size(),
-                     " parameters, the job has ", anchor_.size()));
-  }
+  CO2_RETURN_IF_ERROR(CheckSize("AwaitAndApply", x));
   const std::optional<uint64_t> owed = PendingUpdate(round);
   if (!owed) {
     return absl::FailedPreconditionError(
@@ -370,11 +366,7 @@ absl::Status AnchorExchange::ApplyEarly(uint64_t owed, absl::Span<float> x,
 
 absl::Status AnchorExchange::Drain(uint64_t owed, absl::Span<float> x,
                                    ExchangeTimes& times) {
-  if (x.size() != anchor_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AnchorExchange::Drain: ", x.size(),
-                     " parameters, the job has ", anchor_.size()));
-  }
+  CO2_RETURN_IF_ERROR(CheckSize("Drain", x));
   absl::Status status;
   if (applied_early_ != owed) {
     status = AwaitUpdate(owed, times);

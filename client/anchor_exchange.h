@@ -53,6 +53,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "client/aggregator_client.h"
@@ -239,6 +240,9 @@ class AnchorExchange {
                           ExchangeTimes& times);
   // A ← A + decode(U) of `round`, counting digest mismatches into `times`.
   absl::Status Apply(uint64_t round, ExchangeTimes& times);
+  // INVALID_ARGUMENT naming `method` unless x holds the job's P parameters.
+  absl::Status CheckSize(absl::string_view method,
+                         absl::Span<const float> x) const;
   void CopyAnchorTo(absl::Span<float> x) const;
   // x ← the next round's start point: A, or A + e with eager updates or
   // carried progress (one pass; Push takes Δ from the same sum).

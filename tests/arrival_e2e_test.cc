@@ -276,11 +276,8 @@ TEST(ArrivalE2eTest, CarriedProgressIsRefusedWithEagerUpdatesOrASynchronousJob) 
 // then applies it keeping the step taken, and both workers end on the same
 // anchor.
 TEST(ArrivalE2eTest, AwaitAndApplyWaitsForAnUpdateNotYetArrived) {
-  E2eSpec spec;
-  spec.params = common::kChunkElements + 77;
-  spec.shards = 1;
-  spec.workers = 2;
-  spec.rounds = 2;
+  // params, shards, workers, rounds
+  const E2eSpec spec{common::kChunkElements + 77, 1, 2, 2};
   v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
   config.set_rounds(spec.rounds);
   Cluster cluster(spec.shards);

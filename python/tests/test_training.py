@@ -34,30 +34,24 @@ def test_two_workers_learn_and_end_on_the_shards_anchor():
     assert out[0]["digest"] == out[1]["digest"]
 
 
-def test_workers_applying_on_arrival_end_on_the_shards_anchor():
+@pytest.mark.parametrize("extra,by_step", [(["--eager_share", "0.5"], 0),
+                                           (["--apply_by_step", "1"], 1)])
+def test_workers_applying_on_arrival_end_on_the_shards_anchor(extra, by_step):
+    # With apply_by_step=1 each update is applied after its round's first
+    # step, waited for there when it is not back yet.
     with co2.local_aggregator(num_shards=2) as agg:
-        out = _run_together(agg, "arrival", 2, "--rounds", "20", "--tau", "8",
-                            "--eager_share", "0.5", "--apply", "arrival")
+        out = _run_together(agg, f"arrival-by{by_step}", 2, "--rounds", "20", "--tau", "8",
+                            "--apply", "arrival", *extra)
     for r in out:
         assert "error" not in r, r
         first, last = sum(r["losses"][:8]) / 8, sum(r["losses"][-8:]) / 8
         assert last < 0.8 * first, (first, last)
         assert r["anchor_round"] == 21
-        assert len(r["stats"]["applied_after_steps"]) == 20
+        applied = r["stats"]["applied_after_steps"]
+        assert len(applied) == 20
+        if by_step:
+            assert applied == [0] + [by_step] * 19
     # verify_final_anchor checked each worker against the shards bit for bit.
-    assert out[0]["digest"] == out[1]["digest"]
-
-
-def test_workers_applying_by_a_step_apply_every_update_there():
-    # apply_by_step=1: each update is applied after its round's first step,
-    # waited for there when it is not back yet.
-    with co2.local_aggregator(num_shards=2) as agg:
-        out = _run_together(agg, "by-step", 2, "--rounds", "10", "--tau", "8",
-                            "--apply", "arrival", "--apply_by_step", "1")
-    for r in out:
-        assert "error" not in r, r
-        assert r["anchor_round"] == 11
-        assert r["stats"]["applied_after_steps"] == [0] + [1] * 9
     assert out[0]["digest"] == out[1]["digest"]
 
 

@@ -54,7 +54,10 @@ CCACHE_BASEDIR=$SRC CCACHE_NOHASHDIR=1 timeout 3600 nice -n 10 \
 log "built in $((SECONDS - start)) s: $(cd "$WORK/raw" && ls)"
 # The tag of this machine's glibc; auditwheel adds the oldest glibc whose
 # symbols the wheel stays within, and `auditwheel show` must agree with it.
-glibc=$(ldd --version | head -1 | grep -oE '[0-9]+\.[0-9]+$')
+# awk reads all of ldd's output: `head -1` would close the pipe early, and
+# ldd's SIGPIPE would fail the line under pipefail.
+glibc=$(ldd --version | awk 'NR == 1 { print $NF }')
+[[ $glibc =~ ^[0-9]+\.[0-9]+$ ]] || fail "no glibc version in ldd --version's first line: '$glibc'"
 plat=manylinux_${glibc/./_}_$(uname -m)
 PATH=$tools/bin:$PATH "$tools/bin/auditwheel" repair --plat "$plat" -w "$WORK/dist" \
   "$WORK/raw"/co2-*.whl >"$WORK/repair.log" 2>&1 ||

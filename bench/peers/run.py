@@ -149,18 +149,22 @@ def link_bytes_per_s(link: str) -> float:
     raise ValueError(f"not a shaped link: {link!r}")
 
 
+def allreduce_s(size: str, link: str) -> float:
+    """Seconds of one all-reduce of the fp32 model behind a shaped link: a
+    ring or butterfly all-reduce moves 2(N - 1)/N of the model each way
+    through each worker's link."""
+    return 2 * (WORKERS - 1) / WORKERS * 4 * PARAMS[size] / link_bytes_per_s(link)
+
+
 def peer_settings(system: str, size: str, link: str) -> dict:
     """What of a peer's settings the harness derives from the row, part of
     its cache key. hivemind's averaging_timeout is its quickstart's 10 s
     unless an all-reduce of the model takes longer behind the link: then
     "around 2x the actual time it takes to run all-reduce" (its
-    Optimizer's docstring), where a butterfly all-reduce moves 2(N - 1)/N
-    of the model each way through each worker's link."""
+    Optimizer's docstring)."""
     if system != "hivemind" or link == "none":
         return {}
-    allreduce_s = (2 * (WORKERS - 1) / WORKERS * 4 * PARAMS[size]
-                   / link_bytes_per_s(link))
-    timeout = math.ceil(2 * allreduce_s)
+    timeout = math.ceil(2 * allreduce_s(size, link))
     return {"averaging_timeout": timeout} if timeout > HIVEMIND_AVERAGING_TIMEOUT else {}
 
 
@@ -351,12 +355,13 @@ def tail(path: str, n: int = 3000) -> str:
 
 def limit_s(r: dict) -> int:
     """Each worker's time limit: room for the row's compute on these cores,
-    and for DDP behind 100 Mbit/s on the 25M model, its all-reduce of the
-    whole model every step (153 MB per worker and step, 12 s at 12.5 MB/s:
-    26 min for its 128 steps)."""
-    if r["size"] == "medium" and r["system"] == "ddp" and r["link"] == "100mbit":
-        return 2400
-    return {"tiny": 240, "small": 900, "medium": 1500}[r["size"]]
+    and for DDP behind a shaped link also its all-reduce of the whole model
+    every step (on the 25M model behind 100 Mbit/s, 153 MB per worker and
+    step, 12 s at 12.5 MB/s: 26 min for its 128 steps)."""
+    limit = {"tiny": 240, "small": 900, "medium": 1500}[r["size"]]
+    if r["system"] == "ddp" and r["link"] != "none":
+        limit += math.ceil(r["steps"] * allreduce_s(r["size"], r["link"]))
+    return limit
 
 
 def one_run(r: dict, python: str, limit: int) -> dict:

@@ -4,6 +4,7 @@
   arrival.py has   --out=JSON --id=ID     exit 0 if the run is recorded
   arrival.py add   --out=JSON --id=ID --scratch=DIR --workers=N --command=C
   arrival.py table --out=JSON             the table of docs/results.md
+  arrival.py paired --out=JSON --ref=RUN  each run against RUN, paired by seed
 
 A run's record: its final metric (worker 0: Fashion-MNIST's test accuracy on
 all 10,000 test images, charlm's validation loss on 1,000 windows),
@@ -111,14 +112,41 @@ def table(data):
     return "\n".join(lines)
 
 
+def paired(data, ref):
+    """Per task, link and τ, each run's mean difference from `ref` over the
+    seeds both ran (accuracy in points, loss as it is), ± the standard error
+    of that mean: the same seed's data order and initial weights on both
+    sides, so the seeds' own spread cancels."""
+    groups = {}
+    for run_id, r in data["runs"].items():
+        task, rate, tau, seed, variant = run_id.split("/")
+        groups.setdefault((task, rate, tau), {}).setdefault(variant, {})[seed] = r
+    lines = [f"| task | link | τ | run | seeds | minus {ref} |", "|---|---|---:|---|---:|---:|"]
+    for (task, rate, tau), runs in sorted(groups.items(),
+                                          key=lambda g: (g[0][0], g[0][1], int(g[0][2][3:]))):
+        base = runs.get(ref, {})
+        for variant, by_seed in sorted(runs.items()):
+            seeds = sorted(set(by_seed) & set(base))
+            if variant == ref or len(seeds) < 2:
+                continue
+            scale = 100 if by_seed[seeds[0]]["metric"] == "test_accuracy" else 1
+            diffs = [(by_seed[s]["value"] - base[s]["value"]) * scale for s in seeds]
+            se = statistics.stdev(diffs) / len(diffs) ** 0.5
+            digits = 2 if scale == 100 else 3
+            lines.append(f"| {task} | {rate} | {tau[3:]} | {variant} | {len(seeds)} | "
+                         f"{statistics.mean(diffs):+.{digits}f} ± {se:.{digits}f} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("action", choices=["has", "add", "table"])
+    ap.add_argument("action", choices=["has", "add", "table", "paired"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--id", default="")
     ap.add_argument("--scratch", default="")
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--command", default="")
+    ap.add_argument("--ref", default="diloco", help="paired: the run the others are compared with")
     args = ap.parse_args()
     data = load(args.out)
     if args.action == "has":
@@ -130,7 +158,7 @@ def main():
         data["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform()}
         save(args.out, data)
         return 0
-    print(table(data))
+    print(paired(data, args.ref) if args.action == "paired" else table(data))
     return 0
 
 

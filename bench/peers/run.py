@@ -364,6 +364,36 @@ def limit_s(r: dict) -> int:
     return limit
 
 
+def wait_for_workers(procs: list, limit: int, scratch: str) -> list:
+    """Waits for every worker; the first to fail, whichever it is, ends the
+    run (the others would wait for it until their deadline). Returns what
+    failed, empty when all exited 0."""
+    deadline = time.monotonic() + limit + 30
+    pending = dict(enumerate(procs))
+    failed = []
+    while pending and not failed:
+        for i, p in list(pending.items()):
+            rc = p.poll()
+            if rc is None:
+                continue
+            del pending[i]
+            if rc != 0:
+                # timeout(1) exits 124 when the worker ran past its limit.
+                why = f"ran past its {limit} s limit" if rc == 124 else f"exited {rc}"
+                failed.append(f"worker {i} {why}: " + tail(f"{scratch}/w{i}.log"))
+                break
+        if pending and not failed:
+            if time.monotonic() > deadline:
+                failed.append(f"workers {sorted(pending)} outlived their {limit} s limit")
+            else:
+                time.sleep(0.2)
+    for p in pending.values():
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+    return failed
+
+
 def one_run(r: dict, python: str, limit: int) -> dict:
     """Runs r's four workers (and its services); returns the record."""
     with tempfile.TemporaryDirectory(prefix="co2-peers-") as scratch:
@@ -388,20 +418,7 @@ def one_run(r: dict, python: str, limit: int) -> dict:
                     ["ip", "netns", "exec", f"{PREFIX}-w{i}", "timeout", str(limit)] + argv,
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                     env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")))
-            failed = []
-            for i, p in enumerate(procs):
-                try:
-                    rc = p.wait(timeout=limit + 30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    rc = p.wait(timeout=30)
-                if rc != 0:
-                    # timeout(1) exits 124 when the worker ran past its limit.
-                    why = (f"ran past its {limit} s limit" if rc == 124 else f"exited {rc}")
-                    failed.append(f"worker {i} {why}: " + tail(f"{scratch}/w{i}.log"))
-                    for q in procs:  # the others would wait for it until their deadline
-                        if q.poll() is None:
-                            os.killpg(q.pid, signal.SIGKILL)
+            failed = wait_for_workers(procs, limit, scratch)
             after = iface_counters()
         if failed:
             return {"run": r, "error": failed[0], "commands": commands}

@@ -71,7 +71,10 @@ def params_digest(model: torch.nn.Module) -> str:
     return h.hexdigest()[:16]
 
 
-def barrier(args) -> None:
+def barrier(args) -> torch.distributed.TCPStore:
+    """Waits until every worker is here. Worker 0 serves the store: the
+    caller keeps it for the run, since a store dropped as this returns would
+    close under a worker whose wait was not answered yet."""
     store = torch.distributed.TCPStore(args.rank0_addr, BARRIER_PORT, args.workers,
                                        args.rank == 0, timeout=TIMEOUT)
     store.set(f"joined-{args.rank}", "1")
@@ -223,7 +226,7 @@ def main() -> int:
 
     for c in contexts:
         c.__enter__()
-    barrier(args)
+    store = barrier(args)  # noqa: F841 (worker 0 serves it until the run ends)
     snapshots = []
     is_co2 = system.startswith("co2")
     anchor_held = 0

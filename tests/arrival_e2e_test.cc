@@ -320,7 +320,8 @@ TEST(ArrivalE2eTest, AwaitAndApplyWaitsForAnUpdateNotYetArrived) {
         << "element " << j << ": the step taken before the update was lost";
   }
   EXPECT_FALSE(ex[0]->UpdatePending(1));
-  const absl::Status again = ex[0]->AwaitAndApply(1, absl::MakeSpan(x[0]), times);
+  const absl::Status again =
+      ex[0]->AwaitAndApply(1, absl::MakeSpan(x[0]), times);
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
   step(1, 1);
   for (int w = 0; w < 2; ++w) {

@@ -54,6 +54,15 @@ client::Algo ParseExchangeAlgo(const std::string& algo) {
   return *parsed;
 }
 
+// ValueError naming an unknown apply mode.
+client::ApplyAt ParseApplyMode(const std::string& apply) {
+  absl::StatusOr<client::ApplyAt> parsed = client::ParseApplyAt(apply);
+  if (!parsed.ok()) {
+    throw py::value_error(std::string(parsed.status().message()));
+  }
+  return *parsed;
+}
+
 using client::AggregatorClient;
 using client::AnchorExchange;
 using google::protobuf::EnumDescriptor;
@@ -502,13 +511,8 @@ PYBIND11_MODULE(_core, m) {
       "check_apply",
       [](const std::string& algo, const std::string& apply,
          bool deterministic) {
-        const absl::StatusOr<client::ApplyAt> parsed =
-            client::ParseApplyAt(apply);
-        if (!parsed.ok()) {
-          throw py::value_error(std::string(parsed.status().message()));
-        }
-        const absl::Status s = client::CheckApplyAt(ParseExchangeAlgo(algo),
-                                                    *parsed, deterministic);
+        const absl::Status s = client::CheckApplyAt(
+            ParseExchangeAlgo(algo), ParseApplyMode(apply), deterministic);
         if (!s.ok()) throw py::value_error(absl::StrCat("apply=", s.message()));
       },
       "ValueError unless `apply` is a mode `algo` can run, in a deterministic "
@@ -516,13 +520,8 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "check_apply_by",
       [](const std::string& apply, int apply_by_step, int tau) {
-        const absl::StatusOr<client::ApplyAt> parsed =
-            client::ParseApplyAt(apply);
-        if (!parsed.ok()) {
-          throw py::value_error(std::string(parsed.status().message()));
-        }
         const absl::Status s =
-            client::CheckApplyBy(*parsed, apply_by_step, tau);
+            client::CheckApplyBy(ParseApplyMode(apply), apply_by_step, tau);
         if (!s.ok()) {
           throw py::value_error(absl::StrCat("apply_by_step ", s.message()));
         }

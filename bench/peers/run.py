@@ -60,10 +60,14 @@ PEER_SYSTEMS = ("ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd"
 # progress); co2-diloco: its DiLoCo (a check of the harness against
 # torchft's); co2-a0.5: α = 0.5 without carried progress; co2-nocarry and
 # co2-a0.5-carry: α = 1 alone and carried progress alone; co2-int8: the
-# defaults with an int8 exchange both ways (worker.py).
-CO2_SYSTEMS = ("co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry", "co2-int8")
-# co2 settings that run in the sweep and the headline rows only.
-CO2_HEADLINE_ONLY = ("co2-nocarry", "co2-a0.5-carry")
+# defaults with an int8 exchange both ways; co2-localsgd: its blocking
+# LocalSGD (a check against torchft's); co2-by1: the defaults with each
+# update applied by the round's first step (worker.py).
+CO2_SYSTEMS = ("co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry", "co2-int8",
+               "co2-localsgd", "co2-by1")
+# co2 settings that run in the small model's sweep and its seed-1 rows at
+# tau 16 only.
+CO2_HEADLINE_ONLY = ("co2-nocarry", "co2-a0.5-carry", "co2-localsgd", "co2-by1")
 SYSTEMS = PEER_SYSTEMS + CO2_SYSTEMS
 NEEDS = {"torchft-diloco": "torchft", "torchft-streaming": "torchft",
          "torchft-localsgd": "torchft", "hivemind": "hivemind"}
@@ -116,7 +120,7 @@ def grid(quick: bool) -> list:
 
     # Headline: the small model, unshaped and 100 Mbit/s, tau 16.
     rows += block("small", 256, ["none", "100mbit"], [16], 1, headline=True)
-    rows += block("small", 256, ["1gbit"], [16], 1)
+    rows += block("small", 256, ["1gbit"], [16], 1, headline=True)
     rows += block("small", 256, ["none", "100mbit", "1gbit"], [64], 1)
     for seed in (2, 3):
         rows += block("small", 256, ["none", "100mbit"], [16], seed)
@@ -185,7 +189,7 @@ def co2_settings(system: str, curve: bool = True) -> dict:
     update (worker.py)."""
     if not system.startswith("co2"):
         return {}
-    out = {"co2_apply": "boundary" if system == "co2-diloco" else "arrival"}
+    out = {"co2_apply": "boundary" if system in ("co2-diloco", "co2-localsgd") else "arrival"}
     if curve:
         out["snapshot"] = "applied"
     return out

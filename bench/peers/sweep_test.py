@@ -147,7 +147,8 @@ def test_co2s_extra_settings_run_in_the_headline_rows_only():
     rows = run.grid(False)
     for system in run.CO2_HEADLINE_ONLY:
         names = {r["name"] for r in rows if r["system"] == system}
-        assert names == {f"small-{link}-tau16-seed1-{system}" for link in ("none", "100mbit")}
+        assert names == {f"small-{link}-tau16-seed1-{system}"
+                         for link in ("none", "100mbit", "1gbit")}
     for system in ("co2", "co2-a0.5", "co2-diloco", "co2-int8"):
         assert any(r["system"] == system and r["size"] == "medium" for r in rows), system
         assert any(r["system"] == system and r["tau"] == 64 for r in rows), system

@@ -38,7 +38,7 @@ import task  # noqa: E402
 
 SYSTEMS = ("local", "ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd",
            "hivemind", "co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry",
-           "co2-int8")
+           "co2-int8", "co2-localsgd", "co2-by1")
 BARRIER_PORT = 29400
 DDP_PORT = 29500
 TORCHFT_STORE_PORT = 29600
@@ -198,8 +198,8 @@ def main() -> int:
     elif system.startswith("co2"):
         import co2
         extra = {}
-        if system == "co2-diloco":
-            extra["algo"] = "diloco"
+        if system in ("co2-diloco", "co2-localsgd"):
+            extra["algo"] = system[len("co2-"):]
         # "co2": the package's defaults, LocalSGD's outer step (the plain
         # average) with carried progress on co2's overlapped exchange.
         if system.startswith("co2-a0.5"):
@@ -211,6 +211,10 @@ def main() -> int:
         if system == "co2-int8":
             extra["config"] = co2.JobConfig(downlink_codec="int8")
             extra["uplink_codec"] = "int8"
+        # "co2-by1": the defaults, each update applied by the first inner
+        # step of the round after the one it averages (apply_by_step).
+        if system == "co2-by1":
+            extra["apply_by_step"] = 1
         opt = co2.Optimizer(model.parameters(), inner, tau=tau, rounds=args.steps // tau,
                             aggregators=args.aggregators.split(","), job=args.job,
                             worker_id=f"worker-{args.rank}", samples_per_step=size.batch,

@@ -123,6 +123,15 @@ absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
         "without eager updates; the job has max_staleness ",
         config.max_staleness(), ", the eager share is ", options.eager_share));
   }
+  if (options.apply_by_step < 0 ||
+      (options.apply_by_step > 0 && config.max_staleness() != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AnchorExchange: apply_by_step is ", options.apply_by_step,
+        "; it bounds when an update applied on arrival is applied, so it "
+        "needs a one-round-stale job (co2) and a step >= 1 (0: no bound); "
+        "the job has max_staleness ",
+        config.max_staleness()));
+  }
   if (!(options.samples_per_step > 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("AnchorExchange: samples_per_step must be > 0, got ",
@@ -311,8 +320,9 @@ bool AnchorExchange::UpdateArrived(uint64_t round) const {
   return ArrivedUpdate(round).has_value();
 }
 
-bool AnchorExchange::UpdatePending(uint64_t round) const {
-  return PendingUpdate(round).has_value();
+bool AnchorExchange::ApplyDue(uint64_t round, int steps) const {
+  return Bounded(steps) ? PendingUpdate(round).has_value()
+                        : UpdateArrived(round);
 }
 
 absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
@@ -327,13 +337,15 @@ absl::Status AnchorExchange::ApplyArrived(uint64_t round, absl::Span<float> x,
   return ApplyEarly(*owed, x, times);
 }
 
-absl::Status AnchorExchange::AwaitAndApply(uint64_t round, absl::Span<float> x,
-                                           ExchangeTimes& times) {
-  CO2_RETURN_IF_ERROR(CheckSize("AwaitAndApply", x));
+absl::Status AnchorExchange::ApplyOwed(uint64_t round, int steps,
+                                       absl::Span<float> x,
+                                       ExchangeTimes& times) {
+  if (!Bounded(steps)) return ApplyArrived(round, x, times);
+  CO2_RETURN_IF_ERROR(CheckSize("ApplyOwed", x));
   const std::optional<uint64_t> owed = PendingUpdate(round);
   if (!owed) {
     return absl::FailedPreconditionError(
-        absl::StrCat("AnchorExchange::AwaitAndApply: round ", round,
+        absl::StrCat("AnchorExchange::ApplyOwed: round ", round,
                      " has no update left to apply"));
   }
   absl::Status waited = AwaitUpdate(*owed, times);

@@ -38,6 +38,9 @@
 // the round's start point (A, or A + e), so the steps already taken are
 // kept. The boundary then takes Δ against the new start point, which holds
 // the same progress, and applies nothing. The anchors stay the shards'.
+// ApplyDue and ApplyOwed are the test and the apply a trainer calls between
+// steps; with a bound (AnchorExchangeOptions::apply_by_step = L) the update
+// is due from step L on even when not back yet, and is waited for there.
 //
 // Memory: A (P floats) and the client's send and receive buffers; with eager
 // updates also e and the last Δ (2·P floats), with carried progress e.
@@ -97,6 +100,12 @@ struct AnchorExchangeOptions {
   double eager_share = 0;
   // Carried progress (above); needs staleness 1 and no eager updates.
   bool carry_progress = false;
+  // Apply on arrival with a bound (docs/algorithm.md, "A bound in steps"):
+  // from this inner step of a round on, the update the round owes is due
+  // whether or not it has arrived, and ApplyOwed waits for it. 0: only an
+  // arrived update is due. Needs staleness 1; the callers check it against
+  // τ (CheckApplyBy).
+  int apply_by_step = 0;
 };
 
 // ∂U/∂D of the shards' step of `round` (server/job/outer_optimizer.h) with
@@ -193,15 +202,18 @@ class AnchorExchange {
   // Boundary does (times.healed_round: x holds that round's anchor).
   absl::Status ApplyArrived(uint64_t round, absl::Span<float> x,
                             ExchangeTimes& times);
-  // Whether round `round` owes an update that was not applied yet, arrived
+  // The test between inner steps of a worker applying on arrival, `steps`
+  // steps into round `round`: whether the update the round owes is applied
+  // now. It is once it has arrived (UpdateArrived) and, from step
+  // options.apply_by_step on, while it is owed and not applied yet, arrived
   // or not.
-  bool UpdatePending(uint64_t round) const;
-  // As ApplyArrived, but first waits for the update, as the boundary would
-  // (timed as exposed communication, at most update_timeout): a worker that
-  // bounds how many inner steps an update may lag. FAILED_PRECONDITION when
-  // UpdatePending(round) is false.
-  absl::Status AwaitAndApply(uint64_t round, absl::Span<float> x,
-                             ExchangeTimes& times);
+  bool ApplyDue(uint64_t round, int steps) const;
+  // Applies it as ApplyDue(round, steps) decided: ApplyArrived, or, from
+  // step apply_by_step on, first waits for the update as the boundary would
+  // (timed as exposed communication, at most update_timeout).
+  // FAILED_PRECONDITION when ApplyDue(round, steps) is false.
+  absl::Status ApplyOwed(uint64_t round, int steps, absl::Span<float> x,
+                         ExchangeTimes& times);
 
   // Checks A bit for bit against the shards' anchor of `anchor_round`
   // (DATA_LOSS naming both hashes), then leaves the job (best effort).
@@ -230,12 +242,15 @@ class AnchorExchange {
   // and records it in `times`; else `failed` itself.
   absl::Status Heal(absl::Status failed, absl::Span<float> x,
                     ExchangeTimes& times);
-  // The update round `round` owes, when it was not applied yet
-  // (UpdatePending), and when it has also arrived from every shard
-  // (UpdateArrived).
+  // Whether a step `steps` into a round is past options.apply_by_step.
+  bool Bounded(int steps) const {
+    return options_.apply_by_step > 0 && steps >= options_.apply_by_step;
+  }
+  // The update round `round` owes, when it was not applied yet, and when it
+  // has also arrived from every shard (UpdateArrived).
   std::optional<uint64_t> PendingUpdate(uint64_t round) const;
   std::optional<uint64_t> ArrivedUpdate(uint64_t round) const;
-  // ApplyArrived's apply of `owed`, which has arrived.
+  // ApplyOwed's apply of `owed`, which has arrived.
   absl::Status ApplyEarly(uint64_t owed, absl::Span<float> x,
                           ExchangeTimes& times);
   // A ← A + decode(U) of `round`, counting digest mismatches into `times`.

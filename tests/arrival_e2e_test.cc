@@ -1,14 +1,14 @@
-// Apply on arrival (AnchorExchange::ApplyArrived, AwaitAndApply): over real
-// gRPC against in-process shards, workers that apply the update a round owes
-// between its inner steps keep the steps taken before it
-// (x ← (x − A_old) + A_new), push
-// the same progress as workers that apply it at the boundary (up to the
+// Apply on arrival (AnchorExchange::ApplyArrived, ApplyDue, ApplyOwed): over
+// real gRPC against in-process shards, workers that apply the update a round
+// owes between its inner steps keep the steps taken before it
+// (x ← (x − A_old) + A_new), push the same progress as workers that apply it at the boundary (up to the
 // rounding of that shift), and every worker ends on the shards' anchor bit
 // for bit, on the reference trajectory. With carried progress a round
 // starts from A + e, e = −k·Δ of the round before, and applying the update
 // drops e: x ← (x − (A_old + e)) + A_new.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -240,42 +240,63 @@ TEST(ArrivalE2eTest, CarriedProgressStartsEachRoundFromTheWorkersOwnStep) {
   }
 }
 
+// Create's status for the one worker of a fresh two-round job, synchronous
+// (max_staleness 0) or not, with its options changed by `set`.
+absl::Status CreateStatus(
+    bool synchronous,
+    const std::function<void(client::AnchorExchangeOptions&)>& set) {
+  // params, shards, workers, rounds
+  const E2eSpec spec{1000, 1, 1, 2};
+  v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
+  config.set_rounds(spec.rounds);
+  if (synchronous) config.set_max_staleness(0);
+  Cluster cluster(spec.shards);
+  std::vector<float> x = InitialAnchor(spec.params);
+  auto connected = client::AggregatorClient::Connect(
+      WorkerOptions(cluster.addresses(), "create", config, 0),
+      absl::MakeSpan(x));
+  if (!connected.ok()) return connected.status();
+  client::AnchorExchangeOptions eo = ExchangeOptions(spec, 0, kTimeout);
+  set(eo);
+  return client::AnchorExchange::Create(eo, *std::move(connected), x)
+      .status();
+}
+
 TEST(ArrivalE2eTest, CarriedProgressIsRefusedWithEagerUpdatesOrASynchronousJob) {
-  E2eSpec spec;
-  spec.params = 1000;
-  spec.shards = 1;
-  spec.workers = 1;
-  spec.rounds = 2;
   for (const bool synchronous : {false, true}) {
     SCOPED_TRACE(synchronous ? "staleness 0" : "with eager updates");
-    v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
-    config.set_rounds(spec.rounds);
-    if (synchronous) config.set_max_staleness(0);
-    Cluster cluster(spec.shards);
-    std::vector<float> x = InitialAnchor(spec.params);
-    auto connected = client::AggregatorClient::Connect(
-        WorkerOptions(cluster.addresses(), "carry", config, 0),
-        absl::MakeSpan(x));
-    ASSERT_TRUE(connected.ok()) << connected.status();
-    client::AnchorExchangeOptions eo = ExchangeOptions(spec, 0, kTimeout);
-    eo.carry_progress = true;
-    if (!synchronous) eo.eager_share = 1.0;
-    auto exchange =
-        client::AnchorExchange::Create(eo, *std::move(connected), x);
-    EXPECT_EQ(exchange.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(exchange.status().message().find(
+    const absl::Status created =
+        CreateStatus(synchronous, [&](client::AnchorExchangeOptions& eo) {
+          eo.carry_progress = true;
+          if (!synchronous) eo.eager_share = 1.0;
+        });
+    EXPECT_EQ(created.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(created.message().find(
                   "carried progress needs a one-round-stale job"),
               std::string::npos)
-        << exchange.status();
+        << created;
   }
 }
 
-// A worker bounding how late it applies an update (Co2Optimizer's
-// apply_by_step) calls AwaitAndApply for an update that cannot have arrived
-// yet (worker 1 has not pushed the round it is made from): it waits for it,
-// then applies it keeping the step taken, and both workers end on the same
-// anchor.
-TEST(ArrivalE2eTest, AwaitAndApplyWaitsForAnUpdateNotYetArrived) {
+TEST(ArrivalE2eTest, ABoundIsRefusedBelowOneOrInASynchronousJob) {
+  for (const int by : {-1, 1}) {
+    SCOPED_TRACE(absl::StrCat("apply_by_step ", by));
+    const absl::Status created = CreateStatus(
+        /*synchronous=*/by > 0,
+        [&](client::AnchorExchangeOptions& eo) { eo.apply_by_step = by; });
+    EXPECT_EQ(created.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(created.message().find(absl::StrCat("apply_by_step is ", by)),
+              std::string::npos)
+        << created;
+  }
+}
+
+// A worker bounding how late it applies an update (apply_by_step 2) owes one
+// that cannot have arrived yet (worker 1 has not pushed the round it is made
+// from): it is not due after step 1, it is after step 2, and ApplyOwed waits
+// for it there, then applies it keeping the steps taken; both workers end
+// on the same anchor.
+TEST(ArrivalE2eTest, ApplyOwedWaitsFromTheBoundForAnUpdateNotYetArrived) {
   // params, shards, workers, rounds
   const E2eSpec spec{common::kChunkElements + 77, 1, 2, 2};
   v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
@@ -288,8 +309,10 @@ TEST(ArrivalE2eTest, AwaitAndApplyWaitsForAnUpdateNotYetArrived) {
         WorkerOptions(cluster.addresses(), "await", config, w),
         absl::MakeSpan(x[w]));
     ASSERT_TRUE(connected.ok()) << connected.status();
-    auto exchange = client::AnchorExchange::Create(
-        ExchangeOptions(spec, w, kTimeout), *std::move(connected), x[w]);
+    client::AnchorExchangeOptions eo = ExchangeOptions(spec, w, kTimeout);
+    if (w == 0) eo.apply_by_step = 2;
+    auto exchange =
+        client::AnchorExchange::Create(eo, *std::move(connected), x[w]);
     ASSERT_TRUE(exchange.ok()) << exchange.status();
     ex.push_back(*std::move(exchange));
   }
@@ -300,12 +323,13 @@ TEST(ArrivalE2eTest, AwaitAndApplyWaitsForAnUpdateNotYetArrived) {
   step(0, 0);
   ASSERT_TRUE(ex[0]->Boundary(0, kTau, absl::MakeSpan(x[0]), times).ok());
   step(0, 1);
-  ASSERT_TRUE(ex[0]->UpdatePending(1));
   ASSERT_FALSE(ex[0]->UpdateArrived(1));
+  EXPECT_FALSE(ex[0]->ApplyDue(1, 1)) << "due before the bound, not back";
+  ASSERT_TRUE(ex[0]->ApplyDue(1, 2));
   const std::vector<float> before = x[0], anchor_before = ex[0]->anchor();
   absl::Status applied;
   std::thread waiter([&] {
-    applied = ex[0]->AwaitAndApply(1, absl::MakeSpan(x[0]), times);
+    applied = ex[0]->ApplyOwed(1, 2, absl::MakeSpan(x[0]), times);
   });
   step(1, 0);
   const absl::Status pushed =
@@ -314,14 +338,14 @@ TEST(ArrivalE2eTest, AwaitAndApplyWaitsForAnUpdateNotYetArrived) {
   ASSERT_TRUE(pushed.ok()) << pushed;
   ASSERT_TRUE(applied.ok()) << applied;
   const std::vector<float>& a = ex[0]->anchor();
-  EXPECT_FALSE(a == anchor_before) << "AwaitAndApply left A as it was";
+  EXPECT_FALSE(a == anchor_before) << "ApplyOwed left A as it was";
   for (size_t j = 0; j < a.size(); ++j) {
     ASSERT_EQ(x[0][j], (before[j] - anchor_before[j]) + a[j])
         << "element " << j << ": the step taken before the update was lost";
   }
-  EXPECT_FALSE(ex[0]->UpdatePending(1));
+  EXPECT_FALSE(ex[0]->ApplyDue(1, 3));
   const absl::Status again =
-      ex[0]->AwaitAndApply(1, absl::MakeSpan(x[0]), times);
+      ex[0]->ApplyOwed(1, 3, absl::MakeSpan(x[0]), times);
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
   step(1, 1);
   for (int w = 0; w < 2; ++w) {

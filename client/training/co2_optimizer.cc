@@ -140,6 +140,7 @@ absl::Status Co2Optimizer::Init() {
       eo.reconnect = options_.reconnect;
       eo.eager_share = options_.eager_share;
       eo.carry_progress = options_.carry_progress;
+      eo.apply_by_step = options_.apply_by_step;
       CO2_ASSIGN_OR_RETURN(
           exchange_,
           AnchorExchange::Create(eo, std::move(client_), HostParams()));
@@ -355,11 +356,8 @@ bool Co2Optimizer::CheckpointDue() const {
 
 absl::Status Co2Optimizer::ApplyIfArrived() {
   // The checkpoint of this boundary holds A_r and x against it.
-  const bool may_apply = exchange_ != nullptr && !CheckpointDue();
-  const bool due = options_.apply_by_step > 0 &&
-                   steps_in_round_ >= options_.apply_by_step;
-  bool apply = may_apply && (due ? exchange_->UpdatePending(round_)
-                                 : exchange_->UpdateArrived(round_));
+  bool apply = exchange_ != nullptr && !CheckpointDue() &&
+               exchange_->ApplyDue(round_, steps_in_round_);
   if (local_ != nullptr && local_->size() > 1) {
     float decided = apply ? 1.0f : 0.0f;
     CO2_RETURN_IF_ERROR(local_->Broadcast(&decided, 1, 0));
@@ -370,8 +368,7 @@ absl::Status Co2Optimizer::ApplyIfArrived() {
   const absl::Time start = options_.clock->Now();
   CO2_RETURN_IF_ERROR(ExchangeAndBroadcast(
       [&](absl::Span<float> x, ExchangeTimes& times) {
-        return due ? exchange_->AwaitAndApply(round_, x, times)
-                   : exchange_->ApplyArrived(round_, x, times);
+        return exchange_->ApplyOwed(round_, steps_in_round_, x, times);
       },
       stats));
   stats.boundary += options_.clock->Now() - start;

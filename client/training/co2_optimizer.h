@@ -117,13 +117,14 @@ struct Co2OptimizerOptions {
   // co2-train and the Python package pick DefaultApplyAt: kArrival unless
   // the job is deterministic). With kArrival the local leader tests for it
   // after every inner step but the round's last and applies it there
-  // (AnchorExchange::ApplyArrived); with several local ranks it broadcasts
-  // its decision every step, so that all apply it at the same step. A round
+  // (AnchorExchange::ApplyDue, ApplyOwed); with several local ranks it
+  // broadcasts its decision every step, so that all apply it at the same
+  // step. A round
   // whose boundary saves a checkpoint applies it at the boundary.
   ApplyAt apply = ApplyAt::kBoundary;
   // kArrival: the inner step of a round by which the owed update is applied
   // at the latest; a leader whose update has not arrived by then waits for
-  // it there (AnchorExchange::AwaitAndApply), as the boundary would.
+  // it there (AnchorExchangeOptions::apply_by_step), as the boundary would.
   // 0: only the boundary waits. At most tau − 1.
   int apply_by_step = 0;
   // Aggregator algorithms: every `checkpoint_every` rounds (0: never) the

@@ -247,7 +247,8 @@ class Optimizer(torch.optim.Optimizer):
             samples_per_step=float(samples_per_step), ca_file=ca_file, cert_file=cert_file,
             key_file=key_file, token_file=token_file, rejoin=rejoin,
             connect_timeout=float(connect_timeout), update_timeout=float(update_timeout),
-            eager_share=float(eager_share), carry_progress=self.carry_progress)
+            eager_share=float(eager_share), carry_progress=self.carry_progress,
+            apply_by_step=self.apply_by_step)
         self._exchange: Optional[Any] = None
         self._final_stats: Dict[str, Any] = {}
         self._connected = False
@@ -616,14 +617,12 @@ class Optimizer(torch.optim.Optimizer):
         self._applied_this_round = False
 
     def _apply_if_arrived(self) -> None:
-        # The leader decides; with several ranks its decision reaches all of
-        # them at this step, so that they apply it at the same step. From
-        # step apply_by_step on it applies a pending update, waiting for it.
-        due = 0 < self.apply_by_step <= self._steps_in_round
-        apply = False
-        if self._exchange is not None:
-            apply = (self._exchange.update_pending(self._round) if due
-                     else self._exchange.update_arrived(self._round))
+        # The leader decides (from step apply_by_step on, an update not back
+        # yet is due too, and waited for); with several ranks its decision
+        # reaches all of them at this step, so that they apply it at the same
+        # step.
+        apply = (self._exchange is not None
+                 and self._exchange.apply_due(self._round, self._steps_in_round))
         if self._group_size > 1:
             flag = torch.tensor([1 if apply else 0], dtype=torch.int32,
                                 device=self._params[0].device)
@@ -633,8 +632,8 @@ class Optimizer(torch.optim.Optimizer):
             return
         if self._exchange is not None:
             self._host.gather()
-            exchange = self._exchange.await_and_apply if due else self._exchange.apply_arrived
-            times = exchange(self._round, self._host.address, self._host.numel)
+            times = self._exchange.apply_owed(self._round, self._steps_in_round,
+                                              self._host.address, self._host.numel)
             self._exposed_comm += times["exposed_comm_s"]
             self._host.scatter()
         self._broadcast_params()

@@ -261,7 +261,7 @@ class Exchange {
            const std::string& token_file, bool rejoin,
            std::optional<uint64_t> resume_round, double connect_timeout,
            double update_timeout, double eager_share, bool carry_progress,
-           uintptr_t x, size_t numel) {
+           int apply_by_step, uintptr_t x, size_t numel) {
     client::ClientOptions co;
     co.addresses = std::move(addresses);
     co.job = std::move(job);
@@ -296,6 +296,7 @@ class Exchange {
     eo.check_interrupt = CheckSignals;
     eo.eager_share = eager_share;
     eo.carry_progress = carry_progress;
+    eo.apply_by_step = apply_by_step;
 
     // Connect runs on its own thread with a copy of x, so that Ctrl-C can
     // leave it (the thread finishes on its own, within connect_timeout).
@@ -348,23 +349,13 @@ class Exchange {
     });
   }
 
-  bool UpdateArrived(uint64_t round) const {
-    return exchange_->UpdateArrived(round);
+  bool ApplyDue(uint64_t round, int steps) const {
+    return exchange_->ApplyDue(round, steps);
   }
 
-  py::dict ApplyArrived(uint64_t round, uintptr_t x, size_t numel) {
+  py::dict ApplyOwed(uint64_t round, int steps, uintptr_t x, size_t numel) {
     return Timed([&](client::ExchangeTimes& times) {
-      return exchange_->ApplyArrived(round, Buffer(x, numel), times);
-    });
-  }
-
-  bool UpdatePending(uint64_t round) const {
-    return exchange_->UpdatePending(round);
-  }
-
-  py::dict AwaitAndApply(uint64_t round, uintptr_t x, size_t numel) {
-    return Timed([&](client::ExchangeTimes& times) {
-      return exchange_->AwaitAndApply(round, Buffer(x, numel), times);
+      return exchange_->ApplyOwed(round, steps, Buffer(x, numel), times);
     });
   }
 
@@ -561,15 +552,15 @@ PYBIND11_MODULE(_core, m) {
                     const py::dict&, const std::string&, uint64_t, double,
                     const std::string&, const std::string&, const std::string&,
                     const std::string&, bool, std::optional<uint64_t>, double,
-                    double, double, bool, uintptr_t, size_t>(),
+                    double, double, bool, int, uintptr_t, size_t>(),
            py::arg("addresses"), py::arg("job"), py::arg("worker_id"),
            py::arg("config"), py::arg("uplink_codec"), py::arg("rounds"),
            py::arg("samples_per_step"), py::arg("ca_file"),
            py::arg("cert_file"), py::arg("key_file"), py::arg("token_file"),
            py::arg("rejoin"), py::arg("resume_round"),
            py::arg("connect_timeout"), py::arg("update_timeout"),
-           py::arg("eager_share"), py::arg("carry_progress"), py::arg("x"),
-           py::arg("numel"))
+           py::arg("eager_share"), py::arg("carry_progress"),
+           py::arg("apply_by_step"), py::arg("x"), py::arg("numel"))
       .def_property_readonly("start_round", &Exchange::start_round)
       .def_property_readonly("staleness", &Exchange::staleness)
       .def_property_readonly("job_config", &Exchange::job_config)
@@ -577,12 +568,10 @@ PYBIND11_MODULE(_core, m) {
            py::arg("x"), py::arg("numel"))
       .def("drain", &Exchange::Drain, py::arg("owed"), py::arg("x"),
            py::arg("numel"))
-      .def("update_arrived", &Exchange::UpdateArrived, py::arg("round"))
-      .def("apply_arrived", &Exchange::ApplyArrived, py::arg("round"),
-           py::arg("x"), py::arg("numel"))
-      .def("update_pending", &Exchange::UpdatePending, py::arg("round"))
-      .def("await_and_apply", &Exchange::AwaitAndApply, py::arg("round"),
-           py::arg("x"), py::arg("numel"))
+      .def("apply_due", &Exchange::ApplyDue, py::arg("round"),
+           py::arg("steps"))
+      .def("apply_owed", &Exchange::ApplyOwed, py::arg("round"),
+           py::arg("steps"), py::arg("x"), py::arg("numel"))
       .def("await_update", &Exchange::AwaitUpdate, py::arg("round"))
       .def("verify_anchor", &Exchange::VerifyAnchor, py::arg("anchor_round"))
       .def("leave", &Exchange::Leave)

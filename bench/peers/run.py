@@ -61,13 +61,15 @@ PEER_SYSTEMS = ("ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd"
 # torchft's); co2-a0.5: α = 0.5 without carried progress; co2-nocarry and
 # co2-a0.5-carry: α = 1 alone and carried progress alone; co2-int8: the
 # defaults with an int8 exchange both ways; co2-localsgd: its blocking
-# LocalSGD (a check against torchft's); co2-by1: the defaults with each
-# update applied by the round's first step (worker.py).
+# LocalSGD (a check against torchft's); co2-by1 and co2-boundary: the
+# defaults with each update applied by the round's first step, and at its
+# boundary (worker.py).
 CO2_SYSTEMS = ("co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry", "co2-int8",
-               "co2-localsgd", "co2-by1")
+               "co2-localsgd", "co2-by1", "co2-boundary")
 # co2 settings that run in the small model's sweep and its seed-1 rows at
 # tau 16 only.
-CO2_HEADLINE_ONLY = ("co2-nocarry", "co2-a0.5-carry", "co2-localsgd", "co2-by1")
+CO2_HEADLINE_ONLY = ("co2-nocarry", "co2-a0.5-carry", "co2-localsgd", "co2-by1",
+                     "co2-boundary")
 SYSTEMS = PEER_SYSTEMS + CO2_SYSTEMS
 NEEDS = {"torchft-diloco": "torchft", "torchft-streaming": "torchft",
          "torchft-localsgd": "torchft", "hivemind": "hivemind"}
@@ -184,12 +186,13 @@ def peer_args(r: dict) -> list:
 def co2_settings(system: str, curve: bool = True) -> dict:
     """What of co2's rows' settings the harness chooses, part of their cache
     key: when they apply each update (co2.Optimizer's default for co2: on
-    arrival; diloco at the boundary), and, with `curve`, that the curve's
-    points at round ends are the anchor at the step it took in the round's
-    update (worker.py)."""
+    arrival; co2-diloco, co2-localsgd and co2-boundary at the boundary), and,
+    with `curve`, that the curve's points at round ends are the anchor at
+    the step it took in the round's update (worker.py)."""
     if not system.startswith("co2"):
         return {}
-    out = {"co2_apply": "boundary" if system in ("co2-diloco", "co2-localsgd") else "arrival"}
+    at_boundary = ("co2-diloco", "co2-localsgd", "co2-boundary")
+    out = {"co2_apply": "boundary" if system in at_boundary else "arrival"}
     if curve:
         out["snapshot"] = "applied"
     return out

@@ -38,7 +38,7 @@ import task  # noqa: E402
 
 SYSTEMS = ("local", "ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd",
            "hivemind", "co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry",
-           "co2-int8", "co2-localsgd", "co2-by1")
+           "co2-int8", "co2-localsgd", "co2-by1", "co2-boundary")
 BARRIER_PORT = 29400
 DDP_PORT = 29500
 TORCHFT_STORE_PORT = 29600
@@ -215,6 +215,10 @@ def main() -> int:
         # step of the round after the one it averages (apply_by_step).
         if system == "co2-by1":
             extra["apply_by_step"] = 1
+        # "co2-boundary": the defaults, each update applied at the boundary
+        # of the round after the one it averages.
+        if system == "co2-boundary":
+            extra["apply"] = "boundary"
         opt = co2.Optimizer(model.parameters(), inner, tau=tau, rounds=args.steps // tau,
                             aggregators=args.aggregators.split(","), job=args.job,
                             worker_id=f"worker-{args.rank}", samples_per_step=size.batch,

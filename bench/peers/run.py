@@ -378,26 +378,29 @@ def wait_for_workers(procs: list, limit: int, scratch: str) -> list:
     deadline = time.monotonic() + limit + 30
     pending = dict(enumerate(procs))
     failed = []
-    while pending and not failed:
-        for i, p in list(pending.items()):
-            rc = p.poll()
-            if rc is None:
-                continue
-            del pending[i]
-            if rc != 0:
-                # timeout(1) exits 124 when the worker ran past its limit.
-                why = f"ran past its {limit} s limit" if rc == 124 else f"exited {rc}"
-                failed.append(f"worker {i} {why}: " + tail(f"{scratch}/w{i}.log"))
-                break
-        if pending and not failed:
-            if time.monotonic() > deadline:
-                failed.append(f"workers {sorted(pending)} outlived their {limit} s limit")
-            else:
-                time.sleep(0.2)
-    for p in pending.values():
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-        p.wait(timeout=30)
+    try:
+        while pending and not failed:
+            for i, p in list(pending.items()):
+                rc = p.poll()
+                if rc is None:
+                    continue
+                del pending[i]
+                if rc != 0:
+                    # timeout(1) exits 124 when the worker ran past its limit.
+                    why = f"ran past its {limit} s limit" if rc == 124 else f"exited {rc}"
+                    failed.append(f"worker {i} {why}: " + tail(f"{scratch}/w{i}.log"))
+                    break
+            if pending and not failed:
+                if time.monotonic() > deadline:
+                    failed.append(f"workers {sorted(pending)} outlived their {limit} s limit")
+                else:
+                    time.sleep(0.2)
+    finally:
+        # Also when the run is stopped (SIGTERM) while they train.
+        for p in pending.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
     return failed
 
 
@@ -662,6 +665,12 @@ def machine() -> dict:
             "load_at_start": os.getloadavg()}
 
 
+def stopped(*_) -> None:
+    print("bench/peers/run.py: stopped; the run in progress is not cached, the "
+          "cached ones stay", file=sys.stderr, flush=True)
+    sys.exit(143)
+
+
 def own_session() -> None:
     """Re-runs this script in its own session, whose scheduler autogroup
     gets nice -10, as bench/overlap/netns.sh's ov_own_session does: other
@@ -674,7 +683,17 @@ def own_session() -> None:
             pass
         return
     env = dict(os.environ, CO2_PEERS_SESSION="1")
-    sys.exit(subprocess.run(["setsid", "-w", sys.executable] + sys.argv, env=env).returncode)
+    run = subprocess.Popen(["setsid", "-w", sys.executable] + sys.argv, env=env)
+
+    # Ctrl-C and kill reach this process, not the run's session: pass them
+    # on as SIGTERM, which ends the run where it is (its workers, services
+    # and namespaces go, the run in progress is not cached).
+    def stop(*_):
+        run.send_signal(signal.SIGTERM)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+    sys.exit(run.wait())
 
 
 def main() -> int:
@@ -696,7 +715,7 @@ def main() -> int:
     own_session()
     # SIGTERM unwinds like an exception, so that the namespaces (and every
     # process left in them) go.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, stopped)
     out = args.out or os.path.join(ROOT, "bench", "results",
                                    "peers_quick.json" if args.quick else "peers.json")
     python = args.python or subprocess.run(

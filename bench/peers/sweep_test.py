@@ -1,11 +1,14 @@
 """bench/peers/run.py's shared inner-lr sweep: which lrs it runs and which it
-picks, with a runner that answers from a table of final losses (ctest
-peers_sweep_test; the runs themselves are what the grid and peers_quick_test
-exercise)."""
+picks, with a runner that answers from a table of final losses, and how a
+run waits for its workers, with processes standing in for them (ctest
+peers_sweep_test; the runs themselves are what the grid, peers_quick_test
+and peers_interrupt_test exercise)."""
 
 import json
 import math
 import os
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -372,3 +375,29 @@ def test_seeding_refuses_a_run_the_grid_does_not_name(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def _stand_ins(*commands: str) -> list:
+    """Processes in sessions of their own, as run.py starts its workers."""
+    return [subprocess.Popen(["sh", "-c", c], start_new_session=True) for c in commands]
+
+
+def test_the_first_worker_to_fail_ends_the_run_and_the_others_are_killed(tmp_path):
+    procs = _stand_ins("sleep 600", "sleep 0.2; exit 3", "sleep 600", "sleep 600")
+    failed = run.wait_for_workers(procs, 60, str(tmp_path))
+    assert len(failed) == 1 and failed[0].startswith("worker 1 exited 3"), failed
+    assert all(p.poll() is not None for p in procs)
+
+
+def test_a_stopped_run_kills_its_workers(tmp_path):
+    procs = _stand_ins("sleep 600", "sleep 600")
+    previous = signal.signal(signal.SIGALRM, run.stopped)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    try:
+        with pytest.raises(SystemExit) as stop:
+            run.wait_for_workers(procs, 60, str(tmp_path))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert stop.value.code == 143
+    assert all(p.poll() is not None for p in procs), [p.poll() for p in procs]

@@ -11,8 +11,14 @@ if [ "$(id -u)" != 0 ]; then
   echo "SKIP: bench/peers needs root for network namespaces" >&2
   exit 77
 fi
+if pgrep -af "bench/peers/(run|worker).py" >&2; then
+  echo "FAIL: a peers benchmark is running already (above)" >&2
+  exit 1
+fi
 scratch=$(mktemp -d /tmp/co2-peers-interrupt.XXXXXX)
-trap 'rm -rf "$scratch"' EXIT
+run=
+# On any way out, nothing of the benchmark is left behind.
+trap 'st=$?; [ -z "$run" ] || kill -KILL "-$run" 2>/dev/null || true; rm -rf "$scratch"; exit $st' EXIT
 # A process group of its own, as a terminal's foreground job is: Ctrl-C is
 # SIGINT to the group.
 row=tiny-100mbit-tau8-seed1-co2
@@ -29,7 +35,7 @@ until pgrep -f "bench/peers/worker.py .*--job=$row" >/dev/null; do
   fi
   sleep 0.5
 done
-kill -INT -- "-$run"
+kill -INT "-$run"
 deadline=$(( $(date +%s) + 60 ))
 left() {
   pgrep -af "bench/peers/(run|worker).py|co2-aggregator" || true

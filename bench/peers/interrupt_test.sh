@@ -3,8 +3,8 @@
 # while co2 trains (--quick's co2 row) stops the whole benchmark within a
 # minute: the run it re-executes in its own session, that run's workers and
 # shards, its network namespaces; the interrupted run leaves no record in
-# the cache. Needs root (network
-# namespaces); makes bench/peers/venv.sh's venv once.
+# the cache. Needs root (network namespaces); makes bench/peers/venv.sh's
+# venv once.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 if [ "$(id -u)" != 0 ]; then
@@ -17,8 +17,8 @@ if pgrep -af "bench/peers/(run|worker).py" >&2; then
 fi
 scratch=$(mktemp -d /tmp/co2-peers-interrupt.XXXXXX)
 run=
-# On any way out, nothing of the benchmark is left behind.
-trap 'st=$?; [ -z "$run" ] || kill -KILL "-$run" 2>/dev/null || true; rm -rf "$scratch"; exit $st' EXIT
+# On any way out, what it started is stopped (run.py passes SIGTERM on).
+trap 'st=$?; [ -z "$run" ] || kill -TERM "-$run" 2>/dev/null || true; rm -rf "$scratch"; exit $st' EXIT
 # A process group of its own, as a terminal's foreground job is: Ctrl-C is
 # SIGINT to the group.
 row=tiny-100mbit-tau8-seed1-co2

@@ -119,8 +119,8 @@ struct Co2OptimizerOptions {
   // after every inner step but the round's last and applies it there
   // (AnchorExchange::ApplyDue, ApplyOwed); with several local ranks it
   // broadcasts its decision every step, so that all apply it at the same
-  // step. A round
-  // whose boundary saves a checkpoint applies it at the boundary.
+  // step. A round whose boundary saves a checkpoint applies it at the
+  // boundary.
   ApplyAt apply = ApplyAt::kBoundary;
   // kArrival: the inner step of a round by which the owed update is applied
   // at the latest; a leader whose update has not arrived by then waits for

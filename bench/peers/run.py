@@ -46,6 +46,7 @@ import tempfile
 import time
 
 import summarize
+from systems import SYSTEMS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -55,22 +56,10 @@ SERVICE_ADDR = "10.99.0.100"
 SHARDS = 2
 CACHE = os.path.join(os.environ.get("CO2_CACHE_DIR", os.path.expanduser("~/.cache/co2")),
                      "peers-runs")
-PEER_SYSTEMS = ("ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd", "hivemind")
-# co2: co2.Optimizer's defaults (the plain average, α = 1, with carried
-# progress); co2-diloco: its DiLoCo (a check of the harness against
-# torchft's); co2-a0.5: α = 0.5 without carried progress; co2-nocarry and
-# co2-a0.5-carry: α = 1 alone and carried progress alone; co2-int8: the
-# defaults with an int8 exchange both ways; co2-localsgd: its blocking
-# LocalSGD (a check against torchft's); co2-by1 and co2-boundary: the
-# defaults with each update applied by the round's first step, and at its
-# boundary (worker.py).
-CO2_SYSTEMS = ("co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry", "co2-int8",
-               "co2-localsgd", "co2-by1", "co2-boundary")
 # co2 settings that run in the small model's sweep and its seed-1 rows at
 # tau 16 only.
 CO2_HEADLINE_ONLY = ("co2-nocarry", "co2-a0.5-carry", "co2-localsgd", "co2-by1",
                      "co2-boundary")
-SYSTEMS = PEER_SYSTEMS + CO2_SYSTEMS
 NEEDS = {"torchft-diloco": "torchft", "torchft-streaming": "torchft",
          "torchft-localsgd": "torchft", "hivemind": "hivemind"}
 

@@ -34,11 +34,9 @@ import traceback
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import systems  # noqa: E402
 import task  # noqa: E402
 
-SYSTEMS = ("local", "ddp", "torchft-diloco", "torchft-streaming", "torchft-localsgd",
-           "hivemind", "co2", "co2-diloco", "co2-a0.5", "co2-nocarry", "co2-a0.5-carry",
-           "co2-int8", "co2-localsgd", "co2-by1", "co2-boundary")
 BARRIER_PORT = 29400
 DDP_PORT = 29500
 TORCHFT_STORE_PORT = 29600
@@ -116,7 +114,7 @@ def torchft_manager(args, model, inner, outer):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--system", required=True, choices=SYSTEMS)
+    ap.add_argument("--system", required=True, choices=("local",) + systems.SYSTEMS)
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--workers", type=int, required=True)
     ap.add_argument("--size", required=True, choices=sorted(task.SIZES))

@@ -1,11 +1,11 @@
 // Apply on arrival (AnchorExchange::ApplyArrived, ApplyDue, ApplyOwed): over
 // real gRPC against in-process shards, workers that apply the update a round
 // owes between its inner steps keep the steps taken before it
-// (x ← (x − A_old) + A_new), push the same progress as workers that apply it at the boundary (up to the
-// rounding of that shift), and every worker ends on the shards' anchor bit
-// for bit, on the reference trajectory. With carried progress a round
-// starts from A + e, e = −k·Δ of the round before, and applying the update
-// drops e: x ← (x − (A_old + e)) + A_new.
+// (x ← (x − A_old) + A_new), push the same progress as workers that apply it
+// at the boundary (up to the rounding of that shift), and every worker ends
+// on the shards' anchor bit for bit, on the reference trajectory. With
+// carried progress a round starts from A + e, e = −k·Δ of the round before,
+// and applying the update drops e: x ← (x − (A_old + e)) + A_new.
 #include <algorithm>
 #include <cmath>
 #include <functional>

@@ -14,7 +14,7 @@ PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libabsl-dev zlib1g-dev \
   libgtest-dev libgmock-dev libbenchmark-dev libtorch-dev libgloo-dev \
   prometheus-cpp-dev prometheus dataset-fashion-mnist fortunes \
-  iperf3 iproute2 gnuplot-nox \
+  iperf3 iproute2 iputils-ping gnuplot-nox libnetfilter-queue-dev \
   clang libclang-rt-14-dev openssl libssl-dev curl
 # LibTorch's CPU matrix products go through the system BLAS, which is
 # Debian's reference implementation unless an optimised one is installed:

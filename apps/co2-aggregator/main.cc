@@ -76,11 +76,15 @@ ABSL_FLAG(uint64_t, max_parameters, uint64_t{1} << 32,
           "(docs/algorithm.md).");
 ABSL_FLAG(int, max_message_bytes, 8 << 20,
           "Largest gRPC message accepted (a 256 KiB chunk plus headers fits).");
-ABSL_FLAG(int, stream_window_bytes, 1 << 20,
+ABSL_FLAG(int, stream_window_bytes, 0,
           "HTTP/2 receive window of each worker stream: what a worker may "
           "send ahead of the shard's reads (held in the shard's memory). "
-          "A stream moves at most about this plus one 256 KiB chunk per round "
-          "trip: raise it on links with a long round trip.");
+          "0: each window grows with its path (gRPC's BDP probe), all of "
+          "them within --stream_memory_bytes. N > 0 fixes every window at N "
+          "bytes: a stream then moves at most about N per round trip.");
+ABSL_FLAG(int64_t, stream_memory_bytes, int64_t{256} << 20,
+          "gRPC memory the worker streams' receive buffers may hold in all; "
+          "as it fills, the windows shrink (docs/operations.md, Long links).");
 ABSL_FLAG(bool, stream_updates, true,
           "Step and send each chunk of a round's update as soon as every "
           "worker of the round has sent that chunk, while the rest still "
@@ -224,6 +228,7 @@ int main(int argc, char** argv) {
   }
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.stream_window_bytes = absl::GetFlag(FLAGS_stream_window_bytes);
+  options.stream_memory_bytes = absl::GetFlag(FLAGS_stream_memory_bytes);
   options.registry.max_parameters = absl::GetFlag(FLAGS_max_parameters);
   options.registry.shard.max_rejected_chunks =
       absl::GetFlag(FLAGS_max_rejected_chunks);

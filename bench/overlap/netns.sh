@@ -13,7 +13,10 @@
 # worker's eth0: its uplink; egress of the switch port p<i>: its downlink).
 # The aggregator's link is not shaped: the shards stand for a service
 # provisioned for all workers at once, so the bottleneck is each worker's
-# own link. No delay is added: this kernel has no netem.
+# own link. ov_link adds a round-trip delay and loss between every pair of
+# hosts (bench/linkem/linkem.sh: a netfilter queue on each host's ingress,
+# since this kernel has no netem), sets the hosts' TCP settings and checks
+# the result with ping and iperf3.
 
 OV_PREFIX=${OV_PREFIX:-co2ov}
 
@@ -165,8 +168,25 @@ tc_rate_bits() {
 # ov_down: deletes every namespace this file creates (veths go with them).
 ov_down() {
   local ns
+  ov_undelay
   for ns in $(ip netns list | awk '{print $1}' | grep "^$OV_PREFIX-"); do
     ip netns pids "$ns" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
     ip netns delete "$ns" || true
   done
 }
+
+# ov_link WORKERS RATE RTT_MS LOSS HOSTS OUT: the whole link of a benchmark
+# run: tbf at RATE on every worker link (ov_shape), RTT_MS between any two
+# hosts and LOSS per direction (ov_delay), the hosts' TCP settings HOSTS
+# (ov_host_tcp: default or tuned), then the self-check (ov_check_link),
+# whose measured figures go to the JSON file OUT. Returns 1 if the check
+# fails. RTT_MS 0 and LOSS 0 add no queue.
+ov_link() {
+  local workers=$1 rate=$2 rtt=$3 loss=$4 hosts=$5 out=$6
+  ov_shape "$workers" "$rate"
+  ov_delay "$workers" "$rtt" "$loss"
+  ov_host_tcp "$workers" "$hosts"
+  ov_check_link "$rate" "$rtt" "$loss" "$hosts" "$out"
+}
+
+source "$(dirname "${BASH_SOURCE[0]}")/../linkem/linkem.sh"

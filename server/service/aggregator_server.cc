@@ -4,6 +4,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -12,8 +13,23 @@
 
 namespace co2::server {
 
+namespace {
+constexpr int64_t kMinStreamMemoryBytes = int64_t{16} << 20;
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
     const AggregatorServerOptions& options) {
+  if (options.stream_window_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stream_window_bytes is ", options.stream_window_bytes,
+        ": must be 0 (windows that grow with the path) or a size in bytes"));
+  }
+  if (options.stream_memory_bytes < kMinStreamMemoryBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--stream_memory_bytes is ", options.stream_memory_bytes,
+        ": must be at least ", kMinStreamMemoryBytes,
+        " (16 MiB: gRPC's own buffers come out of it too)"));
+  }
   std::unique_ptr<AggregatorServer> server(new AggregatorServer());
   server->registry_ =
       std::make_unique<JobRegistry>(options.registry, options.clock);
@@ -46,9 +62,16 @@ absl::StatusOr<std::unique_ptr<AggregatorServer>> AggregatorServer::Start(
   builder.RegisterService(server->admin_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
-                             options.stream_window_bytes);
+  if (options.stream_window_bytes > 0) {
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+                               options.stream_window_bytes);
+  } else {
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 1);
+  }
+  grpc::ResourceQuota quota("co2-aggregator-streams");
+  quota.Resize(static_cast<size_t>(options.stream_memory_bytes));
+  builder.SetResourceQuota(quota);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(absl::StrCat(

@@ -5,6 +5,7 @@
 #ifndef CO2_SERVER_AGGREGATOR_SERVER_H_
 #define CO2_SERVER_AGGREGATOR_SERVER_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -30,13 +31,17 @@ struct AggregatorServerOptions {
   JobRegistryOptions registry;        // shard index, shard count, limits
   // Largest message accepted (a 256 KiB chunk plus headers fits easily).
   int max_message_bytes = 8 << 20;
-  // HTTP/2 receive window of each stream (and BDP probing off, which would
-  // grow it): what a worker may have sent that no read asked for yet. gRPC
-  // opens it by one message while a read waits, so a stream holds about this
-  // plus one chunk, and moves about as much per round trip. With BDP's
-  // windows each worker could park a whole round of chunks in the shard:
-  // memory growing with the number of workers.
-  int stream_window_bytes = 1 << 20;
+  // HTTP/2 receive windows of the worker streams: what a worker may have
+  // sent that no read asked for yet, held in the shard's memory. By
+  // default (0) each window grows with its path (gRPC's BDP probe: about
+  // twice the bytes in flight over the round trip), and all of them share
+  // `stream_memory_bytes` of gRPC memory quota, whose pressure shrinks the
+  // windows again as it fills: a long path is filled, and memory stays
+  // bounded whatever the number of workers. A positive value fixes every
+  // window at that size instead (BDP probe off): a stream then moves at
+  // most about that much per round trip.
+  int stream_window_bytes = 0;
+  int64_t stream_memory_bytes = int64_t{256} << 20;
   // TLS, or mTLS with tls.require_client_cert. Left empty it is plaintext:
   // for in-process use and tests on loopback only; co2-aggregator refuses
   // plaintext unless --insecure.

@@ -1,0 +1,143 @@
+# shellcheck shell=bash
+# Delay and loss for bench/overlap/netns.sh's namespaces (sourced by it;
+# needs root, iptables and the co2-linkem binary, OV_LINKEM, default
+# build/bin/co2-linkem). Every host namespace (workers and the shards')
+# sends its eth0 ingress through netfilter queue 0 to its own co2-linkem,
+# which holds each packet for RTT/2 and drops LOSS of them. A packet crosses
+# exactly one ingress, its receiver's, so any two hosts see RTT_MS and LOSS
+# per direction. The delay is on ingress, not egress, because a packet held
+# on its sender's egress still counts against the sending socket (TCP small
+# queues), which would cap the rate at a few hundred KiB per round trip.
+
+OV_LINKEM=${OV_LINKEM:-build/bin/co2-linkem}
+OV_LINKEM_PIDS=()
+
+ov_hosts() {
+  local i
+  for ((i = 0; i < $1; i++)); do echo "$OV_PREFIX-w$i"; done
+  echo "$OV_PREFIX-agg"
+}
+
+# ov_delay WORKERS RTT_MS LOSS: the queue and its co2-linkem on every host
+# (nothing when both are 0). Its stats go to OV_LINKEM_DIR (default
+# /tmp) as linkem-<namespace>.json when ov_undelay stops it.
+ov_delay() {
+  local workers=$1 rtt=$2 loss=$3 ns seed=1
+  OV_LINKEM_PIDS=()
+  if [ "$rtt" = 0 ] && [ "$loss" = 0 ]; then return 0; fi
+  [ -x "$OV_LINKEM" ] || { echo "ov_delay: no co2-linkem at $OV_LINKEM" >&2; return 1; }
+  for ns in $(ov_hosts "$workers"); do
+    ip netns exec "$ns" "$OV_LINKEM" --queue=0 \
+      --delay_ms="$(awk -v r="$rtt" 'BEGIN{print r / 2}')" --loss="$loss" \
+      --seed=$((seed++)) --stats="${OV_LINKEM_DIR:-/tmp}/linkem-$ns.json" \
+      2>"${OV_LINKEM_DIR:-/tmp}/linkem-$ns.log" &
+    OV_LINKEM_PIDS+=($!)
+  done
+  # The queue must be bound before any packet is sent to it (unbound, the
+  # kernel drops them).
+  sleep 0.2
+  for ns in $(ov_hosts "$workers"); do
+    ip netns exec "$ns" iptables -t mangle -A PREROUTING -i eth0 \
+      -j NFQUEUE --queue-num 0
+  done
+}
+
+# ov_undelay: stops ov_delay's emulators (they let held packets through and
+# write their stats) and removes the queue rules.
+ov_undelay() {
+  local pid ns
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$OV_PREFIX-"); do
+    ip netns exec "$ns" iptables -t mangle -F PREROUTING 2>/dev/null || true
+  done
+  for pid in "${OV_LINKEM_PIDS[@]}"; do
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  OV_LINKEM_PIDS=()
+}
+
+# ov_linkem_cpu WORKERS: CPU seconds the emulators have used so far, summed.
+ov_linkem_cpu() {
+  local pid total=0 ticks
+  for pid in $(pgrep -f "^$OV_LINKEM " || true); do
+    ticks=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+    total=$((total + ticks))
+  done
+  awk -v t="$total" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf "%.2f", t / hz}'
+}
+
+# ov_host_tcp WORKERS default|tuned: every host's TCP settings (per network
+# namespace). default: Linux's (tcp_rmem/tcp_wmem maxima 6 / 4 MiB, slow
+# start after idle, cubic). tuned: docs/operations.md's long-link settings,
+# 64 MiB buffer maxima, no slow start after idle, BBR.
+ov_host_tcp() {
+  local workers=$1 profile=$2 ns
+  for ns in $(ov_hosts "$workers"); do
+    case $profile in
+      default)
+        ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 6291456" \
+          net.ipv4.tcp_wmem="4096 16384 4194304" \
+          net.ipv4.tcp_slow_start_after_idle=1 \
+          net.ipv4.tcp_congestion_control=cubic ;;
+      tuned)
+        ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 67108864" \
+          net.ipv4.tcp_wmem="4096 16384 67108864" \
+          net.ipv4.tcp_slow_start_after_idle=0 \
+          net.ipv4.tcp_congestion_control=bbr ;;
+      *) echo "ov_host_tcp: unknown profile '$profile' (default or tuned)" >&2
+         return 1 ;;
+    esac
+  done
+}
+
+# ov_check_link RATE RTT_MS LOSS HOSTS OUT: measures what worker 0's path
+# to the shards' host gives: ping's user-to-user RTT (-U: the kernel's
+# receive timestamp is taken before the ingress queue holds the packet) (within 10 % of RTT_MS, or 0.5 ms
+# when it is 0) and iperf3's rate for 6 s after 2 s of warm-up, with the
+# tuned buffers for the test (within 10 % of RATE when LOSS is 0). Writes
+# what was asked and what was measured to OUT; returns 1, saying why, when
+# either is off.
+ov_check_link() {
+  local rate=$1 rtt=$2 loss=$3 hosts=$4 out=$5
+  local w0=$OV_PREFIX-w0 agg=$OV_PREFIX-agg ping_ms mbit cpu0 cpu1 server
+  ping_ms=$(ip netns exec "$w0" ping -U -q -c 20 -i 0.05 -W 2 "$OV_AGG_ADDR" \
+    | awk -F/ '/^rtt/{print $5}')
+  ov_host_tcp 0 tuned
+  ip netns exec "$w0" sysctl -qw net.ipv4.tcp_rmem="4096 131072 67108864" \
+    net.ipv4.tcp_wmem="4096 16384 67108864"
+  ip netns exec "$agg" iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
+  server=$!
+  sleep 0.3
+  cpu0=$(ov_linkem_cpu)
+  mbit=$(ip netns exec "$w0" iperf3 -c "$OV_AGG_ADDR" -p 5299 -t 6 -O 2 -J \
+    | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e6, 1))')
+  cpu1=$(ov_linkem_cpu)
+  wait "$server" 2>/dev/null || true
+  ov_host_tcp "$(ov_workers)" "$hosts"
+  python3 - "$rate" "$rtt" "$loss" "$hosts" "$ping_ms" "$mbit" "$cpu0" "$cpu1" "$out" <<'PY'
+import json, sys
+rate, rtt, loss, hosts, ping, mbit, cpu0, cpu1, out = sys.argv[1:10]
+bits = {"gbit": 1e9, "mbit": 1e6}
+rate_mbit = next(float(rate[:-len(u)]) * m / 1e6 for u, m in bits.items() if rate.endswith(u))
+rtt, loss, ping, mbit = float(rtt), float(loss), float(ping), float(mbit)
+link = {
+    "asked": {"rate_mbit": rate_mbit, "rtt_ms": rtt, "loss": loss, "hosts": hosts},
+    "measured": {"ping_rtt_ms": ping, "iperf3_mbit": mbit,
+                 "iperf3_buffers": "64 MiB tcp_rmem/tcp_wmem maxima, BBR",
+                 "emulator_cpu_s_per_s": round((float(cpu1) - float(cpu0)) / 6.3, 3)},
+}
+json.dump(link, open(out, "w"), indent=1)
+problems = []
+if abs(ping - rtt) > max(0.1 * rtt, 0.5):
+    problems.append(f"ping's RTT is {ping} ms, asked {rtt} ms")
+if loss == 0 and mbit < 0.9 * rate_mbit:
+    problems.append(f"iperf3 moved {mbit} Mbit/s, asked {rate_mbit}")
+for p in problems:
+    print(f"ov_check_link: {p}", file=sys.stderr)
+sys.exit(1 if problems else 0)
+PY
+}
+
+ov_workers() {
+  ip netns list | awk '{print $1}' | grep -c "^$OV_PREFIX-w"
+}

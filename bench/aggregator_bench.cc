@@ -73,6 +73,15 @@ ABSL_FLAG(bool, whole_round_reference, false,
           "Also run the aggregator with --stream_updates=false (each round's "
           "update sent only once the whole round closed) in every "
           "repetition, as a reference for streaming.");
+ABSL_FLAG(std::vector<std::string>, shard_flags, {},
+          "More co2-aggregator flags for every shard, comma-separated "
+          "(e.g. --stream_window_bytes=1048576).");
+ABSL_FLAG(double, idle_s, 0,
+          "Seconds every worker and Gloo rank waits between rounds, the "
+          "stand-in for a round's compute: after an idle stretch longer "
+          "than TCP's retransmission timeout, Linux restarts slow start "
+          "unless net.ipv4.tcp_slow_start_after_idle is 0. Not counted in "
+          "the round times.");
 ABSL_FLAG(std::string, out, "", "Write the JSON report here (else stdout).");
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Shards write a checkpoint of every round here, as deployed "
@@ -123,6 +132,11 @@ Stamps ParseStamps(const std::string& json) {
     stamps.push_back(std::strtod(std::string(part).c_str(), nullptr));
   }
   return stamps;
+}
+
+// The wait between two rounds (--idle_s); TimedRounds takes it out again.
+void IdleBetweenRounds() {
+  absl::SleepFor(absl::Seconds(absl::GetFlag(FLAGS_idle_s)));
 }
 
 // A delta that differs by worker, small and finite.
@@ -200,6 +214,7 @@ int RunClient() {
     if (!s.ok()) return Fail(absl::StrCat("round ", r), s);
     stamps.push_back(MonotonicSeconds());
     if (i == 0) warm = WarmedUp();
+    if (i + 1 < rounds) IdleBetweenRounds();
   }
   const client::ClientStats stats = client->stats();
   std::printf(
@@ -236,6 +251,7 @@ int RunGloo() {
     if (!s.ok()) return Fail("all-reduce", s);
     stamps.push_back(MonotonicSeconds());
     if (i == 0) warm = WarmedUp();
+    if (i + 1 < absl::GetFlag(FLAGS_rounds)) IdleBetweenRounds();
   }
   std::printf("result {\"stamps\": %s, %s}\n", StampsJson(stamps).c_str(),
               CpuJson(warm).c_str());
@@ -315,12 +331,19 @@ Together RunTogether(
   return together;
 }
 
-// Durations of rounds 2..R (round 1 is the warm-up).
+// Durations of rounds 2..R (round 1 is the warm-up), less the idle wait
+// before each.
 std::vector<double> TimedRounds(const Stamps& last) {
   std::vector<double> d;
-  for (size_t i = 2; i < last.size(); ++i) d.push_back(last[i] - last[i - 1]);
+  for (size_t i = 2; i < last.size(); ++i) {
+    d.push_back(last[i] - last[i - 1] - absl::GetFlag(FLAGS_idle_s));
+  }
   return d;
 }
+
+// The first round's duration: on connections that have not carried a round
+// yet (TCP's windows start cold).
+double FirstRound(const Stamps& last) { return last[1] - last[0]; }
 
 struct ShardProcess {
   std::optional<Child> child;
@@ -355,6 +378,9 @@ std::optional<ShardProcess> StartShard(int index, int shards,
       "--lease=300s",
       "--round_timeout=600s",
       absl::StrCat("--stream_updates=", stream_updates)};
+  for (const std::string& flag : absl::GetFlag(FLAGS_shard_flags)) {
+    argv.push_back(flag);
+  }
   if (!checkpoint_dir.empty()) {
     argv.push_back("--checkpoint_dir=" + checkpoint_dir);
   }
@@ -379,12 +405,14 @@ std::optional<ShardProcess> StartShard(int index, int shards,
 
 struct Repetition {
   std::vector<double> aggregator_rounds;  // seconds per timed round
+  double aggregator_first_round = 0;      // seconds, the cold round
   double iperf3_bps = std::nan("");       // receiver-side bytes per second
   // The CPU time of each, over the timed rounds (iperf3: over its run, which
   // moves the timed rounds' bytes; not measured over links).
   CpuTimes worker_cpu, shard_cpu;
   std::optional<CpuTimes> iperf3_cpu;
   std::vector<double> gloo_rounds;
+  double gloo_first_round = 0;
   CpuTimes gloo_cpu;
   std::string shards_json;         // memory (and copies) per shard
   std::string client_copies_json;  // worker 0's, under the copy counter
@@ -431,6 +459,7 @@ bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
                 absl::StrCat("--addresses=", absl::StrJoin(addresses, ",")),
                 absl::StrCat("--params=", p),
                 absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
+                absl::StrCat("--idle_s=", absl::GetFlag(FLAGS_idle_s)),
                 "--downlink=" + std::string(common::CodecName(downlink)),
                 absl::StrCat("--deterministic=",
                              absl::GetFlag(FLAGS_deterministic)),
@@ -460,6 +489,7 @@ bool RunAggregator(int n, int rep, common::Codec downlink, bool stream_updates,
     return false;
   }
   out->aggregator_rounds = TimedRounds(last);
+  out->aggregator_first_round = FirstRound(last);
   out->worker_cpu = together.cpu;
   if (!absl::GetFlag(FLAGS_copy_counter).empty()) {
     // Payload worker 0 sent (fp32 deltas) and received (updates) in its
@@ -614,6 +644,7 @@ bool RunGlooReference(int n, int rep, const std::string& scratch,
                      {SelfExe(), "--role=gloo",
                       absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
                       absl::StrCat("--rounds=", absl::GetFlag(FLAGS_rounds)),
+                      absl::StrCat("--idle_s=", absl::GetFlag(FLAGS_idle_s)),
                       // Unique per driver: rendezvous keys must not be reused.
                       absl::StrCat("--job=gloo-", getpid(), "-", n, "-", rep),
                       absl::StrCat("--rank=", r), absl::StrCat("--size=", n),
@@ -626,6 +657,7 @@ bool RunGlooReference(int n, int rep, const std::string& scratch,
   const Together together = RunTogether(ranks);
   if (together.last.empty()) return false;
   out->gloo_rounds = TimedRounds(together.last);
+  out->gloo_first_round = FirstRound(together.last);
   out->gloo_cpu = together.cpu;
   return true;
 }
@@ -725,6 +757,8 @@ int RunDriver() {
     << ", \"copy_counter\": " << !absl::GetFlag(FLAGS_copy_counter).empty()
     << ", \"checkpoints\": " << !absl::GetFlag(FLAGS_checkpoint_dir).empty()
     << ", \"netns\": " << !absl::GetFlag(FLAGS_netns).empty()
+    << ", \"idle_s\": " << absl::GetFlag(FLAGS_idle_s) << ", \"shard_flags\": \""
+    << absl::StrJoin(absl::GetFlag(FLAGS_shard_flags), " ") << "\""
     << "},\n\"runs\": [";
   bool first = true;
   for (const std::string& w : absl::GetFlag(FLAGS_workers)) {
@@ -733,6 +767,7 @@ int RunDriver() {
     const double round_bytes =
         n * (4.0 * static_cast<double>(p) +
              static_cast<double>(common::EncodedSize(*downlink, p)));
+    std::vector<double> agg_first_round, gloo_first_round;
     std::vector<double> goodput, vs_iperf3, vs_gloo, agg_round, gloo_round,
         iperf3_bps, whole_round, vs_whole, cpu_vs_iperf3, cpu_vs_gloo,
         outlier_vs_off,
@@ -772,6 +807,7 @@ int RunDriver() {
         vs_whole.push_back(whole_round.back() / round_s);
       }
       agg_round.push_back(round_s);
+      agg_first_round.push_back(r.aggregator_first_round);
       goodput.push_back(round_bytes / round_s);
       workers_cpu.Add(PerRound(r.worker_cpu, rounds - 1));
       shards_cpu.Add(PerRound(r.shard_cpu, rounds - 1));
@@ -814,6 +850,7 @@ int RunDriver() {
           return 1;
         }
         gloo_round.push_back(Median(r.gloo_rounds));
+        gloo_first_round.push_back(r.gloo_first_round);
         vs_gloo.push_back(gloo_round.back() / round_s);
         gloo_cpu.Add(PerRound(r.gloo_cpu, rounds - 1));
         gloo_cores.push_back(CoresBusy(r.gloo_cpu, r.gloo_rounds));
@@ -837,6 +874,7 @@ int RunDriver() {
       << ", \"payload_bytes_per_round\": " << static_cast<uint64_t>(round_bytes)
       << ",\n   \"aggregator\": {\"round_s_median\": " << Num(Median(agg_round))
       << ", \"round_s\": " << NumbersJson(agg_round)
+      << ", \"first_round_s\": " << NumbersJson(agg_first_round)
       << ", \"goodput_bytes_per_s_median\": " << Num(Median(goodput)) << "}"
       << ",\n   \"iperf3\": {\"bytes_per_s_median\": "
       << Num(Median(iperf3_bps))
@@ -846,6 +884,7 @@ int RunDriver() {
       << ", \"round_s\": " << NumbersJson(whole_round) << "}"
       << ",\n   \"gloo_allreduce\": {\"round_s_median\": "
       << Num(Median(gloo_round)) << ", \"round_s\": " << NumbersJson(gloo_round)
+      << ", \"first_round_s\": " << NumbersJson(gloo_first_round)
       << "}"
       << ",\n   \"ratios\": {\"goodput_over_iperf3\": "
       << Num(Median(vs_iperf3))

@@ -15,6 +15,7 @@
 # bench/results/aggregator_links.json. Needs root, iproute2 and iperf3.
 #   sudo bench/run_aggregator_links.sh [BUILD_DIR]   (default build; ~10 min)
 #   RATE=100mbit WORKERS=2,4,8 PARAMS=4194304 SHARDS=2 ROUNDS=4 REPS=3 OUT=...
+#   RTT_MS=0 LOSS=0 HOSTS=default (bench/overlap/netns.sh's ov_link)
 #   CHECKPOINT_DIR=... (default: under the scratch directory in /tmp)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -35,7 +36,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 ov_down
 ov_up "$most"
-ov_shape "$most" "$rate"
+ov_link "$most" "$rate" "${RTT_MS:-0}" "${LOSS:-0}" "${HOSTS:-default}" \
+  "$scratch/link.json"
 hosts=""
 for ((i = 0; i < most; i++)); do hosts+="${hosts:+,}$(ov_worker_addr "$i")"; done
 
@@ -58,12 +60,13 @@ for ((i = 0; i < most; i++)); do hosts+="${hosts:+,}$(ov_worker_addr "$i")"; don
   --checkpoint_dir="${CHECKPOINT_DIR:-$scratch/checkpoints}" \
   --scratch="$scratch/run-checkpoints" --out="$scratch/links-checkpoints.json"
 
-python3 - "$scratch/links.json" "$scratch/links-checkpoints.json" "$out" "$rate" "bench/run_aggregator_links.sh${1:+ $1}" <<'PY'
+python3 - "$scratch/links.json" "$scratch/links-checkpoints.json" "$out" "$rate" "bench/run_aggregator_links.sh${1:+ $1}" "$scratch/link.json" <<'PY'
 import json, sys
-path, checkpointed, out, rate, command = sys.argv[1:6]
+path, checkpointed, out, rate, command, link_check = sys.argv[1:7]
 report = json.load(open(path))
 report["with_checkpoints"] = json.load(open(checkpointed))
-report["link"] = {"rate": rate, "shaping": "tc tbf on both directions of every worker link; the shards' link unshaped; no delay added (no netem)"}
+report["link"] = {"rate": rate, "shaping": "tc tbf on both directions of every worker link; the shards' link unshaped; RTT_MS and LOSS (bench/linkem/linkem.sh) between any two hosts",
+                  "check": json.load(open(link_check))}
 report["command"] = command
 json.dump(report, open(out, "w"), indent=1)
 print(f"wrote {out}", file=sys.stderr)

@@ -90,7 +90,8 @@ run() {
 }
 
 for rate in $rates; do
-  ov_shape "$workers" "$rate"
+  ov_link "$workers" "$rate" "${RTT_MS:-0}" "${LOSS:-0}" "${HOSTS:-default}" \
+    "$OV_SCRATCH/link-$rate.json"
   for tau in $taus; do
     for seed in $seeds; do
       base="$task/$rate/tau$tau/seed$seed"

@@ -7,7 +7,10 @@
 # every τ) and co2, at each link rate. Writes bench/results/overlap.json and
 # bench/results/overlap.png. Needs root, iproute2, iperf3, gnuplot.
 #   sudo bench/run_overlap.sh [BUILD_DIR]        (default build; ~25 min)
-# Environment: RATES ("1gbit 100mbit"), TAUS_<rate> (τ values per rate),
+# Environment: RATES ("1gbit 100mbit"), RTT_MS and LOSS (a round trip and a
+# loss rate on every path, bench/linkem/linkem.sh; 0), HOSTS (the hosts' TCP
+# settings: default or tuned, docs/operations.md "Long links"; default),
+# TAUS_<rate> (τ values per rate),
 # STEPS (inner steps per run, 256), DDP_STEPS_<rate>, SHARDS (2), NICE (-10),
 # AGG_ARGS (more co2-aggregator flags, e.g. --stream_updates=false for the
 # whole-round reference of docs/performance.md §1), KEEP=1 keeps the scratch
@@ -84,7 +87,8 @@ measure_link() {
 }
 
 for rate in $rates; do
-  ov_shape "$workers" "$rate"
+  ov_link "$workers" "$rate" "${RTT_MS:-0}" "${LOSS:-0}" "${HOSTS:-default}" \
+    "$scratch/link-$rate.json"
   echo "link $rate" >&2
   measure_link >"$scratch/iperf-$rate"
   case $rate in

@@ -36,7 +36,8 @@ run_limit=900  # seconds: the bound of any one run
 
 ov_session_up co2-tta "$workers"
 scratch=$OV_SCRATCH
-ov_shape "$workers" "$rate"
+ov_link "$workers" "$rate" "${RTT_MS:-0}" "${LOSS:-0}" "${HOSTS:-default}" \
+  "$scratch/link-$rate.json"
 
 # One run: ALGO STEPS [co2-train flags...]. Fresh shards for every run.
 run() {

@@ -37,10 +37,11 @@ prometheus::Histogram& AddHistogram(prometheus::Registry& registry,
 
 absl::StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Serve(
     const std::string& address, const std::string& job,
-    const std::string& worker) {
+    const std::string& worker, const common::LinkPath& link_path) {
   common::MetricsServerOptions options;
   options.address = address;
   options.program = "co2-train";
+  options.link_path = link_path;
   CO2_ASSIGN_OR_RETURN(std::unique_ptr<common::MetricsServer> server,
                        common::MetricsServer::Start(options));
   return std::unique_ptr<WorkerMetrics>(

@@ -70,7 +70,7 @@ class WorkerMetrics {
   // port()). UNAVAILABLE when it cannot listen.
   static absl::StatusOr<std::unique_ptr<WorkerMetrics>> Serve(
       const std::string& address, const std::string& job,
-      const std::string& worker);
+      const std::string& worker, const common::LinkPath& link_path = {});
 
   // Records into `registry`, which must outlive this object.
   WorkerMetrics(prometheus::Registry& registry, const std::string& job,

@@ -122,7 +122,10 @@ MetricsServer::MetricsServer(const MetricsServerOptions& options)
       registry_(std::make_shared<prometheus::Registry>()),
       process_(options.program.empty()
                    ? nullptr
-                   : std::make_unique<ProcessCollector>(options.program)) {}
+                   : std::make_unique<ProcessCollector>(options.program)),
+      host_tcp_(options.program.empty()
+                    ? nullptr
+                    : std::make_unique<HostTcpCollector>(options.link_path)) {}
 
 MetricsServer::~MetricsServer() {
   if (thread_.joinable()) {
@@ -186,8 +189,11 @@ void MetricsServer::HandleConnection(int fd) {
     response = Response("404 Not Found", "metrics are at /metrics\n", head);
   } else {
     std::vector<prometheus::MetricFamily> families = registry_->Collect();
-    if (process_ != nullptr) {
-      for (prometheus::MetricFamily& f : process_->Collect()) {
+    for (const prometheus::Collectable* c :
+         {static_cast<const prometheus::Collectable*>(process_.get()),
+          static_cast<const prometheus::Collectable*>(host_tcp_.get())}) {
+      if (c == nullptr) continue;
+      for (prometheus::MetricFamily& f : c->Collect()) {
         families.push_back(std::move(f));
       }
     }

@@ -25,6 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/host_tcp.h"
 #include "common/process_metrics.h"
 #include "prometheus/registry.h"
 
@@ -38,9 +39,11 @@ struct MetricsServerOptions {
   // reply; a slower client is dropped.
   absl::Duration io_timeout = absl::Seconds(5);
   // The binary's name: every scrape also returns the process's process_*
-  // metrics and co2_build_info (common/process_metrics.h), from the first
+  // metrics and co2_build_info (common/process_metrics.h), and the host's
+  // TCP settings against `link_path` (common/host_tcp.h), from the first
   // second. Empty: the registry alone.
   std::string program;
+  LinkPath link_path;  // the path the process's streams cross, if said
 };
 
 class MetricsServer {
@@ -66,6 +69,7 @@ class MetricsServer {
   const MetricsServerOptions options_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<ProcessCollector> process_;  // null without a program
+  std::unique_ptr<HostTcpCollector> host_tcp_;  // null without a program
   int listen_fd_ = -1;
   int wake_fd_ = -1;  // eventfd: the destructor wakes the thread through it
   int port_ = 0;

@@ -70,11 +70,12 @@ def exported_metrics():
     """Every co2_* series name: base names, plus _bucket/_count/_sum of
     histograms."""
     names, histograms = set(), set()
-    for source in ("server/service/shard_metrics.cc", "client/worker_metrics.cc"):
+    for source in ("server/service/shard_metrics.cc", "client/worker_metrics.cc",
+                   "common/host_tcp.cc"):
         with open(path(source)) as f:
             text = f.read()
-        names |= set(re.findall(r'"(co2_(?:aggregator|worker)_[a-z0-9_]+)"',
-                                text))
+        names |= set(re.findall(
+            r'"(co2_(?:aggregator|worker|tcp|link)_[a-z0-9_]+)"', text))
         histograms |= set(re.findall(
             r'(?:BuildHistogram\(\)|AddHistogram\(\s*registry),\s*'
             r'"(co2_[a-z0-9_]+)"', text))
@@ -87,7 +88,7 @@ def exported_metrics():
 
 
 def used_metrics(text):
-    return set(re.findall(r"\bco2_(?:aggregator|worker)_[a-z0-9_]+", text))
+    return set(re.findall(r"\bco2_(?:aggregator|worker|tcp|link)_[a-z0-9_]+", text))
 
 
 def check_names(where, text, exported, required=True):
@@ -261,9 +262,9 @@ def kubectls():
     return listed or [need("kubectl")]
 
 
-def render(kubectl):
-    rc, out, err = run([kubectl, "kustomize", "deploy/k8s"])
-    check(rc == 0, f"{kubectl} kustomize deploy/k8s failed:\n{err}")
+def render(kubectl, where="deploy/k8s"):
+    rc, out, err = run([kubectl, "kustomize", where])
+    check(rc == 0, f"{kubectl} kustomize {where} failed:\n{err}")
     return [d for d in yaml.safe_load_all(out) if d] if rc == 0 else []
 
 
@@ -492,6 +493,41 @@ def check_k8s(rules):
           "PrometheusRule groups differ from deploy/prometheus/alerts.yml")
 
 
+LONG_LINK_SYSCTLS = {"net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
+                     "net.ipv4.tcp_slow_start_after_idle"}
+
+
+def check_long_links():
+    """deploy/k8s-long-links: the base with the long-link host settings on
+    the shards' and trainers' pods, the path they are deployed for in their
+    flags, and the node-tuning DaemonSet."""
+    objects = render(kubectls()[0], "deploy/k8s-long-links")
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    for key in (("StatefulSet", "co2-aggregator"), ("Job", "co2-trainer")):
+        o = by_name.get(key)
+        if not check(o, f"deploy/k8s-long-links: no {key}"):
+            continue
+        spec = o["spec"]["template"]["spec"]
+        sysctls = {s["name"] for s in spec.get("securityContext", {}).get("sysctls", [])}
+        check(sysctls == LONG_LINK_SYSCTLS,
+              f"deploy/k8s-long-links {key}: sysctls {sorted(sysctls)}")
+        check(spec["securityContext"].get("runAsNonRoot") is True,
+              f"deploy/k8s-long-links {key}: the patch lost runAsNonRoot")
+        args = spec["containers"][0]["args"]
+        check(flag(args, "link_mbit") and flag(args, "link_rtt"),
+              f"deploy/k8s-long-links {key}: no --link_mbit/--link_rtt in {args}")
+    tuning = by_name.get(("DaemonSet", "co2-node-tuning"))
+    if check(tuning, "deploy/k8s-long-links: no co2-node-tuning DaemonSet"):
+        spec = tuning["spec"]["template"]["spec"]
+        check(spec.get("hostNetwork") is True and
+              spec["containers"][0]["securityContext"].get("privileged") is True,
+              "co2-node-tuning must run privileged on the host's network")
+        check("tcp_congestion_control" in " ".join(spec["containers"][0]["args"]),
+              "co2-node-tuning does not set the congestion control")
+        check(tuning["metadata"].get("namespace") == "co2",
+              "co2-node-tuning is not in the co2 namespace")
+
+
 def main():
     exported = exported_metrics()
     rules = check_prometheus(exported)
@@ -501,6 +537,7 @@ def main():
     check_dockerfile()
     check_compose()
     check_k8s(rules)
+    check_long_links()
     if FAILURES:
         print("deploy_test: FAILED\n  " + "\n  ".join(FAILURES))
         return 1

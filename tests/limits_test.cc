@@ -244,6 +244,27 @@ TEST_F(LimitsTest, NanContributionsAreCountedAndTheWorkerEvicted) {
 }
 
 // Counting rules, without gRPC: only consecutive rejects evict.
+TEST(StreamWindowOptionsTest, ANegativeWindowOrATooSmallBudgetIsRefused) {
+  server::AggregatorServerOptions options;
+  options.address = "127.0.0.1:0";
+  options.stream_window_bytes = -1;
+  auto refused = server::AggregatorServer::Start(options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("--stream_window_bytes is -1"),
+            std::string::npos)
+      << refused.status();
+  options.stream_window_bytes = 0;
+  options.stream_memory_bytes = 1 << 20;
+  refused = server::AggregatorServer::Start(options);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find(
+                "--stream_memory_bytes is 1048576: must be at least 16777216"),
+            std::string::npos)
+      << refused.status();
+  options.stream_memory_bytes = int64_t{16} << 20;
+  EXPECT_TRUE(server::AggregatorServer::Start(options).ok());
+}
+
 TEST(RejectCountingTest, AValidChunkResetsTheCount) {
   common::FakeClock clock;
   server::JobShardOptions options;

@@ -12,6 +12,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/flags_help.h"
+#include "common/host_tcp.h"
 #include "common/logging.h"
 #include "common/malloc_settings.h"
 #include "common/metrics_server.h"
@@ -60,6 +61,13 @@ ABSL_FLAG(absl::Duration, job_retention, absl::Hours(1),
           "checkpoint stays on disk, and a finished job's name stays taken "
           "until `co2-admin delete`.");
 // Operations (docs/operations.md).
+ABSL_FLAG(double, link_mbit, 0,
+          "The rate of the path between this shard and its workers, Mbit/s "
+          "(0: not said). With --link_rtt the shard logs at start whether "
+          "the host's TCP settings let one stream fill it, and exports "
+          "co2_tcp_stream_cap_bits_per_second against it.");
+ABSL_FLAG(absl::Duration, link_rtt, absl::ZeroDuration(),
+          "The round trip of that path (e.g. 100ms; 0: not said).");
 ABSL_FLAG(int, metrics_port, 9464,
           "Port of the Prometheus /metrics endpoint on --host (0 picks a "
           "free one; -1 turns it off).");
@@ -254,6 +262,14 @@ int main(int argc, char** argv) {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  const co2::common::LinkPath link_path{absl::GetFlag(FLAGS_link_mbit) * 1e6,
+                                        absl::GetFlag(FLAGS_link_rtt)};
+  if (absl::Status s = co2::common::CheckLinkPathAndLogHostTcp(link_path);
+      !s.ok()) {
+    std::cerr << "error: " << s.message() << "\n";
+    return 2;
+  }
+
   // Metrics first: the shard reports to them from its first call. They are
   // declared before the server, so they outlive it.
   std::unique_ptr<co2::common::MetricsServer> metrics;
@@ -261,6 +277,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
     co2::common::MetricsServerOptions metrics_options;
     metrics_options.program = "co2-aggregator";
+    metrics_options.link_path = link_path;
     metrics_options.address = absl::StrCat(absl::GetFlag(FLAGS_host), ":",
                                            absl::GetFlag(FLAGS_metrics_port));
     auto started = co2::common::MetricsServer::Start(metrics_options);

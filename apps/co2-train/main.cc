@@ -139,6 +139,12 @@ ABSL_FLAG(int, metrics_port, -1,
           "Worker leaders serve /metrics on this port + their worker index "
           "when the launcher starts them, on this port when started with "
           "--role=worker (0: free ports; -1: off).");
+ABSL_FLAG(double, link_mbit, 0,
+          "The rate of each worker's path to the shards, Mbit/s (0: not "
+          "said). With --link_rtt each worker leader logs at start whether "
+          "the host's TCP settings let one stream fill it.");
+ABSL_FLAG(absl::Duration, link_rtt, absl::ZeroDuration(),
+          "The round trip of that path (e.g. 100ms; 0: not said).");
 ABSL_FLAG(std::string, metrics_host, "0.0.0.0",
           "The address worker /metrics listen on (127.0.0.1: this host only).");
 ABSL_FLAG(std::string, role, "launcher", "Internal: launcher | worker.");
@@ -257,6 +263,8 @@ co2::client::TrainerOptions ReadOptions() {
   o.keep_run_dir = absl::GetFlag(FLAGS_keep_run_dir);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.metrics_host = absl::GetFlag(FLAGS_metrics_host);
+  o.link_path = {absl::GetFlag(FLAGS_link_mbit) * 1e6,
+                 absl::GetFlag(FLAGS_link_rtt)};
   o.rejoin = absl::GetFlag(FLAGS_rejoin);
   o.join = absl::GetFlag(FLAGS_join);
   o.scale = absl::GetFlag(FLAGS_scale);

@@ -398,6 +398,9 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   // Served from the start, before the data loads and the shards answer, so
   // that a worker still waiting for them is seen (co2_build_info,
   // process_*); the training series appear with the optimizer.
+  if (leader) {
+    CO2_RETURN_IF_ERROR(common::CheckLinkPathAndLogHostTcp(options.link_path));
+  }
   std::unique_ptr<WorkerMetrics> metrics;  // leaders with --metrics_port
   if (leader && options.metrics_port >= 0) {
     CO2_ASSIGN_OR_RETURN(
@@ -405,7 +408,7 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
         WorkerMetrics::Serve(
             absl::StrCat(options.metrics_host, ":", options.metrics_port),
             options.job.empty() ? "co2-train" : options.job,
-            absl::StrCat("worker-", worker)));
+            absl::StrCat("worker-", worker), options.link_path));
   }
 
   TaskData data;

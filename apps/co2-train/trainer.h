@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/host_tcp.h"
 #include "common/job_config.h"
 
 namespace co2::client {
@@ -150,6 +151,10 @@ struct TrainerOptions {
   // on one host do not collide; a worker started by itself (a container, a
   // pod) serves on metrics_port as given.
   int metrics_port = -1;
+  // The path between a worker leader and the shards, as configured: its
+  // TCP settings are checked against it at start and exported with the
+  // metrics (common/host_tcp.h). Zero: not said.
+  common::LinkPath link_path;
   std::string metrics_host = "0.0.0.0";  // the address /metrics listens on
   // Testing seam of the fault suite (tests/fault_training_test.sh):
   // "WORKER:WHAT" makes that worker's first process (not a --rejoin) fail

@@ -10,7 +10,6 @@
 # queues), which would cap the rate at a few hundred KiB per round trip.
 
 OV_LINKEM=${OV_LINKEM:-build/bin/co2-linkem}
-OV_LINKEM_PIDS=()
 
 ov_hosts() {
   local i
@@ -23,7 +22,6 @@ ov_hosts() {
 # /tmp) as linkem-<namespace>.json when ov_undelay stops it.
 ov_delay() {
   local workers=$1 rtt=$2 loss=$3 ns seed=1
-  OV_LINKEM_PIDS=()
   if [ "$rtt" = 0 ] && [ "$loss" = 0 ]; then return 0; fi
   [ -x "$OV_LINKEM" ] || { echo "ov_delay: no co2-linkem at $OV_LINKEM" >&2; return 1; }
   for ns in $(ov_hosts "$workers"); do
@@ -31,29 +29,46 @@ ov_delay() {
       --delay_ms="$(awk -v r="$rtt" 'BEGIN{print r / 2}')" --loss="$loss" \
       --seed=$((seed++)) --stats="${OV_LINKEM_DIR:-/tmp}/linkem-$ns.json" \
       2>"${OV_LINKEM_DIR:-/tmp}/linkem-$ns.log" &
-    OV_LINKEM_PIDS+=($!)
   done
-  # The queue must be bound before any packet is sent to it (unbound, the
-  # kernel drops them).
-  sleep 0.2
+  # Each queue must be bound before packets are sent to it (the kernel
+  # drops what an unbound queue gets).
   for ns in $(ov_hosts "$workers"); do
+    ov_await_queue "$ns" || return 1
     ip netns exec "$ns" iptables -t mangle -A PREROUTING -i eth0 \
       -j NFQUEUE --queue-num 0
   done
 }
 
-# ov_undelay: stops ov_delay's emulators (they let held packets through and
-# write their stats) and removes the queue rules.
+# ov_await_queue NS: waits up to 5 s for NS's queue 0 to have a listener
+# (/proc/net/netfilter/nfnetlink_queue lists bound queues); 1, with the
+# emulator's log, if none came.
+ov_await_queue() {
+  local ns=$1 try
+  for ((try = 0; try < 100; try++)); do
+    if ip netns exec "$ns" awk '$1 == 0 {found = 1} END {exit !found}' \
+      /proc/net/netfilter/nfnetlink_queue; then
+      return 0
+    fi
+    sleep 0.05
+  done
+  echo "ov_delay: co2-linkem did not bind queue 0 in $ns:" >&2
+  cat "${OV_LINKEM_DIR:-/tmp}/linkem-$ns.log" >&2
+  return 1
+}
+
+# ov_undelay: removes the queue rules and stops every co2-linkem in this
+# prefix's namespaces, started by this shell or another (they let held
+# packets through and write their stats on the way out).
 ov_undelay() {
   local pid ns
   for ns in $(ip netns list | awk '{print $1}' | grep "^$OV_PREFIX-"); do
     ip netns exec "$ns" iptables -t mangle -F PREROUTING 2>/dev/null || true
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = co2-linkem ] || continue
+      kill -TERM "$pid" 2>/dev/null || true
+      timeout 5 tail --pid="$pid" -f /dev/null || kill -KILL "$pid" 2>/dev/null || true
+    done
   done
-  for pid in "${OV_LINKEM_PIDS[@]}"; do
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  OV_LINKEM_PIDS=()
 }
 
 # ov_linkem_cpu WORKERS: CPU seconds the emulators have used so far, summed.
@@ -68,8 +83,10 @@ ov_linkem_cpu() {
 
 # ov_host_tcp WORKERS default|tuned: every host's TCP settings (per network
 # namespace). default: Linux's (tcp_rmem/tcp_wmem maxima 6 / 4 MiB, slow
-# start after idle, cubic). tuned: docs/operations.md's long-link settings,
-# 64 MiB buffer maxima, no slow start after idle, BBR.
+# start after idle). tuned: docs/operations.md's long-link settings, 64 MiB
+# buffer maxima, no slow start after idle. The congestion control is the
+# host's in both (a namespace may only pick one of
+# tcp_allowed_congestion_control); ov_check_link records it.
 ov_host_tcp() {
   local workers=$1 profile=$2 ns
   for ns in $(ov_hosts "$workers"); do
@@ -77,13 +94,11 @@ ov_host_tcp() {
       default)
         ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 6291456" \
           net.ipv4.tcp_wmem="4096 16384 4194304" \
-          net.ipv4.tcp_slow_start_after_idle=1 \
-          net.ipv4.tcp_congestion_control=cubic ;;
+          net.ipv4.tcp_slow_start_after_idle=1 ;;
       tuned)
         ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 67108864" \
           net.ipv4.tcp_wmem="4096 16384 67108864" \
-          net.ipv4.tcp_slow_start_after_idle=0 \
-          net.ipv4.tcp_congestion_control=bbr ;;
+          net.ipv4.tcp_slow_start_after_idle=0 ;;
       *) echo "ov_host_tcp: unknown profile '$profile' (default or tuned)" >&2
          return 1 ;;
     esac
@@ -114,16 +129,18 @@ ov_check_link() {
   cpu1=$(ov_linkem_cpu)
   wait "$server" 2>/dev/null || true
   ov_host_tcp "$(ov_workers)" "$hosts"
-  python3 - "$rate" "$rtt" "$loss" "$hosts" "$ping_ms" "$mbit" "$cpu0" "$cpu1" "$out" <<'PY'
+  python3 - "$rate" "$rtt" "$loss" "$hosts" "$ping_ms" "$mbit" "$cpu0" "$cpu1" "$out" \
+    "$(ip netns exec "$w0" cat /proc/sys/net/ipv4/tcp_congestion_control)" <<'PY'
 import json, sys
-rate, rtt, loss, hosts, ping, mbit, cpu0, cpu1, out = sys.argv[1:10]
+rate, rtt, loss, hosts, ping, mbit, cpu0, cpu1, out, cc = sys.argv[1:11]
 bits = {"gbit": 1e9, "mbit": 1e6}
 rate_mbit = next(float(rate[:-len(u)]) * m / 1e6 for u, m in bits.items() if rate.endswith(u))
 rtt, loss, ping, mbit = float(rtt), float(loss), float(ping), float(mbit)
 link = {
     "asked": {"rate_mbit": rate_mbit, "rtt_ms": rtt, "loss": loss, "hosts": hosts},
     "measured": {"ping_rtt_ms": ping, "iperf3_mbit": mbit,
-                 "iperf3_buffers": "64 MiB tcp_rmem/tcp_wmem maxima, BBR",
+                 "iperf3_buffers": "64 MiB tcp_rmem/tcp_wmem maxima",
+                 "congestion_control": cc,
                  "emulator_cpu_s_per_s": round((float(cpu1) - float(cpu0)) / 6.3, 3)},
 }
 json.dump(link, open(out, "w"), indent=1)

@@ -135,8 +135,11 @@ def main():
         order = {"none": 0, "ddp": 1, "slowmo": 2, "co2": 3}
         runs.sort(key=lambda r: (order[r["algo"]], r["tau"] or 0))
         reached = [r["tau"] for r in runs if r["algo"] == "co2" and r["ratio"] >= TARGET]
+        with open(os.path.join(args.scratch, f"link-{rate}.json")) as f:
+            link = json.load(f)
         results.append({
             "rate": rate,
+            "link": link,
             "iperf3_mbit_s": round(iperf, 1),
             "reference_samples_per_s": round(reference, 2),
             "t_step_s": round(t_step, 4),

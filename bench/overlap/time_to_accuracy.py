@@ -81,7 +81,10 @@ def main():
         r["time_to_target_s"] = hit["train_s"] if hit else None
     title = (f"Fashion-MNIST, 4 workers behind {a.rate} links, tau = {a.tau}")
     made = plot(runs, target, a.plot, title)
+    with open(os.path.join(a.scratch, f"link-{a.rate}.json")) as f:
+        link_check = json.load(f)
     doc = dict(benchmark="time_to_accuracy", command=a.command, link=a.rate,
+               link_check=link_check,
                tau=a.tau, ddp_steps=a.steps, target_accuracy=round(target, 4),
                machine=dict(cores=os.cpu_count(),
                             kernel=platform.release(),

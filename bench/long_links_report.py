@@ -118,28 +118,40 @@ def table(cells):
 
 
 def plot(cells, path):
-    lines = {}
-    for c in cells:
-        asked = c["link"]["asked"]
-        for shards, f in c["by_shards"].items():
-            key = (asked["rate_mbit"], asked["loss"], shards)
-            lines.setdefault(key, []).append((asked["rtt_ms"], f["share_warm"] or 0,
-                                              f.get("fixed_1mib_window", {}).get("share_warm") or 0))
+    """One panel per rate: the warm share against the round trip, per loss
+    and S, with the fixed 1 MiB window dashed."""
+    rates = sorted({c["link"]["asked"]["rate_mbit"] for c in cells})
     data = path + ".dat"
-    plots = []
+    script = [f"set terminal pngcairo size {560 * len(rates)},520",
+              f"set output '{path}'", f"set multiplot layout 1,{len(rates)}",
+              "set xlabel 'round trip (ms)'", "set ylabel 'share of the link, warm round'",
+              "set yrange [0:1.05]", "set key bottom left font ',9'"]
+    index = 0
     with open(data, "w") as out:
-        for i, (key, points) in enumerate(sorted(lines.items())):
-            for rtt, warm, fixed in sorted(points):
-                out.write(f"{rtt} {warm} {fixed}\n")
-            out.write("\n\n")
-            title = f"{key[0]:g} Mbit/s, loss {key[1] * 100:g} %, S={key[2]}"
-            plots.append(f"'{data}' index {i} using 1:2 with linespoints title '{title}'")
-            plots.append(f"'{data}' index {i} using 1:3 with lines dashtype 2 "
-                         f"title '{title}, fixed 1 MiB window'")
-    script = ("set terminal pngcairo size 1000,600; set output '" + path + "';"
-              "set xlabel 'round trip (ms)'; set ylabel \"share of the link, warm round\";"
-              "set yrange [0:1.05]; set key outside right; plot " + ", ".join(plots))
-    subprocess.run(["gnuplot", "-e", script], check=True)
+        for rate in rates:
+            plots = []
+            lines = {}
+            for c in cells:
+                asked = c["link"]["asked"]
+                if asked["rate_mbit"] != rate:
+                    continue
+                for shards, f in c["by_shards"].items():
+                    fixed = f.get("fixed_1mib_window", {}).get("share_warm")
+                    lines.setdefault((asked["loss"], shards), []).append(
+                        (asked["rtt_ms"], f["share_warm"] or 0, fixed or 0))
+            for (loss, shards), points in sorted(lines.items()):
+                for rtt, warm, fixed in sorted(points):
+                    out.write(f"{rtt} {warm} {fixed}\n")
+                out.write("\n\n")
+                title = f"loss {loss * 100:g} %, S={shards}"
+                plots.append(f"'{data}' index {index} using 1:2 with linespoints lw 2 title '{title}'")
+                plots.append(f"'{data}' index {index} using 1:3 with lines dashtype 2 "
+                             f"title '{title}, fixed 1 MiB window'")
+                index += 1
+            script.append(f"set title '{rate:g} Mbit/s per worker'")
+            script.append("plot " + ", ".join(plots))
+    script.append("unset multiplot")
+    subprocess.run(["gnuplot"], input="\n".join(script), text=True, check=True)
     os.remove(data)
 
 
@@ -149,8 +161,15 @@ def main():
     parser.add_argument("--plot")
     parser.add_argument("--command", default="bench/run_long_links.sh")
     parser.add_argument("--hosts", default="tuned")
-    parser.add_argument("cells", nargs="+")
+    parser.add_argument("--replot", action="store_true",
+                        help="plot --out's cells again, reading no run")
+    parser.add_argument("cells", nargs="*")
     args = parser.parse_args()
+    if args.replot:
+        cells = load(args.out)["cells"]
+        print(table(cells))
+        plot(cells, args.plot)
+        return
     cells = [cell_report(c) for c in args.cells]
     report = {"command": args.command, "hosts": args.hosts, "cells": cells}
     with open(args.out, "w") as f:

@@ -25,21 +25,10 @@ stream() {
   shift
   ip netns exec "$OV_PREFIX-agg" iperf3 -s -1 -p 5298 >/dev/null 2>&1 &
   server=$!
-  ov_await_port 5298
+  ov_await_port "$OV_PREFIX-agg" 5298
   ip netns exec "$OV_PREFIX-w0" iperf3 -c "$OV_AGG_ADDR" -p 5298 -t 6 -O 2 -J "$@" \
     >"$OV_SCRATCH/$name.json"
   wait "$server" || true
-}
-
-# ov_await_port PORT: the iperf3 server in the shards' namespace listens.
-ov_await_port() {
-  local try
-  for ((try = 0; try < 100; try++)); do
-    ip netns exec "$OV_PREFIX-agg" ss -ltn "sport = :$1" | grep -q LISTEN && return 0
-    sleep 0.05
-  done
-  echo "run_host_tcp: iperf3 did not listen on $1" >&2
-  return 1
 }
 
 cell() {  # RATE RTT LOSS HOSTS: the link for the next streams

@@ -23,11 +23,11 @@
 # the link's self-check: what ping and iperf3 measured) and
 # bench/results/long_links.png. Needs root, iproute2, iptables, iperf3,
 # gnuplot and a build with co2-linkem.
-#   sudo bench/run_long_links.sh [BUILD_DIR]              (~40 min)
+#   sudo bench/run_long_links.sh [BUILD_DIR]              (~75 min)
 # Environment: RATES ("100mbit 1gbit"), RTTS ("0 20 50 100 200", ms),
 # LOSSES ("0 0.001"), SHARDS ("1 2"), WORKERS (4), PARAMS_<rate> (P at that
-# rate), ROUNDS (4), REPS (1: repetitions of each run; medians), IDLE_S
-# (1), HOSTS (tuned), REFERENCE (1: run the
+# rate), PARAMS_REF (4194304), ROUNDS (4), REPS (1: repetitions of each
+# run; medians), IDLE_S (1), HOSTS (tuned), REFERENCE (1: run the
 # fixed-window reference), OUT, KEEP=1 keeps the scratch directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

@@ -80,7 +80,7 @@ run() {
 measure_link() {
   ip netns exec "$OV_PREFIX-agg" timeout 30 iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
   local server=$!
-  sleep 0.5
+  ov_await_port "$OV_PREFIX-agg" 5299
   ip netns exec "$OV_PREFIX-w0" timeout 20 iperf3 -c "$OV_AGG_ADDR" -p 5299 -t 3 -J |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e6)'
   wait "$server" || true

@@ -395,12 +395,12 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   pthread_sigmask(SIG_UNBLOCK, &term, nullptr);
   if (fault.worker != worker || options.rejoin) fault = InjectedFault();
 
-  // Served from the start, before the data loads and the shards answer, so
-  // that a worker still waiting for them is seen (co2_build_info,
-  // process_*); the training series appear with the optimizer.
   if (leader) {
     CO2_RETURN_IF_ERROR(common::CheckLinkPathAndLogHostTcp(options.link_path));
   }
+  // Served from the start, before the data loads and the shards answer, so
+  // that a worker still waiting for them is seen (co2_build_info,
+  // process_*); the training series appear with the optimizer.
   std::unique_ptr<WorkerMetrics> metrics;  // leaders with --metrics_port
   if (leader && options.metrics_port >= 0) {
     CO2_ASSIGN_OR_RETURN(

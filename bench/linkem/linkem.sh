@@ -71,7 +71,7 @@ ov_undelay() {
   done
 }
 
-# ov_linkem_cpu WORKERS: CPU seconds the emulators have used so far, summed.
+# ov_linkem_cpu: CPU seconds the emulators have used so far, summed.
 ov_linkem_cpu() {
   local pid total=0 ticks
   for pid in $(pgrep -f "^$OV_LINKEM " || true); do
@@ -81,67 +81,85 @@ ov_linkem_cpu() {
   awk -v t="$total" -v hz="$(getconf CLK_TCK)" 'BEGIN{printf "%.2f", t / hz}'
 }
 
-# ov_host_tcp WORKERS default|tuned: every host's TCP settings (per network
-# namespace). default: Linux's (tcp_rmem/tcp_wmem maxima 6 / 4 MiB, slow
-# start after idle). tuned: docs/operations.md's long-link settings, 64 MiB
-# buffer maxima, no slow start after idle. The congestion control is the
-# host's in both (a namespace may only pick one of
-# tcp_allowed_congestion_control); ov_check_link records it.
+# ov_host_tcp WORKERS default|tuned: every host's TCP settings (ov_ns_tcp).
 ov_host_tcp() {
-  local workers=$1 profile=$2 ns
-  for ns in $(ov_hosts "$workers"); do
-    case $profile in
-      default)
-        ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 6291456" \
-          net.ipv4.tcp_wmem="4096 16384 4194304" \
-          net.ipv4.tcp_slow_start_after_idle=1 ;;
-      tuned)
-        ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 67108864" \
-          net.ipv4.tcp_wmem="4096 16384 67108864" \
-          net.ipv4.tcp_slow_start_after_idle=0 ;;
-      *) echo "ov_host_tcp: unknown profile '$profile' (default or tuned)" >&2
-         return 1 ;;
-    esac
+  local ns
+  for ns in $(ov_hosts "$1"); do ov_ns_tcp "$ns" "$2" || return 1; done
+}
+
+# ov_ns_tcp NS default|tuned: one network namespace's TCP settings.
+# default: Linux's (tcp_rmem/tcp_wmem maxima 6 / 4 MiB, slow start after
+# idle). tuned: docs/operations.md's long-link settings, 64 MiB buffer
+# maxima, no slow start after idle. The congestion control is the host's in
+# both (a namespace may only pick one of tcp_allowed_congestion_control);
+# ov_check_link records it.
+ov_ns_tcp() {
+  local ns=$1 profile=$2
+  case $profile in
+    default)
+      ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 6291456" \
+        net.ipv4.tcp_wmem="4096 16384 4194304" \
+        net.ipv4.tcp_slow_start_after_idle=1 ;;
+    tuned)
+      ip netns exec "$ns" sysctl -qw net.ipv4.tcp_rmem="4096 131072 67108864" \
+        net.ipv4.tcp_wmem="4096 16384 67108864" \
+        net.ipv4.tcp_slow_start_after_idle=0 ;;
+    *) echo "ov_ns_tcp: unknown profile '$profile' (default or tuned)" >&2
+       return 1 ;;
+  esac
+}
+
+# ov_await_port NS PORT: waits up to 5 s for a listener on TCP PORT in NS;
+# 1, saying so, if none came.
+ov_await_port() {
+  local ns=$1 port=$2 try
+  for ((try = 0; try < 100; try++)); do
+    ip netns exec "$ns" ss -ltnH "sport = :$port" | grep -q . && return 0
+    sleep 0.05
   done
+  echo "ov_await_port: nothing listens on port $port in $ns" >&2
+  return 1
 }
 
 # ov_check_link RATE RTT_MS LOSS HOSTS OUT: measures what worker 0's path
 # to the shards' host gives: ping's user-to-user RTT (-U: the kernel's
-# receive timestamp is taken before the ingress queue holds the packet) (within 10 % of RTT_MS, or 0.5 ms
-# when it is 0) and iperf3's rate for 6 s after 2 s of warm-up, with the
-# tuned buffers for the test (within 10 % of RATE when LOSS is 0). Writes
-# what was asked and what was measured to OUT; returns 1, saying why, when
-# either is off.
+# receive timestamp is taken before the ingress queue holds the packet),
+# within 10 % of RTT_MS (0.5 ms when it is 0), and iperf3's rate for 6 s
+# after 2 s of warm-up with the tuned buffers on both ends, within 10 % of
+# RATE when LOSS is 0; both ends go back to HOSTS after. Writes what was
+# asked and what was measured to OUT; returns 1, saying why, when either
+# is off.
 ov_check_link() {
   local rate=$1 rtt=$2 loss=$3 hosts=$4 out=$5
-  local w0=$OV_PREFIX-w0 agg=$OV_PREFIX-agg ping_ms mbit cpu0 cpu1 server
+  local w0=$OV_PREFIX-w0 agg=$OV_PREFIX-agg ping_ms mbit cpu0 cpu1 t0 t1 ns server
   ping_ms=$(ip netns exec "$w0" ping -U -q -c 20 -i 0.05 -W 2 "$OV_AGG_ADDR" \
     | awk -F/ '/^rtt/{print $5}')
-  ov_host_tcp 0 tuned
-  ip netns exec "$w0" sysctl -qw net.ipv4.tcp_rmem="4096 131072 67108864" \
-    net.ipv4.tcp_wmem="4096 16384 67108864"
+  for ns in "$w0" "$agg"; do ov_ns_tcp "$ns" tuned; done
   ip netns exec "$agg" iperf3 -s -1 -p 5299 >/dev/null 2>&1 &
   server=$!
-  sleep 0.3
+  ov_await_port "$agg" 5299
   cpu0=$(ov_linkem_cpu)
+  t0=$(date +%s.%N)
   mbit=$(ip netns exec "$w0" iperf3 -c "$OV_AGG_ADDR" -p 5299 -t 6 -O 2 -J \
     | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e6, 1))')
+  t1=$(date +%s.%N)
   cpu1=$(ov_linkem_cpu)
   wait "$server" 2>/dev/null || true
-  ov_host_tcp "$(ov_workers)" "$hosts"
-  python3 - "$rate" "$rtt" "$loss" "$hosts" "$ping_ms" "$mbit" "$cpu0" "$cpu1" "$out" \
+  for ns in "$w0" "$agg"; do ov_ns_tcp "$ns" "$hosts"; done
+  python3 - "$(tc_rate_bits "$rate")" "$rtt" "$loss" "$hosts" "$ping_ms" "$mbit" \
+    "$cpu0" "$cpu1" "$t0" "$t1" "$out" \
     "$(ip netns exec "$w0" cat /proc/sys/net/ipv4/tcp_congestion_control)" <<'PY'
 import json, sys
-rate, rtt, loss, hosts, ping, mbit, cpu0, cpu1, out, cc = sys.argv[1:11]
-bits = {"gbit": 1e9, "mbit": 1e6}
-rate_mbit = next(float(rate[:-len(u)]) * m / 1e6 for u, m in bits.items() if rate.endswith(u))
+rate_bits, rtt, loss, hosts, ping, mbit, cpu0, cpu1, t0, t1, out, cc = sys.argv[1:13]
+rate_mbit = float(rate_bits) / 1e6
 rtt, loss, ping, mbit = float(rtt), float(loss), float(ping), float(mbit)
 link = {
     "asked": {"rate_mbit": rate_mbit, "rtt_ms": rtt, "loss": loss, "hosts": hosts},
     "measured": {"ping_rtt_ms": ping, "iperf3_mbit": mbit,
                  "iperf3_buffers": "64 MiB tcp_rmem/tcp_wmem maxima",
                  "congestion_control": cc,
-                 "emulator_cpu_s_per_s": round((float(cpu1) - float(cpu0)) / 6.3, 3)},
+                 "emulator_cpu_s_per_s": round((float(cpu1) - float(cpu0)) /
+                                               (float(t1) - float(t0)), 3)},
 }
 json.dump(link, open(out, "w"), indent=1)
 problems = []
@@ -153,8 +171,4 @@ for p in problems:
     print(f"ov_check_link: {p}", file=sys.stderr)
 sys.exit(1 if problems else 0)
 PY
-}
-
-ov_workers() {
-  ip netns list | awk '{print $1}' | grep -c "^$OV_PREFIX-w"
 }

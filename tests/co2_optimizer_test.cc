@@ -282,6 +282,7 @@ TEST_P(ClosedFormTest, EveryWorkerHoldsTheClosedFormAnchor) {
     options.hash_params = true;
     options.apply = param.apply;
     options.apply_by_step = param.apply_by_step;
+    options.carry_progress = false;  // the closed form is the plain anchor's
     auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
                                     std::move(*client), nullptr, nullptr);
     if (!opt.ok()) return void(errors[i] = opt.status().ToString());
@@ -419,6 +420,62 @@ TEST(Co2OptimizerTest, LocalRanksAverageGradientsAndShareTheAnchor) {
     EXPECT_THAT(results[rank].after_boundary,
                 ::testing::ElementsAreArray(expected))
         << "rank " << rank;
+  }
+}
+
+// Only the local leader knows the job's config: on a deterministic co2 job
+// it applies updates at the boundary, and a local rank that left apply unset
+// takes that choice; one that asked for arrival is refused by name.
+TEST(Co2OptimizerTest, LocalRanksTakeTheLeadersApplyMode) {
+  constexpr int kRanks = 2;
+  for (const std::optional<ApplyAt> rank1 :
+       {std::optional<ApplyAt>(), std::optional<ApplyAt>(ApplyAt::kArrival)}) {
+    SCOPED_TRACE(rank1 ? "rank 1 asks for arrival" : "rank 1 leaves it unset");
+    Shards shards(1);
+    TempDir store;
+    std::vector<absl::StatusOr<ApplyAt>> chosen(kRanks, absl::UnknownError(""));
+    RunThreads(kRanks, [&](int rank) {
+      GroupOptions group_options;
+      group_options.rank = rank;
+      group_options.size = kRanks;
+      group_options.store_dir = store.path();
+      group_options.prefix = "local";
+      group_options.timeout = absl::Seconds(3);  // the refused rank's leader
+      auto group = CreateProcessGroup(group_options);
+      if (!group.ok()) return void(chosen[rank] = group.status());
+      torch::Tensor w = torch::zeros({10}).requires_grad_(true);
+      auto flat = FlatParams::Create({w});
+      if (!flat.ok()) return void(chosen[rank] = flat.status());
+      torch::optim::SGD inner({w}, torch::optim::SGDOptions(1.0));
+      std::unique_ptr<AggregatorClient> client;
+      if (rank == 0) {
+        ClientOptions client_options =
+            MakeClientOptions(shards, "apply", "w0", Algo::kCo2, 0, 2);
+        client_options.job_config.set_deterministic(true);
+        auto c = AggregatorClient::Connect(client_options, (*flat)->ParamSpan());
+        if (!c.ok()) return void(chosen[rank] = c.status());
+        client = std::move(*c);
+      }
+      Co2OptimizerOptions options;
+      options.tau = 2;
+      options.rounds = 2;
+      if (rank == 1) options.apply = rank1;
+      auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
+                                      std::move(client), group->get(), nullptr);
+      if (!opt.ok()) return void(chosen[rank] = opt.status());
+      chosen[rank] = (*opt)->apply();
+    });
+    if (!rank1) {
+      for (int rank = 0; rank < kRanks; ++rank) {
+        ASSERT_TRUE(chosen[rank].ok()) << "rank " << rank << ": " << chosen[rank].status();
+        EXPECT_EQ(*chosen[rank], ApplyAt::kBoundary) << "rank " << rank;
+      }
+    } else {
+      EXPECT_EQ(chosen[1].status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(chosen[1].status().message(),
+                  ::testing::HasSubstr("apply=arrival on local rank 1, but the "
+                                       "local leader applies at boundary"));
+    }
   }
 }
 
@@ -579,6 +636,8 @@ TEST(Co2OptimizerTest, AJobResumedFromWorkerCheckpointsEndsBitIdentical) {
     options.tau = kTau;
     options.rounds = kRounds;
     options.eager_share = 0.5;
+    // Bit-identical needs the update applied at the same step in both runs.
+    options.apply = ApplyAt::kBoundary;
     options.update_timeout = absl::Seconds(10);  // fail, do not hang
     if (stop_at) {
       options.checkpoint_every = 1;
@@ -980,6 +1039,50 @@ TEST(Co2OptimizerTest, RejectsInconsistentSetups) {
   EXPECT_EQ(ParseAlgo("slowmo").value(), Algo::kSlowMo);
   EXPECT_EQ(ParseAlgo("sgd").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Co2OptimizerOptions left unset runs the algorithm co2-train and
+// co2.Optimizer run by default (docs/usage.md, "Defaults"): co2 applies the
+// owed update on arrival and carries its progress until then; a
+// deterministic job applies at the boundary; the synchronous algorithms
+// carry nothing.
+TEST(Co2OptimizerTest, UnsetChoicesAreCo2TrainsDefaults) {
+  struct Case {
+    Algo algo;
+    bool deterministic;
+    ApplyAt apply;
+    bool carry_progress;
+  };
+  const Case cases[] = {{Algo::kCo2, false, ApplyAt::kArrival, true},
+                        {Algo::kCo2, true, ApplyAt::kBoundary, true},
+                        {Algo::kLocalSgd, false, ApplyAt::kBoundary, false}};
+  Shards shards(1);
+  int job = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat(AlgoName(c.algo), " deterministic=",
+                              c.deterministic));
+    EXPECT_EQ(c.apply, DefaultApplyAt(c.algo, c.deterministic));
+    EXPECT_EQ(c.carry_progress, DefaultCarryProgress(c.algo, false));
+    torch::Tensor w = torch::zeros({10}).requires_grad_(true);
+    auto flat = FlatParams::Create({w});
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    torch::optim::SGD inner({w}, torch::optim::SGDOptions(0.1));
+    ClientOptions client_options = MakeClientOptions(
+        shards, absl::StrCat("defaults", job++), "w0", c.algo, 0, 2);
+    client_options.job_config.set_deterministic(c.deterministic);
+    auto client =
+        AggregatorClient::Connect(client_options, (*flat)->ParamSpan());
+    ASSERT_TRUE(client.ok()) << client.status();
+    Co2OptimizerOptions options;
+    options.algo = c.algo;
+    options.tau = 2;
+    options.rounds = 2;
+    auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
+                                    std::move(*client), nullptr, nullptr);
+    ASSERT_TRUE(opt.ok()) << opt.status();
+    EXPECT_EQ((*opt)->apply(), c.apply);
+    EXPECT_EQ((*opt)->carry_progress(), c.carry_progress);
+  }
 }
 
 }  // namespace

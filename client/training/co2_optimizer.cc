@@ -88,20 +88,23 @@ absl::StatusOr<std::unique_ptr<Co2Optimizer>> Co2Optimizer::Create(
   // decisions.
   const bool deterministic =
       client != nullptr && client->job_config().deterministic();
-  if (absl::Status apply =
-          CheckApplyAt(options.algo, options.apply, deterministic);
-      !apply.ok()) {
+  const ApplyAt apply =
+      options.apply.value_or(DefaultApplyAt(options.algo, deterministic));
+  if (absl::Status checked = CheckApplyAt(options.algo, apply, deterministic);
+      !checked.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Co2Optimizer: apply=", apply.message()));
+        absl::StrCat("Co2Optimizer: apply=", checked.message()));
   }
-  if (absl::Status by =
-          CheckApplyBy(options.apply, options.apply_by_step, options.tau);
+  if (absl::Status by = CheckApplyBy(apply, options.apply_by_step, options.tau);
       !by.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Co2Optimizer: apply_by_step ", by.message()));
   }
   std::unique_ptr<Co2Optimizer> opt(new Co2Optimizer(
       options, flat, inner, std::move(client), local, global));
+  opt->apply_ = apply;
+  opt->carry_progress_ = options.carry_progress.value_or(
+      DefaultCarryProgress(options.algo, options.eager_share != 0));
   CO2_RETURN_IF_ERROR(opt->Init());
   return opt;
 }
@@ -139,7 +142,7 @@ absl::Status Co2Optimizer::Init() {
       eo.clock = options_.clock;
       eo.reconnect = options_.reconnect;
       eo.eager_share = options_.eager_share;
-      eo.carry_progress = options_.carry_progress;
+      eo.carry_progress = carry_progress_;
       eo.apply_by_step = options_.apply_by_step;
       CO2_ASSIGN_OR_RETURN(
           exchange_,
@@ -149,12 +152,8 @@ absl::Status Co2Optimizer::Init() {
   } catch (...) {
     return TorchExceptionToStatus("Co2Optimizer::Init");
   }
-  // Local ranks learn the start round from their leader (exact in a float
-  // for any run shorter than 2^24 rounds).
   if (local_ != nullptr && local_->size() > 1) {
-    float start = static_cast<float>(start_round_);
-    CO2_RETURN_IF_ERROR(local_->Broadcast(&start, 1, 0));
-    start_round_ = static_cast<uint64_t>(start);
+    CO2_RETURN_IF_ERROR(FollowLeadersStart());
   }
   round_ = start_round_;
   anchor_round_ = start_round_;
@@ -167,6 +166,23 @@ absl::Status Co2Optimizer::Init() {
       global_->size() > 1) {
     CO2_RETURN_IF_ERROR(global_->Broadcast(x, p, 0));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::FollowLeadersStart() {
+  // Exact in a float for any run shorter than 2^24 rounds.
+  float start[2] = {static_cast<float>(start_round_),
+                    apply_ == ApplyAt::kArrival ? 1.0f : 0.0f};
+  CO2_RETURN_IF_ERROR(local_->Broadcast(start, 2, 0));
+  start_round_ = static_cast<uint64_t>(start[0]);
+  const ApplyAt leaders = start[1] != 0 ? ApplyAt::kArrival : ApplyAt::kBoundary;
+  if (options_.apply.has_value() && *options_.apply != leaders) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Co2Optimizer: apply=", ApplyAtName(*options_.apply), " on local rank ",
+        local_->rank(), ", but the local leader applies at ",
+        ApplyAtName(leaders), "; give every local rank the same apply"));
+  }
+  apply_ = leaders;
   return absl::OkStatus();
 }
 
@@ -332,7 +348,7 @@ absl::Status Co2Optimizer::Step() {
   absl::Status exchanged = absl::OkStatus();
   if (++steps_in_round_ == options_.tau) {
     exchanged = Boundary();
-  } else if (options_.apply == ApplyAt::kArrival && !applied_this_round_) {
+  } else if (apply_ == ApplyAt::kArrival && !applied_this_round_) {
     exchanged = ApplyIfArrived();
   }
   if (!exchanged.ok()) broken_ = true;

@@ -110,18 +110,19 @@ struct Co2OptimizerOptions {
   // Carried progress (co2 only, not with eager updates;
   // AnchorExchangeOptions::carry_progress): until a round's update is
   // applied, the next round runs from where this worker's own Δ would take
-  // the anchor. co2-train and the Python package pick DefaultCarryProgress
-  // (client/algo.h): on for co2 without eager updates.
-  bool carry_progress = false;
-  // co2 only: when the update a round owes is applied (client/algo.h;
-  // co2-train and the Python package pick DefaultApplyAt: kArrival unless
-  // the job is deterministic). With kArrival the local leader tests for it
-  // after every inner step but the round's last and applies it there
-  // (AnchorExchange::ApplyDue, ApplyOwed); with several local ranks it
-  // broadcasts its decision every step, so that all apply it at the same
-  // step. A round whose boundary saves a checkpoint applies it at the
-  // boundary.
-  ApplyAt apply = ApplyAt::kBoundary;
+  // the anchor. Unset: DefaultCarryProgress (client/algo.h), on for co2
+  // without eager updates, as co2-train and co2.Optimizer pick it.
+  std::optional<bool> carry_progress;
+  // co2 only: when the update a round owes is applied (client/algo.h).
+  // Unset: DefaultApplyAt, kArrival unless the job is deterministic, as
+  // co2-train and co2.Optimizer pick it; the local leader decides from its
+  // job's config and the other local ranks take its choice. With kArrival
+  // the local leader tests for it after every inner step but the round's
+  // last and applies it there (AnchorExchange::ApplyDue, ApplyOwed); with
+  // several local ranks it broadcasts its decision every step, so that all
+  // apply it at the same step. A round whose boundary saves a checkpoint
+  // applies it at the boundary.
+  std::optional<ApplyAt> apply;
   // kArrival: the inner step of a round by which the owed update is applied
   // at the latest; a leader whose update has not arrived by then waits for
   // it there (AnchorExchangeOptions::apply_by_step), as the boundary would.
@@ -229,6 +230,9 @@ class Co2Optimizer {
   void ZeroGrad();
 
   bool is_leader() const { return leader_; }
+  // The choices Create made where the options left them unset.
+  ApplyAt apply() const { return apply_; }
+  bool carry_progress() const { return carry_progress_; }
   uint64_t round() const { return round_; }  // the round being computed
   // The round of the anchor the parameters were last set to (A_r starts
   // round r; after Finish of co2 it is the last round + 2).
@@ -299,10 +303,15 @@ class Co2Optimizer {
   absl::StatusOr<uint64_t> BoundaryHash();
   // The leader's WorkerCheckpoint at this boundary, when one is due.
   absl::Status SaveCheckpoint(RoundStats& stats);
+  // Init's part on local ranks other than the leader: they take its start
+  // round and apply mode.
+  absl::Status FollowLeadersStart();
   // Init's part for options_.resume.
   absl::Status RestoreCheckpoint();
 
   const Co2OptimizerOptions options_;
+  ApplyAt apply_ = ApplyAt::kBoundary;  // options_.apply, or its default
+  bool carry_progress_ = false;         // options_.carry_progress, or its default
   FlatParams* const flat_;
   torch::optim::Optimizer* const inner_;
   std::unique_ptr<AggregatorClient> client_;  // until Init hands it over

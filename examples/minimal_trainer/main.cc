@@ -54,12 +54,15 @@ int main(int argc, char** argv) {
   options.rounds =
       rounds;  // the job's rounds: the last update is owed to every worker
   options.samples_per_step = batch;
-  // With DefaultJobConfig's plain average (α = 1), each worker carries its
-  // own progress until the average it is owed arrives (docs/usage.md §4).
-  options.carry_progress = true;
+  // Left unset, apply and carry_progress are co2-train's defaults: the
+  // update is applied when it arrives, and until then each worker carries
+  // its own progress (docs/usage.md, "Defaults").
   auto co2 = cc::Co2Optimizer::Create(options, flat->get(), &inner,
                                       std::move(*connected), nullptr, nullptr);
   if (!co2.ok()) return Fail(co2.status());
+  std::printf("co2: apply %s, carry_progress %s\n",
+              std::string(cc::ApplyAtName((*co2)->apply())).c_str(),
+              (*co2)->carry_progress() ? "true" : "false");
 
   const size_t offset = std::hash<std::string>()(worker) % 50000;
   for (int step = 0; step < rounds * tau; ++step) {

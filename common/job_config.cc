@@ -25,7 +25,7 @@ v1::JobConfig DefaultJobConfig(uint64_t num_parameters, uint32_t num_shards) {
   c.set_protocol_version(kProtocolVersion);
   c.set_num_parameters(num_parameters);
   c.set_num_shards(num_shards);
-  // docs/usage.md §4 and docs/results.md: co2's default outer step is the
+  // docs/outer-settings.md: co2's default outer step is the
   // plain average, as Local-SGD's, with each worker carrying its own
   // progress across the round its update is owed (client::
   // DefaultCarryProgress). Without carried progress a one-round-stale anchor
@@ -39,7 +39,7 @@ v1::JobConfig DefaultJobConfig(uint64_t num_parameters, uint32_t num_shards) {
   c.set_clip(v1::CLIP_NONE);
   c.set_clip_value(3.0f);
   c.set_downlink_codec(v1::CODEC_FP32);
-  c.set_tau(12);
+  c.set_tau(8);
   c.set_min_workers(1);
   c.set_round_timeout_ms(60000);
   c.set_max_staleness(1);

@@ -9,8 +9,7 @@
 # CO2 runs co2-train's defaults (the plain average as its outer step, α = 1,
 # β = 0, with carried progress; AdamW at Local-SGD's lr 2e-3) with exact sums
 # on the shards (--deterministic, which applies each update at the round's
-# boundary), DDP with AdamW at lr 2e-3 (its best here); see docs/usage.md,
-# "Choosing the outer settings".
+# boundary), DDP with AdamW at lr 2e-3 (its best here); see docs/outer-settings.md.
 # Reports: BUILD_DIR/demo/{co2,ddp}.json.
 set -euo pipefail
 build=${1:-build}

@@ -1042,7 +1042,7 @@ TEST(Co2OptimizerTest, RejectsInconsistentSetups) {
 }
 
 // Co2OptimizerOptions left unset runs the algorithm co2-train and
-// co2.Optimizer run by default (docs/usage.md, "Defaults"): co2 applies the
+// co2.Optimizer run by default (docs/defaults.md): co2 applies the
 // owed update on arrival and carries its progress until then; a
 // deterministic job applies at the boundary; the synchronous algorithms
 // carry nothing.

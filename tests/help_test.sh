@@ -30,7 +30,7 @@ expect "$BUILD/bin/co2-checkpoint" "usage: co2-checkpoint FILE..." \
 expect "$BUILD/bin/co2-admin" "co2-admin [--aggregators=H:P,...]" \
   "list | delete JOB" "--admin_token_file" 'default: "localhost:50051"'
 
-# docs/usage.md's table of co2-train flags gives the binary's defaults.
+# docs/co2-train.md's table of co2-train flags gives the binary's defaults.
 "$BUILD/bin/co2-train" --help | /usr/bin/python3 -c '
 import re, sys
 usage, help_text = sys.argv[1], sys.stdin.read()
@@ -60,11 +60,11 @@ for row in open(usage):
     have = binary[m.group(1)]
     same = value(doc) == value(have)
     if not same:
-        sys.exit(f"docs/usage.md: --{m.group(1)} defaults to {doc!r}, the binary to {have!r}")
+        sys.exit(f"docs/co2-train.md: --{m.group(1)} defaults to {doc!r}, the binary to {have!r}")
     said += 1
 if said < 40:
-    sys.exit(f"only {said} flags of docs/usage.md were compared; the table or --help changed shape")
-' "$(dirname "$0")/../docs/usage.md" || fail "docs/usage.md disagrees with co2-train --help"
+    sys.exit(f"only {said} flags of docs/co2-train.md were compared; the table or --help changed shape")
+' "$(dirname "$0")/../docs/co2-train.md" || fail "docs/co2-train.md disagrees with co2-train --help"
 
 status=0
 "$BUILD/bin/co2-checkpoint" --bogus >/dev/null 2>&1 || status=$?

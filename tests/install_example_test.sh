@@ -76,7 +76,7 @@ losses=$(grep -c '^round [0-9]* loss [0-9.]*$' "$tmp/trainer.out" || true)
 [ "$losses" = "$rounds" ] || fail "expected $rounds loss lines, got $losses"
 grep -q '^done: ' "$tmp/trainer.out" || fail "no final line"
 # Co2OptimizerOptions left unset runs what co2-train and co2.Optimizer run by
-# default (docs/usage.md, "Defaults").
+# default (docs/defaults.md).
 grep -qx 'co2: apply arrival, carry_progress true' "$tmp/trainer.out" \
   || fail "the example's default Co2OptimizerOptions did not pick apply arrival with carried progress"
 echo "install_example_test: PASS"

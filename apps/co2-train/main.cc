@@ -40,7 +40,7 @@ ABSL_FLAG(double, weight_decay, 0.01, "Inner weight decay.");
 ABSL_FLAG(int, batch_size, 32, "Examples per local rank and inner step.");
 ABSL_FLAG(int, seq_len, 64, "charlm: characters per training window.");
 ABSL_FLAG(std::optional<float>, alpha, std::nullopt,
-          "Outer learning rate (docs/usage.md §4); unset: 1, diloco 0.7.");
+          "Outer learning rate (docs/outer-settings.md); unset: 1, diloco 0.7.");
 ABSL_FLAG(std::optional<float>, beta, std::nullopt,
           "Outer momentum (docs/results.md; slowmo needs > 0, e.g. 0.5); "
           "unset: 0, diloco 0.9.");

@@ -44,7 +44,7 @@ struct TrainerOptions {
   int seq_len = 64;     // charlm window length
   // Outer step (JobConfig). localsgd forces α=1, β=0, no penalty, no clip;
   // slowmo forces no penalty and no clip.
-  float alpha = 1.0f;  // docs/usage.md §4
+  float alpha = 1.0f;  // docs/outer-settings.md
   float beta = 0.0f;
   // heavy_ball | nesterov | delayed_nesterov
   std::string momentum = "heavy_ball";

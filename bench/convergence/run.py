@@ -46,7 +46,7 @@ WORKERS = 4
 #
 # Learning rates (seed 1 sweeps, docs/results.md): "base" is DDP's best and
 # ddp, localsgd and slowmo use it; "co2" is co2's best; "diloco" is
-# DiLoCo's. co2 halves the outer step (α = 0.5, docs/usage.md §4), so its
+# DiLoCo's. co2 halves the outer step (α = 0.5, docs/outer-settings.md), so its
 # best inner lr is larger; DiLoCo's Nesterov outer step (α = 0.7, β = 0.9)
 # amplifies the round's delta, so its best is smaller.
 # Fashion-MNIST, ddp at 1 epoch: 85.5 % at 1e-3, 86.3 % at 2e-3, 86.2 % at
@@ -123,7 +123,7 @@ VARIANTS = {
     "co2-base-lr": ("co2", "base", CO2_OUTER),
 }
 # Stress: the paper's outer learning rate α = 1, at which plain co2's
-# one-round-stale iteration is at the edge of stability (usage.md §4): does
+# one-round-stale iteration is at the edge of stability (docs/outer-settings.md): does
 # clipping, or the gap penalty, keep it from diverging? Fashion-MNIST, first
 # seed and τ; the flags override the variant's.
 STRESS = dict(name="stress-alpha1", flags=["--alpha=1"],

@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
   options.samples_per_step = batch;
   // Left unset, apply and carry_progress are co2-train's defaults: the
   // update is applied when it arrives, and until then each worker carries
-  // its own progress (docs/usage.md, "Defaults").
+  // its own progress (docs/defaults.md).
   auto co2 = cc::Co2Optimizer::Create(options, flat->get(), &inner,
                                       std::move(*connected), nullptr, nullptr);
   if (!co2.ok()) return Fail(co2.status());

@@ -65,7 +65,7 @@ class JobConfig:
     min_workers: int = 1
     round_timeout_ms: int = 60000
     max_staleness: int = 1
-    tau: int = 12
+    tau: int = 8
     rounds: int = 0
     deterministic: bool = False
     outlier_ratio: float = 20.0

@@ -40,6 +40,30 @@ struct Range {
 absl::StatusOr<Range> ShardRangeFor(size_t num_parameters, size_t num_shards,
                                     size_t index);
 
+// The shards [begin, end) that local rank `rank` of a node's `local_ranks`
+// exchanges when the node's ranks split its exchange: the shards dealt out
+// as ShardRangeFor deals blocks (earlier ranks get the extra shard), so with
+// num_shards = local_ranks · s every rank owns s. INVALID_ARGUMENT naming
+// the values when local_ranks is 0, rank >= local_ranks, or there are fewer
+// shards than local ranks (a rank would own nothing).
+struct ShardSpan {
+  size_t begin = 0;
+  size_t end = 0;
+  size_t size() const { return end - begin; }
+  bool operator==(const ShardSpan& o) const {
+    return begin == o.begin && end == o.end;
+  }
+};
+absl::StatusOr<ShardSpan> OwnedShards(size_t num_shards, size_t local_ranks,
+                                      size_t rank);
+
+// The parameters local rank `rank` exchanges: the union of its
+// OwnedShards' ShardRangeFor ranges, which is contiguous and starts on the
+// chunk grid. The ranks' ranges tile [0, num_parameters) in rank order.
+// OwnedShards' errors.
+absl::StatusOr<Range> RankRange(size_t num_parameters, size_t num_shards,
+                                size_t local_ranks, size_t rank);
+
 // Number of wire chunks for `elements` elements (0 for 0).
 size_t NumChunks(size_t elements);
 

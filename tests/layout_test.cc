@@ -2,6 +2,8 @@
 
 #include <tuple>
 
+#include "gmock/gmock.h"
+
 #include "gtest/gtest.h"
 
 namespace co2::common {
@@ -20,7 +22,9 @@ TEST_P(ShardRangeTest, CoversEverythingOnceBlockAligned) {
     EXPECT_EQ(r->begin, expected_begin) << "shard " << i;
     EXPECT_GE(r->end, r->begin);
     EXPECT_EQ(r->begin % kBlockElements, 0u) << "shard " << i;
-    if (i + 1 < shards) EXPECT_EQ(r->end % kBlockElements, 0u) << "shard " << i;
+    if (i + 1 < shards) {
+      EXPECT_EQ(r->end % kBlockElements, 0u) << "shard " << i;
+    }
     expected_begin = r->end;
     if (i + 1 < shards) {
       smallest = std::min(smallest, r->size() / kBlockElements);
@@ -28,7 +32,9 @@ TEST_P(ShardRangeTest, CoversEverythingOnceBlockAligned) {
     }
   }
   EXPECT_EQ(expected_begin, parameters);
-  if (shards > 2) EXPECT_LE(largest - smallest, 1u);  // balanced in blocks
+  if (shards > 2) {
+    EXPECT_LE(largest - smallest, 1u);  // balanced in blocks
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -58,6 +64,75 @@ TEST(ChunkTest, ChunksTileTheShard) {
   EXPECT_EQ(NumChunks(kChunkElements), 1u);
   EXPECT_EQ(ChunkRange(n, 0), (Range{0, kChunkElements}));
   EXPECT_EQ(ChunkRange(n, 2), (Range{2 * kChunkElements, n}));
+}
+
+// A node's ranks split its exchange by whole shards: their ranges tile
+// [0, P) in rank order, each the union of its own shards' ranges, also at
+// P = 10^11 and with S not a multiple of L.
+class RankRangeTest : public testing::TestWithParam<
+                          std::tuple<size_t, std::tuple<size_t, size_t>>> {};
+
+TEST_P(RankRangeTest, RanksTileTheParametersByWholeShards) {
+  const size_t p = std::get<0>(GetParam());
+  const auto [shards, ranks] = std::get<1>(GetParam());
+  size_t next_shard = 0;
+  size_t next_element = 0;
+  for (size_t k = 0; k < ranks; ++k) {
+    SCOPED_TRACE(testing::Message() << "P " << p << ", S " << shards << ", L "
+                                    << ranks << ", rank " << k);
+    const absl::StatusOr<ShardSpan> owned = OwnedShards(shards, ranks, k);
+    ASSERT_TRUE(owned.ok()) << owned.status();
+    EXPECT_EQ(owned->begin, next_shard);
+    EXPECT_GE(owned->size(), shards / ranks);
+    EXPECT_LE(owned->size(), shards / ranks + 1);
+    next_shard = owned->end;
+    const absl::StatusOr<Range> range = RankRange(p, shards, ranks, k);
+    ASSERT_TRUE(range.ok()) << range.status();
+    EXPECT_EQ(range->begin, next_element);
+    EXPECT_EQ(range->begin % kChunkElements, 0u);
+    EXPECT_EQ(range->begin, ShardRangeFor(p, shards, owned->begin)->begin);
+    EXPECT_EQ(range->end, ShardRangeFor(p, shards, owned->end - 1)->end);
+    next_element = range->end;
+  }
+  EXPECT_EQ(next_shard, shards);
+  EXPECT_EQ(next_element, p);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Grid, RankRangeTest,
+    testing::Combine(
+        testing::Values(size_t{1}, size_t{65536}, size_t{1000003},
+                        size_t{6} * 65536 * 7 + 4 * 65536 + 5,
+                        size_t{100000000000}),
+        testing::Values(std::make_tuple(size_t{2}, size_t{2}),
+                        std::make_tuple(size_t{4}, size_t{2}),
+                        std::make_tuple(size_t{8}, size_t{4}),
+                        std::make_tuple(size_t{6}, size_t{2}),
+                        std::make_tuple(size_t{3}, size_t{2}),
+                        std::make_tuple(size_t{5}, size_t{1}))));
+
+TEST(RankRangeTest, EqualSharesWhenShardsAreAMultipleOfRanks) {
+  EXPECT_EQ(*OwnedShards(8, 4, 0), (ShardSpan{0, 2}));
+  EXPECT_EQ(*OwnedShards(8, 4, 3), (ShardSpan{6, 8}));
+  EXPECT_EQ(*OwnedShards(3, 2, 0), (ShardSpan{0, 2}));
+  EXPECT_EQ(*OwnedShards(3, 2, 1), (ShardSpan{2, 3}));
+  // 4 shards of 16 blocks: rank 1 of 2 exchanges blocks 8 .. 16.
+  EXPECT_EQ(*RankRange(16 * kBlockElements, 4, 2, 1),
+            (Range{8 * kBlockElements, 16 * kBlockElements}));
+}
+
+TEST(RankRangeTest, RefusesFewerShardsThanRanksByName) {
+  const absl::StatusOr<ShardSpan> few = OwnedShards(2, 4, 0);
+  EXPECT_EQ(few.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(few.status().message(),
+              testing::HasSubstr("a node of 4 local ranks cannot split 2 "
+                                 "shards among them"));
+  EXPECT_EQ(RankRange(1 << 20, 2, 4, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(OwnedShards(4, 0, 0).status().message(),
+              testing::HasSubstr("local_ranks must be at least 1"));
+  EXPECT_THAT(OwnedShards(4, 2, 2).status().message(),
+              testing::HasSubstr("local rank 2 out of range for 2"));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@ experiments.
 from ._errors import Error
 from . import _core
 from ._config import JobConfig
+from ._host_tcp import HostTcpWarning, check_host_tcp
 from ._local import LocalAggregator, find_aggregator, local_aggregator
 
 __version__: str = _core.__version__
@@ -45,5 +46,5 @@ def tune_malloc() -> None:
     _core.keep_large_buffers_in_heap()
 
 
-__all__ = ["Error", "JobConfig", "LocalAggregator", "Optimizer", "find_aggregator",
-           "local_aggregator", "tune_malloc"]
+__all__ = ["Error", "HostTcpWarning", "JobConfig", "LocalAggregator", "Optimizer",
+           "check_host_tcp", "find_aggregator", "local_aggregator", "tune_malloc"]

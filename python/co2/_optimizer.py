@@ -13,6 +13,7 @@ import torch.distributed as dist
 from . import _core
 from ._config import JobConfig
 from ._errors import Error
+from ._host_tcp import check_host_tcp
 from ._params import DTYPES, HostParams
 
 
@@ -135,6 +136,11 @@ class Optimizer(torch.optim.Optimizer):
             waits for it there if it has not arrived, as the boundary would
             (docs/algorithm.md). 0 (the default): only the boundary waits.
             At most ``tau - 1``.
+        link_mbit, link_rtt: the rate (Mbit/s) and round trip (seconds) of
+            this node's path to the shards; where either is given, local
+            rank 0 checks at ``connect()`` whether the host's TCP settings
+            let one stream fill it (``co2.check_host_tcp``: a
+            ``co2.HostTcpWarning`` where they do not). 0: not said.
 
     Raises:
         ValueError: a bad argument or config value, naming it.
@@ -169,6 +175,8 @@ class Optimizer(torch.optim.Optimizer):
         carry_progress: Optional[bool] = None,
         apply: Optional[str] = None,
         apply_by_step: int = 0,
+        link_mbit: float = 0.0,
+        link_rtt: float = 0.0,
     ) -> None:
         # ValueError for an algorithm the C++ side does not run with shards.
         outer_defaults = _core.outer_defaults(algo)
@@ -213,6 +221,10 @@ class Optimizer(torch.optim.Optimizer):
         self.rounds = rounds
         self._average_gradients = average_gradients
         self._verify = verify_final_anchor
+        for name, value in (("link_mbit", link_mbit), ("link_rtt", link_rtt)):
+            if not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+        self._link = (float(link_mbit), float(link_rtt))
         self._group = process_group
         if self._group is None and dist.is_available() and dist.is_initialized():
             local = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
@@ -274,6 +286,8 @@ class Optimizer(torch.optim.Optimizer):
         try:
             start_round = 0
             if self.is_leader:
+                if any(self._link):
+                    check_host_tcp(*self._link)
                 resume_round = None
                 if self._resume is not None:
                     resume_round = self._resume["round"]

@@ -33,6 +33,7 @@
 #include "client/anchor_exchange.h"
 #include "common/codec.h"
 #include "common/grpc_status.h"
+#include "common/host_tcp.h"
 #include "common/job_config.h"
 #include "common/malloc_settings.h"
 #include "common/tls_config.h"
@@ -547,6 +548,31 @@ PYBIND11_MODULE(_core, m) {
   m.def("keep_large_buffers_in_heap", &common::KeepLargeBuffersInHeap,
         "glibc malloc settings for a training process (common/malloc_settings.h).");
   m.def("protocol_version", [] { return common::kProtocolVersion; });
+  m.def(
+      "describe_host_tcp",
+      [](double link_mbit, double link_rtt) {
+        if (!(link_mbit >= 0)) {
+          throw py::value_error(
+              absl::StrCat("link_mbit must be >= 0 (Mbit/s), got ", link_mbit));
+        }
+        if (!(link_rtt >= 0)) {
+          throw py::value_error(
+              absl::StrCat("link_rtt must be >= 0 (seconds), got ", link_rtt));
+        }
+        const common::LinkPath path{link_mbit * 1e6, absl::Seconds(link_rtt)};
+        const absl::StatusOr<common::HostTcpSettings> settings =
+            common::ReadHostTcpSettings();
+        if (!settings.ok()) {
+          return py::make_tuple(
+              true, absl::StrCat("host TCP settings unreadable: ",
+                                 settings.status().message()));
+        }
+        return py::make_tuple(common::LimitsPath(*settings, path),
+                              common::DescribeHostTcp(*settings, path));
+      },
+      "(limits, line): whether this host's TCP settings cap one stream below "
+      "the path (link_mbit Mbit/s, link_rtt seconds), and the line that says "
+      "so (common/host_tcp.h).");
   py::class_<Exchange>(m, "Exchange")
       .def(py::init<std::vector<std::string>, std::string, std::string,
                     const py::dict&, const std::string&, uint64_t, double,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import pytest
 import torch
@@ -223,3 +224,32 @@ def test_help_shows_the_api():
                   "co2.Error"):
         assert words in text, words
     assert "alpha" in pydoc.render_doc(co2.JobConfig)
+
+
+def test_check_host_tcp_warns_where_the_settings_cap_the_path():
+    # No socket buffer moves 100 Gbit/s over a 1 s round trip: a warning
+    # naming what one stream may move.
+    with pytest.warns(co2.HostTcpWarning, match="one stream"):
+        line = co2.check_host_tcp(100000, 1.0)
+    assert "100000 Mbit/s" in line
+    # Without a round trip nothing caps a window.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", co2.HostTcpWarning)
+        co2.check_host_tcp(100, 0)
+    with pytest.raises(ValueError, match="link_rtt must be >= 0 .seconds., got -0.1"):
+        co2.check_host_tcp(100, -0.1)
+    with pytest.raises(ValueError, match="link_mbit must be >= 0"):
+        co2.check_host_tcp(float("nan"), 0.1)
+
+
+def test_the_optimizer_checks_the_hosts_tcp_for_its_link_at_connect():
+    w = torch.zeros(100, requires_grad=True)
+    inner = torch.optim.SGD([w], lr=0.1)
+    with pytest.raises(ValueError, match="link_mbit must be a number >= 0, got -1"):
+        co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j",
+                      link_mbit=-1)
+    with co2.local_aggregator(num_shards=1) as agg:
+        opt = co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=agg.addresses,
+                            job="link", link_mbit=100000, link_rtt=1.0)
+        with pytest.warns(co2.HostTcpWarning, match="100000 Mbit/s"):
+            opt.connect()

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Time to accuracy behind slow links (docs/results.md, "Time to accuracy").
+# Time to accuracy behind slow links (docs/results/time-to-accuracy.md).
 # 4 workers, each in its own network namespace behind a tc-tbf-shaped link,
 # and the aggregator shards in another (bench/overlap/netns.sh), train
 # Fashion-MNIST's CNN with ddp, localsgd, diloco and co2 (co2-train's

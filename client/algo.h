@@ -36,8 +36,8 @@ void ApplyAlgo(Algo algo, v1::JobConfig& config);
 // The outer learning rate and momentum an algorithm runs with where the user
 // sets neither: diloco's α = 0.7, β = 0.9; every other algorithm the
 // JobConfig defaults, α = 1, β = 0 (for co2 with carried progress: the
-// plain average, as Local-SGD's; docs/results.md, "Applying updates when
-// they arrive").
+// plain average, as Local-SGD's; docs/results/arrival.md, "Applying updates
+// when they arrive").
 struct OuterDefaults {
   float alpha;
   float beta;

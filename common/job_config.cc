@@ -25,9 +25,9 @@ v1::JobConfig DefaultJobConfig(uint64_t num_parameters, uint32_t num_shards) {
   c.set_protocol_version(kProtocolVersion);
   c.set_num_parameters(num_parameters);
   c.set_num_shards(num_shards);
-  // docs/outer-settings.md: co2's default outer step is the
-  // plain average, as Local-SGD's, with each worker carrying its own
-  // progress across the round its update is owed (client::
+  // docs/outer-settings.md and docs/results/convergence.md: co2's default
+  // outer step is the plain average, as Local-SGD's, with each worker
+  // carrying its own progress across the round its update is owed (client::
   // DefaultCarryProgress). Without carried progress a one-round-stale anchor
   // is stable only while β + α·c < 1: such a job sets a smaller α. The
   // penalty and clipping cost accuracy and are opt-in.

@@ -32,9 +32,9 @@ ABSL_FLAG(int64_t, steps, 0,
 ABSL_FLAG(uint64_t, seed, 1, "Seeds the model, the data partition and order.");
 ABSL_FLAG(std::string, optimizer, "adamw", "Inner optimizer: adamw | sgd.");
 ABSL_FLAG(std::optional<double>, lr, std::nullopt,
-          "Inner learning rate; unset: the study's best (docs/results.md): "
-          "fashion-mnist 5e-4 for diloco, 2e-3 otherwise; charlm 2e-3 for "
-          "diloco, 8e-3 otherwise.");
+          "Inner learning rate; unset: the study's best "
+          "(docs/results/convergence.md): fashion-mnist 5e-4 for diloco, "
+          "2e-3 otherwise; charlm 2e-3 for diloco, 8e-3 otherwise.");
 ABSL_FLAG(std::string, lr_schedule, "constant", "constant | cosine");
 ABSL_FLAG(double, weight_decay, 0.01, "Inner weight decay.");
 ABSL_FLAG(int, batch_size, 32, "Examples per local rank and inner step.");
@@ -42,8 +42,8 @@ ABSL_FLAG(int, seq_len, 64, "charlm: characters per training window.");
 ABSL_FLAG(std::optional<float>, alpha, std::nullopt,
           "Outer learning rate (docs/outer-settings.md); unset: 1, diloco 0.7.");
 ABSL_FLAG(std::optional<float>, beta, std::nullopt,
-          "Outer momentum (docs/results.md; slowmo needs > 0, e.g. 0.5); "
-          "unset: 0, diloco 0.9.");
+          "Outer momentum (docs/results/convergence.md; slowmo needs > 0, "
+          "e.g. 0.5); unset: 0, diloco 0.9.");
 ABSL_FLAG(std::optional<std::string>, momentum, std::nullopt,
           "heavy_ball | nesterov | delayed_nesterov; unset: heavy_ball, "
           "diloco nesterov.");

@@ -210,8 +210,8 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options);
 bool RunsEagerUpdates(const TrainerOptions& options);
 
 // The inner learning rate of `algo` on `task` where the user gives none:
-// the best of the convergence study's sweeps (docs/results.md). co2's
-// default outer step is Local-SGD's plain average, and so is its lr;
+// the best of the convergence study's sweeps (docs/results/convergence.md).
+// co2's default outer step is Local-SGD's plain average, and so is its lr;
 // diloco's is smaller: its Nesterov outer step amplifies the round's Δ.
 double DefaultLearningRate(absl::string_view task, absl::string_view algo);
 

@@ -6,7 +6,7 @@ fixed seeds, the same number of inner steps, hence samples, per algorithm),
 then writes
   bench/results/convergence.json   every run: command, final metrics, curve
   bench/results/convergence_*.png  validation metric against samples seen
-  docs/results.md                  the table between its convergence markers
+  docs/results/convergence.md      the table between its convergence markers
 Runs are cached in --work (one report per run id), so an interrupted study
 resumes where it stopped. Standard library only (Debian's python3); gnuplot
 draws the plots.
@@ -44,7 +44,7 @@ WORKERS = 4
 # bytes per step): the cost of co2's one-round-stale anchor is per round, so
 # the LSTM gets many rounds for few bytes.
 #
-# Learning rates (seed 1 sweeps, docs/results.md): "base" is DDP's best and
+# Learning rates (seed 1 sweeps, docs/results/convergence.md): "base" is DDP's best and
 # ddp, localsgd and slowmo use it; "co2" is co2's best; "diloco" is
 # DiLoCo's. co2 halves the outer step (α = 0.5, docs/outer-settings.md), so its
 # best inner lr is larger; DiLoCo's Nesterov outer step (α = 0.7, β = 0.9)
@@ -108,7 +108,7 @@ VARIANTS = {
     "diloco": ("diloco", "diloco", []),
     "co2": ("co2", "co2", CO2_OUTER),
     # Outer momentum under the one-round-stale average (docs/algorithm.md),
-    # at the settings the τ = 48 sweep chose (docs/results.md).
+    # at the settings the τ = 48 sweep chose (docs/results/convergence.md).
     "co2-eager": ("co2", "co2", CO2_OUTER + ["--eager=true", "--alpha=0.9"]),
     # Eager updates at α = 0.5.
     "co2-eager-a0.5": ("co2", "co2", CO2_OUTER + ["--eager=true"]),
@@ -470,7 +470,7 @@ def main():
     ap.add_argument("--work", default="",
                     help="per-run reports and logs, the resume cache "
                          "(default /tmp/co2-convergence[-quick])")
-    ap.add_argument("--docs", default=os.path.join(ROOT, "docs/results.md"),
+    ap.add_argument("--docs", default=os.path.join(ROOT, "docs/results/convergence.md"),
                     help="file whose convergence markers get the table ('' = none)")
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--taus", default="12,48,128")

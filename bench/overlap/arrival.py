@@ -3,7 +3,7 @@
 
   arrival.py has   --out=JSON --id=ID     exit 0 if the run is recorded
   arrival.py add   --out=JSON --id=ID --scratch=DIR --workers=N --command=C
-  arrival.py table --out=JSON             the table of docs/results.md
+  arrival.py table --out=JSON             the table of docs/results/arrival.md
   arrival.py paired --out=JSON --ref=RUN  each run against RUN, paired by seed
 
 A run's record: its final metric (worker 0: Fashion-MNIST's test accuracy on

@@ -131,7 +131,7 @@ def build(records: dict, rows: list, not_run: list, *, command: str, versions: d
     return {
         "what": "co2 against torch DDP, torchft (DiLoCo, streaming DiLoCo, LocalSGD) and "
                 "hivemind: 4 workers train a byte-level transformer LM on Debian's fortunes, "
-                "each worker behind its own link (bench/peers/run.py, docs/results.md)",
+                "each worker behind its own link (bench/peers/run.py, docs/results/peers.md)",
         "command": command,
         "quick": quick,
         "machine": machine,
@@ -220,7 +220,7 @@ def plot_one(runs: dict, path: str, what: str) -> None:
 
 
 def markdown(result: dict) -> str:
-    """docs/results.md's table: per row, the median over its repeats and,
+    """docs/results/peers.md's table: per row, the median over its repeats and,
     where there are several, [min–max]; the runs of each CPU together (those
     that recorded none first), in the grid's order."""
     def spread(v, digits):
@@ -266,7 +266,7 @@ def cpu_label(cpu) -> str:
 
 
 def sweep_markdown(result: dict) -> str:
-    """docs/results.md's sweep table: per model size, each system's final
+    """docs/results/peers.md's sweep table: per model size, each system's final
     loss at each lr it ran (the best in bold)."""
     sweeps = result.get("lr_sweep", {})
     lrs = sorted({run["lr"] for at in sweeps.values() for s in at["systems"].values()

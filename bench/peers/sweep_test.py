@@ -294,7 +294,7 @@ class Args:
 def test_a_failed_run_is_kept_shown_and_run_again_when_selected(tmp_path, monkeypatch):
     """A run that fails is cached apart with its error and fails the
     invocation that ran it: one that does not select its row shows it as
-    failed (not as not run) in the rows, the runs and docs/results.md's
+    failed (not as not run) in the rows, the runs and docs/results/peers.md's
     table, without failing; one that selects it runs it again, and its
     success replaces the failure."""
     row = dict(next(r for r in run.grid(False)

@@ -43,7 +43,8 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
     execv(argv[0], argv.data());
     _exit(127);
   }
-  if (pid > 0) setpgid(pid, pgid);  // also here: no race with the child's own call
+  if (pid > 0)
+    setpgid(pid, pgid);  // also here: no race with the child's own call
   return pid;
 }
 
@@ -115,11 +116,11 @@ std::string Tail(const std::string& path, int lines) {
   std::ifstream in(path);
   std::vector<std::string> all;
   for (std::string line; std::getline(in, line);) all.push_back(line);
-  const size_t from = all.size() > static_cast<size_t>(lines)
-                          ? all.size() - lines
-                          : 0;
+  const size_t from =
+      all.size() > static_cast<size_t>(lines) ? all.size() - lines : 0;
   std::string out;
-  for (size_t i = from; i < all.size(); ++i) absl::StrAppend(&out, "    ", all[i], "\n");
+  for (size_t i = from; i < all.size(); ++i)
+    absl::StrAppend(&out, "    ", all[i], "\n");
   return out;
 }
 

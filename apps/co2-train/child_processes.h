@@ -26,7 +26,8 @@ struct Child {
   bool running = false;
   int status = 0;  // from waitpid
   int restarts = 0;
-  bool started = false;  // spawned at least once (a scaled job starts some later)
+  bool started =
+      false;  // spawned at least once (a scaled job starts some later)
   bool leaving = false;  // asked to leave the job (TrainerOptions::scale)
   std::string log;
   std::vector<std::string> args;

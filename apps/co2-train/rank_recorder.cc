@@ -1,8 +1,8 @@
 #include "apps/co2-train/rank_recorder.h"
 
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -28,9 +28,8 @@ RankRecorder::RankRecorder(const RankSources& sources, int worker,
   report_.worker = worker;
   report_.local_rank = local_rank;
   report_.leader = leader_;
-  report_.metric_name = sources_.task == Task::kFashionMnist
-                            ? "test_accuracy"
-                            : "val_perplexity";
+  report_.metric_name =
+      sources_.task == Task::kFashionMnist ? "test_accuracy" : "val_perplexity";
 }
 
 RankRecorder::~RankRecorder() { CloseProgress(); }
@@ -98,9 +97,9 @@ void RankRecorder::ObserveRound(const RoundStats& s) {
 absl::Status RankRecorder::EvaluateRound(RankRound& r) {
   TaskEval e;
   CO2_RETURN_IF_ERROR(sources_.co2->EvaluateAtAnchor([&]() -> absl::Status {
-    CO2_ASSIGN_OR_RETURN(e, EvaluateTask(*sources_.options, *sources_.data,
-                                         *sources_.model,
-                                         sources_.options->eval_examples));
+    CO2_ASSIGN_OR_RETURN(
+        e, EvaluateTask(*sources_.options, *sources_.data, *sources_.model,
+                        sources_.options->eval_examples));
     return absl::OkStatus();
   }));
   r.metric = e.metric;
@@ -141,9 +140,9 @@ absl::Status RankRecorder::WriteReport(absl::Time started) {
 
 absl::Status RankRecorder::EvaluateFinal() {
   CO2_ASSIGN_OR_RETURN(
-      TaskEval e, EvaluateTask(*sources_.options, *sources_.data,
-                               *sources_.model,
-                               sources_.options->final_eval_examples));
+      TaskEval e,
+      EvaluateTask(*sources_.options, *sources_.data, *sources_.model,
+                   sources_.options->final_eval_examples));
   if (sources_.task == Task::kFashionMnist) {
     report_.final_metrics["test_accuracy"] = e.metric;
     report_.final_metrics["test_loss"] = e.loss;

@@ -19,7 +19,7 @@
 #include "absl/time/time.h"
 #include "apps/co2-train/run_report.h"
 #include "apps/co2-train/task_data.h"
-#include "apps/co2-train/trainer.h"
+#include "apps/co2-train/trainer_options.h"
 #include "client/algo.h"
 #include "client/training/co2_optimizer.h"
 #include "client/training/models.h"

@@ -10,7 +10,8 @@ namespace {
 
 std::string FormatMetric(const std::string& task, double metric) {
   if (metric < 0) return "";
-  if (task == "fashion-mnist") return absl::StrFormat("  acc %5.2f%%", 100 * metric);
+  if (task == "fashion-mnist")
+    return absl::StrFormat("  acc %5.2f%%", 100 * metric);
   return absl::StrFormat("  ppl %.2f", metric);
 }
 

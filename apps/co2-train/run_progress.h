@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "apps/co2-train/trainer.h"
+#include "apps/co2-train/trainer_options.h"
 
 namespace co2::client {
 

@@ -6,20 +6,16 @@
 #include <algorithm>
 #include <csignal>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "apps/co2-train/injected_fault.h"
 #include "apps/co2-train/rank_recorder.h"
-#include "apps/co2-train/run_report.h"
 #include "apps/co2-train/task_data.h"
 #include "apps/co2-train/worker_checkpoint.h"
 #include "client/aggregator_client.h"
@@ -33,17 +29,34 @@
 #include "client/training/torch_status.h"
 #include "client/worker_metrics.h"
 #include "common/codec.h"
-#include "common/job_config.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/tls_config.h"
 
 namespace co2::client {
-namespace {
 
-absl::Status Bad(const std::string& flag, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", why));
+absl::Status CheckDataset(const TrainerOptions& options) {
+  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(options.task));
+  if (task == Task::kFashionMnist) {
+    FashionMnistOptions fashion_options;
+    fashion_options.directory = options.data_dir;
+    return LoadFashionMnist(fashion_options).status();
+  }
+  CharCorpusOptions corpus_options;
+  corpus_options.directory = options.corpus_dir;
+  return CharCorpus::Load(corpus_options).status();
 }
+
+std::string RankReportPath(const std::string& run_dir, int worker,
+                           int local_rank) {
+  return absl::StrCat(run_dir, "/rank-", worker, "-", local_rank, ".json");
+}
+
+std::string ProgressPath(const std::string& run_dir) {
+  return absl::StrCat(run_dir, "/progress.txt");
+}
+
+namespace {
 
 absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeInner(
     const TrainerOptions& options, const std::vector<torch::Tensor>& params) {
@@ -69,34 +82,6 @@ double LearningRate(const TrainerOptions& options, int64_t step,
   return 0.5 * options.lr * (1.0 + std::cos(M_PI * progress));
 }
 
-absl::StatusOr<v1::JobConfig> MakeJobConfig(const TrainerOptions& options,
-                                            Algo algo) {
-  v1::JobConfig c = common::DefaultJobConfig(0, 0);
-  c.set_alpha(options.alpha);
-  c.set_beta(options.beta);
-  CO2_ASSIGN_OR_RETURN(v1::Momentum momentum,
-                       common::ParseMomentum(options.momentum));
-  c.set_momentum(momentum);
-  c.set_momentum_period(options.momentum_period);
-  CO2_ASSIGN_OR_RETURN(v1::GapPenalty penalty,
-                       common::ParseGapPenalty(options.gap_penalty));
-  c.set_gap_penalty(penalty);
-  c.set_penalty_lambda(options.penalty_lambda);
-  CO2_ASSIGN_OR_RETURN(v1::Clip clip, common::ParseClip(options.clip));
-  c.set_clip(clip);
-  c.set_clip_value(options.clip_value);
-  CO2_ASSIGN_OR_RETURN(common::Codec down,
-                       common::ParseCodec(options.downlink_codec));
-  c.set_downlink_codec(static_cast<v1::Codec>(down));
-  c.set_tau(options.tau);
-  c.set_round_timeout_ms(
-      static_cast<uint32_t>(absl::ToInt64Milliseconds(options.round_timeout)));
-  c.set_deterministic(options.deterministic);
-  c.set_outlier_ratio(options.outlier_ratio);
-  ApplyAlgo(algo, c);
-  return c;
-}
-
 GroupOptions MakeGroup(const TrainerOptions& options, int rank, int size,
                        const std::string& prefix,
                        const std::string& address = "127.0.0.1") {
@@ -115,244 +100,6 @@ GroupOptions MakeGroup(const TrainerOptions& options, int rank, int size,
 volatile std::sig_atomic_t leave_signalled = 0;
 extern "C" void OnLeaveSignal(int) { leave_signalled = 1; }
 
-// inject_fault: dies as kill -9 would, with a log line saying where.
-[[noreturn]] void KillSelf(const std::string& where) {
-  CO2_LOG(WARNING) << "inject_fault: SIGKILL " << where;
-  std::fflush(nullptr);
-  raise(SIGKILL);
-  std::abort();
-}
-
-}  // namespace
-
-absl::StatusOr<InjectedFault> ParseInjectedFault(absl::string_view spec) {
-  InjectedFault f;
-  if (spec.empty()) return f;
-  const std::pair<absl::string_view, absl::string_view> parts =
-      absl::StrSplit(spec, absl::MaxSplits(':', 1));
-  if (!absl::SimpleAtoi(parts.first, &f.worker) || f.worker < 0) {
-    return Bad("inject_fault", absl::StrCat("must be WORKER:WHAT, got '", spec,
-                                            "' (bad worker)"));
-  }
-  absl::string_view what = parts.second;
-  if (absl::ConsumePrefix(&what, "kill_in_round=")) {
-    f.kind = InjectedFault::Kind::kKillInRound;
-    if (!absl::SimpleAtoi(what, &f.round) || f.round < 0) {
-      return Bad(
-          "inject_fault",
-          absl::StrCat("kill_in_round needs a round >= 0, got '", spec, "'"));
-    }
-  } else if (what == "kill_before_finish") {
-    f.kind = InjectedFault::Kind::kKillBeforeFinish;
-  } else if (what == "kill_after_finish") {
-    f.kind = InjectedFault::Kind::kKillAfterFinish;
-  } else if (what == "flip_final_bit") {
-    f.kind = InjectedFault::Kind::kFlipFinalBit;
-  } else if (absl::ConsumePrefix(&what, "scale_delta=")) {
-    f.kind = InjectedFault::Kind::kScaleDelta;
-    const std::pair<absl::string_view, absl::string_view> rounds =
-        absl::StrSplit(what, absl::MaxSplits('-', 1));
-    f.last_round = UINT64_MAX;
-    if (!absl::SimpleAtoi(rounds.first, &f.round) || f.round < 0 ||
-        (!rounds.second.empty() &&
-         (!absl::SimpleAtoi(rounds.second, &f.last_round) ||
-          f.last_round < static_cast<uint64_t>(f.round))) ||
-        what.find('-') == absl::string_view::npos) {
-      return Bad("inject_fault",
-                 absl::StrCat("scale_delta needs rounds A-B (B >= A >= 0) or "
-                              "A-, got '",
-                              spec, "'"));
-    }
-  } else {
-    return Bad("inject_fault",
-               absl::StrCat("unknown fault in '", spec,
-                            "' (kill_in_round=R, kill_before_finish, "
-                            "kill_after_finish, flip_final_bit, "
-                            "scale_delta=A-B)"));
-  }
-  return f;
-}
-
-absl::StatusOr<std::vector<ScaleStep>> ParseScale(absl::string_view spec,
-                                                  int workers) {
-  std::vector<ScaleStep> steps;
-  if (spec.empty()) return steps;
-  for (absl::string_view entry : absl::StrSplit(spec, ',')) {
-    const std::pair<absl::string_view, absl::string_view> parts =
-        absl::StrSplit(entry, absl::MaxSplits(':', 1));
-    ScaleStep step;
-    if (!absl::SimpleAtoi(parts.first, &step.round) ||
-        !absl::SimpleAtoi(parts.second, &step.count)) {
-      return Bad("scale", absl::StrCat("entry '", entry,
-                                       "' is not ROUND:COUNT (e.g. 20:4)"));
-    }
-    if (step.count < 1 || step.count > workers) {
-      return Bad("scale",
-                 absl::StrCat("entry '", entry, "': the count must be in [1, ",
-                              workers, "] (--workers)"));
-    }
-    if (!steps.empty() && step.round <= steps.back().round) {
-      return Bad("scale", absl::StrCat("entry '", entry,
-                                       "': rounds must rise, after round ",
-                                       steps.back().round));
-    }
-    steps.push_back(step);
-  }
-  return steps;
-}
-
-int InitialWorkers(const TrainerOptions& options) {
-  const absl::StatusOr<std::vector<ScaleStep>> steps =
-      ParseScale(options.scale, options.workers);
-  if (steps.ok() && !steps->empty() && steps->front().round == 0) {
-    return steps->front().count;
-  }
-  return options.workers;
-}
-
-bool RunsEagerUpdates(const TrainerOptions& options) {
-  return options.eager && options.algo == "co2";
-}
-
-double DefaultLearningRate(absl::string_view task, absl::string_view algo) {
-  const bool charlm = task == "charlm";
-  if (algo == "diloco") return charlm ? 2e-3 : 5e-4;
-  return charlm ? 8e-3 : 2e-3;
-}
-
-absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
-  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(options.task));
-  CO2_ASSIGN_OR_RETURN(ModelSize size, ParseModelSize(options.model));
-  if (task == Task::kCharLm && size == ModelSize::kWide) {
-    return Bad("model", "wide is for --task=fashion-mnist only");
-  }
-  CO2_ASSIGN_OR_RETURN(const Algo algo, ParseAlgo(options.algo));
-  if (algo == Algo::kDiLoCo && options.momentum != "nesterov") {
-    return Bad("momentum", absl::StrCat("is '", options.momentum,
-                                        "': diloco runs Nesterov momentum"));
-  }
-  const absl::StatusOr<ApplyAt> apply = ParseApplyAt(options.apply);
-  if (!apply.ok()) return Bad("apply", std::string(apply.status().message()));
-  if (absl::Status s = CheckApplyAt(algo, *apply, options.deterministic);
-      !s.ok()) {
-    return Bad("apply", std::string(s.message()));
-  }
-  if (absl::Status s =
-          CheckApplyBy(*apply, options.apply_by_step, options.tau);
-      !s.ok()) {
-    return Bad("apply_by_step", std::string(s.message()));
-  }
-  if (options.workers < 1)
-    return Bad("workers", absl::StrCat("must be >= 1, got ", options.workers));
-  if (options.local_ranks < 1) {
-    return Bad("local_ranks",
-               absl::StrCat("must be >= 1, got ", options.local_ranks));
-  }
-  if (options.tau < 1)
-    return Bad("tau", absl::StrCat("must be >= 1, got ", options.tau));
-  if (options.epochs < 0)
-    return Bad("epochs", absl::StrCat("must be >= 0, got ", options.epochs));
-  if (options.steps < 0)
-    return Bad("steps", absl::StrCat("must be >= 0, got ", options.steps));
-  if (options.optimizer != "adamw" && options.optimizer != "sgd") {
-    return Bad("optimizer", absl::StrCat("must be adamw or sgd, got '",
-                                         options.optimizer, "'"));
-  }
-  if (!(options.lr > 0) || !std::isfinite(options.lr)) {
-    return Bad("lr", absl::StrCat("must be > 0, got ", options.lr));
-  }
-  if (options.lr_schedule != "constant" && options.lr_schedule != "cosine") {
-    return Bad("lr_schedule", absl::StrCat("must be constant or cosine, got '",
-                                           options.lr_schedule, "'"));
-  }
-  if (options.batch_size < 1) {
-    return Bad("batch_size",
-               absl::StrCat("must be >= 1, got ", options.batch_size));
-  }
-  if (options.seq_len < 1)
-    return Bad("seq_len", absl::StrCat("must be >= 1, got ", options.seq_len));
-  if (options.shards < 1)
-    return Bad("shards", absl::StrCat("must be >= 1, got ", options.shards));
-  if (options.eval_every < 0) {
-    return Bad("eval_every",
-               absl::StrCat("must be >= 0, got ", options.eval_every));
-  }
-  if (options.threads < 1)
-    return Bad("threads", absl::StrCat("must be >= 1, got ", options.threads));
-  if (options.max_restarts < 0) {
-    return Bad("max_restarts",
-               absl::StrCat("must be >= 0, got ", options.max_restarts));
-  }
-  if (options.max_restarts > 0 && options.algo == "ddp") {
-    return Bad("max_restarts",
-               "needs an aggregator algorithm (not ddp): a worker restarts "
-               "alone into the running job");
-  }
-  if (options.restart < 0) {
-    return Bad("restart", absl::StrCat("must be >= 0, got ", options.restart));
-  }
-  CO2_ASSIGN_OR_RETURN(const std::vector<ScaleStep> scale,
-                       ParseScale(options.scale, options.workers));
-  if (!scale.empty() && options.algo == "ddp") {
-    return Bad("scale",
-               "needs an aggregator algorithm (not ddp): ddp's group cannot "
-               "change size");
-  }
-  if (options.join && options.algo == "ddp") {
-    return Bad("join", "needs an aggregator algorithm (not ddp)");
-  }
-  if (!options.checkpoint_dir.empty() && options.algo == "ddp") {
-    return Bad("checkpoint_dir",
-               "needs an aggregator algorithm (not ddp): the shards hold the "
-               "job's state a resume continues from");
-  }
-  if (options.resume && options.checkpoint_dir.empty()) {
-    return Bad("resume", "needs --checkpoint_dir, where the run saved its "
-                         "checkpoints");
-  }
-  if (options.resume && (options.join || options.rejoin || !scale.empty())) {
-    return Bad("resume",
-               "resumes every worker of the job together: not with --join, "
-               "--rejoin or --scale");
-  }
-  if (options.aggregators.empty() &&
-      !(options.aggregator_ca + options.aggregator_cert +
-        options.aggregator_key + options.aggregator_token_file)
-           .empty()) {
-    return Bad("aggregator_ca",
-               "and the other --aggregator_* TLS flags are for external "
-               "shards (--aggregators); embedded shards are plaintext");
-  }
-  CO2_RETURN_IF_ERROR(common::ParseCodec(options.codec).status());
-  CO2_RETURN_IF_ERROR(ParseInjectedFault(options.inject_fault).status());
-  CO2_ASSIGN_OR_RETURN(v1::JobConfig config, MakeJobConfig(options, algo));
-  config.set_num_parameters(1);
-  config.set_num_shards(1);
-  return common::ValidateJobConfig(config);
-}
-
-absl::Status CheckDataset(const TrainerOptions& options) {
-  CO2_ASSIGN_OR_RETURN(Task task, ParseTask(options.task));
-  if (task == Task::kFashionMnist) {
-    FashionMnistOptions fashion_options;
-    fashion_options.directory = options.data_dir;
-    return LoadFashionMnist(fashion_options).status();
-  }
-  CharCorpusOptions corpus_options;
-  corpus_options.directory = options.corpus_dir;
-  return CharCorpus::Load(corpus_options).status();
-}
-
-std::string RankReportPath(const std::string& run_dir, int worker,
-                           int local_rank) {
-  return absl::StrCat(run_dir, "/rank-", worker, "-", local_rank, ".json");
-}
-
-std::string ProgressPath(const std::string& run_dir) {
-  return absl::StrCat(run_dir, "/progress.txt");
-}
-
-namespace {
 
 // Where this process stands in the job.
 struct WorkerRank {

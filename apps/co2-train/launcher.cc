@@ -26,61 +26,12 @@
 #include "apps/co2-train/child_processes.h"
 #include "apps/co2-train/run_progress.h"
 #include "apps/co2-train/run_report.h"
+#include "apps/co2-train/scale_plan.h"
 #include "common/status_macros.h"
 #include "server/service/aggregator_server.h"
 
 namespace co2::client {
 namespace {
-
-// "worker 2", "workers 2 and 3" or "workers 2 .. 5": workers [from, to).
-std::string WorkerRange(int from, int to) {
-  if (to - from == 1) return absl::StrCat("worker ", from);
-  if (to - from == 2) return absl::StrCat("workers ", from, " and ", from + 1);
-  return absl::StrCat("workers ", from, " .. ", to - 1);
-}
-
-// TrainerOptions::scale and how far the run has come through it.
-struct ScalePlan {
-  std::vector<ScaleStep> steps;
-  size_t next = 0;       // the first step not applied yet
-  int live_workers = 0;  // the workers taking part now
-};
-
-// Applies the steps of the plan that worker 0's progress has reached
-// (`done` rounds finished): starts workers into the running job (--join) or
-// asks the highest-numbered to leave (SIGTERM to their leader, which leaves
-// at its next boundary), and says what it did on `user`.
-absl::Status ApplyScale(ScalePlan& plan, long done, ChildProcesses& processes,
-                        FILE* user, const char* clear) {
-  const std::vector<ScaleStep>& scale = plan.steps;
-  int live = plan.live_workers;
-  while (plan.next < scale.size() &&
-         static_cast<uint64_t>(done) >= scale[plan.next].round) {
-    const ScaleStep& step = scale[plan.next++];
-    if (step.count > live) {
-      for (int w = live; w < step.count; ++w) {
-        CO2_RETURN_IF_ERROR(
-            SpawnWorker(processes, w, {"--join"}, /*append=*/true));
-      }
-      std::fprintf(user, "%s[co2-train] round %ld: growing to %d workers (%s joining)\n",
-                   clear, done, step.count, WorkerRange(live, step.count).c_str());
-    } else if (step.count < live) {
-      for (Child& c : processes.children) {
-        if (c.worker < step.count || c.worker >= live || !c.running) continue;
-        c.leaving = true;
-        if (c.local_rank == 0) kill(c.pid, SIGTERM);
-      }
-      std::fprintf(user,
-                   "%s[co2-train] round %ld: shrinking to %d workers (%s "
-                   "leaving at the next boundary)\n",
-                   clear, done, step.count, WorkerRange(step.count, live).c_str());
-    }
-    live = step.count;
-    plan.live_workers = live;
-  }
-  std::fflush(user);
-  return absl::OkStatus();
-}
 
 // While it lives, the process's stderr (where the embedded aggregator logs)
 // goes to a file, and user() writes to the original stderr, so that the
@@ -283,16 +234,6 @@ ChildProcesses PlanChildren(const LaunchOptions& launch,
     }
   }
   return processes;
-}
-
-// The steps of round 0, if any, are where the job starts.
-ScalePlan PlanScale(const TrainerOptions& options) {
-  ScalePlan plan;
-  // ValidateTrainerOptions parsed it.
-  plan.steps = ParseScale(options.scale, options.workers).value();
-  plan.live_workers = InitialWorkers(options);
-  if (!plan.steps.empty() && plan.steps.front().round == 0) plan.next = 1;
-  return plan;
 }
 
 // The run while its children run: what the supervising loop, which wakes

@@ -133,8 +133,8 @@ struct ShardConnection {
 };
 
 // What RunWorker's steps build, in the order they build it; members are
-// destroyed in reverse, the optimizer (which borrows the model, the groups
-// and the data's rank) first.
+// destroyed in reverse, the optimizer (which borrows the model and the
+// groups) first.
 struct Worker {
   explicit Worker(const TrainerOptions& o) : options(o) {}
 

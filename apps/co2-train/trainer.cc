@@ -18,6 +18,7 @@
 #include "apps/co2-train/rank_recorder.h"
 #include "apps/co2-train/task_data.h"
 #include "apps/co2-train/worker_checkpoint.h"
+#include "apps/co2-train/worker_model.h"
 #include "client/aggregator_client.h"
 #include "client/collectives/process_group.h"
 #include "client/training/batches.h"
@@ -58,30 +59,6 @@ std::string ProgressPath(const std::string& run_dir) {
 
 namespace {
 
-absl::StatusOr<std::unique_ptr<torch::optim::Optimizer>> MakeInner(
-    const TrainerOptions& options, const std::vector<torch::Tensor>& params) {
-  try {
-    if (options.optimizer == "sgd") {
-      return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::SGD(
-          params, torch::optim::SGDOptions(options.lr)
-                      .momentum(0.9)
-                      .weight_decay(options.weight_decay)));
-    }
-    return std::unique_ptr<torch::optim::Optimizer>(new torch::optim::AdamW(
-        params, torch::optim::AdamWOptions(options.lr)
-                    .weight_decay(options.weight_decay)));
-  } catch (...) {
-    return TorchExceptionToStatus("inner optimizer");
-  }
-}
-
-double LearningRate(const TrainerOptions& options, int64_t step,
-                    int64_t total) {
-  if (options.lr_schedule != "cosine" || total <= 1) return options.lr;
-  const double progress = static_cast<double>(step) / (total - 1);
-  return 0.5 * options.lr * (1.0 + std::cos(M_PI * progress));
-}
-
 GroupOptions MakeGroup(const TrainerOptions& options, int rank, int size,
                        const std::string& prefix,
                        const std::string& address = "127.0.0.1") {
@@ -108,14 +85,6 @@ struct WorkerRank {
   int rank = 0;   // among every local rank of every worker
   int world = 0;  // workers × local ranks
   bool leader = false;  // local rank 0: the one that talks to the shards
-};
-
-// The model one rank trains: the module, its parameters re-homed into one
-// flat buffer, and the inner optimizer over them.
-struct WorkerModel {
-  std::shared_ptr<TaskModel> model;
-  std::unique_ptr<FlatParams> flat;
-  std::unique_ptr<torch::optim::Optimizer> inner;
 };
 
 // The node's group (its local ranks) and ddp's group of every rank; null
@@ -233,20 +202,6 @@ absl::Status LoadData(Worker& w) {
                                    w.rank.world, w.data));
   w.total_steps = TotalSteps(w.options, w.data.steps_per_epoch);
   return absl::OkStatus();
-}
-
-// The seed fixes the initialisation: every rank builds the same model.
-absl::StatusOr<WorkerModel> BuildModel(const TrainerOptions& options,
-                                       Task task) {
-  WorkerModel m;
-  ModelOptions model_options;
-  model_options.seed = options.seed;
-  CO2_ASSIGN_OR_RETURN(model_options.size, ParseModelSize(options.model));
-  CO2_ASSIGN_OR_RETURN(m.model, MakeModel(task, model_options));
-  m.model->train();
-  CO2_ASSIGN_OR_RETURN(m.flat, FlatParams::Create(m.model->parameters()));
-  CO2_ASSIGN_OR_RETURN(m.inner, MakeInner(options, m.model->parameters()));
-  return m;
 }
 
 // --resume: the worker's checkpoint, with the inner optimizer's state loaded
@@ -556,7 +511,7 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   CO2_RETURN_IF_ERROR(SetUpProcess(w));
   CO2_RETURN_IF_ERROR(StartLeaderServices(w));
   CO2_RETURN_IF_ERROR(LoadData(w));
-  CO2_ASSIGN_OR_RETURN(w.model, BuildModel(options, w.task));
+  CO2_ASSIGN_OR_RETURN(w.model, BuildWorkerModel(options, w.task));
   CO2_ASSIGN_OR_RETURN(std::optional<WorkerCheckpoint> resumed,
                        LoadStartPoint(w));
   CO2_ASSIGN_OR_RETURN(w.groups, JoinGroups(w));

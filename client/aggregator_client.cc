@@ -72,85 +72,15 @@ class AggregatorClient::Impl : public AnchorSource {
 
   absl::Status Connect(absl::Span<float> anchor) {
     const absl::Time deadline = absl::Now() + options_.connect_timeout;
-    v1::JobConfig& config = options_.job_config;
-    config.set_num_parameters(anchor.size());
-    config.set_num_shards(static_cast<uint32_t>(options_.addresses.size()));
-    if (options_.addresses.empty()) {
-      return absl::InvalidArgumentError("no aggregator addresses given");
-    }
-    if (options_.worker_id.empty()) {
-      return absl::InvalidArgumentError("worker_id is empty");
-    }
-    CO2_RETURN_IF_ERROR(common::ValidateJobConfig(config));
-    CO2_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
-                         common::MakeChannelCredentials(
-                             options_.tls, options_.token, options_.job));
-    shards_.resize(options_.addresses.size());
-    for (uint32_t i = 0; i < shards_.size(); ++i) {
-      Shard& shard = shards_[i];
-      shard.address = options_.addresses[i];
-      shard.channel =
-          MakeShardChannel(shard.address, credentials, options_.initial_backoff,
-                           options_.max_backoff);
-      shard.stub = v1::Aggregator::NewStub(shard.channel);
-    }
-    // A lease runs from the Join: the rest of Connect can outlast it (a shard
-    // that is restarting, a seeder that is slow), so heartbeats start first.
-    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
-    for (uint32_t i = 0; i < shards_.size(); ++i) {
-      Shard& shard = shards_[i];
-      CO2_RETURN_IF_ERROR(WithShard(
-          i, shard.address,
-          common::WithTransportHint(Join(i, shard, deadline), options_.tls)));
-      absl::MutexLock lock(&mu_);
-      joined_shards_ = i + 1;
-    }
+    CO2_RETURN_IF_ERROR(CheckJobConfig(anchor.size()));
+    CO2_RETURN_IF_ERROR(OpenChannels());
+    CO2_RETURN_IF_ERROR(JoinShards(deadline));
     if (options_.resume_round.has_value()) {
-      for (uint32_t i = 0; i < shards_.size(); ++i) {
-        if (shards_[i].must_seed) {
-          return WithShard(
-              i, shards_[i].address,
-              absl::FailedPreconditionError(absl::StrCat(
-                  "the shard does not hold job \"", options_.job,
-                  "\" any more, so it cannot resume at round ",
-                  *options_.resume_round,
-                  " (shards keep jobs across restarts with --checkpoint_dir)")));
-        }
-      }
-      start_round_ = *options_.resume_round;
+      CO2_RETURN_IF_ERROR(ResumeAtRound(*options_.resume_round));
     } else {
-      for (uint32_t i = 0; i < shards_.size(); ++i) {
-        Shard& shard = shards_[i];
-        absl::Status status = shard.must_seed ? Seed(shard, anchor, deadline)
-                                              : Fetch(shard, anchor, deadline);
-        CO2_RETURN_IF_ERROR(WithShard(i, shard.address, status));
-      }
-      CO2_RETURN_IF_ERROR(AgreeOnAnchorRound(anchor, deadline));
-      start_round_ = shards_[0].anchor_round;
+      CO2_RETURN_IF_ERROR(DownloadAnchor(anchor, deadline));
     }
-    const uint64_t staleness = config.max_staleness();
-    const uint64_t first_update =
-        start_round_ >= staleness ? start_round_ - staleness : 0;
-    for (uint32_t i = 0; i < shards_.size(); ++i) {
-      ShardStreamOptions so;
-      so.job = options_.job;
-      so.worker_id = options_.worker_id;
-      so.shard_index = i;
-      so.shard_elements = shards_[i].range.size();
-      so.uplink = options_.uplink_codec;
-      so.downlink = common::Codec(config.downlink_codec());
-      so.first_update_round = first_update;
-      so.first_contribution_round = start_round_;
-      so.max_staleness = config.max_staleness();
-      so.anchor = this;
-      so.join = JoinRequest();
-      so.rpc_timeout = options_.rpc_timeout;
-      so.reconnect_timeout = options_.reconnect_timeout;
-      so.initial_backoff = options_.initial_backoff;
-      so.max_backoff = options_.max_backoff;
-      shards_[i].stream = std::make_unique<ShardStream>(so, shards_[i].channel,
-                                                        shards_[i].stub.get());
-    }
+    OpenStreams();
     if (options_.uplink_codec != common::Codec::kFp32) {
       residual_.assign(anchor.size(), 0.0f);
     }
@@ -392,6 +322,111 @@ class AggregatorClient::Impl : public AnchorSource {
   const v1::JobConfig& job_config() const { return options_.job_config; }
 
  private:
+  // The job's settings with this model's size and the shards' count.
+  absl::Status CheckJobConfig(size_t num_parameters) {
+    v1::JobConfig& config = options_.job_config;
+    config.set_num_parameters(num_parameters);
+    config.set_num_shards(static_cast<uint32_t>(options_.addresses.size()));
+    if (options_.addresses.empty()) {
+      return absl::InvalidArgumentError("no aggregator addresses given");
+    }
+    if (options_.worker_id.empty()) {
+      return absl::InvalidArgumentError("worker_id is empty");
+    }
+    return common::ValidateJobConfig(config);
+  }
+
+  absl::Status OpenChannels() {
+    CO2_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                         common::MakeChannelCredentials(
+                             options_.tls, options_.token, options_.job));
+    shards_.resize(options_.addresses.size());
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      Shard& shard = shards_[i];
+      shard.address = options_.addresses[i];
+      shard.channel =
+          MakeShardChannel(shard.address, credentials, options_.initial_backoff,
+                           options_.max_backoff);
+      shard.stub = v1::Aggregator::NewStub(shard.channel);
+    }
+    return absl::OkStatus();
+  }
+
+  // A lease runs from the Join: the rest of Connect can outlast it (a shard
+  // that is restarting, a seeder that is slow), so heartbeats start first.
+  absl::Status JoinShards(absl::Time deadline) {
+    heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      Shard& shard = shards_[i];
+      CO2_RETURN_IF_ERROR(WithShard(
+          i, shard.address,
+          common::WithTransportHint(Join(i, shard, deadline), options_.tls)));
+      absl::MutexLock lock(&mu_);
+      joined_shards_ = i + 1;
+    }
+    return absl::OkStatus();
+  }
+
+  // A resuming worker starts at its own round with its own anchor, which
+  // every shard must still hold the job for.
+  absl::Status ResumeAtRound(uint64_t round) {
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      if (shards_[i].must_seed) {
+        return WithShard(
+            i, shards_[i].address,
+            absl::FailedPreconditionError(absl::StrCat(
+                "the shard does not hold job \"", options_.job,
+                "\" any more, so it cannot resume at round ", round,
+                " (shards keep jobs across restarts with --checkpoint_dir)")));
+      }
+    }
+    start_round_ = round;
+    return absl::OkStatus();
+  }
+
+  // Seeds the shards that ask for it with `anchor`'s ranges, fetches the
+  // others' into it, and starts at the anchor's round.
+  absl::Status DownloadAnchor(absl::Span<float> anchor, absl::Time deadline) {
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      Shard& shard = shards_[i];
+      absl::Status status = shard.must_seed ? Seed(shard, anchor, deadline)
+                                            : Fetch(shard, anchor, deadline);
+      CO2_RETURN_IF_ERROR(WithShard(i, shard.address, status));
+    }
+    CO2_RETURN_IF_ERROR(AgreeOnAnchorRound(anchor, deadline));
+    start_round_ = shards_[0].anchor_round;
+    return absl::OkStatus();
+  }
+
+  // One ShardStream a shard, from the first update a worker starting at
+  // start_round_ applies.
+  void OpenStreams() {
+    const v1::JobConfig& config = options_.job_config;
+    const uint64_t staleness = config.max_staleness();
+    const uint64_t first_update =
+        start_round_ >= staleness ? start_round_ - staleness : 0;
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      ShardStreamOptions so;
+      so.job = options_.job;
+      so.worker_id = options_.worker_id;
+      so.shard_index = i;
+      so.shard_elements = shards_[i].range.size();
+      so.uplink = options_.uplink_codec;
+      so.downlink = common::Codec(config.downlink_codec());
+      so.first_update_round = first_update;
+      so.first_contribution_round = start_round_;
+      so.max_staleness = config.max_staleness();
+      so.anchor = this;
+      so.join = JoinRequest();
+      so.rpc_timeout = options_.rpc_timeout;
+      so.reconnect_timeout = options_.reconnect_timeout;
+      so.initial_backoff = options_.initial_backoff;
+      so.max_backoff = options_.max_backoff;
+      shards_[i].stream = std::make_unique<ShardStream>(so, shards_[i].channel,
+                                                        shards_[i].stub.get());
+    }
+  }
+
   v1::JoinRequest JoinRequest() const {
     v1::JoinRequest request;
     request.set_job(options_.job);

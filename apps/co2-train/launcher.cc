@@ -3,246 +3,35 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "apps/co2-train/child_processes.h"
+#include "apps/co2-train/run_progress.h"
 #include "apps/co2-train/run_report.h"
+#include "apps/co2-train/scale_plan.h"
 #include "common/status_macros.h"
 #include "server/service/aggregator_server.h"
 
 namespace co2::client {
 namespace {
-
-struct Child {
-  int worker = 0;
-  int local_rank = 0;
-  pid_t pid = -1;
-  bool running = false;
-  int status = 0;  // from waitpid
-  int restarts = 0;
-  bool started = false;  // spawned at least once (a scaled job starts some later)
-  bool leaving = false;  // asked to leave the job (TrainerOptions::scale)
-  std::string log;
-  std::vector<std::string> args;
-};
-
-// "worker 2", "workers 2 and 3" or "workers 2 .. 5": workers [from, to).
-std::string WorkerRange(int from, int to) {
-  if (to - from == 1) return absl::StrCat("worker ", from);
-  if (to - from == 2) return absl::StrCat("workers ", from, " and ", from + 1);
-  return absl::StrCat("workers ", from, " .. ", to - 1);
-}
-
-// Forks and executes `args` in process group `pgid` (0: a new group led by
-// the child), stdout and stderr to `log` (appended to when `append`). The
-// child dies with `launcher` and gets `mask` back. Everything is prepared
-// before fork: after it, only async-signal-safe calls until exec. Returns
-// the pid, or -1 with errno set.
-pid_t Spawn(const std::vector<std::string>& args, const std::string& log,
-            bool append, pid_t pgid, pid_t launcher, const sigset_t& mask) {
-  std::vector<std::string> owned = args;
-  std::vector<char*> argv;
-  for (std::string& a : owned) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int flags =
-      O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC);
-  std::fflush(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    setpgid(0, pgid);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != launcher) _exit(127);
-    const int fd = open(log.c_str(), flags, 0644);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-    }
-    sigprocmask(SIG_SETMASK, &mask, nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  if (pid > 0) setpgid(pid, pgid);  // also here: no race with the child's own call
-  return pid;
-}
-
-std::string DescribeExit(int status) {
-  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return absl::StrCat("signal ", WTERMSIG(status), " (",
-                        strsignal(WTERMSIG(status)), ")");
-  }
-  return absl::StrCat("status ", status);
-}
-
-// Starts every local rank of `worker` with its args and `extra`, into the
-// process group `pgid` (0: a new one, then set to the first child's pid).
-// RESOURCE_EXHAUSTED if a fork fails.
-absl::Status SpawnWorker(std::vector<Child>& children, int worker,
-                         const std::vector<std::string>& extra, bool append,
-                         pid_t& pgid, pid_t launcher, const sigset_t& mask) {
-  for (Child& c : children) {
-    if (c.worker != worker) continue;
-    std::vector<std::string> args = c.args;
-    args.insert(args.end(), extra.begin(), extra.end());
-    const pid_t pid = Spawn(args, c.log, append, pgid, launcher, mask);
-    if (pid < 0) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("fork: ", strerror(errno)));
-    }
-    if (pgid == 0) pgid = pid;
-    c.pid = pid;
-    c.running = true;
-    c.started = true;
-    c.leaving = false;
-  }
-  return absl::OkStatus();
-}
-
-// Kills the local ranks of `worker` that still run and starts all of them
-// again into the running job (--rejoin), in the rendezvous of their next
-// restart (--restart=K). RESOURCE_EXHAUSTED if a fork fails.
-absl::Status RestartWorker(std::vector<Child>& children, int worker,
-                           pid_t& pgid, pid_t launcher, const sigset_t& mask) {
-  int restarts = 0;
-  for (Child& c : children) {
-    if (c.worker != worker) continue;
-    if (c.running) {
-      kill(c.pid, SIGKILL);
-      waitpid(c.pid, &c.status, 0);
-      c.running = false;
-    }
-    restarts = ++c.restarts;
-  }
-  return SpawnWorker(children, worker,
-                     {"--rejoin", absl::StrCat("--restart=", restarts)},
-                     /*append=*/true, pgid, launcher, mask);
-}
-
-// Applies the steps of TrainerOptions::scale that worker 0's progress has
-// reached (`done` rounds finished): starts workers into the running job
-// (--join) or asks the highest-numbered to leave (SIGTERM to their leader,
-// which leaves at its next boundary). `live` is the count before; returns
-// the count after and says what it did on `user`.
-absl::StatusOr<int> ApplyScale(const std::vector<ScaleStep>& scale,
-                               size_t& next, long done, int live,
-                               std::vector<Child>& children, pid_t& pgid,
-                               pid_t launcher, const sigset_t& mask,
-                               FILE* user, const char* clear) {
-  while (next < scale.size() && static_cast<uint64_t>(done) >= scale[next].round) {
-    const ScaleStep& step = scale[next++];
-    if (step.count > live) {
-      for (int w = live; w < step.count; ++w) {
-        CO2_RETURN_IF_ERROR(SpawnWorker(children, w, {"--join"},
-                                        /*append=*/true, pgid, launcher, mask));
-      }
-      std::fprintf(user, "%s[co2-train] round %ld: growing to %d workers (%s joining)\n",
-                   clear, done, step.count, WorkerRange(live, step.count).c_str());
-    } else if (step.count < live) {
-      for (Child& c : children) {
-        if (c.worker < step.count || c.worker >= live || !c.running) continue;
-        c.leaving = true;
-        if (c.local_rank == 0) kill(c.pid, SIGTERM);
-      }
-      std::fprintf(user,
-                   "%s[co2-train] round %ld: shrinking to %d workers (%s "
-                   "leaving at the next boundary)\n",
-                   clear, done, step.count, WorkerRange(step.count, live).c_str());
-    }
-    live = step.count;
-  }
-  std::fflush(user);
-  return live;
-}
-
-// The last `lines` lines of a file.
-std::string Tail(const std::string& path, int lines) {
-  std::ifstream in(path);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  const size_t from = all.size() > static_cast<size_t>(lines)
-                          ? all.size() - lines
-                          : 0;
-  std::string out;
-  for (size_t i = from; i < all.size(); ++i) absl::StrAppend(&out, "    ", all[i], "\n");
-  return out;
-}
-
-// One progress line of worker 0's leader: round, total, loss, metric,
-// exposed comm (s), elapsed (s).
-struct Progress {
-  long round = 0, total = 0;
-  double loss = 0, metric = -1, exposed = 0, elapsed = 0;
-  bool valid = false;
-};
-
-// Every progress line in the file, in order; a line's missing metric (-1)
-// is the last one before it.
-std::vector<Progress> ReadProgress(const std::string& path) {
-  std::vector<Progress> all;
-  std::ifstream in(path);
-  double last_metric = -1;
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream fields(line);
-    Progress q;
-    if (fields >> q.round >> q.total >> q.loss >> q.metric >> q.exposed >>
-        q.elapsed) {
-      if (q.metric >= 0) last_metric = q.metric;
-      q.metric = last_metric;
-      q.valid = true;
-      all.push_back(q);
-    }
-  }
-  return all;
-}
-
-std::string FormatMetric(const std::string& task, double metric) {
-  if (metric < 0) return "";
-  if (task == "fashion-mnist") return absl::StrFormat("  acc %5.2f%%", 100 * metric);
-  return absl::StrFormat("  ppl %.2f", metric);
-}
-
-std::string ProgressLine(const TrainerOptions& options, const Progress& p) {
-  if (!p.valid) return "[co2-train] starting workers...";
-  const double pct = p.elapsed > 0 ? 100 * p.exposed / p.elapsed : 0;
-  return absl::StrFormat(
-      "[co2-train] round %ld/%ld  loss %.4f%s  exposed comm %.1f%%  %.0fs",
-      p.round, p.total, p.loss, FormatMetric(options.task, p.metric), pct,
-      p.elapsed);
-}
-
-// Kills the children's process group and each child (a restarted child may
-// have missed the group) with SIGKILL (SIGTERM asks a worker to leave the
-// job cleanly, which a run that ends has no use for), and reaps every child.
-void KillAll(std::vector<Child>& children, pid_t pgid) {
-  if (pgid > 0) kill(-pgid, SIGKILL);
-  for (Child& c : children) {
-    if (!c.running) continue;
-    kill(c.pid, SIGKILL);
-    waitpid(c.pid, &c.status, 0);
-    c.running = false;
-  }
-}
 
 // While it lives, the process's stderr (where the embedded aggregator logs)
 // goes to a file, and user() writes to the original stderr, so that the
@@ -335,28 +124,33 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"shards", absl::StrCat(options.shards)}};
 }
 
-}  // namespace
 
-absl::Status RunLauncher(const LaunchOptions& launch) {
-  const absl::Time started = absl::Now();
-  TrainerOptions options = launch.trainer;
-  CO2_RETURN_IF_ERROR(ValidateTrainerOptions(options));
-  CO2_RETURN_IF_ERROR(CheckDataset(options));
-  const bool uses_aggregator = options.algo != "ddp";
+// The signals the launcher takes synchronously, and the masks around them.
+struct SignalMasks {
+  sigset_t taken;  // SIGINT, SIGTERM, SIGCHLD
+  sigset_t old;    // the process's mask before
+  sigset_t child;  // the mask a child execs with
+};
 
-  // Signals are taken synchronously; every thread started below inherits
-  // the mask, children get the old one back before exec.
-  sigset_t signals, old_mask;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGCHLD);
-  sigprocmask(SIG_BLOCK, &signals, &old_mask);
-  // Children start with SIGTERM blocked: a worker asked to leave before it
-  // installed its handler (RunWorker) gets the signal then, instead of dying.
-  sigset_t child_mask = old_mask;
-  sigaddset(&child_mask, SIGTERM);
+// Signals are taken synchronously; every thread started after this inherits
+// the mask, children get the old one back before exec, with SIGTERM
+// blocked: a worker asked to leave before it installed its handler
+// (RunWorker) gets the signal then, instead of dying.
+SignalMasks BlockSignals() {
+  SignalMasks m;
+  sigemptyset(&m.taken);
+  sigaddset(&m.taken, SIGINT);
+  sigaddset(&m.taken, SIGTERM);
+  sigaddset(&m.taken, SIGCHLD);
+  sigprocmask(SIG_BLOCK, &m.taken, &m.old);
+  m.child = m.old;
+  sigaddset(&m.child, SIGTERM);
+  return m;
+}
 
+// A fresh rendezvous store and no progress file in the run directory, a
+// temporary one when none is given. Returns whether the launcher made it.
+absl::StatusOr<bool> PrepareRunDir(TrainerOptions& options) {
   bool own_run_dir = false;
   if (options.run_dir.empty()) {
     std::string templ = "/tmp/co2-train.XXXXXX";
@@ -376,36 +170,46 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
         "cannot create ", options.run_dir, "/store: ", ec.message()));
   }
   std::filesystem::remove(ProgressPath(options.run_dir), ec);
-  if (!options.checkpoint_dir.empty()) {
-    CO2_RETURN_IF_ERROR(ResumableJob(options, started));
-  } else if (options.job.empty()) {
-    options.job = NewJobName(started);
-  }
+  return own_run_dir;
+}
 
-  const StderrToFile quiet(options.run_dir + "/aggregator.log");
-  FILE* const user = quiet.user();
+absl::Status NameJob(TrainerOptions& options, absl::Time started) {
+  if (!options.checkpoint_dir.empty()) return ResumableJob(options, started);
+  if (options.job.empty()) options.job = NewJobName(started);
+  return absl::OkStatus();
+}
+
+// The embedded shards on loopback, unless the workers use external ones or
+// none (ddp); their addresses go into options.aggregators.
+absl::StatusOr<std::vector<std::unique_ptr<server::AggregatorServer>>>
+StartShards(TrainerOptions& options) {
   std::vector<std::unique_ptr<server::AggregatorServer>> shards;
-  if (uses_aggregator && options.aggregators.empty()) {
-    for (int i = 0; i < options.shards; ++i) {
-      server::AggregatorServerOptions shard_options;
-      shard_options.address = "127.0.0.1:0";
-      shard_options.registry.shard_index = i;
-      shard_options.registry.num_shards = options.shards;
-      shard_options.registry.default_round_timeout = options.round_timeout;
-      if (!options.checkpoint_dir.empty()) {
-        shard_options.registry.checkpoint_dir =
-            absl::StrCat(options.checkpoint_dir, "/shards");
-      }
-      CO2_ASSIGN_OR_RETURN(std::unique_ptr<server::AggregatorServer> s,
-                           server::AggregatorServer::Start(shard_options));
-      options.aggregators.push_back(absl::StrCat("127.0.0.1:", s->port()));
-      shards.push_back(std::move(s));
+  if (options.algo == "ddp" || !options.aggregators.empty()) return shards;
+  for (int i = 0; i < options.shards; ++i) {
+    server::AggregatorServerOptions shard_options;
+    shard_options.address = "127.0.0.1:0";
+    shard_options.registry.shard_index = i;
+    shard_options.registry.num_shards = options.shards;
+    shard_options.registry.default_round_timeout = options.round_timeout;
+    if (!options.checkpoint_dir.empty()) {
+      shard_options.registry.checkpoint_dir =
+          absl::StrCat(options.checkpoint_dir, "/shards");
     }
+    CO2_ASSIGN_OR_RETURN(std::unique_ptr<server::AggregatorServer> s,
+                         server::AggregatorServer::Start(shard_options));
+    options.aggregators.push_back(absl::StrCat("127.0.0.1:", s->port()));
+    shards.push_back(std::move(s));
   }
+  return shards;
+}
 
-  // Everything a child needs is prepared before fork: after it, only
-  // async-signal-safe calls until exec.
-  std::vector<Child> children;
+// One child a local rank of every worker, none started yet.
+ChildProcesses PlanChildren(const LaunchOptions& launch,
+                            const TrainerOptions& options,
+                            const sigset_t& child_mask) {
+  ChildProcesses processes;
+  processes.launcher = getpid();
+  processes.mask = child_mask;
   for (int w = 0; w < options.workers; ++w) {
     for (int l = 0; l < options.local_ranks; ++l) {
       Child c;
@@ -426,127 +230,155 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
       }
       c.args.push_back(absl::StrCat("--aggregators=",
                                     absl::StrJoin(options.aggregators, ",")));
-      children.push_back(std::move(c));
+      processes.children.push_back(std::move(c));
     }
   }
-  const pid_t launcher = getpid();
-  pid_t pgid = 0;
-  absl::Status failure = absl::OkStatus();
-  // ValidateTrainerOptions parsed it.
-  const std::vector<ScaleStep> scale =
-      ParseScale(options.scale, options.workers).value();
-  size_t scale_next = 0;
-  int live_workers = InitialWorkers(options);
-  if (!scale.empty() && scale.front().round == 0) scale_next = 1;
-  for (int w = 0; w < live_workers && failure.ok(); ++w) {
-    failure = SpawnWorker(children, w, {}, /*append=*/false, pgid, launcher,
-                          child_mask);
-  }
+  return processes;
+}
 
-  const bool live = options.progress && isatty(fileno(user));
-  std::string last_line;
-  size_t running = 0;
-  for (const Child& c : children) running += c.running ? 1 : 0;
-  bool interrupted = false;
+// The run while its children run: what the supervising loop, which wakes
+// for a signal or four times a second, knows between two wake-ups.
+struct Supervisor {
+  Supervisor(const TrainerOptions& o, ChildProcesses& p, FILE* u)
+      : options(o), processes(p), user(u) {}
+
+  const TrainerOptions& options;
+  ChildProcesses& processes;
+  FILE* user;         // the user's stream (StderrToFile::user)
+  bool live = false;  // it is a terminal: one progress line, redrawn
+  ScalePlan scale;
+  std::string last_line;     // the progress line shown last (live)
   size_t progress_seen = 0;  // lines of the progress file already shown
-  while (failure.ok() && running > 0) {
-    timespec timeout{0, 250 * 1000 * 1000};
-    const int sig = sigtimedwait(&signals, nullptr, &timeout);
-    if (sig == SIGINT || sig == SIGTERM) {
-      interrupted = true;
-      failure = absl::CancelledError(
-          absl::StrCat("interrupted by ", strsignal(sig), "; workers stopped"));
-      break;
-    }
-    for (Child& c : children) {
-      if (!c.running || waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
-      c.running = false;
-      --running;
-      const bool failed = !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
-      if (failed && failure.ok() && !c.leaving &&
-          c.restarts < options.max_restarts) {
-        // The worker rejoins the running job: it fetches the anchor and
-        // trains from the shards' round; the others never stopped. All its
-        // local ranks restart together, in a rendezvous of their own.
-        const std::string why =
-            options.local_ranks == 1
-                ? DescribeExit(c.status)
-                : absl::StrCat("local rank ", c.local_rank, ": ",
-                               DescribeExit(c.status));
-        const std::string ranks =
-            options.local_ranks == 1
-                ? ""
-                : absl::StrCat(", all ", options.local_ranks, " local ranks");
-        std::fprintf(
-            user,
-            "%s[co2-train] worker %d failed (%s); restarting it%s (%d of %d)\n",
-            live ? "\r\033[K" : "", c.worker, why.c_str(), ranks.c_str(),
-            c.restarts + 1, options.max_restarts);
-        std::fflush(user);
-        failure = RestartWorker(children, c.worker, pgid, launcher, child_mask);
-        running = static_cast<size_t>(
-            std::count_if(children.begin(), children.end(),
-                          [](const Child& child) { return child.running; }));
-        continue;
-      }
-      if (failed && failure.ok()) {
-        failure = absl::AbortedError(absl::StrCat(
-            "worker ", c.worker, " local rank ", c.local_rank, " failed (",
-            DescribeExit(c.status), "); last lines of ", c.log, ":\n",
-            Tail(c.log, 12)));
-      }
-    }
-    const std::vector<Progress> progress =
-        ReadProgress(ProgressPath(options.run_dir));
-    if (failure.ok() && scale_next < scale.size()) {
-      absl::StatusOr<int> scaled = ApplyScale(
-          scale, scale_next, progress.empty() ? 0 : progress.back().round,
-          live_workers, children, pgid, launcher, child_mask, user,
-          live ? "\r\033[K" : "");
-      if (scaled.ok()) {
-        live_workers = *scaled;
-        running = static_cast<size_t>(
-            std::count_if(children.begin(), children.end(),
-                          [](const Child& child) { return child.running; }));
-      } else {
-        failure = scaled.status();
-      }
-    }
-    if (live) {
-      const std::string line = ProgressLine(
-          options, progress.empty() ? Progress() : progress.back());
-      if (line != last_line) {
-        std::fprintf(user, "\r\033[K%s", line.c_str());
-        last_line = line;
-      }
-    } else {
-      // Not a terminal: a line every 10 rounds and at the last, each one
-      // even when several rounds passed between two polls.
-      for (size_t i = progress_seen; i < progress.size(); ++i) {
-        const Progress& p = progress[i];
-        if (p.round == p.total || p.round % 10 == 0) {
-          std::fprintf(user, "%s\n", ProgressLine(options, p).c_str());
-        }
-      }
-    }
-    progress_seen = progress.size();
-    std::fflush(user);
-  }
-  if (live) std::fprintf(user, "\n");
-  std::fflush(user);
-  KillAll(children, pgid);
-  for (auto& s : shards) s->Shutdown(absl::Seconds(1));
-  sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-  if (!failure.ok()) {
-    if (own_run_dir && !options.keep_run_dir && interrupted) {
-      std::filesystem::remove_all(options.run_dir, ec);
-      return failure;
-    }
-    return absl::Status(failure.code(),
-                        absl::StrCat(failure.message(), "(logs kept in ",
-                                     options.run_dir, ")"));
-  }
+  bool interrupted = false;  // by SIGINT or SIGTERM
+  absl::Status failure;
+};
 
+// What erases the live progress line before a line of its own.
+const char* ClearLine(const Supervisor& s) { return s.live ? "\r\033[K" : ""; }
+
+// The workers the job starts with; the others join as the plan grows it.
+void StartWorkers(Supervisor& s) {
+  for (int w = 0; w < s.scale.live_workers && s.failure.ok(); ++w) {
+    s.failure = SpawnWorker(s.processes, w, {}, /*append=*/false);
+  }
+}
+
+// Waits up to a poll's time for one of the `taken` signals; SIGINT and
+// SIGTERM interrupt the run (CANCELLED).
+void AwaitSignal(Supervisor& s, const sigset_t& taken) {
+  timespec timeout{0, 250 * 1000 * 1000};
+  const int sig = sigtimedwait(&taken, nullptr, &timeout);
+  if (sig == SIGINT || sig == SIGTERM) {
+    s.interrupted = true;
+    s.failure = absl::CancelledError(
+        absl::StrCat("interrupted by ", strsignal(sig), "; workers stopped"));
+  }
+}
+
+// The worker rejoins the running job: it fetches the anchor and trains
+// from the shards' round; the others never stopped. All its local ranks
+// restart together, in a rendezvous of their own.
+void RestartFailedWorker(Supervisor& s, const Child& c) {
+  const TrainerOptions& options = s.options;
+  const std::string why =
+      options.local_ranks == 1
+          ? DescribeExit(c.status)
+          : absl::StrCat("local rank ", c.local_rank, ": ",
+                         DescribeExit(c.status));
+  const std::string ranks =
+      options.local_ranks == 1
+          ? ""
+          : absl::StrCat(", all ", options.local_ranks, " local ranks");
+  std::fprintf(
+      s.user,
+      "%s[co2-train] worker %d failed (%s); restarting it%s (%d of %d)\n",
+      ClearLine(s), c.worker, why.c_str(), ranks.c_str(), c.restarts + 1,
+      options.max_restarts);
+  std::fflush(s.user);
+  s.failure = RestartWorker(s.processes, c.worker);
+}
+
+// Reaps the children that exited. A failed one is restarted with its
+// worker while --max_restarts allows (unless it was asked to leave), else
+// it fails the run with its log's last lines.
+void ReapChildren(Supervisor& s) {
+  for (Child& c : s.processes.children) {
+    if (!c.running || waitpid(c.pid, &c.status, WNOHANG) != c.pid) continue;
+    c.running = false;
+    const bool failed = !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0);
+    if (!failed || !s.failure.ok()) continue;
+    if (!c.leaving && c.restarts < s.options.max_restarts) {
+      RestartFailedWorker(s, c);
+      continue;
+    }
+    s.failure = absl::AbortedError(absl::StrCat(
+        "worker ", c.worker, " local rank ", c.local_rank, " failed (",
+        DescribeExit(c.status), "); last lines of ", c.log, ":\n",
+        Tail(c.log, 12)));
+  }
+}
+
+// On a terminal the latest line, redrawn; elsewhere a line every 10 rounds
+// and at the last, each one even when several rounds passed between two
+// polls.
+void ShowProgress(Supervisor& s, const std::vector<Progress>& progress) {
+  if (s.live) {
+    const std::string line = ProgressLine(
+        s.options, progress.empty() ? Progress() : progress.back());
+    if (line != s.last_line) {
+      std::fprintf(s.user, "\r\033[K%s", line.c_str());
+      s.last_line = line;
+    }
+  } else {
+    for (size_t i = s.progress_seen; i < progress.size(); ++i) {
+      const Progress& p = progress[i];
+      if (p.round == p.total || p.round % 10 == 0) {
+        std::fprintf(s.user, "%s\n", ProgressLine(s.options, p).c_str());
+      }
+    }
+  }
+  s.progress_seen = progress.size();
+  std::fflush(s.user);
+}
+
+// Until every child has exited or the run fails: reaps and restarts
+// children, applies the scale plan as worker 0 progresses, and shows the
+// progress.
+void Supervise(Supervisor& s, const sigset_t& taken) {
+  while (s.failure.ok() && CountRunning(s.processes) > 0) {
+    AwaitSignal(s, taken);
+    if (s.interrupted) break;
+    ReapChildren(s);
+    const std::vector<Progress> progress =
+        ReadProgress(ProgressPath(s.options.run_dir));
+    if (s.failure.ok() && s.scale.next < s.scale.steps.size()) {
+      s.failure = ApplyScale(s.scale,
+                             progress.empty() ? 0 : progress.back().round,
+                             s.processes, s.user, ClearLine(s));
+    }
+    ShowProgress(s, progress);
+  }
+  if (s.live) std::fprintf(s.user, "\n");
+  std::fflush(s.user);
+}
+
+// The run failed: an interrupted run removes the run directory it made
+// (unless --keep_run_dir); any other failure keeps it and says where.
+absl::Status Failed(const TrainerOptions& options, bool own_run_dir,
+                    bool interrupted, const absl::Status& failure) {
+  if (own_run_dir && !options.keep_run_dir && interrupted) {
+    std::error_code ec;
+    std::filesystem::remove_all(options.run_dir, ec);
+    return failure;
+  }
+  return absl::Status(failure.code(),
+                      absl::StrCat(failure.message(), "(logs kept in ",
+                                   options.run_dir, ")"));
+}
+
+// The report of every rank that was started.
+absl::StatusOr<std::vector<RankReport>> ReadRankReports(
+    const TrainerOptions& options, const std::vector<Child>& children) {
   std::vector<RankReport> reports;
   for (const Child& c : children) {
     if (!c.started) continue;
@@ -555,16 +387,12 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
                                                     c.local_rank)));
     reports.push_back(std::move(r));
   }
-  CO2_ASSIGN_OR_RETURN(MergedSummary summary, Summarize(reports));
-  RunInfo info;
-  info.settings = Settings(options);
-  info.wall_s = absl::ToDoubleSeconds(absl::Now() - started);
-  info.aggregators = options.aggregators;
-  if (!options.report.empty()) {
-    CO2_RETURN_IF_ERROR(WriteFileAtomically(
-        options.report, MergedReportJson(info, reports, summary)));
-  }
+  return reports;
+}
 
+void PrintSummary(const TrainerOptions& options, const RunInfo& info,
+                  const std::vector<RankReport>& reports,
+                  const MergedSummary& summary) {
   std::printf(
       "co2-train: %s, algo=%s, %d workers x %d local ranks, tau=%d: %d rounds, "
       "%lld steps\n",
@@ -587,13 +415,67 @@ absl::Status RunLauncher(const LaunchOptions& launch) {
   if (!options.report.empty())
     std::printf("  report: %s\n", options.report.c_str());
   std::fflush(stdout);
+}
+
+// Merges the rank reports into the JSON report (--report) and the summary
+// printed on stdout. DATA_LOSS when the ranks do not hold the same model.
+absl::Status ReportRun(const TrainerOptions& options,
+                       const std::vector<Child>& children,
+                       absl::Time started) {
+  CO2_ASSIGN_OR_RETURN(std::vector<RankReport> reports,
+                       ReadRankReports(options, children));
+  CO2_ASSIGN_OR_RETURN(MergedSummary summary, Summarize(reports));
+  RunInfo info;
+  info.settings = Settings(options);
+  info.wall_s = absl::ToDoubleSeconds(absl::Now() - started);
+  info.aggregators = options.aggregators;
+  if (!options.report.empty()) {
+    CO2_RETURN_IF_ERROR(WriteFileAtomically(
+        options.report, MergedReportJson(info, reports, summary)));
+  }
+  PrintSummary(options, info, reports, summary);
   if (!summary.params_identical) {
     return absl::DataLossError(absl::StrCat(
         "the ranks do not hold the same model: ", summary.first_difference,
         " (logs kept in ", options.run_dir, ")"));
   }
-  if (own_run_dir && !options.keep_run_dir)
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunLauncher(const LaunchOptions& launch) {
+  const absl::Time started = absl::Now();
+  TrainerOptions options = launch.trainer;
+  CO2_RETURN_IF_ERROR(ValidateTrainerOptions(options));
+  CO2_RETURN_IF_ERROR(CheckDataset(options));
+  const SignalMasks masks = BlockSignals();
+  CO2_ASSIGN_OR_RETURN(const bool own_run_dir, PrepareRunDir(options));
+  CO2_RETURN_IF_ERROR(NameJob(options, started));
+
+  const StderrToFile quiet(options.run_dir + "/aggregator.log");
+  CO2_ASSIGN_OR_RETURN(
+      std::vector<std::unique_ptr<server::AggregatorServer>> shards,
+      StartShards(options));
+  ChildProcesses processes = PlanChildren(launch, options, masks.child);
+  Supervisor supervisor(options, processes, quiet.user());
+  supervisor.scale = PlanScale(options);
+  supervisor.live = options.progress && isatty(fileno(quiet.user()));
+  StartWorkers(supervisor);
+  Supervise(supervisor, masks.taken);
+  KillAll(processes);
+  for (auto& s : shards) s->Shutdown(absl::Seconds(1));
+  sigprocmask(SIG_SETMASK, &masks.old, nullptr);
+  if (!supervisor.failure.ok()) {
+    return Failed(options, own_run_dir, supervisor.interrupted,
+                  supervisor.failure);
+  }
+
+  CO2_RETURN_IF_ERROR(ReportRun(options, processes.children, started));
+  if (own_run_dir && !options.keep_run_dir) {
+    std::error_code ec;
     std::filesystem::remove_all(options.run_dir, ec);
+  }
   return absl::OkStatus();
 }
 

@@ -130,7 +130,7 @@ ABSL_FLAG(std::string, inject_fault, "",
           "Testing (the fault suite): WORKER:WHAT fails that worker's first "
           "process at one point; WHAT is kill_in_round=R, kill_before_finish, "
           "kill_after_finish, flip_final_bit or scale_delta=A-B "
-          "(apps/co2-train/trainer.h).");
+          "(apps/co2-train/injected_fault.h).");
 ABSL_FLAG(std::string, report, "", "Write the JSON report here.");
 ABSL_FLAG(std::string, run_dir, "", "Scratch directory (default: a fresh one in /tmp).");
 ABSL_FLAG(bool, progress, true, "Show the one-line progress display.");

@@ -14,7 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "apps/co2-train/trainer.h"
+#include "apps/co2-train/trainer_options.h"
 #include "client/training/batches.h"
 #include "client/training/char_corpus.h"
 #include "client/training/fashion_mnist.h"

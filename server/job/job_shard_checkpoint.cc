@@ -1,6 +1,6 @@
 // JobShard's checkpoint side: restoring a shard from its checkpoint, and
 // what a checkpoint of the live state holds. The rest of the class is in
-// job_shard.cc and job_shard_publish.cc.
+// job_shard.cc, job_shard_join.cc and job_shard_publish.cc.
 #include <algorithm>
 #include <memory>
 #include <optional>

@@ -1,7 +1,8 @@
 // JobShard's publishing side: how the updates of closed rounds and of the
 // open round's complete chunks reach the workers' streams, at once in
 // memory or once a checkpoint or the round journal holds them. The rest of
-// the class is in job_shard.cc and job_shard_checkpoint.cc.
+// the class is in job_shard.cc, job_shard_join.cc and
+// job_shard_checkpoint.cc.
 #include <memory>
 #include <string>
 #include <utility>

@@ -7,6 +7,7 @@
 //   localsgd  τ inner steps, then a blocking average through the aggregator
 //             (staleness 0, α = 1, β = 0).
 //   slowmo    as localsgd, with outer momentum (β > 0) on the aggregator.
+//   diloco    as slowmo, with Nesterov outer momentum (client/algo.h).
 //   ddp       every step, the gradients are all-reduced across all ranks of
 //             all workers (a group spanning the job); no aggregator.
 // Every step (all algorithms) first averages the flat gradients inside the
@@ -327,7 +328,6 @@ class Co2Optimizer {
   uint64_t anchor_round_ = 0;  // every rank: the anchor x was last set to
   uint64_t steps_ = 0;
   int steps_in_round_ = 0;
-  bool pushed_any_ = false;
   bool broken_ = false;
   bool finished_ = false;
   std::atomic<bool> leave_requested_{false};

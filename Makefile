@@ -3,6 +3,7 @@
 #   make test   (installs, builds, runs the test suite CI runs)
 SHELL := /bin/bash
 BUILD ?= build
+BUILD_TSA ?= build-tsa
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 # ccache hits across clones in other directories (CI builds a fresh clone).
@@ -38,7 +39,7 @@ PACKAGES += python3-dev python3-torch python3-numpy pybind11-dev python3-pytest 
 # Docker engine, which nothing here runs (`docker-compose config` needs none).
 PACKAGES_NO_RECOMMENDS := docker-compose
 
-.PHONY: deps configure build test test-long test-all demo bench clean
+.PHONY: deps configure build thread-safety test test-long test-all demo bench clean
 
 # Idempotent and quiet: apt runs only when a package is missing.
 deps:
@@ -67,9 +68,20 @@ configure: deps $(BUILD)/build.ninja
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# What CI runs: everything but the suites labelled `long`. A test that skips
-# (exit 77) prints a line "SKIP: why"; those lines are shown after the run.
-test: build
+# clang's -Wthread-safety over the libraries that carry ABSL_GUARDED_BY and
+# lock annotations, warnings as errors (cmake/co2_thread_safety.cmake): a
+# clang build of those units only, without LibTorch, tests or benchmarks.
+$(BUILD_TSA)/build.ninja:
+	CC=clang CXX=clang++ cmake -S . -B $(BUILD_TSA) -G Ninja -DCMAKE_BUILD_TYPE=Debug \
+	  -DCO2_THREAD_SAFETY=ON -DCO2_WITH_TORCH=OFF -DCO2_BUILD_TESTS=OFF -DCO2_BUILD_BENCH=OFF
+
+thread-safety: deps $(BUILD_TSA)/build.ninja
+	cmake --build $(BUILD_TSA) -j $(JOBS) --target co2_thread_safety
+
+# What CI runs: the thread-safety check, then everything but the suites
+# labelled `long`. A test that skips (exit 77) prints a line "SKIP: why";
+# those lines are shown after the run.
+test: thread-safety build
 	cd $(BUILD) && { ctest -LE long --output-on-failure -j $(JOBS) $(CTEST_ARGS); status=$$?; \
 	  grep -h '^SKIP: ' Testing/Temporary/LastTest*.log 2>/dev/null | sort -u; exit $$status; }
 
@@ -90,4 +102,4 @@ bench: build
 	bench/run_all.sh $(BUILD)
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(BUILD_TSA)

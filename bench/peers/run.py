@@ -26,6 +26,22 @@ the results show it as failed, and a rerun that selects its row runs it again.
 --only selects rows by name (or shell-style patterns: small-100mbit-tau16-*);
 --max_minutes stops starting runs after that long, and the results then list
 the rows that were not run. Needs root, iproute2, tc.
+
+The referee's campaign (issue 63; referee.py, budget.json, stats.py):
+
+    python3 bench/peers/run.py --referee all --plan   # every run, its estimate, the total
+    sudo python3 bench/peers/run.py --referee select    # budget.json on seed 1, unshaped;
+                                                        # writes bench/results/peers_frozen.json
+    sudo python3 bench/peers/run.py --referee headline  # seeds 2-6, 100 Mbit/s and 1 Gbit/s at 50 ms
+    sudo python3 bench/peers/run.py --referee loss      # 100 Mbit/s, 100 ms, 0.1 % loss, seeds 2-4
+    sudo python3 bench/peers/run.py --referee smoke     # tiny: one cell, both topologies, co2 and ddp
+
+Each cell's link is ov_link's (rate, RTT and loss on every worker link,
+checked with ping and iperf3, the check kept in every run's record); in
+topology "service" the shards' host is behind the same kind of link at
+WORKERS x the rate, in "same" each worker's namespace holds one of
+WORKERS shards. Writes bench/results/peers_referee_<phase>.json (every run,
+every row's targets, the per-cell table) and prints the table.
 """
 
 from __future__ import annotations
@@ -295,8 +311,15 @@ def referee_link(r: dict, scratch: str) -> dict:
             sh(f"ip netns exec {ns} tc qdisc replace dev {dev} root tbf rate {rate} "
                f"burst {burst} latency 50ms")
     out = os.path.join(scratch, "link.json")
-    netns(f"OV_LINKEM={shlex.quote(LINKEM)}; OV_LINKEM_DIR={shlex.quote(scratch)}; "
-          f"ov_link {WORKERS} {r['link']} {r['rtt_ms']:g} {r['loss']:g} default {out}")
+    log = os.path.join(scratch, "ov_link.log")
+    # The emulators it starts outlive the shell: their output goes to the
+    # log, not to the pipe sh() reads until it closes.
+    try:
+        netns(f"OV_LINKEM={shlex.quote(LINKEM)}; OV_LINKEM_DIR={shlex.quote(scratch)}; "
+              f"ov_link {WORKERS} {r['link']} {r['rtt_ms']:g} {r['loss']:g} default {out} "
+              f">{shlex.quote(log)} 2>&1")
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}; ov_link says: {tail(log)}") from None
     with open(out) as f:
         check = json.load(f)
     check["topology"] = r["topology"]
@@ -563,7 +586,7 @@ class Runner:
         self.started = time.monotonic()
         self.current_link = None
         self.link_check = None
-        self.scratch = tempfile.mkdtemp(prefix="co2-peers-link-")
+        self.scratch = None  # ov_link's self-check and emulator stats, made on first use
         self.step_s = referee.cached_step_s() if os.path.exists(referee.TIMINGS) else {}
 
     def run(self, r: dict, selected: bool = True):
@@ -590,6 +613,7 @@ class Runner:
         if r.get("referee"):
             key = (r["link"], r["rtt_ms"], r["loss"], r["topology"])
             if key != self.current_link:
+                self.scratch = self.scratch or tempfile.mkdtemp(prefix="co2-peers-link-")
                 self.link_check = referee_link(r, self.scratch)
                 self.current_link = key
             limit = math.ceil(2 * referee.estimate_s(r, self.step_s)) + 300

@@ -357,7 +357,7 @@ class Services:
     worker 0's."""
 
     def __init__(self, system: str, python: str, limit: int, scratch: str,
-                 topology: str = "service") -> None:
+                 topology: str = "service", params: int = 0) -> None:
         self.system, self.python, self.limit, self.scratch = system, python, limit, scratch
         self.topology = topology
         self.procs = []
@@ -365,7 +365,12 @@ class Services:
         same = topology == "same"
         self.ns = f"{PREFIX}-w0" if same else f"{PREFIX}-agg"
         self.addr = worker_addr(0) if same else SERVICE_ADDR
-        self.shards = [(f"{PREFIX}-w{s}", worker_addr(s), 50051 + s) for s in range(WORKERS)] \
+        # co2 gives every shard at least one block of 65,536 parameters: a
+        # model with fewer blocks than workers (the tiny one: 3) gets one
+        # shard on each of the first workers.
+        same_shards = min(WORKERS, max(1, -(-params // 65536))) if params else WORKERS
+        self.shards = [(f"{PREFIX}-w{s}", worker_addr(s), 50051 + s)
+                       for s in range(same_shards)] \
             if same else [(f"{PREFIX}-agg", SERVICE_ADDR, 50051 + s) for s in range(SHARDS)]
 
     def _start(self, argv: list, name: str, stdin=None, ns: str = "") -> subprocess.Popen:
@@ -478,8 +483,8 @@ def one_run(r: dict, python: str, limit: int) -> dict:
         if os.environ.get("KEEP") == "1":
             scratch = tempfile.mkdtemp(prefix="co2-peers-kept-")
             print(f"  keeping {scratch}", file=sys.stderr)
-        with Services(r["system"], python, limit, scratch,
-                      r.get("topology", "service")) as services:
+        with Services(r["system"], python, limit, scratch, r.get("topology", "service"),
+                      PARAMS[r["size"]]) as services:
             before = iface_counters()
             procs, commands = [], []
             for i in range(WORKERS):
@@ -507,7 +512,10 @@ def one_run(r: dict, python: str, limit: int) -> dict:
             with open(f"{scratch}/rank-{i}.json") as f:
                 ranks.append(json.load(f))
     wire = {ns: {k: after[ns][k] - before[ns][k] for k in after[ns]} for ns in after}
-    rec = {"run": r, "ranks": ranks, "wire": wire, "commands": commands}
+    rec = {"run": r, "ranks": ranks, "wire": wire, "commands": commands,
+           "services": {"topology": r.get("topology", "service"), "ns": services.ns,
+                        "shards": [f"{ns} {addr}:{port}" for ns, addr, port in services.shards]
+                        if r["system"].startswith("co2") else []}}
     digests = {x["params_digest"] for x in ranks}
     # DDP keeps the replicas equal every step, co2's finish() ends every
     # worker on the shards' final anchor: anything else is a wrong run.

@@ -109,6 +109,9 @@ def paired(co2: dict, peer: dict) -> dict:
     out = {"seeds": seeds, "differences": diffs, "only_co2": only_co2, "only_peer": only_peer,
            "median_difference": statistics.median(diffs.values()) if diffs else None,
            "interval": None, "method": None}
+    if len(seeds) < MIN_PAIRS:
+        out.update(method=f"none: {len(seeds)} seeds, fewer than {MIN_PAIRS}", word="undecided")
+        return out
     if only_co2 or only_peer:
         if len(only_co2) == len(seeds) >= MIN_PAIRS:
             out.update(method="sign: only co2 reached it, every seed", word="ahead")

@@ -446,7 +446,7 @@ def print_referee(result: dict) -> None:
               + f" {'MB/worker':>9} {'MB all links':>12}")
         for system, x in cell["systems"].items():
             print(f"{system:18} {x['topology']:7} " + " ".join(
-                f"{fmt(x['median'][m], '22.4f')}" for m in stats.METRICS)
+                f"{fmt(x['median'][m], '.4f'):>22}" for m in stats.METRICS)
                 + f" {x['wire_bytes_per_worker'] / 1e6:9.1f} {x['wire_bytes_all_links'] / 1e6:12.1f}")
         for peer, by_metric in cell["co2_against"].items():
             for m, c in by_metric.items():

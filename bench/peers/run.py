@@ -55,6 +55,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -870,6 +871,8 @@ def referee_main(args, python: str) -> int:
             runner.run(r)
     finally:
         netns("ov_down")
+        if runner.scratch and os.environ.get("KEEP") != "1":
+            shutil.rmtree(runner.scratch, ignore_errors=True)
     if args.referee in ("select", "all"):
         freeze(budget, [r for r in rows if r["phase"] == "select"], runner.records, args.frozen)
     out = args.out or os.path.join(ROOT, "bench", "results", f"peers_referee_{args.referee}.json")

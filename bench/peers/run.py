@@ -26,6 +26,22 @@ the results show it as failed, and a rerun that selects its row runs it again.
 --only selects rows by name (or shell-style patterns: small-100mbit-tau16-*);
 --max_minutes stops starting runs after that long, and the results then list
 the rows that were not run. Needs root, iproute2, tc.
+
+The referee's campaign (issue 63; referee.py, budget.json, stats.py):
+
+    python3 bench/peers/run.py --referee all --plan   # every run, its estimate, the total
+    sudo python3 bench/peers/run.py --referee select    # budget.json on seed 1, unshaped;
+                                                        # writes bench/results/peers_frozen.json
+    sudo python3 bench/peers/run.py --referee headline  # seeds 2-6, 100 Mbit/s and 1 Gbit/s at 50 ms
+    sudo python3 bench/peers/run.py --referee loss      # 100 Mbit/s, 100 ms, 0.1 % loss, seeds 2-4
+    sudo python3 bench/peers/run.py --referee smoke     # tiny: one cell, both topologies, co2 and ddp
+
+Each cell's link is ov_link's (rate, RTT and loss on every worker link,
+checked with ping and iperf3, the check kept in every run's record); in
+topology "service" the shards' host is behind the same kind of link at
+WORKERS x the rate, in "same" each worker's namespace holds one of
+WORKERS shards. Writes bench/results/peers_referee_<phase>.json (every run,
+every row's targets, the per-cell table) and prints the table.
 """
 
 from __future__ import annotations
@@ -39,12 +55,14 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 
+import referee
 import summarize
 from systems import SYSTEMS
 
@@ -172,6 +190,12 @@ def peer_args(r: dict) -> list:
             f"--averaging_timeout={r.get('averaging_timeout', HIVEMIND_AVERAGING_TIMEOUT)}"]
 
 
+def knob_args(r: dict) -> list:
+    """The worker's flags for a referee row's tuned knobs (budget.json)."""
+    return [f"--{k}={r[k]}" for k in ("outer_lr", "outer_momentum", "fragments",
+                                      "fragment_sync_delay") if k in r]
+
+
 def co2_settings(system: str, curve: bool = True) -> dict:
     """What of co2's rows' settings the harness chooses, part of their cache
     key: when they apply each update (co2.Optimizer's default for co2: on
@@ -263,7 +287,52 @@ def shape(link: str) -> None:
         netns(f"ov_shape {WORKERS} {link}")
 
 
+LINKEM = os.environ.get("OV_LINKEM", os.path.join(ROOT, "build", "bin", "co2-linkem"))
+
+
+def referee_link(r: dict, scratch: str) -> dict:
+    """Sets up a referee row's link and returns ov_link's self-check (what
+    was asked and measured), or, on the unshaped link, that nothing was
+    shaped. Every worker link gets the cell's rate, RTT and loss
+    (bench/overlap/netns.sh's ov_link); in topology "service" the service
+    host's link is shaped too, at WORKERS x the rate (its delay and loss
+    are ov_delay's, on every host); in "same" it stays unshaped and idle."""
+    netns("ov_undelay")
+    sh(f"ip netns exec {PREFIX}-agg tc qdisc del dev eth0 root", check=False)
+    sh(f"ip netns exec {PREFIX}-sw tc qdisc del dev pa root", check=False)
+    if r["link"] == "none" and not r["rtt_ms"] and not r["loss"]:
+        shape("none")
+        return {"asked": {"rate": "none", "rtt_ms": 0, "loss": 0}, "measured": None}
+    if r["link"] == "none":
+        raise ValueError("a referee cell with delay or loss needs a rate")
+    if r["topology"] == "service":
+        rate = f"{round(WORKERS * link_bytes_per_s(r['link']) * 8 / 1e6)}mbit"
+        burst = max(131072, int(WORKERS * link_bytes_per_s(r["link"]) / 250))
+        for ns, dev in ((f"{PREFIX}-agg", "eth0"), (f"{PREFIX}-sw", "pa")):
+            sh(f"ip netns exec {ns} tc qdisc replace dev {dev} root tbf rate {rate} "
+               f"burst {burst} latency 50ms")
+    out = os.path.join(scratch, "link.json")
+    log = os.path.join(scratch, "ov_link.log")
+    # The emulators it starts outlive the shell: their output goes to the
+    # log, not to the pipe sh() reads until it closes.
+    try:
+        netns(f"OV_LINKEM={shlex.quote(LINKEM)}; OV_LINKEM_DIR={shlex.quote(scratch)}; "
+              f"ov_link {WORKERS} {r['link']} {r['rtt_ms']:g} {r['loss']:g} default {out} "
+              f">{shlex.quote(log)} 2>&1")
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}; ov_link says: {tail(log)}") from None
+    with open(out) as f:
+        check = json.load(f)
+    check["topology"] = r["topology"]
+    if r["topology"] == "service":
+        check["service_link"] = {"rate_mbit": WORKERS * link_bytes_per_s(r["link"]) * 8 / 1e6}
+    return check
+
+
 def iface_counters() -> dict:
+    """tx/rx bytes of every host's eth0: each worker's link and the
+    service host's (every byte crosses the links of its sender and its
+    receiver, so the sum over links counts it on each)."""
     out = {}
     for ns in [f"{PREFIX}-w{i}" for i in range(WORKERS)] + [f"{PREFIX}-agg"]:
         text = sh(f"ip netns exec {ns} cat /sys/class/net/eth0/statistics/tx_bytes "
@@ -273,26 +342,41 @@ def iface_counters() -> dict:
     return out
 
 
-def wait_listening(port: int, deadline_s: float) -> None:
+def wait_listening(port: int, deadline_s: float, ns: str = f"{PREFIX}-agg") -> None:
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
-        if f":{port} " in sh(f"ip netns exec {PREFIX}-agg ss -Hltn"):
+        if f":{port} " in sh(f"ip netns exec {ns} ss -Hltn"):
             return
         time.sleep(0.1)
-    raise TimeoutError(f"nothing listens on {SERVICE_ADDR}:{port} after {deadline_s} s")
+    raise TimeoutError(f"nothing listens on port {port} in {ns} after {deadline_s} s")
 
 
 class Services:
-    """The run's services in the service namespace, stopped on exit."""
+    """The run's services, stopped on exit: in the service namespace
+    (topology "service"), or (topology "same") co2's WORKERS shards one in
+    each worker's namespace and the lighthouse / hivemind's first peer in
+    worker 0's."""
 
-    def __init__(self, system: str, python: str, limit: int, scratch: str) -> None:
+    def __init__(self, system: str, python: str, limit: int, scratch: str,
+                 topology: str = "service", params: int = 0) -> None:
         self.system, self.python, self.limit, self.scratch = system, python, limit, scratch
+        self.topology = topology
         self.procs = []
         self.worker_args = []
+        same = topology == "same"
+        self.ns = f"{PREFIX}-w0" if same else f"{PREFIX}-agg"
+        self.addr = worker_addr(0) if same else SERVICE_ADDR
+        # co2 gives every shard at least one block of 65,536 parameters: a
+        # model with fewer blocks than workers (the tiny one: 3) gets one
+        # shard on each of the first workers.
+        same_shards = min(WORKERS, max(1, -(-params // 65536))) if params else WORKERS
+        self.shards = [(f"{PREFIX}-w{s}", worker_addr(s), 50051 + s)
+                       for s in range(same_shards)] \
+            if same else [(f"{PREFIX}-agg", SERVICE_ADDR, 50051 + s) for s in range(SHARDS)]
 
-    def _start(self, argv: list, name: str, stdin=None) -> subprocess.Popen:
+    def _start(self, argv: list, name: str, stdin=None, ns: str = "") -> subprocess.Popen:
         log = open(os.path.join(self.scratch, f"{name}.log"), "w")
-        p = subprocess.Popen(["ip", "netns", "exec", f"{PREFIX}-agg", "timeout",
+        p = subprocess.Popen(["ip", "netns", "exec", ns or self.ns, "timeout",
                               str(self.limit)] + argv, stdout=log, stderr=subprocess.STDOUT,
                              stdin=stdin, start_new_session=True)
         self.procs.append(p)
@@ -303,20 +387,21 @@ class Services:
         if self.system.startswith("co2"):
             binary = subprocess.run([os.path.join(bindir, "co2"), "aggregator-path"], check=True,
                                     capture_output=True, text=True, timeout=60).stdout.strip()
-            for s in range(SHARDS):
-                self._start([binary, "--insecure", f"--port={50051 + s}", f"--shard_index={s}",
-                             f"--num_shards={SHARDS}", "--metrics_port=-1"], f"shard-{s}")
-            for s in range(SHARDS):
-                wait_listening(50051 + s, 30)
+            n = len(self.shards)
+            for s, (ns, _, port) in enumerate(self.shards):
+                self._start([binary, "--insecure", f"--port={port}", f"--shard_index={s}",
+                             f"--num_shards={n}", "--metrics_port=-1"], f"shard-{s}", ns=ns)
+            for ns, _, port in self.shards:
+                wait_listening(port, 30, ns)
             self.worker_args = ["--aggregators=" + ",".join(
-                f"{SERVICE_ADDR}:{50051 + s}" for s in range(SHARDS))]
+                f"{addr}:{port}" for _, addr, port in self.shards)]
         elif self.system.startswith("torchft"):
             self._start([os.path.join(bindir, "torchft_lighthouse"), "--min_replicas",
                          str(WORKERS), "--bind", "0.0.0.0:29510"], "lighthouse")
-            wait_listening(29510, 30)
+            wait_listening(29510, 30, self.ns)
         elif self.system == "hivemind":
             maddr = os.path.join(self.scratch, "maddr")
-            self._start([self.python, os.path.join(HERE, "hivemind_peer.py"), SERVICE_ADDR,
+            self._start([self.python, os.path.join(HERE, "hivemind_peer.py"), self.addr,
                          maddr], "hivemind-peer", stdin=subprocess.PIPE)
             end = time.monotonic() + 60
             while not os.path.exists(maddr):
@@ -399,18 +484,20 @@ def one_run(r: dict, python: str, limit: int) -> dict:
         if os.environ.get("KEEP") == "1":
             scratch = tempfile.mkdtemp(prefix="co2-peers-kept-")
             print(f"  keeping {scratch}", file=sys.stderr)
-        with Services(r["system"], python, limit, scratch) as services:
+        with Services(r["system"], python, limit, scratch, r.get("topology", "service"),
+                      PARAMS[r["size"]]) as services:
             before = iface_counters()
             procs, commands = [], []
             for i in range(WORKERS):
-                argv = [python, os.path.join(HERE, "worker.py"), f"--system={r['system']}",
+                argv = [python, os.path.join(HERE, "worker.py"),
+                        f"--system={r.get('variant', r['system'])}",
                         f"--rank={i}", f"--workers={WORKERS}", f"--size={r['size']}",
                         f"--steps={r['steps']}", f"--tau={r['tau']}", f"--lr={r['lr']}",
                         f"--seed={r['seed']}", f"--eval_every={r['eval_every']}",
                         f"--val_windows={r['val_windows']}", f"--addr={worker_addr(i)}",
-                        f"--rank0_addr={worker_addr(0)}", f"--service_addr={SERVICE_ADDR}",
+                        f"--rank0_addr={worker_addr(0)}", f"--service_addr={services.addr}",
                         f"--job={job_id(r['name'])}", f"--out={scratch}/rank-{i}.json"]
-                argv += peer_args(r) + services.worker_args
+                argv += peer_args(r) + services.worker_args + knob_args(r)
                 commands.append(shlex.join(argv))
                 log = open(os.path.join(scratch, f"w{i}.log"), "w")
                 procs.append(subprocess.Popen(
@@ -426,7 +513,10 @@ def one_run(r: dict, python: str, limit: int) -> dict:
             with open(f"{scratch}/rank-{i}.json") as f:
                 ranks.append(json.load(f))
     wire = {ns: {k: after[ns][k] - before[ns][k] for k in after[ns]} for ns in after}
-    rec = {"run": r, "ranks": ranks, "wire": wire, "commands": commands}
+    rec = {"run": r, "ranks": ranks, "wire": wire, "commands": commands,
+           "services": {"topology": r.get("topology", "service"), "ns": services.ns,
+                        "shards": [f"{ns} {addr}:{port}" for ns, addr, port in services.shards]
+                        if r["system"].startswith("co2") else []}}
     digests = {x["params_digest"] for x in ranks}
     # DDP keeps the replicas equal every step, co2's finish() ends every
     # worker on the shards' final anchor: anything else is a wrong run.
@@ -504,6 +594,9 @@ class Runner:
         self.cpu = machine()["cpu"]
         self.started = time.monotonic()
         self.current_link = None
+        self.link_check = None
+        self.scratch = None  # ov_link's self-check and emulator stats, made on first use
+        self.step_s = referee.cached_step_s() if os.path.exists(referee.TIMINGS) else {}
 
     def run(self, r: dict, selected: bool = True):
         rec = cached(self.args.cache, r)
@@ -526,10 +619,18 @@ class Runner:
             self.failed_earlier.append(r["name"])
             self.records[r["name"]] = rec
             return rec
-        if r["link"] != self.current_link:
-            shape(r["link"])
-            self.current_link = r["link"]
-        limit = limit_s(r)
+        if r.get("referee"):
+            key = (r["link"], r["rtt_ms"], r["loss"], r["topology"])
+            if key != self.current_link:
+                self.scratch = self.scratch or tempfile.mkdtemp(prefix="co2-peers-link-")
+                self.link_check = referee_link(r, self.scratch)
+                self.current_link = key
+            limit = math.ceil(2 * referee.estimate_s(r, self.step_s)) + 300
+        else:
+            if r["link"] != self.current_link:
+                shape(r["link"])
+                self.current_link = r["link"]
+            limit = limit_s(r)
         print(f"run {r['name']}", file=sys.stderr, flush=True)
         t = time.monotonic()
         load = os.getloadavg()[0]
@@ -539,6 +640,8 @@ class Runner:
         rec["load_1min"] = [load, os.getloadavg()[0]]
         rec["commit"] = head_commit()
         rec["cpu"] = self.cpu
+        if r.get("referee"):
+            rec["link_check"] = self.link_check
         if "error" in rec:
             print(f"  FAILED: {summarize.failure(rec['error'])}; its log ends: "
                   f"{rec['error'][-1500:]}", file=sys.stderr, flush=True)
@@ -685,8 +788,117 @@ def own_session() -> None:
     sys.exit(run.wait())
 
 
+def referee_rows(args, budget: dict) -> list:
+    """The rows of --referee PHASE (referee.py), named, in run order."""
+    phases = ["select", "headline", "loss"] if args.referee == "all" else [args.referee]
+    rows = []
+    if args.referee == "smoke":
+        systems = [x for x in args.systems.split(",") if x]
+        settings = {x: dict(budget["systems"][x]["settings"][0], lr=3e-3, tau=8)
+                    for x in referee.SYSTEMS}
+        kw = dict(size="tiny", steps=32, eval_every=8, val_windows=0)
+        rows = referee.phase_rows(settings, "smoke", (("100mbit", 50, 0.0),), (1,),
+                                  systems=tuple(systems), **kw)
+        rows = [r for r in rows if r["system"] in systems]
+        phases = []
+    for phase in phases:
+        if phase == "select":
+            rows += referee.select_rows(budget)
+            continue
+        if os.path.exists(args.frozen):
+            with open(args.frozen) as f:
+                settings = referee.frozen_settings(budget, json.load(f))
+        elif args.plan:  # the cost does not depend on which setting is picked much
+            settings = {x: budget["systems"][x]["settings"][0] for x in referee.SYSTEMS}
+        else:
+            raise SystemExit(f"no {args.frozen}: run --referee select first")
+        if phase == "headline":
+            out = referee.phase_rows(settings, phase, referee.HEADLINE_CELLS,
+                                     referee.HEADLINE_SEEDS)
+        else:
+            out = referee.phase_rows(settings, phase, (referee.LOSS_CELL,), referee.LOSS_SEEDS,
+                                     systems=referee.LOSS_SYSTEMS)
+        referee.cut_steps(out, referee.cached_step_s())
+        rows += out
+    for r in rows:
+        r["name"] = referee.row_name(r)
+    return rows
+
+
+def print_plan(rows: list) -> None:
+    p = referee.plan(rows, referee.cached_step_s())
+    for x in p["runs"]:
+        print(f"{x['name']:64} {x['phase']:8} {x['steps']:5} steps {x['estimate_s'] / 60:6.1f} min")
+    for phase, t in p["by_phase_s"].items():
+        print(f"{phase}: {sum(1 for x in p['runs'] if x['phase'] == phase)} runs, {t / 3600:.2f} h")
+    print(f"{len(p['runs'])} runs and {p['link_setups']} link set-ups: "
+          f"{p['total_s'] / 3600:.1f} h on this machine (estimates: bench/results/peers.json's "
+          f"per-step times, referee.py's RTT, evaluation and overhead terms)")
+
+
+def freeze(budget: dict, rows: list, records: dict, path: str) -> dict:
+    """Picks each system's setting from the select rows' final losses and
+    writes the frozen file."""
+    losses = {}
+    for r in rows:
+        rec = records.get(r["name"])
+        loss = None if rec is None or "error" in rec else rec["ranks"][0]["final_val_loss"]
+        losses.setdefault(r["system"], {})[r["setting"]] = loss
+    picked = referee.pick(budget, losses)
+    with open(referee.BUDGET, "rb") as f:
+        digest = hashlib.sha1(f.read()).hexdigest()
+    doc = {"what": "each system's setting for every headline and loss-cell run (run.py "
+                   "--referee select; bench/peers/budget.json)", "rule": budget["rule"],
+           "budget_sha1": digest, "commit": head_commit(), "picked": picked, "losses": losses}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+    print(f"wrote {path}: " + ", ".join(f"{k} {v}" for k, v in picked.items()), file=sys.stderr)
+    return doc
+
+
+def referee_main(args, python: str) -> int:
+    budget = referee.load_budget()
+    rows = referee_rows(args, budget)
+    installed = install_status(python)
+    runner = Runner(args, python, installed)
+    os.makedirs(args.cache, exist_ok=True)
+    netns("ov_down")
+    netns(f"ov_up {WORKERS}")
+    try:
+        for r in rows:
+            runner.run(r)
+    finally:
+        netns("ov_down")
+        if runner.scratch and os.environ.get("KEEP") != "1":
+            shutil.rmtree(runner.scratch, ignore_errors=True)
+    if args.referee in ("select", "all"):
+        freeze(budget, [r for r in rows if r["phase"] == "select"], runner.records, args.frozen)
+    out = args.out or os.path.join(ROOT, "bench", "results", f"peers_referee_{args.referee}.json")
+    result = summarize.referee_build(runner.records, rows, versions=versions(python),
+                                     installed=installed, machine=machine(),
+                                     orders={s: referee.order(s) for s in
+                                             sorted({r["seed"] for r in rows})})
+    with open(out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    print(f"wrote {out}", file=sys.stderr)
+    summarize.print_referee(result)
+    return 1 if runner.failed else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--referee", choices=("select", "headline", "loss", "all", "smoke"),
+                    help="issue 63's campaign (referee.py): the tuning budget's select step, "
+                         "the headline cells, the loss cell, all three in order, or a "
+                         "tiny smoke of one cell (100 Mbit/s, 50 ms) in both topologies")
+    ap.add_argument("--plan", action="store_true",
+                    help="with --referee: list every run with its estimated time and the total")
+    ap.add_argument("--frozen", default=referee.FROZEN,
+                    help="the frozen settings --referee select writes and the others read")
+    ap.add_argument("--systems", default="co2,ddp", help="--referee smoke's systems")
     ap.add_argument("--quick", action="store_true", help="the tiny model at 100 Mbit/s only")
     ap.add_argument("--only", default="",
                     help="comma-separated run names or shell-style patterns of them")
@@ -698,6 +910,11 @@ def main() -> int:
     ap.add_argument("--cache", default=CACHE, help="the directory of cached runs")
     ap.add_argument("--python", default="", help="the venv's python (default: bench/peers/venv.sh)")
     args = ap.parse_args()
+    if args.plan:
+        if not args.referee:
+            ap.error("--plan goes with --referee")
+        print_plan(referee_rows(args, referee.load_budget()))
+        return 0
     if os.geteuid() != 0:
         print("bench/peers/run.py needs root (network namespaces and tc)", file=sys.stderr)
         return 2
@@ -710,6 +927,8 @@ def main() -> int:
     python = args.python or subprocess.run(
         [os.path.join(HERE, "venv.sh")], check=True, capture_output=True, text=True,
         timeout=3600).stdout.strip().splitlines()[-1]
+    if args.referee:
+        return referee_main(args, python)
     vers = versions(python)
     installed = install_status(python)
     rows = grid(args.quick)

@@ -25,6 +25,8 @@ import statistics
 import subprocess
 import tempfile
 
+import stats
+
 TARGET_MARGIN = 1.02
 
 
@@ -297,3 +299,158 @@ if __name__ == "__main__":
     with open(sys.argv[1]) as f:
         result = json.load(f)
     print(sweep_markdown(result) + "\n\n" + markdown(result))
+
+
+# -- the referee's table (run.py --referee; stats.py holds the arithmetic) --
+
+def referee_metrics(rec: dict, ref: dict, equal_samples: int) -> dict:
+    """One run's row of the referee table: its targets against its seed's
+    DDP on the unshaped link (`ref`), its bytes per worker and on every
+    link, its link check."""
+    r = rec["run"]
+    row = {k: r[k] for k in ("name", "phase", "system", "setting", "size", "link", "rtt_ms",
+                             "loss", "topology", "tau", "seed", "steps", "full_steps", "lr")}
+    row.update(commit=rec.get("commit"), cpu=rec.get("cpu"), link_check=rec.get("link_check"))
+    if "error" in rec:
+        row["error"] = rec["error"]
+        return row
+    r0 = rec["ranks"][0]
+    curve = [{k: p[k] for k in ("samples", "wall_s", "val_loss")} for p in r0["curve"]]
+    links = {ns: w["tx_bytes"] + w["rx_bytes"] for ns, w in rec["wire"].items()}
+    workers = [v for ns, v in links.items() if not ns.endswith("-agg")]
+    row.update(final_val_loss=r0["final_val_loss"], wall_s=max(x["train_s"] for x in rec["ranks"]),
+               samples=curve[-1]["samples"], curve=curve, bytes_per_link=links,
+               wire_bytes_per_worker=statistics.mean(workers),
+               wire_bytes_all_links=sum(links.values()))
+    if ref is not None and "error" not in ref:
+        ddp_final = ref["ranks"][0]["final_val_loss"]
+        ddp_s = max(x["train_s"] for x in ref["ranks"])
+        row.update(ddp_final_loss=ddp_final, ddp_unshaped_s=ddp_s,
+                   metrics=stats.targets(curve, ddp_final, ddp_s, equal_samples,
+                                         complete=r["steps"] == r["full_steps"]))
+    return row
+
+
+def cell_key(r: dict) -> str:
+    import referee
+    return referee.cell_name(r["link"], r["rtt_ms"], r["loss"])
+
+
+def mixed_commits(records: dict, phases=("headline", "loss", "smoke")) -> dict:
+    """commit -> the names of the measured runs of `phases` at it, when
+    there is more than one commit (else empty): such rows are not compared."""
+    by = {}
+    for name, rec in records.items():
+        if "error" not in rec and rec["run"].get("phase") in phases:
+            by.setdefault(rec.get("commit"), []).append(name)
+    return by if len(by) > 1 else {}
+
+
+def referee_cells(rows: list) -> list:
+    """Per (phase, cell, topology): each system's rows by seed and, for
+    co2 against each peer, the paired comparison of every metric. The
+    peers' rows of "same" stand for "service" where they ran in "same"
+    only (their data path does not cross the service host)."""
+    out = []
+    measured = [r for r in rows if "metrics" in r and r["phase"] != "select"
+                and not (r["system"] == "ddp" and r["link"] == "none")]
+    keys = sorted({(r["phase"], cell_key(r)) for r in measured})
+    for phase, cell in keys:
+        here = [r for r in measured if (r["phase"], cell_key(r)) == (phase, cell)]
+        for topology in ("service", "same"):
+            by_system = {}
+            for system in dict.fromkeys(r["system"] for r in here):
+                tops = [topology] if system == "co2" else [topology, "same"]
+                for t in tops:
+                    got = {r["seed"]: r for r in here if r["system"] == system
+                           and r["topology"] == t}
+                    if got:
+                        by_system[system] = {"topology": t, "seeds": got}
+                        break
+            if "co2" not in by_system:
+                continue
+            entry = {"phase": phase, "cell": cell, "topology": topology, "systems": {},
+                     "co2_against": {}}
+            for system, x in by_system.items():
+                seeds = x["seeds"]
+                med = {}
+                for m in stats.METRICS:
+                    vals = [r["metrics"][m] for r in seeds.values()]
+                    med[m] = statistics.median(vals) if all(v is not None for v in vals) else None
+                entry["systems"][system] = {
+                    "topology": x["topology"], "seeds": sorted(seeds), "median": med,
+                    "wire_bytes_per_worker": statistics.median(
+                        r["wire_bytes_per_worker"] for r in seeds.values()),
+                    "wire_bytes_all_links": statistics.median(
+                        r["wire_bytes_all_links"] for r in seeds.values())}
+            co2 = by_system["co2"]["seeds"]
+            for system, x in by_system.items():
+                if system == "co2":
+                    continue
+                entry["co2_against"][system] = {
+                    m: stats.paired({s: r["metrics"][m] for s, r in co2.items()},
+                                    {s: r["metrics"][m] for s, r in x["seeds"].items()})
+                    for m in stats.METRICS}
+            out.append(entry)
+    return out
+
+
+def referee_build(records: dict, rows: list, *, versions: dict, installed: dict,
+                  machine: dict, orders: dict) -> dict:
+    """The referee JSON: every run, each row's metrics, and (when every
+    compared row is at one commit) the per-cell table."""
+    refs = {(rec["run"]["phase"], rec["run"]["seed"]): rec for rec in records.values()
+            if rec["run"].get("system") == "ddp" and rec["run"].get("link") == "none"}
+    samples = {}
+    for rec in records.values():
+        if "error" not in rec:
+            k = (rec["run"]["phase"], cell_key(rec["run"]))
+            s = rec["ranks"][0]["curve"][-1]["samples"]
+            samples[k] = min(samples.get(k, s), s)
+    table = [referee_metrics(records[r["name"]], refs.get((r["phase"], r["seed"])),
+                             samples.get((r["phase"], cell_key(r)), 0))
+             for r in rows if r["name"] in records]
+    mixed = mixed_commits({r["name"]: records[r["name"]] for r in rows if r["name"] in records})
+    return {"what": "bench/peers under a referee's rules (run.py --referee, issue 63)",
+            "machine": machine, "versions": versions, "peers_install": installed,
+            "metrics": stats.__doc__, "system_order_per_seed": orders,
+            "mixed_commits": mixed, "rows": table,
+            "cells": [] if mixed else referee_cells(table),
+            "not_run": [r["name"] for r in rows if r["name"] not in records],
+            "runs": {name: rec for name, rec in records.items()}}
+
+
+def print_referee(result: dict) -> None:
+    """Per cell and topology: each system's medians and bytes, then co2
+    against each peer per metric: the median paired difference, its 95 %
+    interval, the method and the word."""
+    for row in result["rows"]:
+        if row.get("error"):
+            print(f"{row['name']:60} ERROR {failure(row['error'])}")
+            continue
+        chk = row.get("link_check") or {}
+        m = chk.get("measured") or {}
+        links = " ".join(f"{ns.rsplit('-', 1)[1]}={v / 1e6:.1f}"
+                         for ns, v in row["bytes_per_link"].items())
+        print(f"{row['name']:60} final {row['final_val_loss']:.4f} wall {row['wall_s']:6.1f} s  "
+              f"link check: ping {m.get('ping_rtt_ms', '-')} ms iperf3 "
+              f"{m.get('iperf3_mbit', '-')} Mbit/s  MB per link: {links}  "
+              f"total {row['wire_bytes_all_links'] / 1e6:.1f}")
+    if result["mixed_commits"]:
+        print("REFUSED: the compared rows ran at more than one commit: " + "; ".join(
+            f"{c}: {', '.join(sorted(n))}" for c, n in result["mixed_commits"].items()))
+        return
+    for cell in result["cells"]:
+        print(f"\n== {cell['phase']} {cell['cell']}, topology {cell['topology']}")
+        print(f"{'system':18} {'top.':7} " + " ".join(f"{m[:22]:>22}" for m in stats.METRICS)
+              + f" {'MB/worker':>9} {'MB all links':>12}")
+        for system, x in cell["systems"].items():
+            print(f"{system:18} {x['topology']:7} " + " ".join(
+                f"{fmt(x['median'][m], '.4f'):>22}" for m in stats.METRICS)
+                + f" {x['wire_bytes_per_worker'] / 1e6:9.1f} {x['wire_bytes_all_links'] / 1e6:12.1f}")
+        for peer, by_metric in cell["co2_against"].items():
+            for m, c in by_metric.items():
+                iv = c["interval"]
+                iv = "-" if iv is None else f"[{iv[0]:+.4f}, {iv[1]:+.4f}]"
+                print(f"  co2 - {peer:18} {m:24} median {fmt(c['median_difference'], '+.4f'):>9}"
+                      f" 95% {iv:22} {c['word']:9} ({c['method']})")

@@ -105,12 +105,19 @@ class ByteLM(nn.Module):
         return self.head(self.ln(h))
 
 
-def fragments(model: ByteLM) -> list:
-    """Two halves of the model for torchft's streaming DiLoCo: the
-    embeddings and the first half of the blocks; the rest and the head."""
-    half = len(model.blocks) // 2
-    return [nn.ModuleList([model.embed, model.pos, *model.blocks[:half]]),
-            nn.ModuleList([*model.blocks[half:], model.ln, model.head])]
+def fragments(model: ByteLM, k: int = 2) -> list:
+    """k consecutive parts of the model for torchft's streaming DiLoCo,
+    blocks split as evenly as they go: the embeddings go with the first
+    blocks, the final LayerNorm and the head with the last (k = 2: the
+    embeddings and the first half of the blocks; the rest and the head)."""
+    n = len(model.blocks)
+    if not 1 <= k <= n:
+        raise ValueError(f"{k} fragments of a model of {n} blocks")
+    cuts = [round(i * n / k) for i in range(k + 1)]
+    parts = [list(model.blocks[cuts[i]:cuts[i + 1]]) for i in range(k)]
+    parts[0] = [model.embed, model.pos] + parts[0]
+    parts[-1] = parts[-1] + [model.ln, model.head]
+    return [nn.ModuleList(p) for p in parts]
 
 
 def make_model(size: ModelSize, seed: int) -> ByteLM:
@@ -143,8 +150,11 @@ class Batches:
 
 
 def validation_batches(val: torch.Tensor, size: ModelSize, windows: int) -> torch.Tensor:
-    """``windows`` fixed, evenly spaced windows of the validation bytes."""
+    """``windows`` fixed, evenly spaced windows of the validation bytes;
+    0: the whole split, in consecutive windows."""
     t = size.context + 1
+    if windows == 0:
+        windows = len(val) // t
     stride = (len(val) - t) // windows
     return torch.stack([val[i * stride:i * stride + t] for i in range(windows)]).long()
 

@@ -134,6 +134,13 @@ def main() -> int:
                     help="hivemind: its Optimizer's matchmaking_time (run.py's peer_args)")
     ap.add_argument("--averaging_timeout", type=float,
                     help="hivemind: its Optimizer's averaging_timeout (run.py's peer_args)")
+    ap.add_argument("--outer_lr", type=float, default=0.7,
+                    help="torchft's DiLoCo and streaming DiLoCo: the outer Nesterov lr")
+    ap.add_argument("--outer_momentum", type=float, default=0.9,
+                    help="torchft's DiLoCo and streaming DiLoCo: the outer momentum")
+    ap.add_argument("--fragments", type=int, default=2, help="streaming DiLoCo's fragments")
+    ap.add_argument("--fragment_sync_delay", type=int, default=1,
+                    help="streaming DiLoCo's fragment_sync_delay (steps)")
     ap.add_argument("--job", default="peers")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -164,19 +171,22 @@ def main() -> int:
             manager, _store = torchft_manager(args, model, inner, [])
             contexts.append(LocalSGD(manager, model, inner, sync_every=tau))
         else:
-            # Outer Nesterov SGD, lr 0.7, momentum 0.9: the DiLoCo paper's setting,
-            # which torchft's train_diloco.py uses.
-            frags = [model] if system == "torchft-diloco" else task.fragments(model)
-            outer = [torch.optim.SGD(f.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+            # Outer Nesterov SGD; by default lr 0.7, momentum 0.9: the DiLoCo
+            # paper's setting, which torchft's train_diloco.py uses.
+            frags = ([model] if system == "torchft-diloco"
+                     else task.fragments(model, args.fragments))
+            outer = [torch.optim.SGD(f.parameters(), lr=args.outer_lr,
+                                     momentum=args.outer_momentum, nesterov=True)
                      for f in frags]
+            notes["outer"] = {"lr": args.outer_lr, "momentum": args.outer_momentum}
             manager, _store = torchft_manager(args, model, inner, outer)
             # On CPU: no pinned backup (needs an accelerator); no quantized
             # exchange (torchft's quantization is CUDA/Triton only).
             kw = dict(backup_device=torch.device("cpu"), pin_memory=False, should_quantize=False)
             if system == "torchft-streaming":
-                kw.update(fragment_sync_delay=1)
+                kw.update(fragment_sync_delay=args.fragment_sync_delay)
                 notes["fragments"] = len(frags)
-                notes["fragment_sync_delay"] = 1
+                notes["fragment_sync_delay"] = args.fragment_sync_delay
             contexts.append(DiLoCo(manager, frags, inner, outer if len(outer) > 1 else outer[0],
                                    sync_every=tau, **kw))
     elif system == "hivemind":
@@ -286,6 +296,8 @@ def main() -> int:
         step_s += time.perf_counter() - t
     clock += time.perf_counter() - start
     net1 = counters()
+    # Training is over: the evaluations may take every core.
+    torch.set_num_threads(os.cpu_count() or 1)
     final = task.evaluate(model, windows)
     curve = []
     with torch.no_grad():

@@ -3,12 +3,13 @@
 #include <tuple>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::common {
 namespace {
 
 class ShardRangeTest
-    : public testing::TestWithParam<std::tuple<size_t, size_t>> {};
+    : public ::testing::TestWithParam<std::tuple<size_t, size_t>> {};
 
 TEST_P(ShardRangeTest, CoversEverythingOnceBlockAligned) {
   const auto [parameters, shards] = GetParam();
@@ -16,7 +17,7 @@ TEST_P(ShardRangeTest, CoversEverythingOnceBlockAligned) {
   size_t smallest = parameters, largest = 0;
   for (size_t i = 0; i < shards; ++i) {
     absl::StatusOr<Range> r = ShardRangeFor(parameters, shards, i);
-    ASSERT_TRUE(r.ok()) << r.status();
+    CO2_ASSERT_OK(r);
     EXPECT_EQ(r->begin, expected_begin) << "shard " << i;
     EXPECT_GE(r->end, r->begin);
     EXPECT_EQ(r->begin % kBlockElements, 0u) << "shard " << i;
@@ -33,9 +34,9 @@ TEST_P(ShardRangeTest, CoversEverythingOnceBlockAligned) {
 
 INSTANTIATE_TEST_SUITE_P(
     Sizes, ShardRangeTest,
-    testing::Combine(testing::Values(1, 65535, 65536, 65537, 1000000,
-                                     3 * 65536 + 5, 10 * 65536),
-                     testing::Values(1, 2, 3, 7)));
+    ::testing::Combine(::testing::Values(1, 65535, 65536, 65537, 1000000,
+                                         3 * 65536 + 5, 10 * 65536),
+                       ::testing::Values(1, 2, 3, 7)));
 
 TEST(ShardRangeTest, TwoShardsOfAMillion) {
   // 1,000,000 = 15 blocks + 16,960: shard 0 gets 8 blocks, shard 1 the rest.

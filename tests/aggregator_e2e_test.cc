@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
+#include "tests/status_matchers.h"
 
 namespace co2::testing {
 namespace {
@@ -33,7 +34,7 @@ TEST_P(AggregatorE2eTest, WorkersAndShardsHoldTheReferenceAnchor) {
   std::vector<WorkerResult> results =
       RunWorkers(spec, cluster.addresses(), "e2e", config,
                  [](int) { return common::Codec::kFp32; });
-  for (const WorkerResult& r : results) ASSERT_TRUE(r.status.ok()) << r.status;
+  for (const WorkerResult& r : results) CO2_ASSERT_OK(r.status);
 
   uint64_t round = 0;
   const std::vector<float> shards = cluster.Anchor("e2e", &round);
@@ -66,7 +67,7 @@ TEST(AggregatorE2eTest, LossyUplinkKeepsAnchorsIdentical) {
       RunWorkers(spec, cluster.addresses(), "lossy", config, [](int w) {
         return w % 2 ? common::Codec::kInt8 : common::Codec::kBf16;
       });
-  for (const WorkerResult& r : results) ASSERT_TRUE(r.status.ok()) << r.status;
+  for (const WorkerResult& r : results) CO2_ASSERT_OK(r.status);
   uint64_t round = 0;
   const std::vector<float> shards = cluster.Anchor("lossy", &round);
   for (const WorkerResult& r : results) {

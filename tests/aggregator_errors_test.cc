@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "server/service/aggregator_server.h"
 #include "tests/expect_status.h"
+#include "tests/status_matchers.h"
 
 namespace co2 {
 namespace {
@@ -38,7 +39,7 @@ class AggregatorErrorsTest : public ::testing::Test {
     // repeated bad chunks has its own test (limits_test).
     options.registry.shard.max_rejected_chunks = 0;
     auto s = server::AggregatorServer::Start(options);
-    ASSERT_TRUE(s.ok()) << s.status();
+    CO2_ASSERT_OK(s);
     server_ = *std::move(s);
     stub_ = v1::Aggregator::NewStub(
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
@@ -164,7 +165,7 @@ TEST_F(AggregatorErrorsTest, JoinValidatesEveryField) {
 }
 
 TEST_F(AggregatorErrorsTest, JoinWithAnotherConfigIsAPreconditionFailure) {
-  ASSERT_TRUE(Join("j", "a", Config()).ok());
+  CO2_ASSERT_OK(Join("j", "a", Config()));
   v1::JobConfig other = Config();
   other.set_alpha(0.25f);
   ExpectStatus(Join("j", "b", other), StatusCode::FAILED_PRECONDITION, "alpha");
@@ -178,15 +179,15 @@ TEST_F(AggregatorErrorsTest, UnknownJobOrWorkerIsNotFound) {
   v1::HeartbeatResponse response;
   ExpectStatus(stub_->Heartbeat(&context, request, &response),
                StatusCode::NOT_FOUND, "unknown job \"nope\"");
-  ASSERT_TRUE(Join("j", "a", Config()).ok());
+  CO2_ASSERT_OK(Join("j", "a", Config()));
   ExpectStatus(Exchange("j", "stranger", {}), StatusCode::NOT_FOUND,
                "worker \"stranger\"");
 }
 
 TEST_F(AggregatorErrorsTest, SeedAndFetchFollowTheSeederProtocol) {
   v1::JoinResponse first, second;
-  ASSERT_TRUE(Join("j", "a", Config(), v1::CODEC_FP32, &first).ok());
-  ASSERT_TRUE(Join("j", "b", Config(), v1::CODEC_FP32, &second).ok());
+  CO2_ASSERT_OK(Join("j", "a", Config(), v1::CODEC_FP32, &first));
+  CO2_ASSERT_OK(Join("j", "b", Config(), v1::CODEC_FP32, &second));
   EXPECT_TRUE(first.must_seed());
   EXPECT_FALSE(second.must_seed());
   {
@@ -202,14 +203,14 @@ TEST_F(AggregatorErrorsTest, SeedAndFetchFollowTheSeederProtocol) {
   }
   ExpectStatus(Seed("j", "b"), StatusCode::FAILED_PRECONDITION,
                "was not asked to seed");
-  ASSERT_TRUE(Seed("j", "a").ok());
+  CO2_ASSERT_OK(Seed("j", "a"));
   ExpectStatus(Seed("j", "a"), StatusCode::FAILED_PRECONDITION,
                "already has an anchor");
 }
 
 TEST_F(AggregatorErrorsTest, ContributionsAreValidated) {
-  ASSERT_TRUE(Join("j", "a", Config()).ok());
-  ASSERT_TRUE(Seed("j", "a").ok());
+  CO2_ASSERT_OK(Join("j", "a", Config()));
+  CO2_ASSERT_OK(Seed("j", "a"));
   ExpectStatus(Exchange("j", "a", {Contribution(0, Fp32(1))}, false),
                StatusCode::INVALID_ARGUMENT, "first message");
   ExpectStatus(Exchange("j", "a", {v1::ExchangeRequest()}),
@@ -235,20 +236,21 @@ TEST_F(AggregatorErrorsTest, ContributionsAreValidated) {
                "weight");
   // Nothing above reached the anchor: no round closed.
   auto job = server_->registry()->Find("j");
-  ASSERT_TRUE(job.ok());
+  CO2_ASSERT_OK(job);
   EXPECT_EQ((*job)->stats().rounds_closed, 0u);
 }
 
 TEST_F(AggregatorErrorsTest, StaleRoundsAreAbortedAndFutureOnesRefused) {
-  ASSERT_TRUE(Join("j", "a", Config()).ok());
-  ASSERT_TRUE(Seed("j", "a").ok());
+  CO2_ASSERT_OK(Join("j", "a", Config()));
+  CO2_ASSERT_OK(Seed("j", "a"));
   int updates = 0;
   const grpc::Status lockstep = Exchange(
       "j", "a",
       {Contribution(0, Fp32(1)), Contribution(1, Fp32(1)),
        Contribution(2, Fp32(1))},
       true, &updates, /*lockstep=*/true);
-  ASSERT_TRUE(lockstep.ok()) << lockstep.error_message() << " closed "
+  CO2_ASSERT_OK(lockstep)
+      << "rounds closed: "
       << (*server_->registry()->Find("j"))->stats().rounds_closed;
   EXPECT_EQ(updates, 3);
   // Streams that need no replay open at the open round.
@@ -259,9 +261,8 @@ TEST_F(AggregatorErrorsTest, StaleRoundsAreAbortedAndFutureOnesRefused) {
                         false, 3),
                StatusCode::FAILED_PRECONDITION, "round 9 is ahead");
   // A resend of the last closed round is folded, not an error.
-  EXPECT_TRUE(
-      Exchange("j", "a", {Contribution(2, Fp32(1))}, true, nullptr, false, 3)
-          .ok());
+  CO2_EXPECT_OK(
+      Exchange("j", "a", {Contribution(2, Fp32(1))}, true, nullptr, false, 3));
   // The shard keeps the updates of rounds 1 and 2; round 0's is gone.
   ExpectStatus(Exchange("j", "a", {}, true, nullptr, false, 1),
                StatusCode::OK, "");
@@ -284,7 +285,7 @@ TEST_F(AggregatorErrorsTest, GarbageBytesDoNotHurtTheServer) {
     (void)!write(fd, garbage.data(), garbage.size());
     close(fd);
   }
-  EXPECT_TRUE(Join("j", "a", Config()).ok());
+  CO2_EXPECT_OK(Join("j", "a", Config()));
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/job_config.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -13,7 +14,7 @@ constexpr Algo kAll[] = {Algo::kCo2, Algo::kDdp, Algo::kLocalSgd, Algo::kSlowMo,
 TEST(AlgoTest, NamesRoundTrip) {
   for (Algo algo : kAll) {
     const absl::StatusOr<Algo> parsed = ParseAlgo(AlgoName(algo));
-    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    CO2_ASSERT_OK(parsed);
     EXPECT_EQ(*parsed, algo);
   }
   const absl::Status bad = ParseAlgo("sgd").status();
@@ -41,13 +42,13 @@ TEST(AlgoTest, OnlyNonDeterministicCo2AppliesOnArrival) {
     for (const bool deterministic : {false, true}) {
       SCOPED_TRACE(absl::StrCat(AlgoName(algo), " deterministic ",
                                 deterministic));
-      EXPECT_TRUE(CheckApplyAt(algo, ApplyAt::kBoundary, deterministic).ok());
+      CO2_EXPECT_OK(CheckApplyAt(algo, ApplyAt::kBoundary, deterministic));
       const absl::Status arrival =
           CheckApplyAt(algo, ApplyAt::kArrival, deterministic);
       const ApplyAt unset = DefaultApplyAt(algo, deterministic);
-      EXPECT_TRUE(CheckApplyAt(algo, unset, deterministic).ok());
+      CO2_EXPECT_OK(CheckApplyAt(algo, unset, deterministic));
       if (algo == Algo::kCo2 && !deterministic) {
-        EXPECT_TRUE(arrival.ok()) << arrival;
+        CO2_EXPECT_OK(arrival);
         EXPECT_EQ(unset, ApplyAt::kArrival);
         continue;
       }
@@ -65,10 +66,10 @@ TEST(AlgoTest, OnlyNonDeterministicCo2AppliesOnArrival) {
 // apply_by_step bounds an arrival's step: 0, or a step inside the round.
 TEST(AlgoTest, ApplyByStepIsAStepInsideTheRoundAndOnlyForArrival) {
   for (ApplyAt apply : {ApplyAt::kBoundary, ApplyAt::kArrival}) {
-    EXPECT_TRUE(CheckApplyBy(apply, 0, 16).ok());
+    CO2_EXPECT_OK(CheckApplyBy(apply, 0, 16));
   }
   for (int by : {1, 8, 15}) {
-    EXPECT_TRUE(CheckApplyBy(ApplyAt::kArrival, by, 16).ok()) << by;
+    CO2_EXPECT_OK(CheckApplyBy(ApplyAt::kArrival, by, 16)) << by;
   }
   for (int by : {-1, 16, 17}) {
     const absl::Status s = CheckApplyBy(ApplyAt::kArrival, by, 16);
@@ -129,7 +130,7 @@ TEST(AlgoTest, ApplyAlgoFixesWhatTheAlgorithmIs) {
   EXPECT_EQ(diloco.beta(), 0.6f);
   EXPECT_EQ(diloco.gap_penalty(), v1::GAP_PENALTY_NONE);
   EXPECT_EQ(diloco.clip(), v1::CLIP_NONE);
-  EXPECT_TRUE(common::ValidateJobConfig(diloco).ok());
+  CO2_EXPECT_OK(common::ValidateJobConfig(diloco));
 }
 
 TEST(AlgoTest, DiLoCoDefaultsAreThePublishedOnes) {

@@ -7,6 +7,7 @@
 #include "common/codec.h"
 #include "gtest/gtest.h"
 #include "server/job/round_state.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -20,9 +21,9 @@ TEST(HealReasonTest, NamesTheShardsRefusalsThatFetchingTheAnchorMends) {
   server::RoundState state(options, &clock);
   state.AddWorker("a", 0);
   const std::string zeros(16, '\0');
-  ASSERT_TRUE(state.AddChunk("a", 0, 0, common::Codec::kFp32, zeros, 1).ok());
+  CO2_ASSERT_OK(state.AddChunk("a", 0, 0, common::Codec::kFp32, zeros, 1));
   ASSERT_TRUE(state.TryClose().has_value());
-  ASSERT_TRUE(state.AddChunk("a", 1, 0, common::Codec::kFp32, zeros, 1).ok());
+  CO2_ASSERT_OK(state.AddChunk("a", 1, 0, common::Codec::kFp32, zeros, 1));
   ASSERT_TRUE(state.TryClose().has_value());
   const absl::Status stale =
       state.AddChunk("a", 0, 0, common::Codec::kFp32, zeros, 1).status();

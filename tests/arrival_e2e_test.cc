@@ -22,6 +22,7 @@
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
+#include "tests/status_matchers.h"
 
 namespace co2::testing {
 namespace {
@@ -205,7 +206,7 @@ std::vector<Trainer> TrainOnTheReferenceTrajectory(
   EXPECT_GT(moved, 1.0);
   for (int w = 0; w < spec.workers; ++w) {
     SCOPED_TRACE(absl::StrCat("worker ", w));
-    EXPECT_TRUE(trainers[w].status.ok()) << trainers[w].status;
+    CO2_EXPECT_OK(trainers[w].status);
     EXPECT_TRUE(trainers[w].anchor == shards)
         << "the final model is not the shards' anchor";
   }
@@ -308,12 +309,12 @@ TEST(ArrivalE2eTest, ApplyOwedWaitsFromTheBoundForAnUpdateNotYetArrived) {
     auto connected = client::AggregatorClient::Connect(
         WorkerOptions(cluster.addresses(), "await", config, w),
         absl::MakeSpan(x[w]));
-    ASSERT_TRUE(connected.ok()) << connected.status();
+    CO2_ASSERT_OK(connected);
     client::AnchorExchangeOptions eo = ExchangeOptions(spec, w, kTimeout);
     if (w == 0) eo.apply_by_step = 2;
     auto exchange =
         client::AnchorExchange::Create(eo, *std::move(connected), x[w]);
-    ASSERT_TRUE(exchange.ok()) << exchange.status();
+    CO2_ASSERT_OK(exchange);
     ex.push_back(*std::move(exchange));
   }
   const auto step = [&](int w, uint64_t round) {
@@ -321,7 +322,7 @@ TEST(ArrivalE2eTest, ApplyOwedWaitsFromTheBoundForAnUpdateNotYetArrived) {
   };
   client::ExchangeTimes times;
   step(0, 0);
-  ASSERT_TRUE(ex[0]->Boundary(0, kTau, absl::MakeSpan(x[0]), times).ok());
+  CO2_ASSERT_OK(ex[0]->Boundary(0, kTau, absl::MakeSpan(x[0]), times));
   step(0, 1);
   ASSERT_FALSE(ex[0]->UpdateArrived(1));
   EXPECT_FALSE(ex[0]->ApplyDue(1, 1)) << "due before the bound, not back";
@@ -335,8 +336,8 @@ TEST(ArrivalE2eTest, ApplyOwedWaitsFromTheBoundForAnUpdateNotYetArrived) {
   const absl::Status pushed =
       ex[1]->Boundary(0, kTau, absl::MakeSpan(x[1]), times);
   waiter.join();
-  ASSERT_TRUE(pushed.ok()) << pushed;
-  ASSERT_TRUE(applied.ok()) << applied;
+  CO2_ASSERT_OK(pushed);
+  CO2_ASSERT_OK(applied);
   const std::vector<float>& a = ex[0]->anchor();
   EXPECT_FALSE(a == anchor_before) << "ApplyOwed left A as it was";
   for (size_t j = 0; j < a.size(); ++j) {
@@ -349,13 +350,13 @@ TEST(ArrivalE2eTest, ApplyOwedWaitsFromTheBoundForAnUpdateNotYetArrived) {
   EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
   step(1, 1);
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(ex[w]->Boundary(1, kTau, absl::MakeSpan(x[w]), times).ok());
+    CO2_ASSERT_OK(ex[w]->Boundary(1, kTau, absl::MakeSpan(x[w]), times));
   }
   const std::optional<uint64_t> last =
       client::OwedUpdate(ex[0]->staleness(), spec.rounds, spec.rounds);
   ASSERT_TRUE(last.has_value());
   for (int w = 0; w < 2; ++w) {
-    ASSERT_TRUE(ex[w]->Drain(*last, absl::MakeSpan(x[w]), times).ok());
+    CO2_ASSERT_OK(ex[w]->Drain(*last, absl::MakeSpan(x[w]), times));
   }
   EXPECT_TRUE(x[0] == x[1]) << "the workers end on different anchors";
   for (int w = 0; w < 2; ++w) ex[w]->Leave();
@@ -373,10 +374,10 @@ TEST(ArrivalE2eTest, NothingArrivedIsRefused) {
   std::vector<float> x = InitialAnchor(spec.params);
   auto connected = client::AggregatorClient::Connect(
       WorkerOptions(cluster.addresses(), "early", config, 0), absl::MakeSpan(x));
-  ASSERT_TRUE(connected.ok()) << connected.status();
+  CO2_ASSERT_OK(connected);
   auto exchange = client::AnchorExchange::Create(
       ExchangeOptions(spec, 0, kTimeout), *std::move(connected), x);
-  ASSERT_TRUE(exchange.ok()) << exchange.status();
+  CO2_ASSERT_OK(exchange);
   // Round 0 owes no update.
   EXPECT_FALSE((*exchange)->UpdateArrived(0));
   client::ExchangeTimes times;

@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -33,7 +34,7 @@ TEST(BatchesTest, FashionMnistBatchPicksAndNormalises) {
   const FashionMnistExamples examples = Tiny();
   const std::vector<int64_t> indices = {2, 0};
   auto batch = MakeFashionMnistBatch(examples, indices);
-  ASSERT_TRUE(batch.ok()) << batch.status();
+  CO2_ASSERT_OK(batch);
   EXPECT_THAT(Sizes(batch->input), ElementsAre(2, 1, 28, 28));
   EXPECT_EQ(batch->input.scalar_type(), torch::kFloat);
   EXPECT_EQ(batch->target.scalar_type(), torch::kLong);
@@ -61,11 +62,11 @@ TEST(BatchesTest, FashionMnistBatchRejectsBadIndex) {
 TEST(BatchesTest, NormalisedRealDataHasZeroMeanUnitStd) {
   auto test =
       LoadFashionMnistSplit(FashionMnistOptions{}, FashionMnistSplit::kTrain);
-  ASSERT_TRUE(test.ok()) << test.status();
+  CO2_ASSERT_OK(test);
   std::vector<int64_t> indices(20000);
   std::iota(indices.begin(), indices.end(), int64_t{0});
   auto batch = MakeFashionMnistBatch(*test, indices);
-  ASSERT_TRUE(batch.ok()) << batch.status();
+  CO2_ASSERT_OK(batch);
   EXPECT_NEAR(batch->input.mean().item<double>(), 0.0, 0.02);
   EXPECT_NEAR(batch->input.std().item<double>(), 1.0, 0.02);
 }
@@ -73,7 +74,7 @@ TEST(BatchesTest, NormalisedRealDataHasZeroMeanUnitStd) {
 TEST(BatchesTest, CharLmBatchShiftsTargetsByOne) {
   const std::vector<uint8_t> windows = {'a', 'b', 'c', 'd', 'w', 'x', 'y', 'z'};
   auto batch = MakeCharLmBatch(windows, /*seq_len=*/3);
-  ASSERT_TRUE(batch.ok()) << batch.status();
+  CO2_ASSERT_OK(batch);
   EXPECT_THAT(Sizes(batch->input), ElementsAre(2, 3));
   EXPECT_TRUE(torch::equal(
       batch->input, torch::tensor({'a', 'b', 'c', 'w', 'x', 'y'}, torch::kLong)

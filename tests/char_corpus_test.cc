@@ -9,9 +9,13 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::client {
 namespace {
+
+using ::co2::testing::TempDir;
 
 namespace fs = std::filesystem;
 using ::testing::ElementsAre;
@@ -21,33 +25,20 @@ using ::testing::HasSubstr;
 const CharCorpus* Installed() {
   static const CharCorpus* corpus = [] {
     auto loaded = CharCorpus::Load(CharCorpusOptions{});
-    EXPECT_TRUE(loaded.ok()) << loaded.status();
+    CO2_EXPECT_OK(loaded);
     return loaded.ok() ? new CharCorpus(*std::move(loaded)) : nullptr;
   }();
   return corpus;
 }
 
 // Fortunes of a text built by CharCorpus: each fortune followed by "%\n".
+void WriteFile(const std::string& path, const std::string& contents) {
+  std::ofstream(path, std::ios::binary) << contents;
+}
+
 std::vector<std::string> FortunesOf(const std::string& text) {
   return CharCorpus::SplitFortunes(text);
 }
-
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(fs::path(::testing::TempDir()) / name) {
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  void Write(const std::string& name, const std::string& contents) const {
-    std::ofstream(path_ / name, std::ios::binary) << contents;
-  }
-  std::string path() const { return path_.string(); }
-
- private:
-  fs::path path_;
-};
 
 TEST(CharCorpusTest, SplitFortunes) {
   EXPECT_THAT(CharCorpus::SplitFortunes("a\nb\n%\nc\n%\n\n%\nlast"),
@@ -89,22 +80,22 @@ TEST(CharCorpusTest, TrainAndHeldOutShareNoFortune) {
 TEST(CharCorpusTest, LoadingIsDeterministic) {
   ASSERT_NE(Installed(), nullptr);
   auto again = CharCorpus::Load(CharCorpusOptions{});
-  ASSERT_TRUE(again.ok()) << again.status();
+  CO2_ASSERT_OK(again);
   EXPECT_EQ(again->train_text(), Installed()->train_text());
   EXPECT_EQ(again->heldout_text(), Installed()->heldout_text());
 }
 
 TEST(CharCorpusTest, SkipsIndexesAndDeduplicates) {
   TempDir dir("char_corpus_small");
-  dir.Write("a", "one\n%\ntwo\n%\nthree\n%\n");
-  dir.Write("b", "two\n%\nfour\n%\n");  // "two" repeats file a
-  dir.Write("a.dat", "\x02\x00binary index");
-  dir.Write("a.u8", "not read\n%\n");
+  WriteFile(dir.Path("a"), "one\n%\ntwo\n%\nthree\n%\n");
+  WriteFile(dir.Path("b"), "two\n%\nfour\n%\n");  // "two" repeats file a
+  WriteFile(dir.Path("a.dat"), "\x02\x00binary index");
+  WriteFile(dir.Path("a.u8"), "not read\n%\n");
   CharCorpusOptions options;
   options.directory = dir.path();
   options.heldout_every = 2;
   auto corpus = CharCorpus::Load(options);
-  ASSERT_TRUE(corpus.ok()) << corpus.status();
+  CO2_ASSERT_OK(corpus);
   EXPECT_EQ(corpus->stats().files, 2);
   EXPECT_EQ(corpus->stats().duplicates_dropped, 1);
   // Unique fortunes in order: one two three four; odd positions held out.
@@ -122,8 +113,8 @@ TEST(CharCorpusTest, MissingDirectory) {
 
 TEST(CharCorpusTest, EmptyDirectory) {
   TempDir dir("char_corpus_empty");
-  dir.Write("only.dat", "index");
-  dir.Write("blank", "\n%\n  \n%\n");
+  WriteFile(dir.Path("only.dat"), "index");
+  WriteFile(dir.Path("blank"), "\n%\n  \n%\n");
   CharCorpusOptions options;
   options.directory = dir.path();
   auto corpus = CharCorpus::Load(options);
@@ -133,7 +124,7 @@ TEST(CharCorpusTest, EmptyDirectory) {
 
 TEST(CharCorpusTest, NotADirectoryAndBadOptions) {
   TempDir dir("char_corpus_file");
-  dir.Write("f", "x\n%\n");
+  WriteFile(dir.Path("f"), "x\n%\n");
   CharCorpusOptions options;
   options.directory = dir.path() + "/f";
   EXPECT_EQ(CharCorpus::Load(options).status().code(),
@@ -156,7 +147,7 @@ TEST(WindowSamplerTest, WorkersSampleOnlyTheirOwnPart) {
     options.num_workers = kWorkers;
     options.seed = 9;
     auto sampler = WindowSampler::Create(text, options);
-    ASSERT_TRUE(sampler.ok()) << sampler.status();
+    CO2_ASSERT_OK(sampler);
     const IndexRange part = sampler->part();
     EXPECT_EQ(part.begin, covered);  // parts tile the text in order
     covered = part.end;
@@ -182,7 +173,7 @@ TEST(WindowSamplerTest, WindowsHitPartEdgesExactly) {
   options.worker = 1;
   options.num_workers = 2;
   auto sampler = WindowSampler::Create(text, options);
-  ASSERT_TRUE(sampler.ok()) << sampler.status();
+  CO2_ASSERT_OK(sampler);
   std::vector<uint8_t> windows;
   sampler->Sample(3, &windows);
   EXPECT_EQ(std::string(windows.begin(), windows.end()), "efghefghefgh");
@@ -199,7 +190,9 @@ TEST(WindowSamplerTest, SeededAndWorkerDependent) {
   auto b = WindowSampler::Create(text, options);
   options.seed = 6;
   auto c = WindowSampler::Create(text, options);
-  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  CO2_ASSERT_OK(a);
+  CO2_ASSERT_OK(b);
+  CO2_ASSERT_OK(c);
   std::vector<uint8_t> wa, wb, wc;
   a->Sample(8, &wa);
   b->Sample(8, &wb);

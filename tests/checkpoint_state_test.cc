@@ -11,16 +11,15 @@
 #include "common/job_config.h"
 #include "common/layout.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::server {
 namespace {
 
-constexpr size_t kElements = common::kChunkElements + 100;  // 2 chunks
+using ::co2::testing::TempDir;
 
-std::string TempDir() {
-  char pattern[] = "/tmp/co2-shard-checkpoint-XXXXXX";
-  return mkdtemp(pattern);
-}
+constexpr size_t kElements = common::kChunkElements + 100;  // 2 chunks
 
 v1::ShardCheckpointHeader Header(v1::Codec downlink, uint64_t rounds_closed) {
   v1::ShardCheckpointHeader h;
@@ -52,13 +51,14 @@ UpdateChunks Update(const ShardStepConfig& step, common::Codec codec) {
 }
 
 TEST(CheckpointStateTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard-checkpoint");
+  CheckpointStore store(temp_dir.path());
   const v1::ShardCheckpointHeader header = Header(v1::CODEC_BF16, 5);
   const ShardStepConfig step(header.config(), kElements);
   const UpdateChunks update = Update(step, common::Codec::kBf16);
   const KeptUpdate kept(std::make_shared<const UpdateChunks>(update));
   std::vector<float> anchor(kElements, 2.0f);
-  ASSERT_TRUE(WriteShardCheckpoint(store, header, anchor, {}, &kept).ok());
+  CO2_ASSERT_OK(WriteShardCheckpoint(store, header, anchor, {}, &kept));
 
   std::vector<UnusableCheckpoint> errors;
   std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
@@ -67,12 +67,11 @@ TEST(CheckpointStateTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
   EXPECT_EQ(checkpoint.anchor, anchor);
   EXPECT_EQ(checkpoint.momentum, std::vector<float>(kElements, 0.0f))
       << "β = 0 keeps no m; zeros are written in its place";
-  ASSERT_TRUE(CheckCheckpointFits(checkpoint, common::Range{0, kElements}, 0,
-                                  step.num_chunks())
-                  .ok());
+  CO2_ASSERT_OK(CheckCheckpointFits(checkpoint, common::Range{0, kElements}, 0,
+                                    step.num_chunks()));
   auto restored = RestoreLastUpdate(
       checkpoint, step, UpdateMessages(header.config(), step.num_chunks()));
-  ASSERT_TRUE(restored.ok()) << restored.status();
+  CO2_ASSERT_OK(restored);
   ASSERT_EQ((*restored)->size(), update.size());
   for (uint32_t c = 0; c < update.size(); ++c) {
     const v1::OuterUpdate& m = *(**restored)[c];
@@ -86,11 +85,11 @@ TEST(CheckpointStateTest, WritesZeroMomentumAndRestoresTheLastUpdate) {
 }
 
 TEST(CheckpointStateTest, WritesTheMomentumItIsGiven) {
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard-checkpoint");
+  CheckpointStore store(temp_dir.path());
   const v1::ShardCheckpointHeader header = Header(v1::CODEC_FP32, 0);
   std::vector<float> anchor(kElements, 1.0f), momentum(kElements, -3.0f);
-  ASSERT_TRUE(
-      WriteShardCheckpoint(store, header, anchor, momentum, nullptr).ok());
+  CO2_ASSERT_OK(WriteShardCheckpoint(store, header, anchor, momentum, nullptr));
   std::vector<UnusableCheckpoint> errors;
   std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
   ASSERT_EQ(loaded.size(), 1u);
@@ -109,10 +108,10 @@ LoadedCheckpoint Loaded(uint64_t rounds_closed, size_t update_chunks) {
 
 TEST(CheckpointStateTest, RefusesACheckpointOfAnotherShape) {
   const common::Range range{0, kElements};
-  EXPECT_TRUE(CheckCheckpointFits(Loaded(5, 2), range, 0, 2).ok());
-  EXPECT_TRUE(CheckCheckpointFits(Loaded(5, 0), range, 0, 2).ok());
+  CO2_EXPECT_OK(CheckCheckpointFits(Loaded(5, 2), range, 0, 2));
+  CO2_EXPECT_OK(CheckCheckpointFits(Loaded(5, 0), range, 0, 2));
   // Re-seeded, no round closed since: no update.
-  EXPECT_TRUE(CheckCheckpointFits(Loaded(0, 0), range, 0, 2).ok());
+  CO2_EXPECT_OK(CheckCheckpointFits(Loaded(0, 0), range, 0, 2));
   absl::Status s = CheckCheckpointFits(Loaded(0, 2), range, 0, 2);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(s.message(),

@@ -13,14 +13,13 @@
 #include "common/job_config.h"
 #include "gtest/gtest.h"
 #include "server/storage/write_failure.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::server {
 namespace {
 
-std::string TempDir() {
-  char pattern[] = "/tmp/co2-ckpt-XXXXXX";
-  return mkdtemp(pattern);
-}
+using ::co2::testing::TempDir;
 
 struct Fixture {
   v1::ShardCheckpointHeader header;
@@ -67,9 +66,10 @@ struct Fixture {
 };
 
 TEST(CheckpointStoreTest, RoundTripsEveryField) {
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-ckpt");
+  CheckpointStore store(temp_dir.path());
   Fixture f;
-  ASSERT_TRUE(store.Write(f.View()).ok());
+  CO2_ASSERT_OK(store.Write(f.View()));
   std::vector<UnusableCheckpoint> errors;
   std::vector<LoadedCheckpoint> all = store.LoadAll(1, 2, &errors);
   ASSERT_EQ(all.size(), 1u);
@@ -86,14 +86,15 @@ TEST(CheckpointStoreTest, RoundTripsEveryField) {
 }
 
 TEST(CheckpointStoreTest, RewriteReplacesAtomically) {
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-ckpt");
+  CheckpointStore store(temp_dir.path());
   Fixture f;
-  ASSERT_TRUE(store.Write(f.View()).ok());
+  CO2_ASSERT_OK(store.Write(f.View()));
   f.header.set_rounds_closed(8);
   f.anchor[0] = 42;
-  ASSERT_TRUE(store.Write(f.View()).ok());
+  CO2_ASSERT_OK(store.Write(f.View()));
   auto loaded = CheckpointStore::Load(store.PathFor(f.header.job(), 1, 2));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  CO2_ASSERT_OK(loaded);
   EXPECT_EQ(loaded->header.rounds_closed(), 8u);
   EXPECT_EQ(loaded->anchor[0], 42.0f);
   EXPECT_NE(access((store.PathFor(f.header.job(), 1, 2) + ".tmp").c_str(), F_OK), 0)
@@ -101,57 +102,61 @@ TEST(CheckpointStoreTest, RewriteReplacesAtomically) {
 }
 
 TEST(CheckpointStoreTest, WriteReturnsTheUpdateReadableAfterTheFileIsReplaced) {
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-ckpt");
+  CheckpointStore store(temp_dir.path());
   Fixture f;
   auto stored = store.Write(f.View());
-  ASSERT_TRUE(stored.ok()) << stored.status();
+  CO2_ASSERT_OK(stored);
   ASSERT_NE(*stored, nullptr);
   f.header.set_rounds_closed(8);
   f.SetUpdate({std::string(1000, 'n'), std::string(24, 'w')});
   auto next = store.Write(f.View());
-  ASSERT_TRUE(next.ok()) << next.status();
+  CO2_ASSERT_OK(next);
   ASSERT_EQ((*stored)->num_chunks(), 2u);
   std::string chunk;
-  ASSERT_TRUE((*stored)->Read(1, &chunk).ok());
+  CO2_ASSERT_OK((*stored)->Read(1, &chunk));
   EXPECT_EQ(chunk, std::string(24, 'v')) << "the replaced file's update";
-  ASSERT_TRUE((*next)->Read(0, &chunk).ok());
+  CO2_ASSERT_OK((*next)->Read(0, &chunk));
   EXPECT_EQ(chunk, std::string(1000, 'n'));
 }
 
 TEST(CheckpointStoreTest, AnUpdateKeptInAnEarlierCheckpointIsWrittenAgain) {
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-ckpt");
+  CheckpointStore store(temp_dir.path());
   Fixture f;
   auto stored = store.Write(f.View());
-  ASSERT_TRUE(stored.ok()) << stored.status();
+  CO2_ASSERT_OK(stored);
   f.kept->Store(*stored);         // as the shard does once the update is sent
   f.header.set_quorum_misses(3);  // membership changed: written again
   auto again = store.Write(f.View());
-  ASSERT_TRUE(again.ok()) << again.status();
+  CO2_ASSERT_OK(again);
   auto loaded = CheckpointStore::Load(store.PathFor(f.header.job(), 1, 2));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  CO2_ASSERT_OK(loaded);
   EXPECT_EQ(loaded->header.quorum_misses(), 3u);
   EXPECT_EQ(loaded->update_chunks, f.update);
 }
 
 TEST(CheckpointStoreTest, WithoutAnUpdateThereIsNothingToReadBack) {
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-ckpt");
+  CheckpointStore store(temp_dir.path());
   Fixture f;
   CheckpointView view = f.View();
   view.update = nullptr;
   auto stored = store.Write(view);
-  ASSERT_TRUE(stored.ok()) << stored.status();
+  CO2_ASSERT_OK(stored);
   EXPECT_EQ(*stored, nullptr);
   auto loaded = CheckpointStore::Load(store.PathFor(f.header.job(), 1, 2));
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  CO2_ASSERT_OK(loaded);
   EXPECT_TRUE(loaded->update_chunks.empty());
 }
 
-class CorruptionTest : public testing::TestWithParam<int> {};
+class CorruptionTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(CorruptionTest, IsDetectedAsDataLoss) {
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-ckpt");
+  CheckpointStore store(temp_dir.path());
   Fixture f;
-  ASSERT_TRUE(store.Write(f.View()).ok());
+  CO2_ASSERT_OK(store.Write(f.View()));
   const std::string path = store.PathFor(f.header.job(), 1, 2);
   std::string bytes;
   {
@@ -183,7 +188,7 @@ TEST_P(CorruptionTest, IsDetectedAsDataLoss) {
   EXPECT_EQ(errors[0].path, path);
   // Set aside: kept with its bytes, and no longer loaded.
   absl::StatusOr<std::string> aside = CheckpointStore::SetAside(path);
-  ASSERT_TRUE(aside.ok()) << aside.status();
+  CO2_ASSERT_OK(aside);
   EXPECT_NE(access(path.c_str(), F_OK), 0);
   std::ifstream kept(*aside, std::ios::binary);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), bytes);
@@ -192,18 +197,20 @@ TEST_P(CorruptionTest, IsDetectedAsDataLoss) {
   EXPECT_TRUE(errors.empty());
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, CorruptionTest, testing::Values(0, 1, 2));
+INSTANTIATE_TEST_SUITE_P(Kinds, CorruptionTest, ::testing::Values(0, 1, 2));
 
 TEST(CheckpointStoreTest, CreatesTheDirectoryAndItsMissingParents) {
-  const std::string dir = TempDir() + "/volume/co2/checkpoints";
+  const TempDir temp_dir("co2-ckpt");
+  const std::string dir = temp_dir.path() + "/volume/co2/checkpoints";
   CheckpointStore store(dir);
   Fixture f;
-  ASSERT_TRUE(store.Write(f.View()).ok());
-  EXPECT_TRUE(CheckpointStore::Load(store.PathFor(f.header.job(), 1, 2)).ok());
+  CO2_ASSERT_OK(store.Write(f.View()));
+  CO2_EXPECT_OK(CheckpointStore::Load(store.PathFor(f.header.job(), 1, 2)));
 }
 
 TEST(CheckpointStoreTest, UnwritableDirectoryIsAnErrorNamingThePath) {
-  const std::string dir = TempDir() + "/not-a-dir";
+  const TempDir temp_dir("co2-ckpt");
+  const std::string dir = temp_dir.path() + "/not-a-dir";
   { std::ofstream(dir) << "x"; }  // a file where the directory should be
   CheckpointStore store(dir);
   Fixture f;
@@ -213,7 +220,8 @@ TEST(CheckpointStoreTest, UnwritableDirectoryIsAnErrorNamingThePath) {
 }
 
 TEST(CheckpointStoreTest, FullDiskIsResourceExhaustedAndKeepsTheOldFile) {
-  const std::string dir = TempDir();
+  const TempDir temp_dir("co2-ckpt");
+  const std::string dir = temp_dir.path();
   if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=16k") != 0) {
     GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
   }
@@ -222,13 +230,13 @@ TEST(CheckpointStoreTest, FullDiskIsResourceExhaustedAndKeepsTheOldFile) {
   small.anchor.resize(1000);
   small.momentum.resize(1000);
   small.header.set_range_end(small.header.range_begin() + 1000);
-  ASSERT_TRUE(store.Write(small.View()).ok());
+  CO2_ASSERT_OK(store.Write(small.View()));
   Fixture big;  // ~37 KB: more than the 16 KiB disk holds
   const absl::Status s = store.Write(big.View()).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_EQ(WriteFailureOf(s), WriteFailure::kNoSpace) << s;
   auto kept = CheckpointStore::Load(store.PathFor(small.header.job(), 1, 2));
-  EXPECT_TRUE(kept.ok()) << kept.status();
+  CO2_EXPECT_OK(kept);
   umount(dir.c_str());
 }
 

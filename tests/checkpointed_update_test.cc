@@ -8,7 +8,9 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "tests/stored_chunks.h"
+#include "tests/temp_dir.h"
 
 namespace co2::server {
 namespace {
@@ -19,13 +21,13 @@ TEST(CheckpointedUpdateTest, ReadsEachChunkAtItsOffset) {
   ASSERT_EQ(stored->num_chunks(), 4u);
   EXPECT_EQ(stored->chunk_bytes(1), 70000u);
   std::string out = "stale contents";
-  ASSERT_TRUE(stored->Read(0, &out).ok());
+  CO2_ASSERT_OK(stored->Read(0, &out));
   EXPECT_EQ(out, "first");
-  ASSERT_TRUE(stored->Read(1, &out).ok());
+  CO2_ASSERT_OK(stored->Read(1, &out));
   EXPECT_EQ(out, std::string(70000, 'x'));
-  ASSERT_TRUE(stored->Read(2, &out).ok());
+  CO2_ASSERT_OK(stored->Read(2, &out));
   EXPECT_EQ(out, "");
-  ASSERT_TRUE(stored->Read(3, &out).ok());
+  CO2_ASSERT_OK(stored->Read(3, &out));
   EXPECT_EQ(out, "last");
 }
 
@@ -37,7 +39,7 @@ TEST(CheckpointedUpdateTest, OutlivesTheFileBeingReplacedByTheNextCheckpoint) {
   { std::ofstream(next) << "round 5's checkpoint, longer than round 4's"; }
   ASSERT_EQ(std::rename(next.c_str(), path.c_str()), 0);
   std::string out;
-  ASSERT_TRUE(stored->Read(0, &out).ok());
+  CO2_ASSERT_OK(stored->Read(0, &out));
   EXPECT_EQ(out, "round 4's update");
   ::unlink(path.c_str());
 }
@@ -48,7 +50,7 @@ TEST(CheckpointedUpdateTest, ATruncatedFileIsDataLossNamingItAndTheChunk) {
   ASSERT_NE(stored, nullptr);
   ASSERT_EQ(::truncate(path.c_str(), sizeof(kStoredPrefix) - 1 + 12), 0);
   std::string out;
-  EXPECT_TRUE(stored->Read(0, &out).ok());
+  CO2_EXPECT_OK(stored->Read(0, &out));
   const absl::Status s = stored->Read(1, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_NE(s.message().find(path), std::string::npos) << s;
@@ -59,9 +61,10 @@ TEST(CheckpointedUpdateTest, ATruncatedFileIsDataLossNamingItAndTheChunk) {
 
 TEST(CheckpointedUpdateTest, AReadErrorIsUnavailableWithTheErrnoText) {
   // A descriptor that cannot be read: a directory's.
-  const int fd = ::open("/tmp", O_RDONLY | O_DIRECTORY);
+  const co2::testing::TempDir dir("co2-checkpointed-update");
+  const int fd = ::open(dir.path().c_str(), O_RDONLY | O_DIRECTORY);
   ASSERT_GE(fd, 0);
-  CheckpointedUpdate stored(fd, "/tmp", 0, {16});
+  CheckpointedUpdate stored(fd, dir.path(), 0, {16});
   std::string out;
   const absl::Status s = stored.Read(0, &out);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;

@@ -15,6 +15,7 @@
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "server/job/update_messages.h"
+#include "tests/status_matchers.h"
 #include "tests/stored_chunks.h"
 
 namespace co2::server {
@@ -139,7 +140,7 @@ RoundRun RunRound(const ShardStepConfig& step, const UpdateMessages& messages,
 // update as the workers decoded it) followed by what the workers decode.
 // Parameters: β, codec, momentum, penalty, last update stored.
 class ShardStepConfigRunTest
-    : public testing::TestWithParam<
+    : public ::testing::TestWithParam<
           std::tuple<float, v1::Codec, v1::Momentum, v1::GapPenalty, bool>> {};
 
 TEST_P(ShardStepConfigRunTest, IsTheStepOnTheWholeRange) {
@@ -168,7 +169,7 @@ TEST_P(ShardStepConfigRunTest, IsTheStepOnTheWholeRange) {
     const RoundRun result = RunRound(
         step, messages, closed, last.has_value() ? &*last : nullptr,
         OuterStepBuffers{absl::MakeSpan(anchor), absl::MakeSpan(momentum)});
-    EXPECT_TRUE(result.gap_error.ok()) << result.gap_error;
+    CO2_EXPECT_OK(result.gap_error);
     EXPECT_EQ(result.unread_gap_chunks, 0u);
     const OuterStepStats& stats = result.stats;
     const UpdateChunks& chunks = *result.update;
@@ -215,13 +216,13 @@ TEST_P(ShardStepConfigRunTest, IsTheStepOnTheWholeRange) {
 
 INSTANTIATE_TEST_SUITE_P(
     BetaDownlinkMomentumAndPenalty, ShardStepConfigRunTest,
-    testing::Combine(
-        testing::Values(0.0f, 0.9f),
-        testing::Values(v1::CODEC_FP32, v1::CODEC_BF16, v1::CODEC_INT8),
-        testing::Values(v1::MOMENTUM_HEAVY_BALL, v1::MOMENTUM_NESTEROV,
-                        v1::MOMENTUM_DELAYED_NESTEROV),
-        testing::Values(v1::GAP_PENALTY_GAP_AWARE, v1::GAP_PENALTY_NONE),
-        testing::Bool()));
+    ::testing::Combine(
+        ::testing::Values(0.0f, 0.9f),
+        ::testing::Values(v1::CODEC_FP32, v1::CODEC_BF16, v1::CODEC_INT8),
+        ::testing::Values(v1::MOMENTUM_HEAVY_BALL, v1::MOMENTUM_NESTEROV,
+                          v1::MOMENTUM_DELAYED_NESTEROV),
+        ::testing::Values(v1::GAP_PENALTY_GAP_AWARE, v1::GAP_PENALTY_NONE),
+        ::testing::Bool()));
 
 // A gap chunk that cannot be read back from its checkpoint (here the file was
 // truncated under the shard) is taken as zero; the step still runs whole, as
@@ -293,7 +294,7 @@ bool AllFinite(absl::Span<const float> x) {
 // Then rounds of the largest finite mean: nothing non-finite is ever
 // published or kept. Parameters: downlink codec, momentum.
 class RefusedStepTest
-    : public testing::TestWithParam<std::tuple<v1::Codec, v1::Momentum>> {};
+    : public ::testing::TestWithParam<std::tuple<v1::Codec, v1::Momentum>> {};
 
 TEST_P(RefusedStepTest, NothingNonFiniteIsEverPublished) {
   const auto [downlink, kind] = GetParam();
@@ -371,11 +372,10 @@ TEST_P(RefusedStepTest, NothingNonFiniteIsEverPublished) {
 
 INSTANTIATE_TEST_SUITE_P(
     CodecsAndMomenta, RefusedStepTest,
-    testing::Combine(testing::Values(v1::CODEC_FP32, v1::CODEC_BF16,
-                                     v1::CODEC_INT8),
-                     testing::Values(v1::MOMENTUM_HEAVY_BALL,
-                                     v1::MOMENTUM_NESTEROV,
-                                     v1::MOMENTUM_DELAYED_NESTEROV)));
+    ::testing::Combine(
+        ::testing::Values(v1::CODEC_FP32, v1::CODEC_BF16, v1::CODEC_INT8),
+        ::testing::Values(v1::MOMENTUM_HEAVY_BALL, v1::MOMENTUM_NESTEROV,
+                          v1::MOMENTUM_DELAYED_NESTEROV)));
 
 }  // namespace
 }  // namespace co2::server

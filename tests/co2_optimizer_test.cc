@@ -31,10 +31,14 @@
 #include "server/job/job_registry.h"
 #include "server/job/job_shard.h"
 #include "server/service/aggregator_server.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 #include "tests/wait_for.h"
 
 namespace co2::client {
 namespace {
+
+using ::co2::testing::TempDir;
 
 class Shards {
  public:
@@ -45,7 +49,7 @@ class Shards {
       options.registry.shard_index = i;
       options.registry.num_shards = count;
       auto server = server::AggregatorServer::Start(options);
-      EXPECT_TRUE(server.ok()) << server.status();
+      CO2_EXPECT_OK(server);
       if (!server.ok()) continue;
       addresses_.push_back(absl::StrCat("127.0.0.1:", (*server)->port()));
       servers_.push_back(std::move(*server));
@@ -67,22 +71,6 @@ class Shards {
  private:
   std::vector<std::unique_ptr<server::AggregatorServer>> servers_;
   std::vector<std::string> addresses_;
-};
-
-class TempDir {
- public:
-  TempDir() {
-    std::string templ = ::testing::TempDir() + "/co2_optimizer_test.XXXXXX";
-    path_ = mkdtemp(templ.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 ClientOptions MakeClientOptions(const Shards& shards, const std::string& job,
@@ -162,7 +150,7 @@ TEST(Co2OptimizerTest, LocalSgdTauOneMatchesUnwrappedOptimizer) {
   torch::manual_seed(7);
   Mlp ref;
   auto flat = FlatParams::Create(net->parameters());
-  ASSERT_TRUE(flat.ok()) << flat.status();
+  CO2_ASSERT_OK(flat);
   const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0.01);
   torch::optim::AdamW inner(net->parameters(), adamw);
   torch::optim::AdamW ref_opt(ref->parameters(), adamw);
@@ -170,14 +158,14 @@ TEST(Co2OptimizerTest, LocalSgdTauOneMatchesUnwrappedOptimizer) {
   auto client = AggregatorClient::Connect(
       MakeClientOptions(shards, "trajectory", "w0", Algo::kLocalSgd, 0, 1),
       (*flat)->ParamSpan());
-  ASSERT_TRUE(client.ok()) << client.status();
+  CO2_ASSERT_OK(client);
   Co2OptimizerOptions options;
   options.algo = Algo::kLocalSgd;
   options.tau = 1;
   options.samples_per_step = 16;
   auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
                                   std::move(*client), nullptr, nullptr);
-  ASSERT_TRUE(opt.ok()) << opt.status();
+  CO2_ASSERT_OK(opt);
 
   torch::manual_seed(11);
   const torch::Tensor inputs = torch::randn({40, 16, 10});
@@ -191,13 +179,13 @@ TEST(Co2OptimizerTest, LocalSgdTauOneMatchesUnwrappedOptimizer) {
         ref->forward(inputs[step]), targets[step]);
     loss.backward();
     ref_loss.backward();
-    ASSERT_TRUE((*opt)->Step().ok());
+    CO2_ASSERT_OK((*opt)->Step());
     ref_opt.step();
     EXPECT_NEAR(loss.item<float>(), ref_loss.item<float>(),
                 1e-5 * std::abs(ref_loss.item<float>()))
         << "step " << step;
   }
-  ASSERT_TRUE((*opt)->Finish().ok());
+  CO2_ASSERT_OK((*opt)->Finish());
   std::vector<torch::Tensor> ref_params;
   for (const auto& p : ref->parameters()) ref_params.push_back(p.detach().flatten());
   EXPECT_TRUE(torch::allclose((*flat)->params(), torch::cat(ref_params),
@@ -467,7 +455,7 @@ TEST(Co2OptimizerTest, LocalRanksTakeTheLeadersApplyMode) {
     });
     if (!rank1) {
       for (int rank = 0; rank < kRanks; ++rank) {
-        ASSERT_TRUE(chosen[rank].ok()) << "rank " << rank << ": " << chosen[rank].status();
+        CO2_ASSERT_OK(chosen[rank]) << "rank " << rank;
         EXPECT_EQ(*chosen[rank], ApplyAt::kBoundary) << "rank " << rank;
       }
     } else {
@@ -841,18 +829,18 @@ TEST_P(JoinMomentTest, TheJoiningWorkerEndsOnTheFinalAnchor) {
   };
 
   Worker w0, w1;
-  ASSERT_TRUE(connect(0, w0).ok());
+  CO2_ASSERT_OK(connect(0, w0));
   const int join_after =
       param.join_after_steps < 0 ? kSteps : param.join_after_steps;
-  while (w0.steps < join_after) ASSERT_TRUE(step(w0).ok());
+  while (w0.steps < join_after) CO2_ASSERT_OK(step(w0));
   if (param.join_after_steps < 0) {
-    ASSERT_TRUE(w0.opt->Finish().ok());
+    CO2_ASSERT_OK(w0.opt->Finish());
     ASSERT_TRUE(closed_through(kJoinRounds));
   } else {
     ASSERT_TRUE(closed_through(w0.steps / kJoinTau));
   }
   const absl::Status joined = connect(1, w1);
-  ASSERT_TRUE(joined.ok()) << joined;
+  CO2_ASSERT_OK(joined);
   EXPECT_EQ(w1.opt->round(), param.start_round);
   // Never block: the worker in the lower round steps first.
   while (w0.steps < kSteps || w1.steps < kSteps) {
@@ -862,14 +850,14 @@ TEST_P(JoinMomentTest, TheJoiningWorkerEndsOnTheFinalAnchor) {
             ? w0
             : w1;
     const absl::Status s = step(next);
-    ASSERT_TRUE(s.ok()) << s;
+    CO2_ASSERT_OK(s);
   }
   if (param.join_after_steps >= 0) {
     const absl::Status s = w0.opt->Finish();
-    ASSERT_TRUE(s.ok()) << s;
+    CO2_ASSERT_OK(s);
   }
   const absl::Status finished = w1.opt->Finish();
-  ASSERT_TRUE(finished.ok()) << finished;
+  CO2_ASSERT_OK(finished);
   EXPECT_TRUE(AllEqual(w1.flat->params(), expected));
   EXPECT_TRUE(AllEqual(w0.flat->params(), expected));
   EXPECT_EQ(w1.opt->ParamsHash(), w0.opt->ParamsHash());
@@ -902,9 +890,9 @@ TEST(Co2OptimizerTest, VerifyAnchorNamesTheDifference) {
   auto client = AggregatorClient::Connect(
       MakeClientOptions(shards, "verify", "w0", Algo::kCo2, 0, 2),
       absl::MakeSpan(anchor));
-  ASSERT_TRUE(client.ok()) << client.status();
+  CO2_ASSERT_OK(client);
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  EXPECT_TRUE((*client)->VerifyAnchor(anchor, 0, deadline).ok());
+  CO2_EXPECT_OK((*client)->VerifyAnchor(anchor, 0, deadline));
 
   const absl::Status round = (*client)->VerifyAnchor(anchor, 3, deadline);
   EXPECT_EQ(round.code(), absl::StatusCode::kDataLoss);
@@ -928,27 +916,25 @@ TEST(Co2OptimizerTest, EvaluateAtAnchorSeesTheAnchorAndRestoresTheParameters) {
   Shards shards(1);
   torch::Tensor w = torch::zeros({8}).requires_grad_(true);
   auto flat = FlatParams::Create({w});
-  ASSERT_TRUE(flat.ok());
+  CO2_ASSERT_OK(flat);
   torch::optim::SGD inner({w}, torch::optim::SGDOptions(0.1));
   auto opt = LoneCo2Worker(shards, "evaluate", flat->get(), &inner,
                            /*carry_progress=*/true);
-  ASSERT_TRUE(opt.ok()) << opt.status();
+  CO2_ASSERT_OK(opt);
   for (int step = 0; step < 2; ++step) {
     (*opt)->ZeroGrad();
     w.sum().backward();
-    ASSERT_TRUE((*opt)->Step().ok());
+    CO2_ASSERT_OK((*opt)->Step());
   }
   // Round 0 owes no update: the anchor is still A_0 = 0, and x is where
   // this worker's own round ended, two SGD steps down every gradient of 1.
   const torch::Tensor x = w.detach().clone();
   ASSERT_TRUE(torch::allclose(x, torch::full({8}, -0.2f)));
   torch::Tensor seen;
-  ASSERT_TRUE((*opt)
-                  ->EvaluateAtAnchor([&] {
-                    seen = w.detach().clone();
-                    return absl::OkStatus();
-                  })
-                  .ok());
+  CO2_ASSERT_OK((*opt)->EvaluateAtAnchor([&] {
+    seen = w.detach().clone();
+    return absl::OkStatus();
+  }));
   EXPECT_TRUE(torch::equal(seen, torch::zeros({8})));
   EXPECT_TRUE(torch::equal(w.detach(), x));
   const absl::Status failed = (*opt)->EvaluateAtAnchor(
@@ -965,15 +951,15 @@ TEST(Co2OptimizerTest, LeaderHoldsOnlyParamsGradsAnchorStateAndClientBuffers) {
   constexpr int64_t kParams = 100000;
   torch::Tensor w = torch::zeros({kParams}).requires_grad_(true);
   auto flat = FlatParams::Create({w});
-  ASSERT_TRUE(flat.ok());
+  CO2_ASSERT_OK(flat);
   torch::optim::AdamW inner({w}, torch::optim::AdamWOptions(1e-3));
   auto opt = LoneCo2Worker(shards, "memory", flat->get(), &inner,
                            /*carry_progress=*/false);
-  ASSERT_TRUE(opt.ok()) << opt.status();
+  CO2_ASSERT_OK(opt);
   for (int step = 0; step < 4; ++step) {
     (*opt)->ZeroGrad();
     w.sum().backward();
-    ASSERT_TRUE((*opt)->Step().ok());
+    CO2_ASSERT_OK((*opt)->Step());
   }
   const MemoryReport m = (*opt)->Memory();
   const size_t model = kParams * sizeof(float);
@@ -986,14 +972,14 @@ TEST(Co2OptimizerTest, LeaderHoldsOnlyParamsGradsAnchorStateAndClientBuffers) {
   // Nothing else of model size: 7 model-sized buffers in all.
   EXPECT_EQ(m.Total(), 7 * model);
   EXPECT_EQ((*opt)->bytes_sent(), 2 * model);  // two rounds pushed
-  ASSERT_TRUE((*opt)->Finish().ok());
+  CO2_ASSERT_OK((*opt)->Finish());
   EXPECT_EQ((*opt)->Step().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(Co2OptimizerTest, RejectsInconsistentSetups) {
   torch::Tensor w = torch::zeros({10}).requires_grad_(true);
   auto flat = FlatParams::Create({w});
-  ASSERT_TRUE(flat.ok());
+  CO2_ASSERT_OK(flat);
   torch::optim::SGD inner({w}, torch::optim::SGDOptions(0.1));
   Co2OptimizerOptions options;
   options.tau = 0;
@@ -1029,7 +1015,7 @@ TEST(Co2OptimizerTest, RejectsInconsistentSetups) {
   auto client = AggregatorClient::Connect(
       MakeClientOptions(shards, "mismatch", "w0", Algo::kLocalSgd, 0, 2),
       (*flat)->ParamSpan());
-  ASSERT_TRUE(client.ok()) << client.status();
+  CO2_ASSERT_OK(client);
   auto mismatch = Co2Optimizer::Create(options, flat->get(), &inner,
                                        std::move(*client), nullptr, nullptr);
   EXPECT_EQ(mismatch.status().code(), absl::StatusCode::kInvalidArgument);
@@ -1065,21 +1051,21 @@ TEST(Co2OptimizerTest, UnsetChoicesAreCo2TrainsDefaults) {
     EXPECT_EQ(c.carry_progress, DefaultCarryProgress(c.algo, false));
     torch::Tensor w = torch::zeros({10}).requires_grad_(true);
     auto flat = FlatParams::Create({w});
-    ASSERT_TRUE(flat.ok()) << flat.status();
+    CO2_ASSERT_OK(flat);
     torch::optim::SGD inner({w}, torch::optim::SGDOptions(0.1));
     ClientOptions client_options = MakeClientOptions(
         shards, absl::StrCat("defaults", job++), "w0", c.algo, 0, 2);
     client_options.job_config.set_deterministic(c.deterministic);
     auto client =
         AggregatorClient::Connect(client_options, (*flat)->ParamSpan());
-    ASSERT_TRUE(client.ok()) << client.status();
+    CO2_ASSERT_OK(client);
     Co2OptimizerOptions options;
     options.algo = c.algo;
     options.tau = 2;
     options.rounds = 2;
     auto opt = Co2Optimizer::Create(options, flat->get(), &inner,
                                     std::move(*client), nullptr, nullptr);
-    ASSERT_TRUE(opt.ok()) << opt.status();
+    CO2_ASSERT_OK(opt);
     EXPECT_EQ((*opt)->apply(), c.apply);
     EXPECT_EQ((*opt)->carry_progress(), c.carry_progress);
   }

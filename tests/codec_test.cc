@@ -17,6 +17,7 @@
 #include "common/kernel_isa.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::common {
 
@@ -136,7 +137,7 @@ TEST_P(CodecSizeTest, EncodedSizeFollowsLayout) {
 TEST_P(CodecSizeTest, RoundTripIsWithinCodecError) {
   const std::vector<float> in = RandomVector(n(), 1);
   const std::string bytes = EncodeToString(codec(), in);
-  ASSERT_TRUE(Validate(codec(), bytes, n()).ok());
+  CO2_ASSERT_OK(Validate(codec(), bytes, n()));
   const std::vector<float> out = DecodeToVector(codec(), bytes, n());
   switch (codec()) {
     case Codec::kFp32:
@@ -293,7 +294,7 @@ TEST(CodecTest, Bf16RoundsToNearestEven) {
     for (const Case& c : cases) in.push_back(FromBits(c.in));
   }
   const std::string bytes = EncodeToString(Codec::kBf16, in);
-  ASSERT_TRUE(Validate(Codec::kBf16, bytes, in.size()).ok());
+  CO2_ASSERT_OK(Validate(Codec::kBf16, bytes, in.size()));
   for (size_t i = 0; i < in.size(); ++i) {
     uint16_t got;
     std::memcpy(&got, bytes.data() + 2 * i, 2);
@@ -353,7 +354,7 @@ TEST(CodecTest, Int8SubnormalScaleStillClamps) {
   for (size_t i = 0; i < in.size(); ++i) {
     EXPECT_EQ(static_cast<int8_t>(bytes[4 + i]), want[i]) << "element " << i;
   }
-  EXPECT_TRUE(Validate(Codec::kInt8, bytes, in.size()).ok());
+  CO2_EXPECT_OK(Validate(Codec::kInt8, bytes, in.size()));
 }
 
 TEST(CodecTest, Int8AllZeroBlockHasZeroScale) {
@@ -363,7 +364,7 @@ TEST(CodecTest, Int8AllZeroBlockHasZeroScale) {
   EXPECT_EQ(Int8ScaleFromPayload(bytes, 0), 0.0f);
   EXPECT_EQ(Int8ScaleFromPayload(bytes, 1), 3.0f / 127.0f);
   EXPECT_EQ(static_cast<int8_t>(bytes[8 + 1027]), -127);
-  ASSERT_TRUE(Validate(Codec::kInt8, bytes, in.size()).ok());
+  CO2_ASSERT_OK(Validate(Codec::kInt8, bytes, in.size()));
   const std::vector<float> out = DecodeToVector(Codec::kInt8, bytes, 1030);
   for (size_t i = 0; i < 1024; ++i) ASSERT_EQ(out[i], 0.0f) << i;
   EXPECT_EQ(out[1027], -127.0f * (3.0f / 127.0f));
@@ -374,7 +375,7 @@ TEST(CodecTest, HugeFiniteInputsStillEncodeToValidPayloads) {
   for (Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8}) {
     SCOPED_TRACE(CodecName(codec));
     const std::string bytes = EncodeToString(codec, in);
-    ASSERT_TRUE(Validate(codec, bytes, in.size()).ok());
+    CO2_ASSERT_OK(Validate(codec, bytes, in.size()));
     const std::vector<float> out = DecodeToVector(codec, bytes, in.size());
     for (size_t i = 0; i < in.size(); ++i) {
       EXPECT_TRUE(std::isfinite(out[i])) << out[i];
@@ -411,12 +412,12 @@ TEST(CodecTest, ValidateRejectsNonFiniteValuesNamingTheFirst) {
   constexpr size_t kN = 262144 + 7;
   for (Codec codec : {Codec::kFp32, Codec::kBf16}) {
     const std::string good = EncodeToString(codec, RandomVector(kN, 9));
-    ASSERT_TRUE(Validate(codec, good, kN).ok());
+    CO2_ASSERT_OK(Validate(codec, good, kN));
     const size_t width = codec == Codec::kFp32 ? 4 : 2;
     for (const Bad& bad : bads) {
       for (size_t pos : {size_t{0}, size_t{1}, size_t{17}, size_t{4095},
                          size_t{4096}, size_t{200003}, kN - 1}) {
-        SCOPED_TRACE(testing::Message()
+        SCOPED_TRACE(::testing::Message()
                      << CodecName(codec) << " " << bad.text << " at " << pos);
         std::string bytes = good;
         auto put_bad = [&](size_t at) {
@@ -441,7 +442,7 @@ TEST(CodecTest, ValidateRejectsNonFiniteValuesNamingTheFirst) {
 TEST(CodecTest, ValidateRejectsBadInt8Scales) {
   const size_t n = 3 * 1024 + 5;
   const std::string good = EncodeToString(Codec::kInt8, RandomVector(n, 10));
-  ASSERT_TRUE(Validate(Codec::kInt8, good, n).ok());
+  CO2_ASSERT_OK(Validate(Codec::kInt8, good, n));
   struct Bad {
     float scale;
     size_t block;
@@ -466,13 +467,13 @@ TEST(CodecTest, ValidateRejectsBadInt8Scales) {
   for (float zero : {0.0f, -0.0f}) {
     std::string bytes = good;
     std::memcpy(&bytes[4], &zero, 4);
-    EXPECT_TRUE(Validate(Codec::kInt8, bytes, n).ok());
+    CO2_EXPECT_OK(Validate(Codec::kInt8, bytes, n));
   }
 }
 
 TEST(CodecTest, ValidateAcceptsEmptyPayloads) {
   for (Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8}) {
-    EXPECT_TRUE(Validate(codec, "", 0).ok());
+    CO2_EXPECT_OK(Validate(codec, "", 0));
     EXPECT_EQ(Validate(codec, "x", 0).code(),
               absl::StatusCode::kInvalidArgument);
   }
@@ -738,7 +739,7 @@ TEST(CodecTest, EveryKernelIsaGivesThePortableBits) {
 TEST(CodecTest, ParseCodecAcceptsNamesAndNamesTheBadValue) {
   for (Codec codec : {Codec::kFp32, Codec::kBf16, Codec::kInt8}) {
     const absl::StatusOr<Codec> parsed = ParseCodec(CodecName(codec));
-    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    CO2_ASSERT_OK(parsed);
     EXPECT_EQ(*parsed, codec);
   }
   EXPECT_EQ(CodecName(Codec::kFp32), "fp32");
@@ -773,9 +774,8 @@ TEST(CodecTest, ValidateRunRefusesAnInt8RunWithTooFewScales) {
   EXPECT_NE(s.message().find("[1000, 1100) has 4 bytes of scales"),
             std::string::npos)
       << s.message();
-  EXPECT_TRUE(ValidateRun(EncodedRun{Codec::kInt8, values.substr(0, 24), scales,
-                                     1000, 24})
-                  .ok());
+  CO2_EXPECT_OK(ValidateRun(
+      EncodedRun{Codec::kInt8, values.substr(0, 24), scales, 1000, 24}));
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 
 #include "common/layout.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -52,13 +53,12 @@ TEST(ContributionPayloadTest, ReadsFp32PiecesInPlace) {
   const std::string_view pieces[] = {std::string_view(bytes).substr(0, 100),
                                      std::string_view(bytes).substr(100)};
   ContributionPayload payload;
-  ASSERT_TRUE(
-      payload.Read(View(common::Codec::kFp32, 1, pieces), kElements).ok());
+  CO2_ASSERT_OK(payload.Read(View(common::Codec::kFp32, 1, pieces), kElements));
   EXPECT_EQ(payload.codec(), common::Codec::kFp32);
   ASSERT_EQ(payload.pieces().size(), 2u);
   EXPECT_EQ(payload.pieces()[0].data(), bytes.data()) << "copied";
   EXPECT_EQ(payload.bytes(), bytes.size());
-  EXPECT_TRUE(payload.valid().ok()) << payload.valid();
+  CO2_EXPECT_OK(payload.valid());
 }
 
 TEST(ContributionPayloadTest, ReadsInt8PiecesInPlace) {
@@ -69,12 +69,11 @@ TEST(ContributionPayloadTest, ReadsInt8PiecesInPlace) {
   const std::string_view pieces[] = {std::string_view(bytes).substr(0, 7),
                                      std::string_view(bytes).substr(7)};
   ContributionPayload payload;
-  ASSERT_TRUE(
-      payload.Read(View(common::Codec::kInt8, 1, pieces), kElements).ok());
+  CO2_ASSERT_OK(payload.Read(View(common::Codec::kInt8, 1, pieces), kElements));
   ASSERT_EQ(payload.pieces().size(), 2u);
   EXPECT_EQ(payload.pieces()[1].data(), bytes.data() + 7) << "copied";
   EXPECT_EQ(payload.bytes(), bytes.size());
-  EXPECT_TRUE(payload.valid().ok()) << payload.valid();
+  CO2_EXPECT_OK(payload.valid());
 }
 
 TEST(ContributionPayloadTest, InvalidValuesAreReportedNotRefused) {
@@ -83,14 +82,13 @@ TEST(ContributionPayloadTest, InvalidValuesAreReportedNotRefused) {
   const std::string nan = Encoded(common::Codec::kFp32, values);
   const std::string_view piece = nan;
   ContributionPayload payload;
-  ASSERT_TRUE(
-      payload.Read(View(common::Codec::kFp32, 1, {&piece, 1}), kElements).ok());
+  CO2_ASSERT_OK(
+      payload.Read(View(common::Codec::kFp32, 1, {&piece, 1}), kElements));
   EXPECT_EQ(payload.valid().code(), absl::StatusCode::kInvalidArgument);
   // Chunk 0 is a whole kChunkElements: these bytes are the wrong size.
   ContributionPayload short_payload;
-  ASSERT_TRUE(short_payload
-                  .Read(View(common::Codec::kFp32, 0, {&piece, 1}), kElements)
-                  .ok());
+  CO2_ASSERT_OK(short_payload.Read(View(common::Codec::kFp32, 0, {&piece, 1}),
+                                   kElements));
   EXPECT_EQ(short_payload.valid().code(), absl::StatusCode::kInvalidArgument);
 }
 

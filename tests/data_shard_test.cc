@@ -7,6 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -19,7 +20,7 @@ TEST(DataShardTest, ContiguousPartsAreBalancedAndTile) {
   int64_t next = 0;
   for (int w = 0; w < 4; ++w) {
     auto part = ContiguousPart(10, w, 4);
-    ASSERT_TRUE(part.ok()) << part.status();
+    CO2_ASSERT_OK(part);
     EXPECT_EQ(part->begin, next);
     next = part->end;
     sizes.push_back(part->size());
@@ -49,7 +50,7 @@ TEST_P(ShardIndicesTest, DisjointCompleteAndShuffled) {
   std::vector<int64_t> all;
   for (int w = 0; w < num_workers; ++w) {
     auto shard = ShardIndices(kN, w, num_workers, /*seed=*/42);
-    ASSERT_TRUE(shard.ok()) << shard.status();
+    CO2_ASSERT_OK(shard);
     EXPECT_NEAR(static_cast<double>(shard->size()),
                 static_cast<double>(kN) / num_workers, 1.0);
     all.insert(all.end(), shard->begin(), shard->end());
@@ -70,7 +71,9 @@ TEST(DataShardTest, SameSeedSameShardOtherSeedOther) {
   auto a = ShardIndices(500, 1, 3, 7);
   auto b = ShardIndices(500, 1, 3, 7);
   auto c = ShardIndices(500, 1, 3, 8);
-  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  CO2_ASSERT_OK(a);
+  CO2_ASSERT_OK(b);
+  CO2_ASSERT_OK(c);
   EXPECT_EQ(*a, *b);
   EXPECT_NE(*a, *c);
 }

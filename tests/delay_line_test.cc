@@ -4,6 +4,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::bench {
 namespace {
@@ -12,7 +13,7 @@ constexpr int64_t kMs = 1000000;
 
 TEST(DelayLineTest, HoldsEachPacketForTheDelayAndReleasesInOrder) {
   auto line = DelayLine::Create({25 * kMs, 0.0, 1});
-  ASSERT_TRUE(line.ok()) << line.status();
+  CO2_ASSERT_OK(line);
   EXPECT_TRUE(line->Arrive(7, 0));
   EXPECT_TRUE(line->Arrive(8, 10 * kMs));
   EXPECT_EQ(line->NextDue(), 25 * kMs);
@@ -30,7 +31,7 @@ TEST(DelayLineTest, HoldsEachPacketForTheDelayAndReleasesInOrder) {
 
 TEST(DelayLineTest, DropsTheLossShareAndHoldsTheRest) {
   auto line = DelayLine::Create({kMs, 0.01, 3});
-  ASSERT_TRUE(line.ok()) << line.status();
+  CO2_ASSERT_OK(line);
   constexpr int kPackets = 200000;
   int held = 0;
   for (int i = 0; i < kPackets; ++i) held += line->Arrive(i, i);
@@ -44,7 +45,8 @@ TEST(DelayLineTest, DropsTheLossShareAndHoldsTheRest) {
 TEST(DelayLineTest, TheSameSeedDropsTheSamePackets) {
   auto a = DelayLine::Create({0, 0.3, 11});
   auto b = DelayLine::Create({0, 0.3, 11});
-  ASSERT_TRUE(a.ok() && b.ok());
+  CO2_ASSERT_OK(a);
+  CO2_ASSERT_OK(b);
   for (uint32_t i = 0; i < 1000; ++i) {
     ASSERT_EQ(a->Arrive(i, 0), b->Arrive(i, 0)) << "packet " << i;
   }
@@ -52,7 +54,7 @@ TEST(DelayLineTest, TheSameSeedDropsTheSamePackets) {
 
 TEST(DelayLineTest, NoLossDropsNothing) {
   auto line = DelayLine::Create({0, 0.0, 1});
-  ASSERT_TRUE(line.ok());
+  CO2_ASSERT_OK(line);
   for (uint32_t i = 0; i < 10000; ++i) ASSERT_TRUE(line->Arrive(i, 0));
   EXPECT_EQ(line->ReleaseDue(0), 9999u);
 }
@@ -60,12 +62,12 @@ TEST(DelayLineTest, NoLossDropsNothing) {
 TEST(DelayLineTest, RefusesANegativeDelayOrALossOutsideItsRange) {
   auto negative = DelayLine::Create({-1, 0.0, 1});
   EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(negative.status().message(), testing::HasSubstr("-1 ns"));
+  EXPECT_THAT(negative.status().message(), ::testing::HasSubstr("-1 ns"));
   for (double loss : {-0.1, 1.0, 2.0}) {
     auto line = DelayLine::Create({0, loss, 1});
     EXPECT_EQ(line.status().code(), absl::StatusCode::kInvalidArgument)
         << "loss " << loss;
-    EXPECT_THAT(line.status().message(), testing::HasSubstr("loss is"));
+    EXPECT_THAT(line.status().message(), ::testing::HasSubstr("loss is"));
   }
 }
 

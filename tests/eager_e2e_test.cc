@@ -20,6 +20,7 @@
 #include "server/job/chunked_outer_step.h"
 #include "server/job/outer_optimizer.h"
 #include "tests/e2e_harness.h"
+#include "tests/status_matchers.h"
 
 namespace co2::testing {
 namespace {
@@ -47,7 +48,7 @@ TEST(EagerScaleTest, IsTheShardsStepPerUnitOfMean) {
     config.set_momentum_period(c.period);
     config.set_gap_penalty(c.penalty);
     config.set_penalty_lambda(2.0f);
-    ASSERT_TRUE(common::ValidateJobConfig(config).ok());
+    CO2_ASSERT_OK(common::ValidateJobConfig(config));
     const server::OuterConfig outer = server::OuterConfigOf(config);
     std::mt19937 rng(3);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -163,7 +164,7 @@ TEST(EagerE2eTest, EachRoundStartsAtTheAnchorPlusTheEagerOffset) {
   for (std::thread& t : threads) t.join();
   for (int w = 0; w < spec.workers; ++w) {
     SCOPED_TRACE(absl::StrCat("worker ", w));
-    ASSERT_TRUE(trainers[w].status.ok()) << trainers[w].status;
+    CO2_ASSERT_OK(trainers[w].status);
     EXPECT_EQ(trainers[w].rounds_checked, spec.rounds);
     EXPECT_GT(trainers[w].largest_offset, 0.0) << "no eager offset was taken";
     // The final model is the shards' anchor, the same on every worker.
@@ -182,7 +183,7 @@ TEST(EagerE2eTest, IsRefusedForASynchronousJob) {
   std::vector<float> x = InitialAnchor(spec.params);
   auto connected = client::AggregatorClient::Connect(
       WorkerOptions(cluster.addresses(), "sync", config, 0), absl::MakeSpan(x));
-  ASSERT_TRUE(connected.ok()) << connected.status();
+  CO2_ASSERT_OK(connected);
   client::AnchorExchangeOptions eo;
   eo.eager_share = 1.0;
   auto exchange = client::AnchorExchange::Create(eo, *std::move(connected), x);

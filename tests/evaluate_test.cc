@@ -8,6 +8,7 @@
 #include "client/training/models.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -77,7 +78,7 @@ TEST(EvaluateTest, PerfectClassifierScoresOneInAnyBatching) {
     EvalOptions options;
     options.batch_size = batch_size;
     auto result = EvaluateFashionMnist(model, Labelled(), options);
-    ASSERT_TRUE(result.ok()) << result.status();
+    CO2_ASSERT_OK(result);
     EXPECT_EQ(result->examples, 25);
     EXPECT_DOUBLE_EQ(result->accuracy, 1.0) << "batch " << batch_size;
     EXPECT_LT(result->loss, 1e-6);
@@ -90,18 +91,18 @@ TEST(EvaluateTest, PerfectClassifierScoresOneInAnyBatching) {
 TEST(EvaluateTest, ConstantClassifierScoresItsClassShare) {
   OracleClassifier model(/*always_zero=*/true);
   auto result = EvaluateFashionMnist(model, Labelled(), EvalOptions{});
-  ASSERT_TRUE(result.ok()) << result.status();
+  CO2_ASSERT_OK(result);
   EXPECT_DOUBLE_EQ(result->accuracy, 3.0 / 25.0);  // labels 0 at i=0,10,20
 }
 
 TEST(EvaluateTest, UntrainedCnnIsNearChanceOnTheRealTestSet) {
   auto test =
       LoadFashionMnistSplit(FashionMnistOptions{}, FashionMnistSplit::kTest);
-  ASSERT_TRUE(test.ok()) << test.status();
+  CO2_ASSERT_OK(test);
   auto model = MakeModel(Task::kFashionMnist);
-  ASSERT_TRUE(model.ok()) << model.status();
+  CO2_ASSERT_OK(model);
   auto result = EvaluateFashionMnist(**model, *test);
-  ASSERT_TRUE(result.ok()) << result.status();
+  CO2_ASSERT_OK(result);
   EXPECT_EQ(result->examples, 10000);
   EXPECT_LT(result->accuracy, 0.3);
   EXPECT_NEAR(result->loss, std::log(10.0), 0.3);
@@ -114,23 +115,23 @@ TEST(EvaluateTest, UniformLmHasPerplexityOfTheVocabulary) {
   options.seq_len = 10;
   options.batch_size = 8;
   auto result = EvaluateCharLm(model, text, options);
-  ASSERT_TRUE(result.ok()) << result.status();
+  CO2_ASSERT_OK(result);
   EXPECT_EQ(result->tokens, 1000);  // (1001 - 1) / 10 windows of 10
   EXPECT_NEAR(result->loss, std::log(256.0), 1e-6);
   EXPECT_NEAR(result->perplexity, 256.0, 1e-3);
   options.max_windows = 3;
   result = EvaluateCharLm(model, text, options);
-  ASSERT_TRUE(result.ok()) << result.status();
+  CO2_ASSERT_OK(result);
   EXPECT_EQ(result->tokens, 30);
 }
 
 TEST(EvaluateTest, UntrainedLstmIsNearUniform) {
   auto model = MakeModel(Task::kCharLm);
-  ASSERT_TRUE(model.ok()) << model.status();
+  CO2_ASSERT_OK(model);
   EvalOptions options;
   options.seq_len = 32;
   auto result = EvaluateCharLm(**model, std::string(5000, 'q'), options);
-  ASSERT_TRUE(result.ok()) << result.status();
+  CO2_ASSERT_OK(result);
   EXPECT_NEAR(result->perplexity, 256.0, 30.0);
 }
 

@@ -14,6 +14,7 @@
 #include "common/kernel_isa.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -64,8 +65,8 @@ TEST(ExactSumTest, AnyOrderAndAnyKernelGiveTheSameBits) {
       ExactSum sum(n);
       ExactScalar weight;
       for (const size_t i : order) {
-        ASSERT_TRUE(sum.Add(terms[i].x, terms[i].w).ok());
-        ASSERT_TRUE(weight.Add(terms[i].w).ok());
+        CO2_ASSERT_OK(sum.Add(terms[i].x, terms[i].w));
+        CO2_ASSERT_OK(weight.Add(terms[i].w));
       }
       // Both kinds of element: sums that fit a double, and wide ones.
       ASSERT_GT(sum.wide_elements(), 0u);
@@ -86,7 +87,7 @@ TEST(ExactSumTest, MeanRoundsLikeTheScalarValue) {
   for (const common::KernelIsa isa : common::SupportedKernelIsas()) {
     common::ScopedKernelIsaForTesting pin(isa);
     ExactSum sum(n);
-    for (const Term& t : terms) ASSERT_TRUE(sum.Add(t.x, t.w).ok());
+    for (const Term& t : terms) CO2_ASSERT_OK(sum.Add(t.x, t.w));
     for (const double divisor : {1.0, 3.0, 7.5e6, 1e-5}) {
       const std::vector<float> mean = sum.Mean(divisor);
       for (size_t i = 0; i < n; ++i) {
@@ -109,7 +110,7 @@ TEST(ExactSumTest, AtLeastAsAccurateAsAnFp32Sum) {
   std::vector<double> reference(n, 0.0);
   double weight = 0;
   for (const Term& t : terms) {
-    ASSERT_TRUE(sum.Add(t.x, t.w).ok());
+    CO2_ASSERT_OK(sum.Add(t.x, t.w));
     weight += t.w;
     for (size_t i = 0; i < n; ++i) {
       fp32[i] += t.w * t.x[i];
@@ -140,8 +141,8 @@ TEST(ExactSumTest, IntegerMeansAreExact) {
     ExactSum sum(5);
     ExactScalar weight;
     for (int r = 0; r < workers; ++r) {
-      ASSERT_TRUE(sum.Add(std::vector<float>(5, float(r)), 1.0f).ok());
-      ASSERT_TRUE(weight.Add(1.0).ok());
+      CO2_ASSERT_OK(sum.Add(std::vector<float>(5, float(r)), 1.0f));
+      CO2_ASSERT_OK(weight.Add(1.0));
     }
     EXPECT_EQ(sum.Mean(weight.Value()),
               std::vector<float>(5, (workers - 1) / 2.0f));
@@ -162,12 +163,9 @@ TEST(ExactSumTest, EncodedPayloadsAddTheirDecodedValues) {
       const size_t cut = codec == Codec::kInt8 ? bytes.size() : 4097;
       const std::string_view all(bytes);
       const std::string_view pieces[2] = {all.substr(0, cut), all.substr(cut)};
-      ASSERT_TRUE(
-          encoded
-              .Add(codec, common::Pieces(pieces, codec == Codec::kInt8 ? 1 : 2),
-                   t.w)
-              .ok());
-      ASSERT_TRUE(decoded.Add(values, t.w).ok());
+      CO2_ASSERT_OK(encoded.Add(
+          codec, common::Pieces(pieces, codec == Codec::kInt8 ? 1 : 2), t.w));
+      CO2_ASSERT_OK(decoded.Add(values, t.w));
     }
     for (size_t i = 0; i < n; ++i) {
       ASSERT_EQ(encoded.Value(i), decoded.Value(i))
@@ -183,7 +181,7 @@ TEST(ExactSumTest, ANonFiniteTermIsRejectedAndChangesNothing) {
   for (const common::KernelIsa isa : common::SupportedKernelIsas()) {
     common::ScopedKernelIsaForTesting pin(isa);
     ExactSum sum(n);
-    for (const Term& t : terms) ASSERT_TRUE(sum.Add(t.x, t.w).ok());
+    for (const Term& t : terms) CO2_ASSERT_OK(sum.Add(t.x, t.w));
     const size_t wide = sum.wide_elements();
     ASSERT_GT(wide, 0u);
     std::vector<double> before(n);
@@ -223,7 +221,7 @@ TEST(ExactSumTest, WideSumsAreExactInAnyOrder) {
   std::vector<size_t> order = {0, 1, 2};
   do {
     ExactSum sum(3);
-    for (const size_t i : order) ASSERT_TRUE(sum.Add(terms[i], 1.0f).ok());
+    for (const size_t i : order) CO2_ASSERT_OK(sum.Add(terms[i], 1.0f));
     EXPECT_EQ(sum.Value(0), 0x1p-100);
     EXPECT_EQ(sum.Value(1), 1.0 + 0x1p-24 + 0x1p-48);
     EXPECT_EQ(sum.Value(2), 3.0);
@@ -234,7 +232,7 @@ TEST(ExactSumTest, WideSumsAreExactInAnyOrder) {
   for (const Term& t : RandomTerms(8, 4096, 8)) {
     std::vector<float> x = t.x;
     for (float& v : x) v = 1e-3f + std::ldexp(v, -30);
-    ASSERT_TRUE(typical.Add(x, 1.0f).ok());
+    CO2_ASSERT_OK(typical.Add(x, 1.0f));
   }
   EXPECT_EQ(typical.wide_elements(), 0u);
 }
@@ -244,7 +242,7 @@ TEST(ExactSumTest, WideSumsAreExactInAnyOrder) {
 TEST(ExactScalarTest, RoundsTheExactSumOnce) {
   auto sum = [](std::initializer_list<double> terms) {
     ExactScalar s;
-    for (const double t : terms) EXPECT_TRUE(s.Add(t).ok()) << t;
+    for (const double t : terms) CO2_EXPECT_OK(s.Add(t)) << t;
     return s.Value();
   };
   EXPECT_EQ(sum({}), 0.0);
@@ -262,13 +260,13 @@ TEST(ExactScalarTest, RoundsTheExactSumOnce) {
   EXPECT_EQ(sum({0x1.fffffffffffffp287, 0x1.fffffffffffffp287}),
             0x1.fffffffffffffp288);
   ExactScalar counted;
-  ASSERT_TRUE(counted.Add(0.0).ok());
+  CO2_ASSERT_OK(counted.Add(0.0));
   EXPECT_EQ(counted.terms(), 1u);
 }
 
 TEST(ExactScalarTest, TermsOutsideTheRangeAreRejected) {
   ExactScalar s;
-  ASSERT_TRUE(s.Add(1.5).ok());
+  CO2_ASSERT_OK(s.Add(1.5));
   for (const double bad : {double(INFINITY), double(NAN), 0x1p288, -0x1p290,
                            0x1p-301, 0x1.8p-300}) {
     const absl::Status status = s.Add(bad);
@@ -277,8 +275,8 @@ TEST(ExactScalarTest, TermsOutsideTheRangeAreRejected) {
   }
   EXPECT_EQ(s.terms(), 1u);
   EXPECT_EQ(s.Value(), 1.5);
-  EXPECT_TRUE(s.Add(0x1.fffffffffffffp287).ok());
-  EXPECT_TRUE(s.Add(0x1p-300).ok());
+  CO2_EXPECT_OK(s.Add(0x1.fffffffffffffp287));
+  CO2_EXPECT_OK(s.Add(0x1p-300));
 }
 
 }  // namespace

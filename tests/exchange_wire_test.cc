@@ -6,6 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "tests/byte_pieces.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -61,7 +62,7 @@ TEST(ExchangeWireTest, ContributionPayloadStaysInTheReceivedSlices) {
   const std::string bytes = request.SerializeAsString();
   grpc::ByteBuffer buffer = InSlices(bytes, {1, 3, 4, 5000, 5000, 65536});
   absl::StatusOr<ExchangeMessage> parsed = ParseExchangeRequest(&buffer);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  CO2_ASSERT_OK(parsed);
   EXPECT_FALSE(parsed->open.has_value());
   ASSERT_TRUE(parsed->contribution.has_value());
   const ContributionView& view = *parsed->contribution;
@@ -82,7 +83,7 @@ TEST(ExchangeWireTest, ParsesOpen) {
   const std::string bytes = request.SerializeAsString();
   grpc::ByteBuffer buffer = InSlices(bytes, {2, 7});
   absl::StatusOr<ExchangeMessage> parsed = ParseExchangeRequest(&buffer);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  CO2_ASSERT_OK(parsed);
   ASSERT_TRUE(parsed->open.has_value());
   EXPECT_FALSE(parsed->contribution.has_value());
   EXPECT_EQ(parsed->open->job(), "job");

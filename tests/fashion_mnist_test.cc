@@ -11,6 +11,8 @@
 #include "client/training/data_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::client {
 namespace {
@@ -53,7 +55,7 @@ void PutBigEndian32(std::string* data, size_t offset, uint32_t value) {
 
 TEST(FashionMnistTest, LoadsTheInstalledData) {
   auto data = LoadFashionMnist(kInstalled);
-  ASSERT_TRUE(data.ok()) << data.status();
+  CO2_ASSERT_OK(data);
   ASSERT_EQ(data->train.size(), 60000);
   ASSERT_EQ(data->test.size(), 10000);
   EXPECT_EQ(data->train.images.size(), 60000u * kFashionMnistPixels);
@@ -83,12 +85,12 @@ TEST(FashionMnistTest, LoadsTheInstalledData) {
 
 TEST(FashionMnistTest, ShardsOfTheTrainingSetAreDisjointCompleteAndMixed) {
   auto data = LoadFashionMnistSplit(kInstalled, FashionMnistSplit::kTrain);
-  ASSERT_TRUE(data.ok()) << data.status();
+  CO2_ASSERT_OK(data);
   constexpr int kWorkers = 4;
   std::vector<int> owner(data->size(), -1);
   for (int w = 0; w < kWorkers; ++w) {
     auto shard = ShardIndices(data->size(), w, kWorkers, /*seed=*/17);
-    ASSERT_TRUE(shard.ok()) << shard.status();
+    CO2_ASSERT_OK(shard);
     EXPECT_EQ(shard->size(), 15000u);
     std::array<int, kFashionMnistClasses> hist{};
     for (int64_t i : *shard) {
@@ -132,28 +134,22 @@ class CorruptFashionMnistTest : public ::testing::Test {
   }
 
   void SetUp() override {
-    dir_ = fs::path(::testing::TempDir()) /
-           (std::string("fmnist_") +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    images_path_ = (dir_ / "t10k-images-idx3-ubyte.gz").string();
-    labels_path_ = (dir_ / "t10k-labels-idx1-ubyte.gz").string();
+    images_path_ = dir_.Path("t10k-images-idx3-ubyte.gz");
+    labels_path_ = dir_.Path("t10k-labels-idx1-ubyte.gz");
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
   absl::StatusOr<FashionMnistExamples> Load(const std::string& images,
                                             const std::string& labels) {
     WriteGz(images_path_, images);
     WriteGz(labels_path_, labels);
     FashionMnistOptions options;
-    options.directory = dir_.string();
+    options.directory = dir_.path();
     return LoadFashionMnistSplit(options, FashionMnistSplit::kTest);
   }
 
   static std::string* images_;
   static std::string* labels_;
-  fs::path dir_;
+  const co2::testing::TempDir dir_{"fmnist"};
   std::string images_path_;
   std::string labels_path_;
 };
@@ -163,7 +159,7 @@ std::string* CorruptFashionMnistTest::labels_ = nullptr;
 
 TEST_F(CorruptFashionMnistTest, IntactCopyLoads) {
   auto examples = Load(*images_, *labels_);
-  ASSERT_TRUE(examples.ok()) << examples.status();
+  CO2_ASSERT_OK(examples);
   EXPECT_EQ(examples->size(), 10000);
 }
 
@@ -202,7 +198,7 @@ TEST_F(CorruptFashionMnistTest, TruncatedGzipStream) {
   // Cut the compressed file itself in half.
   fs::resize_file(images_path_, fs::file_size(images_path_) / 2);
   FashionMnistOptions options;
-  options.directory = dir_.string();
+  options.directory = dir_.path();
   auto examples = LoadFashionMnistSplit(options, FashionMnistSplit::kTest);
   EXPECT_EQ(examples.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(examples.status().message(), HasSubstr(images_path_));
@@ -262,7 +258,7 @@ TEST_F(CorruptFashionMnistTest, EmptyFile) {
 TEST_F(CorruptFashionMnistTest, MissingFile) {
   ASSERT_NO_FATAL_FAILURE(WriteGz(images_path_, *images_));
   FashionMnistOptions options;
-  options.directory = dir_.string();
+  options.directory = dir_.path();
   auto examples = LoadFashionMnistSplit(options, FashionMnistSplit::kTest);
   EXPECT_EQ(examples.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(examples.status().message(), HasSubstr(labels_path_));

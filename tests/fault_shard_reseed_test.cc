@@ -23,17 +23,16 @@
 #include "gtest/gtest.h"
 #include "server/job/shard_observer.h"
 #include "tests/e2e_harness.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 #include "tests/wait_for.h"
 
 namespace co2::testing {
 namespace {
 
-constexpr char kJob[] = "reseed";
+using ::co2::testing::TempDir;
 
-std::string TempDir() {
-  char pattern[] = "/tmp/co2-fault-XXXXXX";
-  return mkdtemp(pattern);
-}
+constexpr char kJob[] = "reseed";
 
 std::vector<std::string> FilesIn(const std::string& dir) {
   std::vector<std::string> names;
@@ -76,7 +75,8 @@ TEST_P(FaultShardReseedTest, TrainingContinuesFromAWorkersAnchor) {
   spec.params = 300000;
   spec.workers = 3;
   spec.rounds = 10;
-  const std::string dir = TempDir();
+  const TempDir temp_dir("co2-fault");
+  const std::string dir = temp_dir.path();
   RecordingObserver observer;
   Cluster cluster(spec.shards, dir, &observer);
   const v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
@@ -114,9 +114,9 @@ TEST_P(FaultShardReseedTest, TrainingContinuesFromAWorkersAnchor) {
             << "the workers never all reached round " << crash_after;
       });
   ASSERT_TRUE(restarted);
-  ASSERT_TRUE(restart_status.ok()) << restart_status;
+  CO2_ASSERT_OK(restart_status);
   ASSERT_TRUE(damaged) << "shard 1 had no checkpoint file to remove or damage";
-  for (const WorkerResult& r : results) ASSERT_TRUE(r.status.ok()) << r.status;
+  for (const WorkerResult& r : results) CO2_ASSERT_OK(r.status);
 
   uint64_t round = 0;
   const std::vector<float> shards = cluster.Anchor(kJob, &round);
@@ -143,10 +143,10 @@ TEST_P(FaultShardReseedTest, TrainingContinuesFromAWorkersAnchor) {
   EXPECT_EQ(observer.reseeds(),
             std::vector<std::string>{absl::StrCat(kJob, ":", reason)});
   auto job = cluster.registry(1)->Find(kJob);
-  ASSERT_TRUE(job.ok()) << job.status();
+  CO2_ASSERT_OK(job);
   EXPECT_EQ((*job)->stats().reseeds, 1u);
   auto untouched = cluster.registry(0)->Find(kJob);
-  ASSERT_TRUE(untouched.ok());
+  CO2_ASSERT_OK(untouched);
   EXPECT_EQ((*untouched)->stats().reseeds, 0u);
 
   const std::vector<absl::Status>& errors =
@@ -176,7 +176,8 @@ TEST(FaultShardReseedClientTest, AnUpdateTheWorkerWasToldOfIsKept) {
   spec.params = 5000;
   spec.shards = 1;
   spec.workers = 1;
-  const std::string dir = TempDir();
+  const TempDir temp_dir("co2-fault");
+  const std::string dir = temp_dir.path();
   absl::Notification reseeded;
   class NotifyingObserver : public server::ShardObserver {
    public:
@@ -194,25 +195,25 @@ TEST(FaultShardReseedClientTest, AnUpdateTheWorkerWasToldOfIsKept) {
   auto connected = client::AggregatorClient::Connect(
       WorkerOptions(cluster.addresses(), kJob, config, 0),
       absl::MakeSpan(anchor));
-  ASSERT_TRUE(connected.ok()) << connected.status();
+  CO2_ASSERT_OK(connected);
   client::AggregatorClient& c = **connected;
-  ASSERT_TRUE(c.TrackAnchor(anchor).ok());
+  CO2_ASSERT_OK(c.TrackAnchor(anchor));
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   std::vector<float> delta(spec.params);
   auto push = [&](uint64_t round) {
     for (size_t j = 0; j < spec.params; ++j) delta[j] = Delta(0, round, j);
     return c.Push(round, delta, Weight(0), deadline);
   };
-  ASSERT_TRUE(push(0).ok());
-  ASSERT_TRUE(c.WaitForUpdate(0, deadline).ok());
+  CO2_ASSERT_OK(push(0));
+  CO2_ASSERT_OK(c.WaitForUpdate(0, deadline));
   auto remove_checkpoint = [](const std::string& d) {
     unlink(absl::StrCat(d, "/", kJob, ".shard-0-of-1.ckpt").c_str());
   };
-  ASSERT_TRUE(cluster.Restart(0, remove_checkpoint).ok());
-  ASSERT_TRUE(push(1).ok());
+  CO2_ASSERT_OK(cluster.Restart(0, remove_checkpoint));
+  CO2_ASSERT_OK(push(1));
   ASSERT_TRUE(reseeded.WaitForNotificationWithTimeout(absl::Seconds(60)));
   absl::StatusOr<uint64_t> applied = c.ApplyUpdate(0, absl::MakeSpan(anchor));
-  ASSERT_TRUE(applied.ok()) << applied.status();
+  CO2_ASSERT_OK(applied);
   EXPECT_EQ(*applied, 2u);
   uint64_t round = 0;
   std::vector<float> shard = cluster.Anchor(kJob, &round);
@@ -222,9 +223,9 @@ TEST(FaultShardReseedClientTest, AnUpdateTheWorkerWasToldOfIsKept) {
       std::memcmp(shard.data(), anchor.data(), anchor.size() * sizeof(float)),
       0);
   // Training goes on from there.
-  ASSERT_TRUE(c.WaitForUpdate(1, deadline).ok());
+  CO2_ASSERT_OK(c.WaitForUpdate(1, deadline));
   applied = c.ApplyUpdate(1, absl::MakeSpan(anchor));
-  ASSERT_TRUE(applied.ok()) << applied.status();
+  CO2_ASSERT_OK(applied);
   EXPECT_EQ(*applied, 3u);
   // The update is sent once its chunk is journaled, which can be before the
   // shard counts its round closed: wait for the close (failed 1 in 9 suite
@@ -239,7 +240,7 @@ TEST(FaultShardReseedClientTest, AnUpdateTheWorkerWasToldOfIsKept) {
   EXPECT_EQ(
       std::memcmp(shard.data(), anchor.data(), anchor.size() * sizeof(float)),
       0);
-  EXPECT_TRUE(c.Leave(absl::Now() + absl::Seconds(10)).ok());
+  CO2_EXPECT_OK(c.Leave(absl::Now() + absl::Seconds(10)));
 }
 
 INSTANTIATE_TEST_SUITE_P(

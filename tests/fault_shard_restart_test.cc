@@ -17,15 +17,14 @@
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 #include "tests/wait_for.h"
 
 namespace co2::testing {
 namespace {
 
-std::string TempDir() {
-  char pattern[] = "/tmp/co2-fault-XXXXXX";
-  return mkdtemp(pattern);
-}
+using ::co2::testing::TempDir;
 
 // Parameters: the round after which shard 1 stops, and the parameters: one
 // chunk per shard, or several (the shard streams chunks of a round ahead of
@@ -38,7 +37,8 @@ TEST_P(FaultShardRestartTest, TrainingFinishesWithTheUndisturbedAnchor) {
   spec.params = std::get<1>(GetParam());
   spec.workers = 3;
   spec.rounds = 12;
-  Cluster cluster(spec.shards, TempDir());
+  const TempDir temp_dir("co2-fault");
+  Cluster cluster(spec.shards, temp_dir.path());
   const v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
   const uint64_t crash_after = std::get<0>(GetParam());
   absl::Mutex mu;
@@ -54,11 +54,11 @@ TEST_P(FaultShardRestartTest, TrainingFinishesWithTheUndisturbedAnchor) {
           restart_status = cluster.Restart(1);
         }
       });
-  ASSERT_TRUE(restart_status.ok()) << restart_status;
+  CO2_ASSERT_OK(restart_status);
   ASSERT_TRUE(restarted);
   uint64_t reconnects = 0;
   for (const WorkerResult& r : results) {
-    ASSERT_TRUE(r.status.ok()) << r.status;
+    CO2_ASSERT_OK(r.status);
     reconnects += r.reconnects;
   }
   EXPECT_GE(reconnects, 1u) << "no worker noticed the restart";
@@ -94,18 +94,19 @@ TEST(StreamBreakTest, AnUpdateNotYetTakenIsAskedForAgain) {
   spec.params = 300000;
   spec.shards = 1;
   spec.workers = 1;
-  Cluster cluster(spec.shards, TempDir());
+  const TempDir temp_dir("co2-fault");
+  Cluster cluster(spec.shards, temp_dir.path());
   const v1::JobConfig config = Co2Config(spec, v1::CODEC_FP32);
   std::vector<float> anchor = InitialAnchor(spec.params);
   auto connected = client::AggregatorClient::Connect(
       WorkerOptions(cluster.addresses(), "break", config, 0),
       absl::MakeSpan(anchor));
-  ASSERT_TRUE(connected.ok()) << connected.status();
+  CO2_ASSERT_OK(connected);
   client::AggregatorClient& client = **connected;
   std::vector<float> delta(spec.params);
   for (size_t j = 0; j < spec.params; ++j) delta[j] = Delta(0, 0, j);
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  ASSERT_TRUE(client.Push(0, delta, Weight(0), deadline).ok());
+  CO2_ASSERT_OK(client.Push(0, delta, Weight(0), deadline));
   const uint64_t update_bytes = spec.params * sizeof(float);
   ASSERT_TRUE(
       WaitFor([&] { return client.stats().bytes_received == update_bytes; },
@@ -121,15 +122,15 @@ TEST(StreamBreakTest, AnUpdateNotYetTakenIsAskedForAgain) {
     }
     while_down = client.WaitForUpdate(0, absl::Now() + absl::Milliseconds(300));
   });
-  ASSERT_TRUE(restarted.ok()) << restarted;
+  CO2_ASSERT_OK(restarted);
   EXPECT_EQ(while_down.code(), absl::StatusCode::kDeadlineExceeded)
       << "the update from the broken stream was handed out: " << while_down;
 
-  ASSERT_TRUE(client.WaitForUpdate(0, deadline).ok());
+  CO2_ASSERT_OK(client.WaitForUpdate(0, deadline));
   EXPECT_EQ(client.stats().bytes_received, 2 * update_bytes)
       << "the new stream did not send the update again";
   std::vector<float> applied = anchor;
-  ASSERT_TRUE(client.ApplyUpdate(0, absl::MakeSpan(applied)).ok());
+  CO2_ASSERT_OK(client.ApplyUpdate(0, absl::MakeSpan(applied)));
   uint64_t round = 0;
   const std::vector<float> shard = cluster.Anchor("break", &round);
   EXPECT_EQ(

@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -39,7 +40,7 @@ TEST(FlatParamsTest, RehomingKeepsValuesAndMakesViews) {
     originals.push_back(p.detach().clone());
 
   auto flat = FlatParams::Create(net->parameters());
-  ASSERT_TRUE(flat.ok()) << flat.status();
+  CO2_ASSERT_OK(flat);
   const int64_t expected = 3 * 1 * 3 * 3 + 3 + 5 * 48 + 5;
   EXPECT_EQ((*flat)->numel(), expected);
   EXPECT_EQ((*flat)->BytesHeld(), 2 * 4 * static_cast<size_t>(expected));
@@ -64,7 +65,7 @@ TEST(FlatParamsTest, BackwardAccumulatesIntoFlatGrads) {
   Net net = MakeNet(2);
   Net ref = MakeNet(2);
   auto flat = FlatParams::Create(net->parameters());
-  ASSERT_TRUE(flat.ok()) << flat.status();
+  CO2_ASSERT_OK(flat);
   torch::Tensor x = torch::randn({4, 1, 6, 6});
   net->forward(x).pow(2).sum().backward();
   ref->forward(x).pow(2).sum().backward();
@@ -77,7 +78,7 @@ TEST(FlatParamsTest, BackwardAccumulatesIntoFlatGrads) {
 TEST(FlatParamsTest, RebindRepairsReplacedGradients) {
   Net net = MakeNet(3);
   auto flat = FlatParams::Create(net->parameters());
-  ASSERT_TRUE(flat.ok()) << flat.status();
+  CO2_ASSERT_OK(flat);
   torch::Tensor x = torch::randn({4, 1, 6, 6});
   net->zero_grad(/*set_to_none=*/true);  // every gradient dropped
   net->forward(x).sum().backward();      // autograd allocates fresh ones
@@ -99,7 +100,7 @@ void ExpectSameTrajectory(Options options) {
   Net net = MakeNet(4);
   Net ref = MakeNet(4);
   auto flat = FlatParams::Create(net->parameters());
-  ASSERT_TRUE(flat.ok()) << flat.status();
+  CO2_ASSERT_OK(flat);
   Opt opt(net->parameters(), options);
   Opt ref_opt(ref->parameters(), options);
   torch::manual_seed(5);
@@ -141,14 +142,14 @@ TEST(FlatParamsTest, RejectsBadParameters) {
             absl::StatusCode::kInvalidArgument);
   auto doubles = FlatParams::Create({torch::zeros({3}, torch::kDouble)});
   EXPECT_EQ(doubles.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(doubles.status().message(), testing::HasSubstr("float32"));
+  EXPECT_THAT(doubles.status().message(), ::testing::HasSubstr("float32"));
 }
 
 TEST(FlatParamsTest, FrozenParametersGetNoGradient) {
   torch::Tensor a = torch::ones({2}).requires_grad_(true);
   torch::Tensor b = torch::ones({3});  // frozen
   auto flat = FlatParams::Create({a, b});
-  ASSERT_TRUE(flat.ok()) << flat.status();
+  CO2_ASSERT_OK(flat);
   EXPECT_TRUE(a.grad().defined());
   EXPECT_FALSE(b.grad().defined());
   EXPECT_EQ((*flat)->numel(), 5);

@@ -24,9 +24,13 @@
 #include "client/collectives/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::client {
 namespace {
+
+using ::co2::testing::TempDir;
 
 using ::testing::Each;
 using ::testing::Eq;
@@ -48,24 +52,6 @@ constexpr int kWrongCode = 15;
       return (code);                                                     \
     }                                                                    \
   } while (false)
-
-// A fresh directory, removed with its contents at scope exit.
-class ScopedTempDir {
- public:
-  ScopedTempDir() {
-    std::string templ = ::testing::TempDir() + "/gloo_group_test.XXXXXX";
-    char* made = mkdtemp(templ.data());
-    path_ = made != nullptr ? made : "";
-  }
-  ~ScopedTempDir() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Forks one process per rank in `ranks`, runs body(rank) there and returns
 // each child's exit code, or 1000 + signal number if it was killed.
@@ -156,7 +142,7 @@ class GlooGroupTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override { ASSERT_FALSE(dir_.path().empty()); }
   int n() const { return GetParam(); }
-  ScopedTempDir dir_;
+  TempDir dir_;
 };
 
 TEST_P(GlooGroupTest, AllReduceMeanIsClosedFormMean) {
@@ -309,7 +295,7 @@ INSTANTIATE_TEST_SUITE_P(Sizes, GlooGroupTest, ::testing::Values(2, 3, 4),
                          });
 
 TEST(GlooGroupSingle, OneRankGroupIsIdentityAndChecksRoot) {
-  ScopedTempDir dir;
+  TempDir dir;
   const std::string path = dir.path();
   const std::vector<int> codes = RunRanks({0}, [&](int rank) {
     auto group = GlooGroup::Create(MakeOptions(path, rank, 1));
@@ -336,7 +322,7 @@ TEST(GlooGroupSingle, OneRankGroupIsIdentityAndChecksRoot) {
 }
 
 TEST(GlooGroupSingle, TwoGroupsShareStoreDirUnderDistinctPrefixes) {
-  ScopedTempDir dir;
+  TempDir dir;
   const std::string path = dir.path();
   const std::vector<int> codes = RunRanks(AllRanks(2), [&](int rank) {
     GroupOptions a = MakeOptions(path, rank, 2);
@@ -355,7 +341,7 @@ TEST(GlooGroupSingle, TwoGroupsShareStoreDirUnderDistinctPrefixes) {
 }
 
 TEST(GlooGroupSingle, PairsUseTheGivenAddress) {
-  ScopedTempDir dir;
+  TempDir dir;
   const std::string path = dir.path();
   // Another loopback address works; one that is no interface of this host
   // (TEST-NET-1) cannot be bound, so the rendezvous fails.
@@ -383,7 +369,7 @@ TEST(GlooGroupSingle, PairsUseTheGivenAddress) {
 }
 
 TEST(GlooGroupOptions, RejectsInvalidOptions) {
-  ScopedTempDir dir;
+  TempDir dir;
   auto expect_invalid = [](GroupOptions options) {
     EXPECT_TRUE(absl::IsInvalidArgument(CreateProcessGroup(options).status()));
     EXPECT_TRUE(absl::IsInvalidArgument(GlooGroup::Create(options).status()));
@@ -411,26 +397,26 @@ TEST(GlooGroupOptions, RejectsInvalidOptions) {
 }
 
 TEST(GlooFileStore, SetThenWaitGetRoundTrips) {
-  ScopedTempDir dir;
+  TempDir dir;
   const GroupOptions options = MakeOptions(dir.path() + "/sub", 0, 1);
   const std::string blob("a\0b\xff", 4);
   absl::StatusOr<std::unique_ptr<Store>> writer = OpenFileStore(options);
-  ASSERT_TRUE(writer.ok()) << writer.status();
-  ASSERT_TRUE((*writer)->Set("key", blob).ok());
+  CO2_ASSERT_OK(writer);
+  CO2_ASSERT_OK((*writer)->Set("key", blob));
   // Another rank opens the same store.
   absl::StatusOr<std::unique_ptr<Store>> reader = OpenFileStore(options);
-  ASSERT_TRUE(reader.ok()) << reader.status();
+  CO2_ASSERT_OK(reader);
   const absl::StatusOr<std::string> got = (*reader)->WaitGet("key");
-  ASSERT_TRUE(got.ok()) << got.status();
+  CO2_ASSERT_OK(got);
   EXPECT_EQ(*got, blob);
 }
 
 TEST(GlooFileStore, WaitGetTimesOutOnMissingKey) {
-  ScopedTempDir dir;
+  TempDir dir;
   const GroupOptions options =
       MakeOptions(dir.path(), 0, 1, absl::Milliseconds(200));
   absl::StatusOr<std::unique_ptr<Store>> store = OpenFileStore(options);
-  ASSERT_TRUE(store.ok()) << store.status();
+  CO2_ASSERT_OK(store);
   const absl::Time start = absl::Now();
   const absl::StatusOr<std::string> got = (*store)->WaitGet("never");
   const absl::Duration elapsed = absl::Now() - start;

@@ -18,6 +18,7 @@
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
+#include "tests/status_matchers.h"
 
 namespace co2::testing {
 namespace {
@@ -120,8 +121,8 @@ TEST(HealE2eTest, AWorkerLeftBehindHealsAndEndsOnTheShardsAnchor) {
   });
   t0.join();
   t1.join();
-  ASSERT_TRUE(steady.status.ok()) << steady.status;
-  ASSERT_TRUE(stopped.status.ok()) << stopped.status;
+  CO2_ASSERT_OK(steady.status);
+  CO2_ASSERT_OK(stopped.status);
   ASSERT_TRUE(stopped.healed_round.has_value()) << "worker 1 did not heal";
   EXPECT_GE(*stopped.healed_round, 8u);
   ASSERT_NE(stopped.heal_reason, nullptr);
@@ -160,35 +161,34 @@ TEST(HealE2eTest, ARoundNoMemberTakesPartInClosesAndTheJoinerGoesOn) {
   auto w0 = client::AggregatorClient::Connect(
       WorkerOptions(cluster.addresses(), "orphan", config, 0),
       absl::MakeSpan(a0));
-  ASSERT_TRUE(w0.ok()) << w0.status();
+  CO2_ASSERT_OK(w0);
   std::vector<float> delta(spec.params);
   for (size_t j = 0; j < spec.params; ++j) delta[j] = Delta(0, 0, j);
-  ASSERT_TRUE((*w0)->Push(0, delta, Weight(0), deadline).ok());
-  ASSERT_TRUE((*w0)->WaitForUpdate(0, deadline).ok());  // round 0 closed
+  CO2_ASSERT_OK((*w0)->Push(0, delta, Weight(0), deadline));
+  CO2_ASSERT_OK((*w0)->WaitForUpdate(0, deadline));  // round 0 closed
 
   std::vector<float> x = InitialAnchor(spec.params);
   auto w1 = client::AggregatorClient::Connect(
       WorkerOptions(cluster.addresses(), "orphan", config, 1),
       absl::MakeSpan(x));
-  ASSERT_TRUE(w1.ok()) << w1.status();
+  CO2_ASSERT_OK(w1);
   EXPECT_EQ((*w1)->start_round(), 2u);
-  ASSERT_TRUE((*w0)->Leave(deadline).ok());
+  CO2_ASSERT_OK((*w0)->Leave(deadline));
   w0->reset();
 
   auto exchange = client::AnchorExchange::Create(
       ExchangeOptions(spec, 1, kTimeout), *std::move(w1), x);
-  ASSERT_TRUE(exchange.ok()) << exchange.status();
+  CO2_ASSERT_OK(exchange);
   for (uint64_t round = 2; round < spec.rounds; ++round) {
     const std::vector<float>& a = (*exchange)->anchor();
     for (size_t j = 0; j < spec.params; ++j) x[j] = a[j] - Delta(1, round, j);
     client::ExchangeTimes times;
     const absl::Status s =
         (*exchange)->Boundary(round, 1, absl::MakeSpan(x), times);
-    ASSERT_TRUE(s.ok()) << "round " << round << ": " << s;
+    CO2_ASSERT_OK(s) << "round " << round;
   }
   client::ExchangeTimes times;
-  ASSERT_TRUE(
-      (*exchange)->Drain(spec.rounds - 1, absl::MakeSpan(x), times).ok());
+  CO2_ASSERT_OK((*exchange)->Drain(spec.rounds - 1, absl::MakeSpan(x), times));
   uint64_t round = 0;
   const std::vector<float> shards = cluster.Anchor("orphan", &round);
   EXPECT_EQ(round, spec.rounds + 1);

@@ -11,6 +11,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -53,18 +54,18 @@ constexpr char kCheck[] = "/grpc.health.v1.Health/Check";
 
 TEST(HealthServerTest, ReportsServingOnAPlaintextPort) {
   auto health = HealthServer::Start("127.0.0.1:0");
-  ASSERT_TRUE(health.ok()) << health.status();
+  CO2_ASSERT_OK(health);
   ASSERT_GT((*health)->port(), 0);
   std::string response;
   grpc::Status status = Check((*health)->port(), kCheck, &response);
-  ASSERT_TRUE(status.ok()) << status.error_message();
+  CO2_ASSERT_OK(status);
   // HealthCheckResponse{status: SERVING (1)}: field 1, varint 1.
   EXPECT_EQ(response, std::string("\x08\x01", 2));
 }
 
 TEST(HealthServerTest, ServesNothingElse) {
   auto health = HealthServer::Start("127.0.0.1:0");
-  ASSERT_TRUE(health.ok()) << health.status();
+  CO2_ASSERT_OK(health);
   std::string response;
   grpc::Status status =
       Check((*health)->port(), "/co2.v1.Aggregator/Join", &response);
@@ -73,7 +74,7 @@ TEST(HealthServerTest, ServesNothingElse) {
 
 TEST(HealthServerTest, ABusyPortIsUnavailable) {
   auto first = HealthServer::Start("127.0.0.1:0");
-  ASSERT_TRUE(first.ok()) << first.status();
+  CO2_ASSERT_OK(first);
   auto second =
       HealthServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()));
   ASSERT_FALSE(second.ok());

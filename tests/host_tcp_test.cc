@@ -10,6 +10,8 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::common {
 namespace {
@@ -21,25 +23,22 @@ using ::testing::Not;
 class HostTcpTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = ::testing::TempDir() + "/host_tcp_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     Write("tcp_wmem", "4096\t16384\t4194304");
     Write("tcp_rmem", "4096\t131072\t6291456");
     Write("tcp_slow_start_after_idle", "1");
     Write("tcp_congestion_control", "cubic");
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
   void Write(const std::string& name, const std::string& text) {
     std::ofstream(dir_ + "/" + name) << text << "\n";
   }
 
-  std::string dir_;
+  const co2::testing::TempDir temp_dir_{"host_tcp"};
+  const std::string dir_ = temp_dir_.path();
 };
 
 TEST_F(HostTcpTest, ReadsTheMaximaAndSwitches) {
   absl::StatusOr<HostTcpSettings> s = ReadHostTcpSettings(dir_);
-  ASSERT_TRUE(s.ok()) << s.status();
+  CO2_ASSERT_OK(s);
   EXPECT_EQ(s->send_buffer_max, 4194304);
   EXPECT_EQ(s->receive_buffer_max, 6291456);
   EXPECT_TRUE(s->slow_start_after_idle);
@@ -119,7 +118,7 @@ TEST(HostTcpCheckTest, RefusesANegativeRateOrRoundTrip) {
   s = CheckLinkPathAndLogHostTcp({0, absl::Milliseconds(-5)});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("--link_rtt is -5ms"));
-  EXPECT_TRUE(CheckLinkPathAndLogHostTcp({1e9, absl::Milliseconds(50)}).ok());
+  CO2_EXPECT_OK(CheckLinkPathAndLogHostTcp({1e9, absl::Milliseconds(50)}));
 }
 
 }  // namespace

@@ -6,12 +6,13 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::common {
 namespace {
 
 TEST(JobConfigTest, DefaultIsValid) {
-  EXPECT_TRUE(ValidateJobConfig(DefaultJobConfig(70000, 2)).ok());
+  CO2_EXPECT_OK(ValidateJobConfig(DefaultJobConfig(70000, 2)));
 }
 
 struct BadField {
@@ -20,7 +21,7 @@ struct BadField {
   std::string expected;  // part of the message
 };
 
-class JobConfigBadFieldTest : public testing::TestWithParam<BadField> {};
+class JobConfigBadFieldTest : public ::testing::TestWithParam<BadField> {};
 
 TEST_P(JobConfigBadFieldTest, IsRejectedNamingTheField) {
   v1::JobConfig config = DefaultJobConfig(70000, 2);
@@ -32,7 +33,7 @@ TEST_P(JobConfigBadFieldTest, IsRejectedNamingTheField) {
 
 INSTANTIATE_TEST_SUITE_P(
     Fields, JobConfigBadFieldTest,
-    testing::Values(
+    ::testing::Values(
         BadField{"version", [](auto* c) { c->set_protocol_version(7); },
                  "protocol_version must be 2, got 7"},
         BadField{"params", [](auto* c) { c->set_num_parameters(0); },
@@ -99,20 +100,20 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST(JobConfigTest, EveryShardNeedsABlock) {
   // 65536 + 1 parameters make two blocks: two shards, not three.
-  EXPECT_TRUE(ValidateJobConfig(DefaultJobConfig(65537, 2)).ok());
+  CO2_EXPECT_OK(ValidateJobConfig(DefaultJobConfig(65537, 2)));
   const absl::Status three = ValidateJobConfig(DefaultJobConfig(65537, 3));
   EXPECT_EQ(three.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(three.message().find("num_shards 3 is more than the 2 block(s)"),
             std::string::npos)
       << three;
   EXPECT_FALSE(ValidateJobConfig(DefaultJobConfig(1000, 2)).ok());
-  EXPECT_TRUE(ValidateJobConfig(DefaultJobConfig(1000, 1)).ok());
+  CO2_EXPECT_OK(ValidateJobConfig(DefaultJobConfig(1000, 1)));
 }
 
 TEST(JobConfigTest, MismatchNamesTheField) {
   v1::JobConfig job = DefaultJobConfig(70000, 2);
   v1::JobConfig other = job;
-  EXPECT_TRUE(CheckSameJobConfig(job, other).ok());
+  CO2_EXPECT_OK(CheckSameJobConfig(job, other));
   other.set_beta(0.9f);
   const absl::Status s = CheckSameJobConfig(job, other);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);

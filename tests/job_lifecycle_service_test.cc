@@ -22,21 +22,20 @@
 #include "server/service/aggregator_server.h"
 #include "server/service/shard_metrics.h"
 #include "tests/job_shard_fixture.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 #include "tests/wait_for.h"
 
 namespace co2 {
 namespace {
+
+using ::co2::testing::TempDir;
 
 using grpc::StatusCode;
 using server::shard_test::Contribution;
 using server::shard_test::Fp32;
 
 constexpr uint64_t kRounds = 2;
-
-std::string TempDir() {
-  char pattern[] = "/tmp/co2-lifecycle-XXXXXX";
-  return mkdtemp(pattern);
-}
 
 v1::JobConfig Config() {
   v1::JobConfig c = common::DefaultJobConfig(server::shard_test::kParams, 1);
@@ -70,7 +69,7 @@ class JobLifecycleServiceTest : public ::testing::Test {
     options.registry.shard.abandon_after = absl::Milliseconds(300);
     options.registry.shard.observer = metrics_.get();
     auto s = server::AggregatorServer::Start(options);
-    ASSERT_TRUE(s.ok()) << s.status();
+    CO2_ASSERT_OK(s);
     server_ = *std::move(s);
     auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
                                        grpc::InsecureChannelCredentials());
@@ -179,7 +178,7 @@ class JobLifecycleServiceTest : public ::testing::Test {
     v1::ListJobsResponse response;
     const grpc::Status s =
         admin_->ListJobs(&context, v1::ListJobsRequest(), &response);
-    EXPECT_TRUE(s.ok()) << s.error_message();
+    CO2_EXPECT_OK(s);
     return {response.jobs().begin(), response.jobs().end()};
   }
 
@@ -216,13 +215,14 @@ class JobLifecycleServiceTest : public ::testing::Test {
 
   // One worker trains the whole job and leaves.
   void RunWholeJob() {
-    ASSERT_TRUE(Join("w0").ok());
-    ASSERT_TRUE(Seed("w0").ok());
-    ASSERT_TRUE(Train("w0", 0, kRounds - 1).ok());
-    ASSERT_TRUE(Leave("w0").ok());
+    CO2_ASSERT_OK(Join("w0"));
+    CO2_ASSERT_OK(Seed("w0"));
+    CO2_ASSERT_OK(Train("w0", 0, kRounds - 1));
+    CO2_ASSERT_OK(Leave("w0"));
   }
 
-  const std::string dir_ = TempDir();
+  const TempDir temp_dir_{"co2-lifecycle"};
+  const std::string dir_ = temp_dir_.path();
   const std::string checkpoint_ = dir_ + "/job.shard-0-of-1.ckpt";
   prometheus::Registry registry_;
   std::unique_ptr<server::ShardMetrics> metrics_ =
@@ -234,15 +234,15 @@ class JobLifecycleServiceTest : public ::testing::Test {
 
 TEST_F(JobLifecycleServiceTest, FinishedJobRefusesFreshJoinsAndLeavesMetrics) {
   Start(/*retention=*/absl::Hours(1));
-  ASSERT_TRUE(Join("w0").ok());
-  ASSERT_TRUE(Seed("w0").ok());
+  CO2_ASSERT_OK(Join("w0"));
+  CO2_ASSERT_OK(Seed("w0"));
   ASSERT_TRUE(testing::WaitFor([&] { return JobInMetrics(); }, absl::Seconds(10)));
-  ASSERT_TRUE(Train("w0", 0, kRounds - 1).ok());
+  CO2_ASSERT_OK(Train("w0", 0, kRounds - 1));
   // Every round closed, but a worker is live: still open.
   EXPECT_TRUE(WaitForState(v1::JOB_STATE_OPEN, true));
   ExpectStatus(Contribute("w0", kRounds), StatusCode::INVALID_ARGUMENT,
                "past the job's last round 1 (JobConfig.rounds = 2)");
-  ASSERT_TRUE(Leave("w0").ok());
+  CO2_ASSERT_OK(Leave("w0"));
   ASSERT_TRUE(WaitForState(v1::JOB_STATE_FINISHED, true));
   EXPECT_FALSE(JobInMetrics());
 
@@ -252,10 +252,10 @@ TEST_F(JobLifecycleServiceTest, FinishedJobRefusesFreshJoinsAndLeavesMetrics) {
                "round is 1)");
   // A member restarted without its state ends on the final anchor.
   v1::JoinResponse joined;
-  ASSERT_TRUE(Join("w0", /*rejoin=*/true, &joined).ok());
+  CO2_ASSERT_OK(Join("w0", /*rejoin=*/true, &joined));
   EXPECT_EQ(joined.open_round(), kRounds);
   EXPECT_FALSE(joined.must_seed());
-  ASSERT_TRUE(Leave("w0").ok());
+  CO2_ASSERT_OK(Leave("w0"));
   EXPECT_EQ(List()[0].state(), v1::JOB_STATE_FINISHED);
   EXPECT_FALSE(JobInMetrics());
 }
@@ -273,16 +273,16 @@ TEST_F(JobLifecycleServiceTest, FinishedJobLeavesMemoryAndStaysRefused) {
   ExpectStatus(Join("w1"), StatusCode::FAILED_PRECONDITION, "is finished");
   // A rejoining member gets it back from disk, at its final round.
   v1::JoinResponse joined;
-  ASSERT_TRUE(JoinRetrying("w0", /*rejoin=*/true, &joined).ok());
+  CO2_ASSERT_OK(JoinRetrying("w0", /*rejoin=*/true, &joined));
   EXPECT_EQ(joined.open_round(), kRounds);
   EXPECT_TRUE(WaitForState(v1::JOB_STATE_FINISHED, /*in_memory=*/true));
 }
 
 TEST_F(JobLifecycleServiceTest, AbandonedJobResumesFromItsCheckpoint) {
   Start(/*retention=*/absl::ZeroDuration());
-  ASSERT_TRUE(Join("w0").ok());
-  ASSERT_TRUE(Seed("w0").ok());
-  ASSERT_TRUE(Train("w0", 0, 0).ok());
+  CO2_ASSERT_OK(Join("w0"));
+  CO2_ASSERT_OK(Seed("w0"));
+  CO2_ASSERT_OK(Train("w0", 0, 0));
   // The worker goes silent: its lease runs out, then the job is abandoned
   // and leaves memory and the metrics.
   ASSERT_TRUE(WaitForState(v1::JOB_STATE_ABANDONED, /*in_memory=*/false));
@@ -290,7 +290,7 @@ TEST_F(JobLifecycleServiceTest, AbandonedJobResumesFromItsCheckpoint) {
   EXPECT_EQ(List()[0].open_round(), 1u);
   // A worker joining it again continues at round 1, not from scratch.
   v1::JoinResponse joined;
-  ASSERT_TRUE(JoinRetrying("w1", /*rejoin=*/false, &joined).ok());
+  CO2_ASSERT_OK(JoinRetrying("w1", /*rejoin=*/false, &joined));
   EXPECT_EQ(joined.open_round(), 1u);
   EXPECT_FALSE(joined.must_seed());
   ASSERT_TRUE(WaitForState(v1::JOB_STATE_OPEN, /*in_memory=*/true));
@@ -299,26 +299,26 @@ TEST_F(JobLifecycleServiceTest, AbandonedJobResumesFromItsCheckpoint) {
 
 TEST_F(JobLifecycleServiceTest, AdminDeletesAJobAndFreesItsName) {
   Start(/*retention=*/absl::Hours(1));
-  ASSERT_TRUE(Join("w0").ok());
+  CO2_ASSERT_OK(Join("w0"));
   v1::DeleteJobResponse deleted;
   ExpectStatus(Delete("job", &deleted), StatusCode::FAILED_PRECONDITION,
                "open with 1 live worker(s) (w0)");
   ExpectStatus(Delete("other", &deleted), StatusCode::NOT_FOUND,
                "no job \"other\"");
-  ASSERT_TRUE(Seed("w0").ok());
-  ASSERT_TRUE(Train("w0", 0, kRounds - 1).ok());
-  ASSERT_TRUE(Leave("w0").ok());
+  CO2_ASSERT_OK(Seed("w0"));
+  CO2_ASSERT_OK(Train("w0", 0, kRounds - 1));
+  CO2_ASSERT_OK(Leave("w0"));
   ASSERT_TRUE(WaitForState(v1::JOB_STATE_FINISHED, true));
   ASSERT_TRUE(Exists(checkpoint_));
 
-  ASSERT_TRUE(Delete("job", &deleted).ok());
+  CO2_ASSERT_OK(Delete("job", &deleted));
   ASSERT_EQ(deleted.removed_files_size(), 1);
   EXPECT_EQ(deleted.removed_files(0), checkpoint_);
   EXPECT_FALSE(Exists(checkpoint_));
   EXPECT_TRUE(List().empty());
   // The name is free: a new job starts from round 0 and is seeded again.
   v1::JoinResponse joined;
-  ASSERT_TRUE(Join("w0", false, &joined).ok());
+  CO2_ASSERT_OK(Join("w0", false, &joined));
   EXPECT_EQ(joined.open_round(), 0u);
   EXPECT_TRUE(joined.must_seed());
 }

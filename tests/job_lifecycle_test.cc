@@ -4,6 +4,7 @@
 
 #include "absl/time/time.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -53,7 +54,7 @@ TEST(JobLifecycleTest, FinishedJobTakesOnlyARejoin) {
   EXPECT_NE(fresh.message().find("the final round is 4"), std::string::npos)
       << fresh;
   EXPECT_NE(fresh.message().find("another name"), std::string::npos) << fresh;
-  EXPECT_TRUE(life.AdmitJoin("run-1", true, kStart).ok());
+  CO2_EXPECT_OK(life.AdmitJoin("run-1", true, kStart));
   EXPECT_EQ(life.state(), v1::JOB_STATE_FINISHED);
 }
 
@@ -77,7 +78,7 @@ TEST(JobLifecycleTest, AbandonedAfterNoWorkerForAbandonAfter) {
 
 TEST(JobLifecycleTest, AJoinResumesAnAbandonedJob) {
   JobLifecycle life(/*rounds=*/0, kAbandon, kStart, v1::JOB_STATE_ABANDONED);
-  EXPECT_TRUE(life.AdmitJoin("run-1", false, kStart + absl::Seconds(5)).ok());
+  CO2_EXPECT_OK(life.AdmitJoin("run-1", false, kStart + absl::Seconds(5)));
   EXPECT_EQ(life.state(), v1::JOB_STATE_OPEN);
   EXPECT_EQ(life.since(), kStart + absl::Seconds(5));
   // A job restored as abandoned with a live member is open again too.

@@ -21,9 +21,13 @@
 #include "server/job/round_journal.h"
 #include "server/storage/checkpoint_store.h"
 #include "tests/job_shard_fixture.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::server {
 namespace {
+
+using ::co2::testing::TempDir;
 
 using shard_test::Config;
 using shard_test::Contribution;
@@ -41,13 +45,13 @@ class UpdateRecorder : public UpdateSink {
   std::vector<std::shared_ptr<const v1::OuterUpdate>> updates;
 };
 
-class JobShardTest : public testing::Test {
+class JobShardTest : public ::testing::Test {
  protected:
   // Job "job" with quorum 2, `workers` joined, A_0 = 10 seeded by the first.
   void JoinAndSeed(const std::vector<std::string>& workers) {
     auto seeded =
         shard_test::SeededShard(Config(2), JobShardOptions{}, &clock_, workers);
-    ASSERT_TRUE(seeded.ok()) << seeded.status();
+    CO2_ASSERT_OK(seeded);
     shard_ = *std::move(seeded);
   }
   common::FakeClock clock_;
@@ -58,12 +62,12 @@ TEST_F(JobShardTest, LocalSgdAnchorIsTheMeanOfTheWorkers) {
   // α = 1, β = 0, no penalty, no clip: U = −mean Δ, so A moves by −mean Δ.
   JoinAndSeed({"a", "b"});
   auto sink = std::make_shared<RecordingSink>();
-  EXPECT_TRUE(shard_->Subscribe(sink, 0).ok());
+  CO2_EXPECT_OK(shard_->Subscribe(sink, 0));
   EXPECT_TRUE(sink->replayed.empty());
   for (uint64_t r = 0; r < 3; ++r) {
-    ASSERT_TRUE(shard_->Contribute("a", Contribution(r, 1.0f)).ok());
+    CO2_ASSERT_OK(shard_->Contribute("a", Contribution(r, 1.0f)));
     EXPECT_EQ(shard_->Poll(), 0) << "round " << r << " closed without b";
-    ASSERT_TRUE(shard_->Contribute("b", Contribution(r, 3.0f)).ok());
+    CO2_ASSERT_OK(shard_->Contribute("b", Contribution(r, 3.0f)));
     EXPECT_EQ(shard_->Poll(), 1) << "round " << r;
   }
   EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{0, 1, 2}));
@@ -75,7 +79,7 @@ TEST_F(JobShardTest, LocalSgdAnchorIsTheMeanOfTheWorkers) {
 
 TEST_F(JobShardTest, ClosesAtTheDeadlineWithQuorumAndExpiresLeases) {
   JoinAndSeed({"a", "b"});
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());
+  CO2_ASSERT_OK(shard_->Contribute("a", Contribution(0, 1.0f)));
   EXPECT_EQ(shard_->Poll(), 0);
   clock_.Advance(absl::Seconds(2));  // past the round deadline
   EXPECT_EQ(shard_->Poll(), 0) << "1 contribution is below min_workers 2";
@@ -89,20 +93,20 @@ TEST_F(JobShardTest, ClosesAtTheDeadlineWithQuorumAndExpiresLeases) {
 TEST_F(JobShardTest, LateJoinerStartsAtTheFetchedAnchorRound) {
   JoinAndSeed({"a", "b"});
   for (uint64_t r = 0; r < 2; ++r) {
-    ASSERT_TRUE(shard_->Contribute("a", Contribution(r, 1.0f)).ok());
-    ASSERT_TRUE(shard_->Contribute("b", Contribution(r, 1.0f)).ok());
+    CO2_ASSERT_OK(shard_->Contribute("a", Contribution(r, 1.0f)));
+    CO2_ASSERT_OK(shard_->Contribute("b", Contribution(r, 1.0f)));
     ASSERT_EQ(shard_->Poll(), 1);
   }
-  ASSERT_TRUE(shard_->Join("c", Config(2), common::Codec::kFp32).ok());
+  CO2_ASSERT_OK(shard_->Join("c", Config(2), common::Codec::kFp32));
   auto snapshot = shard_->Fetch("c");
-  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  CO2_ASSERT_OK(snapshot);
   EXPECT_EQ((*snapshot)->anchor_round, 3u);
   // Round 2 closes without c, which enters at round 3.
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(2, 1.0f)).ok());
-  ASSERT_TRUE(shard_->Contribute("b", Contribution(2, 1.0f)).ok());
+  CO2_ASSERT_OK(shard_->Contribute("a", Contribution(2, 1.0f)));
+  CO2_ASSERT_OK(shard_->Contribute("b", Contribution(2, 1.0f)));
   EXPECT_EQ(shard_->Poll(), 1);
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(3, 1.0f)).ok());
-  ASSERT_TRUE(shard_->Contribute("b", Contribution(3, 1.0f)).ok());
+  CO2_ASSERT_OK(shard_->Contribute("a", Contribution(3, 1.0f)));
+  CO2_ASSERT_OK(shard_->Contribute("b", Contribution(3, 1.0f)));
   EXPECT_EQ(shard_->Poll(), 0) << "round 3 needs c";
 }
 
@@ -116,24 +120,19 @@ TEST_F(JobShardTest, RejectsBadInputWithoutTouchingTheAnchor) {
   other.set_alpha(0.5f);
   EXPECT_EQ(shard_->Join("c", other, common::Codec::kFp32).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());
-  ASSERT_TRUE(shard_->Contribute("b", Contribution(0, 1.0f)).ok());
+  CO2_ASSERT_OK(shard_->Contribute("a", Contribution(0, 1.0f)));
+  CO2_ASSERT_OK(shard_->Contribute("b", Contribution(0, 1.0f)));
   EXPECT_EQ(shard_->Poll(), 1);
   uint64_t round = 0;
   for (float a : shard_->AnchorForTesting(&round)) ASSERT_EQ(a, 9.0f);
-}
-
-std::string TempDir() {
-  char pattern[] = "/tmp/co2-shard-XXXXXX";
-  return mkdtemp(pattern);
 }
 
 // Drives one shard through `rounds` rounds of two workers with round-valued
 // deltas, starting at round `from`.
 void RunRounds(JobShard& shard, uint64_t from, uint64_t rounds) {
   for (uint64_t r = from; r < from + rounds; ++r) {
-    ASSERT_TRUE(shard.Contribute("a", Contribution(r, 0.25f * r)).ok());
-    ASSERT_TRUE(shard.Contribute("b", Contribution(r, -0.5f, 3)).ok());
+    CO2_ASSERT_OK(shard.Contribute("a", Contribution(r, 0.25f * r)));
+    CO2_ASSERT_OK(shard.Contribute("b", Contribution(r, -0.5f, 3)));
     ASSERT_EQ(shard.Poll(), 1) << "round " << r;
   }
 }
@@ -168,17 +167,18 @@ std::unique_ptr<JobShard> ThreeRounds(const CheckpointStore* store,
   options.checkpoints = store;
   auto shard = *JobShard::Create("job", MomentumConfig(), options, clock);
   for (const char* w : {"a", "b"}) {
-    EXPECT_TRUE(shard->Join(w, MomentumConfig(), common::Codec::kFp32).ok());
+    CO2_EXPECT_OK(shard->Join(w, MomentumConfig(), common::Codec::kFp32));
   }
-  EXPECT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1.5f)).ok());
-  EXPECT_TRUE(shard->Subscribe(sink, 0).ok());
+  CO2_EXPECT_OK(shard->SeedChunk("a", 0, 0, Fp32(1.5f)));
+  CO2_EXPECT_OK(shard->Subscribe(sink, 0));
   RunRounds(*shard, 0, 3);
   return shard;
 }
 
 TEST(JobShardCheckpointTest, ASentUpdateIsKeptInItsCheckpointNotInMemory) {
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   auto sink = std::make_shared<SendingSink>();
   auto shard = ThreeRounds(&store, sink, &clock);
   ASSERT_EQ(sink->sent.size(), 3u);
@@ -188,13 +188,13 @@ TEST(JobShardCheckpointTest, ASentUpdateIsKeptInItsCheckpointNotInMemory) {
   // A reconnecting worker is replayed the last max_staleness + 1 rounds,
   // read back from their checkpoints: the bytes it would have been sent.
   auto reconnected = std::make_shared<SendingSink>();
-  EXPECT_TRUE(shard->Subscribe(reconnected, 1).ok());
+  CO2_EXPECT_OK(shard->Subscribe(reconnected, 1));
   const std::vector<KeptUpdate>& replay = reconnected->replayed;
   ASSERT_EQ(replay.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(replay[i].chunks(), nullptr) << "round " << i + 1;
     auto chunk = replay[i].Chunk(0);
-    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    CO2_ASSERT_OK(chunk);
     EXPECT_EQ((*chunk)->round(), i + 1);
     EXPECT_EQ((*chunk)->contributors(), 2u);
     EXPECT_EQ((*chunk)->anchor_round(), i + 3);
@@ -224,7 +224,7 @@ std::unique_ptr<JobShard> RestoredShard(const CheckpointStore& store,
   EXPECT_TRUE(errors.empty());
   if (loaded.size() != 1) return nullptr;
   auto restored = JobShard::Restore(std::move(loaded[0]), options, clock);
-  EXPECT_TRUE(restored.ok()) << restored.status();
+  CO2_EXPECT_OK(restored);
   return restored.ok() ? *std::move(restored) : nullptr;
 }
 
@@ -232,7 +232,8 @@ std::unique_ptr<JobShard> RestoredShard(const CheckpointStore& store,
 // is refused with the version it has; the registry then sets it aside.
 TEST(JobShardCheckpointTest, RefusesACheckpointOfAnotherProtocolVersion) {
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   auto sink = std::make_shared<SendingSink>();
   ASSERT_NE(ThreeRounds(&store, sink, &clock), nullptr);
   std::vector<UnusableCheckpoint> errors;
@@ -250,16 +251,17 @@ TEST(JobShardCheckpointTest, RefusesACheckpointOfAnotherProtocolVersion) {
 
 TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   JobShardOptions with_store;
   with_store.checkpoints = &store;
   auto original = *JobShard::Create("job", MomentumConfig(), with_store, &clock);
   auto reference = *JobShard::Create("job", MomentumConfig(), {}, &clock);
   for (JobShard* shard : {original.get(), reference.get()}) {
     for (const char* w : {"a", "b"}) {
-      ASSERT_TRUE(shard->Join(w, MomentumConfig(), common::Codec::kFp32).ok());
+      CO2_ASSERT_OK(shard->Join(w, MomentumConfig(), common::Codec::kFp32));
     }
-    ASSERT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1.5f)).ok());
+    CO2_ASSERT_OK(shard->SeedChunk("a", 0, 0, Fp32(1.5f)));
     RunRounds(*shard, 0, 3);
   }
   EXPECT_EQ(original->stats().checkpoints_written, 3u);
@@ -269,11 +271,11 @@ TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
   JobShard& shard = *restored;
   // The update of the last closed round is replayed to reconnecting workers.
   auto sink = std::make_shared<RecordingSink>();
-  EXPECT_TRUE(shard.Subscribe(sink, 2).ok());
+  CO2_EXPECT_OK(shard.Subscribe(sink, 2));
   EXPECT_EQ(sink->replayed, std::vector<uint64_t>{2});
   // Workers rejoin where they were and continue.
   for (const char* w : {"a", "b"}) {
-    ASSERT_TRUE(shard.Join(w, MomentumConfig(), common::Codec::kFp32, 3).ok());
+    CO2_ASSERT_OK(shard.Join(w, MomentumConfig(), common::Codec::kFp32, 3));
   }
   RunRounds(shard, 3, 2);
   RunRounds(*reference, 3, 2);
@@ -291,7 +293,8 @@ TEST(JobShardCheckpointTest, RestoredShardContinuesBitIdentically) {
 // must still be bit for bit the one of the step on the whole range, across a
 // restart from its checkpoint. Parameters: β and the downlink codec.
 class JobShardStepTest
-    : public testing::TestWithParam<std::tuple<float, v1::Codec, uint32_t>> {};
+    : public ::testing::TestWithParam<std::tuple<float, v1::Codec, uint32_t>> {
+};
 
 v1::JobConfig StepConfig(size_t n, float beta, v1::Codec downlink,
                          uint32_t max_staleness) {
@@ -335,7 +338,7 @@ std::unique_ptr<JobShard> CheckpointedShard(const v1::JobConfig& config,
   JobShardOptions options;
   options.checkpoints = store;
   auto shard = *JobShard::Create("job", config, options, clock);
-  EXPECT_TRUE(shard->Join("w", config, common::Codec::kFp32).ok());
+  CO2_EXPECT_OK(shard->Join("w", config, common::Codec::kFp32));
   return shard;
 }
 
@@ -343,11 +346,8 @@ std::unique_ptr<JobShard> CheckpointedShard(const v1::JobConfig& config,
 void SeedAll(JobShard& shard, const std::string& worker,
              const std::vector<float>& anchor) {
   for (uint32_t c = 0; c < shard.num_chunks(); ++c) {
-    ASSERT_TRUE(
-        shard
-            .SeedChunk(worker, c, 0,
-                       Fp32Chunk(anchor, common::ChunkRange(anchor.size(), c)))
-            .ok());
+    CO2_ASSERT_OK(shard.SeedChunk(
+        worker, c, 0, Fp32Chunk(anchor, common::ChunkRange(anchor.size(), c))));
   }
 }
 
@@ -358,7 +358,8 @@ TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
   const v1::JobConfig config = StepConfig(n, beta, downlink, max_staleness);
   const common::Codec codec = common::Codec(downlink);
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   JobShardOptions options;
   options.checkpoints = &store;
   auto shard = CheckpointedShard(config, &store, &clock);
@@ -380,16 +381,16 @@ TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
       std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
       ASSERT_EQ(loaded.size(), 1u);
       auto restored = JobShard::Restore(std::move(loaded[0]), options, &clock);
-      ASSERT_TRUE(restored.ok()) << restored.status();
+      CO2_ASSERT_OK(restored);
       shard = *std::move(restored);
-      ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32, r).ok());
+      CO2_ASSERT_OK(shard->Join("w", config, common::Codec::kFp32, r));
     }
     for (size_t i = 0; i < n; ++i) {
       delta[i] = std::sin(0.001f * static_cast<float>(i) + static_cast<float>(r)) *
                  static_cast<float>(1 + i % 5);
     }
     for (uint32_t c = 0; c < chunks; ++c) {
-      ASSERT_TRUE(shard->Contribute("w", ChunkContribution(r, c, delta)).ok());
+      CO2_ASSERT_OK(shard->Contribute("w", ChunkContribution(r, c, delta)));
     }
     ASSERT_EQ(shard->Poll(), 1) << "round " << r;
     // The reference: the step on the whole range, then what workers decode.
@@ -414,13 +415,13 @@ TEST_P(JobShardStepTest, AnchorFollowsTheStepOnTheWholeRange) {
 
 INSTANTIATE_TEST_SUITE_P(
     BetaDownlinkAndStaleness, JobShardStepTest,
-    testing::Values(std::make_tuple(0.0f, v1::CODEC_FP32, 1u),
-                    std::make_tuple(0.9f, v1::CODEC_FP32, 1u),
-                    std::make_tuple(0.0f, v1::CODEC_BF16, 1u),
-                    std::make_tuple(0.9f, v1::CODEC_INT8, 1u),
-                    // The cache keeps one update: the gap must survive it.
-                    std::make_tuple(0.9f, v1::CODEC_FP32, 0u),
-                    std::make_tuple(0.9f, v1::CODEC_BF16, 0u)));
+    ::testing::Values(std::make_tuple(0.0f, v1::CODEC_FP32, 1u),
+                      std::make_tuple(0.9f, v1::CODEC_FP32, 1u),
+                      std::make_tuple(0.0f, v1::CODEC_BF16, 1u),
+                      std::make_tuple(0.9f, v1::CODEC_INT8, 1u),
+                      // The cache keeps one update: the gap must survive it.
+                      std::make_tuple(0.9f, v1::CODEC_FP32, 0u),
+                      std::make_tuple(0.9f, v1::CODEC_BF16, 0u)));
 
 // Records every update chunk it is sent, in order.
 class ChunkSink : public UpdateSink {
@@ -456,7 +457,7 @@ struct StreamingAndWholeRounds {
     reference = *JobShard::Create("job", config, whole_rounds, &clock);
     for (JobShard* shard : both()) {
       for (const char* w : {"a", "b"}) {
-        EXPECT_TRUE(shard->Join(w, config, common::Codec::kFp32).ok());
+        CO2_EXPECT_OK(shard->Join(w, config, common::Codec::kFp32));
       }
       SeedAll(*shard, "a", anchor);
     }
@@ -505,14 +506,14 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
   JobShard* const reference = pair.reference.get();
   ChunkSink* const streamed = pair.streamed.get();
   ChunkSink* const whole = pair.whole.get();
-  EXPECT_TRUE(streaming->Subscribe(pair.streamed, 0).ok());
-  EXPECT_TRUE(reference->Subscribe(pair.whole, 0).ok());
+  CO2_EXPECT_OK(streaming->Subscribe(pair.streamed, 0));
+  CO2_EXPECT_OK(reference->Subscribe(pair.whole, 0));
 
   std::vector<float> delta(n);
   for (uint64_t r = 0; r < 4; ++r) {
     if (r == 2) {
       for (JobShard* shard : pair.both()) {
-        ASSERT_TRUE(shard->Join("c", config, common::Codec::kFp32).ok());
+        CO2_ASSERT_OK(shard->Join("c", config, common::Codec::kFp32));
       }
     }
     for (uint32_t c = 0; c < chunks; ++c) {
@@ -527,8 +528,8 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
         }
         const v1::Contribution contribution =
             ChunkContribution(r, c, delta, w[0] == 'a' ? 1.0 : 3.0);
-        ASSERT_TRUE(streaming->Contribute(w, contribution).ok());
-        ASSERT_TRUE(reference->Contribute(w, contribution).ok());
+        CO2_ASSERT_OK(streaming->Contribute(w, contribution));
+        CO2_ASSERT_OK(reference->Contribute(w, contribution));
       }
       const bool last = c + 1 == chunks;
       EXPECT_EQ(streaming->Poll(), last ? 1 : 0) << "round " << r;
@@ -543,10 +544,10 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
         // Nobody was waiting to fetch when chunk 0 was stepped, so the
         // shard kept no copy of its old values: a worker joining now is told
         // to retry until the round closes.
-        ASSERT_TRUE(streaming->Join("d", config, common::Codec::kFp32).ok());
+        CO2_ASSERT_OK(streaming->Join("d", config, common::Codec::kFp32));
         EXPECT_EQ(streaming->Fetch("d").status().code(),
                   absl::StatusCode::kUnavailable);
-        ASSERT_TRUE(streaming->Leave("d").ok());
+        CO2_ASSERT_OK(streaming->Leave("d"));
       }
       if (r == 2 && c == 0) {
         // "c" joined before the round and waits to fetch: mid-round it gets
@@ -554,8 +555,8 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
         // the chunk streamed so far.
         auto fetched = streaming->Fetch("c");
         auto expected = reference->Fetch("c");
-        ASSERT_TRUE(fetched.ok()) << fetched.status();
-        ASSERT_TRUE(expected.ok()) << expected.status();
+        CO2_ASSERT_OK(fetched);
+        CO2_ASSERT_OK(expected);
         EXPECT_EQ((*fetched)->anchor_round, (*expected)->anchor_round);
         for (uint32_t k = 0; k < chunks; ++k) {
           EXPECT_EQ((*fetched)->chunks[k].payload(),
@@ -563,12 +564,12 @@ TEST(JobShardStreamTest, ChunksGoOutAsTheyCompleteWithTheBitsOfAWholeRound) {
               << "chunk " << k;
         }
         auto reconnected = std::make_shared<ChunkSink>();
-        EXPECT_TRUE(streaming->Subscribe(reconnected, 2).ok());
+        CO2_EXPECT_OK(streaming->Subscribe(reconnected, 2));
         ASSERT_EQ(reconnected->chunks.size(), 1u);
         EXPECT_EQ(reconnected->chunks[0]->round(), 2u);
         EXPECT_EQ(reconnected->chunks[0]->chunk_index(), 0u);
         for (JobShard* shard : pair.both()) {
-          ASSERT_TRUE(shard->Leave("c").ok());  // not a member of round 3
+          CO2_ASSERT_OK(shard->Leave("c"));  // not a member of round 3
         }
       }
     }
@@ -593,13 +594,13 @@ TEST(JobShardStreamTest, AStreamedRoundClosesAtItsDeadlineWithQuorum) {
   }
   StreamingAndWholeRounds pair(config, std::vector<float>(n, 1.0f));
   for (JobShard* shard : pair.both()) {
-    ASSERT_TRUE(shard->Contribute("a", ChunkContribution(0, 0, a)).ok());
-    ASSERT_TRUE(shard->Contribute("b", ChunkContribution(0, 0, b)).ok());
-    ASSERT_TRUE(shard->Contribute("a", ChunkContribution(0, 1, a)).ok());
+    CO2_ASSERT_OK(shard->Contribute("a", ChunkContribution(0, 0, a)));
+    CO2_ASSERT_OK(shard->Contribute("b", ChunkContribution(0, 0, b)));
+    CO2_ASSERT_OK(shard->Contribute("a", ChunkContribution(0, 1, a)));
     EXPECT_EQ(shard->Poll(), 0);
   }
-  EXPECT_TRUE(pair.streaming->Subscribe(pair.streamed, 0).ok());
-  EXPECT_TRUE(pair.reference->Subscribe(pair.whole, 0).ok());
+  CO2_EXPECT_OK(pair.streaming->Subscribe(pair.streamed, 0));
+  CO2_EXPECT_OK(pair.reference->Subscribe(pair.whole, 0));
   ASSERT_EQ(pair.streamed->chunks.size(), 1u) << "chunk 0 went out at once";
   EXPECT_TRUE(pair.whole->chunks.empty());
   pair.clock.Advance(absl::Seconds(2));  // past the deadline: a is quorum
@@ -607,7 +608,7 @@ TEST(JobShardStreamTest, AStreamedRoundClosesAtItsDeadlineWithQuorum) {
     EXPECT_EQ(shard->Poll(), 1);
     EXPECT_EQ(shard->stats().quorum_closes, 1u);
     auto late = shard->Contribute("b", ChunkContribution(0, 1, b));
-    EXPECT_TRUE(late.ok()) << late;
+    CO2_EXPECT_OK(late);
     EXPECT_EQ(shard->stats().late_chunks, 1u);
   }
   ASSERT_EQ(pair.streamed->chunks.size(), 2u) << "each chunk sent once";
@@ -632,18 +633,19 @@ TEST(JobShardStreamTest, WithCheckpointsAChunkGoesOutOnceItIsJournaled) {
   const size_t n = 2 * common::kChunkElements;
   const v1::JobConfig config = StepConfig(n, 0.9f, v1::CODEC_FP32, 1);
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   const std::string journal = store.JournalPathFor("job", 0, 1);
   auto shard = CheckpointedShard(config, &store, &clock);
   const std::vector<float> values(n, 1.0f);
   SeedAll(*shard, "w", values);
   auto sink = std::make_shared<ChunkSink>();
-  EXPECT_TRUE(shard->Subscribe(sink, 0).ok());
-  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 0, values, 2)).ok());
+  CO2_EXPECT_OK(shard->Subscribe(sink, 0));
+  CO2_ASSERT_OK(shard->Contribute("w", ChunkContribution(0, 0, values, 2)));
   EXPECT_EQ(shard->Poll(), 0);
   ASSERT_EQ(sink->chunks.size(), 1u) << "chunk 0 went out before the close";
   auto journaled = RoundJournal::Load(journal, 0);
-  ASSERT_TRUE(journaled.ok()) << journaled.status();
+  CO2_ASSERT_OK(journaled);
   ASSERT_EQ(journaled->size(), 1u);
   const v1::JournalChunkHeader& h = (*journaled)[0].header;
   EXPECT_EQ(h.chunk_index(), 0u);
@@ -654,7 +656,7 @@ TEST(JobShardStreamTest, WithCheckpointsAChunkGoesOutOnceItIsJournaled) {
   EXPECT_EQ((*journaled)[0].momentum.size(), common::kChunkElements);
   EXPECT_EQ(shard->stats().checkpoints_written, 1u) << "the seeded anchor";
 
-  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 1, values, 2)).ok());
+  CO2_ASSERT_OK(shard->Contribute("w", ChunkContribution(0, 1, values, 2)));
   EXPECT_EQ(shard->Poll(), 1);
   EXPECT_EQ(sink->chunks.size(), 2u);
   EXPECT_EQ(shard->stats().checkpoints_written, 2u);
@@ -673,7 +675,8 @@ TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
   std::vector<float> anchor(n);
   for (size_t i = 0; i < n; ++i) anchor[i] = std::cos(0.01f * i);
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   JobShardOptions with_store;
   with_store.checkpoints = &store;
   JobShardOptions whole_rounds;
@@ -684,12 +687,12 @@ TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
   auto expected = std::make_shared<ChunkSink>();
   for (JobShard* shard : {original.get(), reference.get()}) {
     for (const char* w : {"a", "b"}) {
-      ASSERT_TRUE(shard->Join(w, config, common::Codec::kFp32).ok());
+      CO2_ASSERT_OK(shard->Join(w, config, common::Codec::kFp32));
     }
     SeedAll(*shard, "a", anchor);
   }
-  EXPECT_TRUE(original->Subscribe(sent, 0).ok());
-  EXPECT_TRUE(reference->Subscribe(expected, 0).ok());
+  CO2_EXPECT_OK(original->Subscribe(sent, 0));
+  CO2_EXPECT_OK(reference->Subscribe(expected, 0));
   const auto contribute = [&](JobShard& shard, char w, uint64_t r, uint32_t c) {
     return shard.Contribute(
         std::string(1, w),
@@ -698,13 +701,13 @@ TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
   // Round 0 whole; round 1: chunks 0 and 1 from both, chunk 2 from a.
   for (JobShard* shard : {original.get(), reference.get()}) {
     for (uint32_t c = 0; c < chunks; ++c) {
-      for (char w : {'a', 'b'}) ASSERT_TRUE(contribute(*shard, w, 0, c).ok());
+      for (char w : {'a', 'b'}) CO2_ASSERT_OK(contribute(*shard, w, 0, c));
       shard->Poll();
     }
     for (uint32_t c = 0; c < chunks; ++c) {
       for (char w : {'a', 'b'}) {
         if (c < 2 || w == 'a') {
-          ASSERT_TRUE(contribute(*shard, w, 1, c).ok());
+          CO2_ASSERT_OK(contribute(*shard, w, 1, c));
         }
       }
       shard->Poll();
@@ -714,7 +717,7 @@ TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
   // A worker joins mid-round: its membership waits for the round's close to
   // be checkpointed, since the anchor is part old, part new now.
   const uint64_t written = original->stats().checkpoints_written;
-  ASSERT_TRUE(original->Join("c", config, common::Codec::kFp32).ok());
+  CO2_ASSERT_OK(original->Join("c", config, common::Codec::kFp32));
   EXPECT_EQ(original->Poll(), 0);
   EXPECT_EQ(original->stats().checkpoints_written, written);
   original.reset();  // the shard dies
@@ -723,7 +726,7 @@ TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
   ASSERT_NE(restored, nullptr);
   JobShard& shard = *restored;
   auto reconnected = std::make_shared<ChunkSink>();
-  EXPECT_TRUE(shard.Subscribe(reconnected, 1).ok());
+  CO2_EXPECT_OK(shard.Subscribe(reconnected, 1));
   ASSERT_EQ(reconnected->chunks.size(), 2u) << "round 1's chunks 0 and 1";
   for (const auto& chunk : reconnected->chunks) {
     EXPECT_EQ(chunk->payload(), sent->Payload(1, chunk->chunk_index()));
@@ -731,19 +734,19 @@ TEST(JobShardStreamTest, AShardRestartedMidRoundKeepsTheChunksItSent) {
   EXPECT_EQ(shard.Fetch("a").status().code(), absl::StatusCode::kUnavailable)
       << "the anchor is whole again once round 1 closes";
   for (const char* w : {"a", "b"}) {
-    ASSERT_TRUE(shard.Join(w, config, common::Codec::kFp32, 1).ok());
+    CO2_ASSERT_OK(shard.Join(w, config, common::Codec::kFp32, 1));
   }
   // The workers resend round 1 whole; only chunk 2 is new.
   for (uint32_t c = 0; c < chunks; ++c) {
-    for (char w : {'a', 'b'}) ASSERT_TRUE(contribute(shard, w, 1, c).ok());
+    for (char w : {'a', 'b'}) CO2_ASSERT_OK(contribute(shard, w, 1, c));
   }
   EXPECT_EQ(shard.stats().duplicate_chunks, 4u);
   EXPECT_EQ(shard.Poll(), 1);
-  ASSERT_TRUE(contribute(*reference, 'b', 1, 2).ok());
+  CO2_ASSERT_OK(contribute(*reference, 'b', 1, 2));
   EXPECT_EQ(reference->Poll(), 1);
   for (JobShard* s : {&shard, reference.get()}) {
     for (uint32_t c = 0; c < chunks; ++c) {
-      for (char w : {'a', 'b'}) ASSERT_TRUE(contribute(*s, w, 2, c).ok());
+      for (char w : {'a', 'b'}) CO2_ASSERT_OK(contribute(*s, w, 2, c));
       s->Poll();
     }
   }
@@ -772,19 +775,20 @@ TEST(JobShardStreamTest, AChunkWhoseJournalFailsWaitsForItsRoundsCheckpoint) {
   const size_t n = 2 * common::kChunkElements;
   const v1::JobConfig config = StepConfig(n, 0.0f, v1::CODEC_FP32, 1);
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   // A directory where the journal should be: it cannot be opened.
   ASSERT_EQ(mkdir(store.JournalPathFor("job", 0, 1).c_str(), 0700), 0);
   auto shard = CheckpointedShard(config, &store, &clock);
   const std::vector<float> values(n, 1.0f);
   SeedAll(*shard, "w", values);
   auto sink = std::make_shared<ChunkSink>();
-  EXPECT_TRUE(shard->Subscribe(sink, 0).ok());
-  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 0, values)).ok());
+  CO2_EXPECT_OK(shard->Subscribe(sink, 0));
+  CO2_ASSERT_OK(shard->Contribute("w", ChunkContribution(0, 0, values)));
   EXPECT_EQ(shard->Poll(), 0);
   EXPECT_TRUE(sink->chunks.empty()) << "sent before it was durable";
   EXPECT_EQ(shard->stats().checkpoint_failures, 1u);
-  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 1, values)).ok());
+  CO2_ASSERT_OK(shard->Contribute("w", ChunkContribution(0, 1, values)));
   EXPECT_EQ(shard->Poll(), 1);
   EXPECT_EQ(sink->chunks.size(), 2u);
   EXPECT_EQ(shard->stats().checkpoint_failures, 1u) << "round 0 not retried";
@@ -797,13 +801,14 @@ TEST(JobShardStreamTest, AStreamStartedBeforeACloseIsDurableGetsEveryChunk) {
   const size_t n = 2 * common::kChunkElements;
   const v1::JobConfig config = StepConfig(n, 0.0f, v1::CODEC_FP32, 1);
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   auto shard = CheckpointedShard(config, &store, &clock);
   const std::vector<float> values(n, 1.0f);
   SeedAll(*shard, "w", values);
   auto early = std::make_shared<ChunkSink>();
-  EXPECT_TRUE(shard->Subscribe(early, 0).ok());
-  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 0, values)).ok());
+  CO2_EXPECT_OK(shard->Subscribe(early, 0));
+  CO2_ASSERT_OK(shard->Contribute("w", ChunkContribution(0, 0, values)));
   shard->Poll();
   ASSERT_EQ(early->chunks.size(), 1u) << "chunk 0 streamed";
   // A non-empty directory where the checkpoint goes: round 0's close fails.
@@ -812,11 +817,11 @@ TEST(JobShardStreamTest, AStreamStartedBeforeACloseIsDurableGetsEveryChunk) {
   ASSERT_EQ(std::remove(path.c_str()), 0);
   ASSERT_EQ(mkdir(path.c_str(), 0700), 0);
   { std::ofstream(blocker) << "x"; }
-  ASSERT_TRUE(shard->Contribute("w", ChunkContribution(0, 1, values)).ok());
+  CO2_ASSERT_OK(shard->Contribute("w", ChunkContribution(0, 1, values)));
   EXPECT_EQ(shard->Poll(), 0);
   EXPECT_EQ(shard->stats().checkpoint_failures, 1u);
   auto late = std::make_shared<ChunkSink>();
-  EXPECT_TRUE(shard->Subscribe(late, 0).ok());
+  CO2_EXPECT_OK(shard->Subscribe(late, 0));
   ASSERT_EQ(late->chunks.size(), 1u) << "chunk 0, streamed before the close";
   EXPECT_EQ(late->chunks[0]->chunk_index(), 0u);
   ASSERT_EQ(std::remove(blocker.c_str()), 0);
@@ -841,20 +846,20 @@ TEST(JobShardOverflowTest, AStepThatWouldOverflowTheAnchorIsRefused) {
   common::FakeClock clock;
   auto seeded = shard_test::SeededShard(Config(2), JobShardOptions{}, &clock,
                                         {"a", "b"}, /*anchor=*/3e38f);
-  ASSERT_TRUE(seeded.ok()) << seeded.status();
+  CO2_ASSERT_OK(seeded);
   JobShard& shard = **seeded;
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(shard.Subscribe(sink, 0).ok());
+  CO2_ASSERT_OK(shard.Subscribe(sink, 0));
   // U = −mean = +1e38: A would be 4e38.
-  ASSERT_TRUE(shard.Contribute("a", Contribution(0, -1e38f)).ok());
-  ASSERT_TRUE(shard.Contribute("b", Contribution(0, -1e38f)).ok());
+  CO2_ASSERT_OK(shard.Contribute("a", Contribution(0, -1e38f)));
+  CO2_ASSERT_OK(shard.Contribute("b", Contribution(0, -1e38f)));
   EXPECT_EQ(shard.Poll(), 1);
   EXPECT_EQ(sink->rounds, (std::vector<uint64_t>{0}));
   EXPECT_EQ(shard.stats().refused_step_chunks, 1u);
   uint64_t round = 0;
   for (float a : shard.AnchorForTesting(&round)) ASSERT_EQ(a, 3e38f);
-  ASSERT_TRUE(shard.Contribute("a", Contribution(1, 1e37f)).ok());
-  ASSERT_TRUE(shard.Contribute("b", Contribution(1, 1e37f)).ok());
+  CO2_ASSERT_OK(shard.Contribute("a", Contribution(1, 1e37f)));
+  CO2_ASSERT_OK(shard.Contribute("b", Contribution(1, 1e37f)));
   EXPECT_EQ(shard.Poll(), 1);
   EXPECT_EQ(shard.stats().refused_step_chunks, 1u);
   for (float a : shard.AnchorForTesting(&round)) ASSERT_EQ(a, 3e38f - 1e37f);
@@ -873,15 +878,15 @@ TEST(JobShardOutlierTest, AnOutlierIsHeldOutNamedAndEvictedAfterRoundsInARow) {
   options.max_rejected_chunks = 2;
   auto seeded =
       shard_test::SeededShard(config, options, &clock, {"a", "b", "c", "d"});
-  ASSERT_TRUE(seeded.ok()) << seeded.status();
+  CO2_ASSERT_OK(seeded);
   JobShard& shard = **seeded;
   auto sink = std::make_shared<UpdateRecorder>();
-  ASSERT_TRUE(shard.Subscribe(sink, 0).ok());
+  CO2_ASSERT_OK(shard.Subscribe(sink, 0));
   const auto round = [&](uint64_t r, float d) {
     for (const char* w : {"a", "b", "c"}) {
-      ASSERT_TRUE(shard.Contribute(w, Contribution(r, 1.0f)).ok()) << w;
+      CO2_ASSERT_OK(shard.Contribute(w, Contribution(r, 1.0f))) << w;
     }
-    ASSERT_TRUE(shard.Contribute("d", Contribution(r, d)).ok());
+    CO2_ASSERT_OK(shard.Contribute("d", Contribution(r, d)));
     ASSERT_EQ(shard.Poll(), 1) << "round " << r;
   };
   round(0, 1e6f);
@@ -891,7 +896,7 @@ TEST(JobShardOutlierTest, AnOutlierIsHeldOutNamedAndEvictedAfterRoundsInARow) {
   ASSERT_EQ(update.held_out_size(), 1);
   EXPECT_EQ(update.held_out(0).worker_id(), "d");
   EXPECT_THAT(update.held_out(0).reason(),
-              testing::HasSubstr("x the chunk's median"));
+              ::testing::HasSubstr("x the chunk's median"));
   uint64_t anchor_round = 0;
   for (float a : shard.AnchorForTesting(&anchor_round)) ASSERT_EQ(a, 9.0f);
   EXPECT_EQ(shard.stats().held_out_chunks, 1u);
@@ -906,11 +911,11 @@ TEST(JobShardOutlierTest, AnOutlierIsHeldOutNamedAndEvictedAfterRoundsInARow) {
   const absl::Status evicted = shard.Heartbeat("d");
   EXPECT_EQ(evicted.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(evicted.message(),
-              testing::HasSubstr("2 rounds in a row with a contribution held "
-                                 "out of the mean (last: round 3 chunk 0"));
+              ::testing::HasSubstr("2 rounds in a row with a contribution held "
+                                   "out of the mean (last: round 3 chunk 0"));
   // The rounds close without it.
   for (const char* w : {"a", "b", "c"}) {
-    ASSERT_TRUE(shard.Contribute(w, Contribution(4, 1.0f)).ok()) << w;
+    CO2_ASSERT_OK(shard.Contribute(w, Contribution(4, 1.0f))) << w;
   }
   EXPECT_EQ(shard.Poll(), 1);
 }
@@ -919,13 +924,14 @@ TEST(JobShardOutlierTest, AnOutlierIsHeldOutNamedAndEvictedAfterRoundsInARow) {
 // holds, as one that left does: a restarted shard does not wait for it.
 TEST(JobShardCheckpointTest, AWorkerEvictedForInvalidChunksLeavesTheCheckpoint) {
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   JobShardOptions options;
   options.checkpoints = &store;
   options.max_rejected_chunks = 2;
   auto seeded =
       shard_test::SeededShard(Config(2), options, &clock, {"a", "b", "c"});
-  ASSERT_TRUE(seeded.ok()) << seeded.status();
+  CO2_ASSERT_OK(seeded);
   JobShard& shard = **seeded;
   EXPECT_EQ(shard.Poll(), 0);  // the seeded anchor's checkpoint, with c
   for (int i = 0; i < 2; ++i) {
@@ -936,7 +942,7 @@ TEST(JobShardCheckpointTest, AWorkerEvictedForInvalidChunksLeavesTheCheckpoint) 
   EXPECT_EQ(shard.Poll(), 0);
   auto restored = RestoredShard(store, {}, &clock);
   ASSERT_NE(restored, nullptr);
-  EXPECT_TRUE(restored->Heartbeat("a").ok());
+  CO2_EXPECT_OK(restored->Heartbeat("a"));
   EXPECT_EQ(restored->Heartbeat("c").code(), absl::StatusCode::kNotFound);
 }
 
@@ -944,14 +950,15 @@ TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {
   JoinAndSeed({"a", "b"});
   auto first = shard_->Fetch("a");
   auto second = shard_->Fetch("b");
-  ASSERT_TRUE(first.ok() && second.ok());
+  CO2_ASSERT_OK(first);
+  CO2_ASSERT_OK(second);
   EXPECT_EQ(first->get(), second->get());
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());
-  ASSERT_TRUE(shard_->Contribute("b", Contribution(0, 3.0f)).ok());
+  CO2_ASSERT_OK(shard_->Contribute("a", Contribution(0, 1.0f)));
+  CO2_ASSERT_OK(shard_->Contribute("b", Contribution(0, 3.0f)));
   ASSERT_EQ(shard_->Poll(), 1);
   // The anchor moved: a new fetch gets it, the old snapshot is unchanged.
   auto third = shard_->Fetch("a");
-  ASSERT_TRUE(third.ok());
+  CO2_ASSERT_OK(third);
   EXPECT_NE(third->get(), first->get());
   EXPECT_EQ((*first)->chunks[0].payload(), Fp32(10));
   EXPECT_EQ((*third)->chunks[0].payload(), Fp32(10.0f - 2.0f));
@@ -960,17 +967,18 @@ TEST_F(JobShardTest, FetchesOfOneAnchorShareOneSnapshot) {
 
 TEST(JobShardCheckpointTest, UpdateIsHeldUntilItsCheckpointIsDurable) {
   common::FakeClock clock;
-  const std::string dir = TempDir() + "/blocked";
+  const TempDir temp_dir("co2-shard");
+  const std::string dir = temp_dir.path() + "/blocked";
   { std::ofstream(dir) << "a file where the directory should be"; }
   CheckpointStore store(dir);
   JobShardOptions options;
   options.checkpoints = &store;
   auto shard = *JobShard::Create("job", Config(1), options, &clock);
-  ASSERT_TRUE(shard->Join("a", Config(1), common::Codec::kFp32).ok());
-  ASSERT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1)).ok());
+  CO2_ASSERT_OK(shard->Join("a", Config(1), common::Codec::kFp32));
+  CO2_ASSERT_OK(shard->SeedChunk("a", 0, 0, Fp32(1)));
   auto sink = std::make_shared<RecordingSink>();
-  EXPECT_TRUE(shard->Subscribe(sink, 0).ok());
-  ASSERT_TRUE(shard->Contribute("a", Contribution(0, 1)).ok());
+  CO2_EXPECT_OK(shard->Subscribe(sink, 0));
+  CO2_ASSERT_OK(shard->Contribute("a", Contribution(0, 1)));
   EXPECT_EQ(shard->Poll(), 0);
   EXPECT_TRUE(sink->rounds.empty()) << "update released before it was durable";
   EXPECT_EQ(shard->stats().checkpoint_failures, 1u);
@@ -1001,7 +1009,7 @@ TEST(JobShardReseedTest, ResumingWorkerReseedsALostShardAtItsAnchorRound) {
   options.reseed_reason = ReseedReason::kCorrupt;
   auto shard = *JobShard::Create("job", Config(2), options, &clock);
   auto a = shard->Join("a", Config(2), common::Codec::kFp32, 5);
-  ASSERT_TRUE(a.ok()) << a.status();
+  CO2_ASSERT_OK(a);
   EXPECT_TRUE(a->must_reseed);
   EXPECT_FALSE(a->must_seed);
   // Until a's anchor is in, other resuming workers wait and nothing counts.
@@ -1010,7 +1018,7 @@ TEST(JobShardReseedTest, ResumingWorkerReseedsALostShardAtItsAnchorRound) {
       absl::StatusCode::kUnavailable);
   EXPECT_EQ(shard->Contribute("a", Contribution(5, 1.0f)).code(),
             absl::StatusCode::kUnavailable);
-  ASSERT_TRUE(shard->SeedChunk("a", 0, 6, Fp32(10)).ok());
+  CO2_ASSERT_OK(shard->SeedChunk("a", 0, 6, Fp32(10)));
   EXPECT_EQ(observer.reseeds, std::vector<std::string>{"job:corrupt"});
   EXPECT_EQ(shard->stats().reseeds, 1u);
   uint64_t anchor_round = 0;
@@ -1021,16 +1029,16 @@ TEST(JobShardReseedTest, ResumingWorkerReseedsALostShardAtItsAnchorRound) {
   // b joins now: the shard opens round 5 (whose update gives A_7) and has no
   // older update to replay.
   auto b = shard->Join("b", Config(2), common::Codec::kFp32, 5);
-  ASSERT_TRUE(b.ok()) << b.status();
+  CO2_ASSERT_OK(b);
   EXPECT_FALSE(b->must_reseed);
   EXPECT_EQ(b->open_round, 5u);
   EXPECT_EQ(b->oldest_update_round, 5u);
   // Rounds continue from there; momentum restarted from zero, so with
   // α = 1, β = 0 the update is exactly −mean Δ.
   auto sink = std::make_shared<RecordingSink>();
-  EXPECT_TRUE(shard->Subscribe(sink, 5).ok());
-  ASSERT_TRUE(shard->Contribute("a", Contribution(5, 1.0f)).ok());
-  ASSERT_TRUE(shard->Contribute("b", Contribution(5, 3.0f)).ok());
+  CO2_EXPECT_OK(shard->Subscribe(sink, 5));
+  CO2_ASSERT_OK(shard->Contribute("a", Contribution(5, 1.0f)));
+  CO2_ASSERT_OK(shard->Contribute("b", Contribution(5, 3.0f)));
   EXPECT_EQ(shard->Poll(), 1);
   EXPECT_EQ(sink->rounds, std::vector<uint64_t>{5});
   EXPECT_EQ(shard->AnchorForTesting(&anchor_round),
@@ -1042,13 +1050,13 @@ TEST(JobShardReseedTest, ReseedChunksMustAgreeOnTheRound) {
   common::FakeClock clock;
   auto shard = *JobShard::Create("job", Config(1), JobShardOptions{}, &clock);
   // A fresh seed is A_0.
-  ASSERT_TRUE(shard->Join("fresh", Config(1), common::Codec::kFp32).ok());
+  CO2_ASSERT_OK(shard->Join("fresh", Config(1), common::Codec::kFp32));
   EXPECT_EQ(shard->SeedChunk("fresh", 0, 3, Fp32(1)).code(),
             absl::StatusCode::kInvalidArgument);
   // A resuming worker takes the seed over from a fresh one that has not
   // finished: its anchor is the job's, the fresh worker's A_0 is not.
   auto resumed = shard->Join("w", Config(1), common::Codec::kFp32, 2);
-  ASSERT_TRUE(resumed.ok());
+  CO2_ASSERT_OK(resumed);
   EXPECT_TRUE(resumed->must_reseed);
   EXPECT_EQ(shard->SeedChunk("fresh", 0, 0, Fp32(1)).code(),
             absl::StatusCode::kFailedPrecondition);
@@ -1063,12 +1071,12 @@ TEST(JobShardReseedTest, SynchronousJobReopensAtTheAnchorRound) {
   config.set_max_staleness(0);
   auto shard = *JobShard::Create("job", config, JobShardOptions{}, &clock);
   ASSERT_TRUE(shard->Join("w", config, common::Codec::kFp32, 4)->must_reseed);
-  ASSERT_TRUE(shard->SeedChunk("w", 0, 4, Fp32(2)).ok());
+  CO2_ASSERT_OK(shard->SeedChunk("w", 0, 4, Fp32(2)));
   auto rejoined = shard->Join("w", config, common::Codec::kFp32, 4);
-  ASSERT_TRUE(rejoined.ok());
+  CO2_ASSERT_OK(rejoined);
   EXPECT_FALSE(rejoined->must_reseed);
   EXPECT_EQ(rejoined->open_round, 4u);
-  ASSERT_TRUE(shard->Contribute("w", Contribution(4, 0.5f)).ok());
+  CO2_ASSERT_OK(shard->Contribute("w", Contribution(4, 0.5f)));
   EXPECT_EQ(shard->Poll(), 1);
   uint64_t anchor_round = 0;
   EXPECT_EQ(shard->AnchorForTesting(&anchor_round),
@@ -1081,14 +1089,15 @@ TEST(JobShardReseedTest, ReseededShardRestoresBeforeItClosesARound) {
   // durable); a restart before the next round closes restores it, with no
   // update to replay yet.
   common::FakeClock clock;
-  CheckpointStore store(TempDir());
+  const TempDir temp_dir("co2-shard");
+  CheckpointStore store(temp_dir.path());
   JobShardOptions options;
   options.checkpoints = &store;
   {
     auto shard = *JobShard::Create("job", Config(1), options, &clock);
     ASSERT_TRUE(
         shard->Join("w", Config(1), common::Codec::kFp32, 8)->must_reseed);
-    ASSERT_TRUE(shard->SeedChunk("w", 0, 9, Fp32(4)).ok());
+    CO2_ASSERT_OK(shard->SeedChunk("w", 0, 9, Fp32(4)));
     EXPECT_EQ(shard->Poll(), 0);
     EXPECT_EQ(shard->stats().checkpoints_written, 1u);
   }
@@ -1096,13 +1105,13 @@ TEST(JobShardReseedTest, ReseededShardRestoresBeforeItClosesARound) {
   std::vector<LoadedCheckpoint> loaded = store.LoadAll(0, 1, &errors);
   ASSERT_EQ(loaded.size(), 1u);
   auto restored = JobShard::Restore(std::move(loaded[0]), options, &clock);
-  ASSERT_TRUE(restored.ok()) << restored.status();
+  CO2_ASSERT_OK(restored);
   uint64_t anchor_round = 0;
   EXPECT_EQ((*restored)->AnchorForTesting(&anchor_round),
             std::vector<float>(kParams, 4.0f));
   EXPECT_EQ(anchor_round, 9u);
   auto rejoined = (*restored)->Join("w", Config(1), common::Codec::kFp32, 8);
-  ASSERT_TRUE(rejoined.ok());
+  CO2_ASSERT_OK(rejoined);
   EXPECT_FALSE(rejoined->must_reseed);
   EXPECT_EQ(rejoined->open_round, 8u);
   EXPECT_EQ(rejoined->oldest_update_round, 8u);

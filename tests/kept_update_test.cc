@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "tests/stored_chunks.h"
 
 namespace co2::server {
@@ -39,10 +40,10 @@ TEST(KeptUpdateTest, InMemoryItReadsTheMessagesInPlace) {
   EXPECT_EQ(kept.PayloadBytes(1), 4u);
   std::string scratch;
   auto payload = kept.Payload(1, &scratch);
-  ASSERT_TRUE(payload.ok());
+  CO2_ASSERT_OK(payload);
   EXPECT_EQ(payload->data(), (*chunks)[1]->payload().data()) << "not copied";
   auto chunk = kept.Chunk(1);
-  ASSERT_TRUE(chunk.ok());
+  CO2_ASSERT_OK(chunk);
   EXPECT_EQ(*chunk, (*chunks)[1]) << "the kept message itself";
 }
 
@@ -58,11 +59,11 @@ TEST(KeptUpdateTest, StoredItReleasesTheMessagesAndReadsTheFile) {
   EXPECT_EQ(kept.PayloadBytes(1), 4u);
   std::string scratch;
   auto payload = kept.Payload(1, &scratch);
-  ASSERT_TRUE(payload.ok()) << payload.status();
+  CO2_ASSERT_OK(payload);
   EXPECT_EQ(*payload, "defg");
   for (uint32_t c = 0; c < 2; ++c) {
     auto chunk = kept.Chunk(c);
-    ASSERT_TRUE(chunk.ok()) << chunk.status();
+    CO2_ASSERT_OK(chunk);
     EXPECT_EQ((*chunk)->round(), 6u);
     EXPECT_EQ((*chunk)->contributors(), 3u);
     EXPECT_EQ((*chunk)->chunk_index(), c);

@@ -5,12 +5,13 @@
 #include "gmock/gmock.h"
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::common {
 namespace {
 
 class ShardRangeTest
-    : public testing::TestWithParam<std::tuple<size_t, size_t>> {};
+    : public ::testing::TestWithParam<std::tuple<size_t, size_t>> {};
 
 TEST_P(ShardRangeTest, CoversEverythingOnceBlockAligned) {
   const auto [parameters, shards] = GetParam();
@@ -18,7 +19,7 @@ TEST_P(ShardRangeTest, CoversEverythingOnceBlockAligned) {
   size_t smallest = parameters, largest = 0;
   for (size_t i = 0; i < shards; ++i) {
     absl::StatusOr<Range> r = ShardRangeFor(parameters, shards, i);
-    ASSERT_TRUE(r.ok()) << r.status();
+    CO2_ASSERT_OK(r);
     EXPECT_EQ(r->begin, expected_begin) << "shard " << i;
     EXPECT_GE(r->end, r->begin);
     EXPECT_EQ(r->begin % kBlockElements, 0u) << "shard " << i;
@@ -39,9 +40,9 @@ TEST_P(ShardRangeTest, CoversEverythingOnceBlockAligned) {
 
 INSTANTIATE_TEST_SUITE_P(
     Sizes, ShardRangeTest,
-    testing::Combine(testing::Values(1, 65535, 65536, 65537, 1000000,
-                                     3 * 65536 + 5, 10 * 65536),
-                     testing::Values(1, 2, 3, 7)));
+    ::testing::Combine(::testing::Values(1, 65535, 65536, 65537, 1000000,
+                                         3 * 65536 + 5, 10 * 65536),
+                       ::testing::Values(1, 2, 3, 7)));
 
 TEST(ShardRangeTest, TwoShardsOfAMillion) {
   // 1,000,000 = 15 blocks + 16,960: shard 0 gets 8 blocks, shard 1 the rest.
@@ -69,7 +70,7 @@ TEST(ChunkTest, ChunksTileTheShard) {
 // A node's ranks split its exchange by whole shards: their ranges tile
 // [0, P) in rank order, each the union of its own shards' ranges, also at
 // P = 10^11 and with S not a multiple of L.
-class RankRangeTest : public testing::TestWithParam<
+class RankRangeTest : public ::testing::TestWithParam<
                           std::tuple<size_t, std::tuple<size_t, size_t>>> {};
 
 TEST_P(RankRangeTest, RanksTileTheParametersByWholeShards) {
@@ -78,16 +79,16 @@ TEST_P(RankRangeTest, RanksTileTheParametersByWholeShards) {
   size_t next_shard = 0;
   size_t next_element = 0;
   for (size_t k = 0; k < ranks; ++k) {
-    SCOPED_TRACE(testing::Message() << "P " << p << ", S " << shards << ", L "
+    SCOPED_TRACE(::testing::Message() << "P " << p << ", S " << shards << ", L "
                                     << ranks << ", rank " << k);
     const absl::StatusOr<ShardSpan> owned = OwnedShards(shards, ranks, k);
-    ASSERT_TRUE(owned.ok()) << owned.status();
+    CO2_ASSERT_OK(owned);
     EXPECT_EQ(owned->begin, next_shard);
     EXPECT_GE(owned->size(), shards / ranks);
     EXPECT_LE(owned->size(), shards / ranks + 1);
     next_shard = owned->end;
     const absl::StatusOr<Range> range = RankRange(p, shards, ranks, k);
-    ASSERT_TRUE(range.ok()) << range.status();
+    CO2_ASSERT_OK(range);
     EXPECT_EQ(range->begin, next_element);
     EXPECT_EQ(range->begin % kChunkElements, 0u);
     EXPECT_EQ(range->begin, ShardRangeFor(p, shards, owned->begin)->begin);
@@ -100,11 +101,11 @@ TEST_P(RankRangeTest, RanksTileTheParametersByWholeShards) {
 
 INSTANTIATE_TEST_SUITE_P(
     Grid, RankRangeTest,
-    testing::Combine(
-        testing::Values(size_t{1}, size_t{65536}, size_t{1000003},
+    ::testing::Combine(
+        ::testing::Values(size_t{1}, size_t{65536}, size_t{1000003},
                         size_t{6} * 65536 * 7 + 4 * 65536 + 5,
                         size_t{100000000000}),
-        testing::Values(std::make_tuple(size_t{2}, size_t{2}),
+        ::testing::Values(std::make_tuple(size_t{2}, size_t{2}),
                         std::make_tuple(size_t{4}, size_t{2}),
                         std::make_tuple(size_t{8}, size_t{4}),
                         std::make_tuple(size_t{6}, size_t{2}),
@@ -125,14 +126,14 @@ TEST(RankRangeTest, RefusesFewerShardsThanRanksByName) {
   const absl::StatusOr<ShardSpan> few = OwnedShards(2, 4, 0);
   EXPECT_EQ(few.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(few.status().message(),
-              testing::HasSubstr("a node of 4 local ranks cannot split 2 "
+              ::testing::HasSubstr("a node of 4 local ranks cannot split 2 "
                                  "shards among them"));
   EXPECT_EQ(RankRange(1 << 20, 2, 4, 3).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(OwnedShards(4, 0, 0).status().message(),
-              testing::HasSubstr("local_ranks must be at least 1"));
+              ::testing::HasSubstr("local_ranks must be at least 1"));
   EXPECT_THAT(OwnedShards(4, 2, 2).status().message(),
-              testing::HasSubstr("local rank 2 out of range for 2"));
+              ::testing::HasSubstr("local rank 2 out of range for 2"));
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "server/job/job_shard.h"
 #include "server/service/aggregator_server.h"
+#include "tests/status_matchers.h"
 
 namespace co2 {
 namespace {
@@ -69,13 +70,13 @@ void ExpectStatus(const grpc::Status& s, StatusCode code,
   }
 }
 
-class LimitsTest : public testing::Test {
+class LimitsTest : public ::testing::Test {
  protected:
   void Start(const server::AggregatorServerOptions& base) {
     server::AggregatorServerOptions options = base;
     options.address = "127.0.0.1:0";
     auto s = server::AggregatorServer::Start(options);
-    ASSERT_TRUE(s.ok()) << s.status();
+    CO2_ASSERT_OK(s);
     server_ = *std::move(s);
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(64 << 20);  // the client may send anything
@@ -146,7 +147,7 @@ class LimitsTest : public testing::Test {
 
   server::JobShard* Job(const std::string& name) {
     auto job = server_->registry()->Find(name);
-    EXPECT_TRUE(job.ok()) << job.status();
+    CO2_EXPECT_OK(job);
     return job.ok() ? job->get() : nullptr;
   }
 
@@ -163,34 +164,34 @@ TEST_F(LimitsTest, OversizedMessagesAreRefusedByGrpc) {
                StatusCode::RESOURCE_EXHAUSTED, {"larger than max"});
   // Nor does a contribution chunk bigger than the limit.
   const v1::JobConfig big = Config(1 << 16);
-  ASSERT_TRUE(Join("j", "w", big).ok());
+  CO2_ASSERT_OK(Join("j", "w", big));
   ExpectStatus(Exchange("j", "w", Chunk(0, Fp32(1, 1 << 16))),
                StatusCode::RESOURCE_EXHAUSTED, {"larger than max"});
   // Messages under the limit still work.
-  EXPECT_TRUE(Join("j", "w2", big).ok());
+  CO2_EXPECT_OK(Join("j", "w2", big));
 }
 
 TEST_F(LimitsTest, JobsPerShardAreLimited) {
   server::AggregatorServerOptions options;
   options.registry.max_jobs = 2;
   Start(options);
-  ASSERT_TRUE(Join("a", "w").ok());
-  ASSERT_TRUE(Join("b", "w").ok());
+  CO2_ASSERT_OK(Join("a", "w"));
+  CO2_ASSERT_OK(Join("b", "w"));
   ExpectStatus(Join("c", "w"), StatusCode::RESOURCE_EXHAUSTED,
                {"cannot create job \"c\"", "2 jobs already", "limit 2"});
-  EXPECT_TRUE(Join("a", "w2").ok()) << "existing jobs stay usable";
+  CO2_EXPECT_OK(Join("a", "w2")) << "existing jobs stay usable";
 }
 
 TEST_F(LimitsTest, WorkersPerJobAreLimited) {
   server::AggregatorServerOptions options;
   options.registry.shard.max_workers = 2;
   Start(options);
-  ASSERT_TRUE(Join("j", "w0").ok());
-  ASSERT_TRUE(Join("j", "w1").ok());
+  CO2_ASSERT_OK(Join("j", "w0"));
+  CO2_ASSERT_OK(Join("j", "w1"));
   ExpectStatus(Join("j", "w2"), StatusCode::RESOURCE_EXHAUSTED,
                {"already has 2 workers", "limit 2"});
-  EXPECT_TRUE(Join("j", "w1").ok()) << "a member may rejoin";
-  EXPECT_TRUE(Join("other", "w2").ok()) << "the limit is per job";
+  CO2_EXPECT_OK(Join("j", "w1")) << "a member may rejoin";
+  CO2_EXPECT_OK(Join("other", "w2")) << "the limit is per job";
 }
 
 TEST_F(LimitsTest, ParametersPerJobAreLimited) {
@@ -202,7 +203,7 @@ TEST_F(LimitsTest, ParametersPerJobAreLimited) {
                {"num_parameters is 1048577", "limit 1048576"});
   EXPECT_FALSE(server_->registry()->Find("j").ok()) << "nothing allocated";
   // The default limit keeps a single Join from asking for petabytes.
-  EXPECT_TRUE(Join("j", "w", Config(1 << 20)).ok());
+  CO2_EXPECT_OK(Join("j", "w", Config(1 << 20)));
 }
 
 TEST_F(LimitsTest, DefaultParameterLimitStopsAbsurdJobs) {
@@ -215,9 +216,9 @@ TEST_F(LimitsTest, NanContributionsAreCountedAndTheWorkerEvicted) {
   server::AggregatorServerOptions options;
   options.registry.shard.max_rejected_chunks = 3;
   Start(options);
-  ASSERT_TRUE(Join("j", "bad").ok());
-  ASSERT_TRUE(Join("j", "good").ok());
-  ASSERT_TRUE(Seed("j", "bad").ok());
+  CO2_ASSERT_OK(Join("j", "bad"));
+  CO2_ASSERT_OK(Join("j", "good"));
+  CO2_ASSERT_OK(Seed("j", "bad"));
   ExpectStatus(Exchange("j", "bad", Chunk(0, WithNan(5))),
                StatusCode::INVALID_ARGUMENT, {"round 0 chunk 0", "5"});
   ExpectStatus(Exchange("j", "bad", Chunk(0, Fp32(INFINITY))),
@@ -239,7 +240,7 @@ TEST_F(LimitsTest, NanContributionsAreCountedAndTheWorkerEvicted) {
                {"evicted", "cannot rejoin"});
   // The rounds go on without it: the good worker alone closes round 0, and
   // nothing of the bad one reached the anchor.
-  ASSERT_TRUE(Exchange("j", "good", Chunk(0, Fp32(0.5f)), true).ok());
+  CO2_ASSERT_OK(Exchange("j", "good", Chunk(0, Fp32(0.5f)), true));
   EXPECT_EQ(Job("j")->stats().rounds_closed, 1u);
 }
 
@@ -262,7 +263,7 @@ TEST(StreamWindowOptionsTest, ANegativeWindowOrATooSmallBudgetIsRefused) {
             std::string::npos)
       << refused.status();
   options.stream_memory_bytes = int64_t{16} << 20;
-  EXPECT_TRUE(server::AggregatorServer::Start(options).ok());
+  CO2_EXPECT_OK(server::AggregatorServer::Start(options));
 }
 
 TEST(RejectCountingTest, AValidChunkResetsTheCount) {
@@ -272,17 +273,17 @@ TEST(RejectCountingTest, AValidChunkResetsTheCount) {
   v1::JobConfig config = Config();
   config.set_min_workers(2);
   auto created = server::JobShard::Create("j", config, options, &clock);
-  ASSERT_TRUE(created.ok()) << created.status();
+  CO2_ASSERT_OK(created);
   server::JobShard& job = **created;
-  ASSERT_TRUE(job.Join("w", config, common::Codec::kFp32).ok());
-  ASSERT_TRUE(job.Join("other", config, common::Codec::kFp32).ok());
-  ASSERT_TRUE(job.SeedChunk("w", 0, 0, Fp32(0)).ok());
+  CO2_ASSERT_OK(job.Join("w", config, common::Codec::kFp32));
+  CO2_ASSERT_OK(job.Join("other", config, common::Codec::kFp32));
+  CO2_ASSERT_OK(job.SeedChunk("w", 0, 0, Fp32(0)));
   EXPECT_FALSE(job.Contribute("w", Chunk(0, WithNan(0))).ok());
   EXPECT_FALSE(job.Contribute("w", Chunk(0, WithNan(1))).ok());
-  EXPECT_TRUE(job.Contribute("w", Chunk(0, Fp32(1))).ok());
+  CO2_EXPECT_OK(job.Contribute("w", Chunk(0, Fp32(1))));
   EXPECT_FALSE(job.Contribute("w", Chunk(1, WithNan(2))).ok());
   EXPECT_FALSE(job.Contribute("w", Chunk(1, WithNan(3))).ok());
-  EXPECT_TRUE(job.Heartbeat("w").ok()) << "4 rejects, never 3 in a row";
+  CO2_EXPECT_OK(job.Heartbeat("w")) << "4 rejects, never 3 in a row";
   EXPECT_EQ(job.stats().rejected_chunks, 4u);
   EXPECT_EQ(job.stats().evicted_workers, 0u);
   // A wrong-size payload counts as a reject too.
@@ -300,12 +301,12 @@ TEST(RejectCountingTest, ZeroDisablesEviction) {
   server::JobShardOptions options;
   options.max_rejected_chunks = 0;
   auto created = server::JobShard::Create("j", Config(), options, &clock);
-  ASSERT_TRUE(created.ok()) << created.status();
-  ASSERT_TRUE((*created)->Join("w", Config(), common::Codec::kFp32).ok());
+  CO2_ASSERT_OK(created);
+  CO2_ASSERT_OK((*created)->Join("w", Config(), common::Codec::kFp32));
   for (int i = 0; i < 10; ++i) {
     EXPECT_FALSE((*created)->Contribute("w", Chunk(0, WithNan(i))).ok());
   }
-  EXPECT_TRUE((*created)->Heartbeat("w").ok());
+  CO2_EXPECT_OK((*created)->Heartbeat("w"));
   EXPECT_EQ((*created)->stats().rejected_chunks, 10u);
 }
 

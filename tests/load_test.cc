@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
+#include "tests/status_matchers.h"
 
 namespace co2::testing {
 namespace {
@@ -76,7 +77,7 @@ TEST(LoadTest, SixtyFourWorkersFiftyRounds) {
         if (round == 10) after_warmup.Sample();
         if (round + 1 == spec.rounds) end.Sample();
       });
-  for (const WorkerResult& r : results) ASSERT_TRUE(r.status.ok()) << r.status;
+  for (const WorkerResult& r : results) CO2_ASSERT_OK(r.status);
   uint64_t round = 0;
   const std::vector<float> shards = cluster.Anchor("load", &round);
   EXPECT_EQ(round, spec.rounds + 1);

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/counter.h"
 #include "tests/http_get.h"
+#include "tests/status_matchers.h"
 
 namespace co2::common {
 namespace {
@@ -23,7 +24,7 @@ std::unique_ptr<MetricsServer> StartOnFreePort() {
   MetricsServerOptions options;
   options.address = "127.0.0.1:0";
   auto server = MetricsServer::Start(options);
-  EXPECT_TRUE(server.ok()) << server.status();
+  CO2_EXPECT_OK(server);
   return server.ok() ? *std::move(server) : nullptr;
 }
 
@@ -38,7 +39,7 @@ TEST(MetricsServerTest, ServesTheRegistryOnAnEphemeralPort) {
       .Add({{"kind", "a"}})
       .Increment(3);
   auto body = testing::HttpGet(server->port(), "/metrics", absl::Seconds(10));
-  ASSERT_TRUE(body.ok()) << body.status();
+  CO2_ASSERT_OK(body);
   EXPECT_TRUE(absl::StrContains(*body, "co2_test_events_total{kind=\"a\"} 3"))
       << *body;
   // The same text as MetricsText, which tests use without HTTP.
@@ -53,10 +54,10 @@ TEST(MetricsServerTest, ServesProcessMetricsAndBuildInfoFromTheStart) {
   options.address = "127.0.0.1:0";
   options.program = "co2-test";
   auto server = MetricsServer::Start(options);
-  ASSERT_TRUE(server.ok()) << server.status();
+  CO2_ASSERT_OK(server);
   auto body =
       testing::HttpGet((*server)->port(), "/metrics", absl::Seconds(10));
-  ASSERT_TRUE(body.ok()) << body.status();
+  CO2_ASSERT_OK(body);
   for (const char* series :
        {"# TYPE process_cpu_seconds_total counter", "process_open_fds ",
         "process_max_fds ", "process_resident_memory_bytes ",
@@ -74,7 +75,7 @@ TEST(MetricsServerTest, ServesProcessMetricsAndBuildInfoFromTheStart) {
   std::unique_ptr<MetricsServer> bare = StartOnFreePort();
   ASSERT_NE(bare, nullptr);
   auto empty = testing::HttpGet(bare->port(), "/metrics", absl::Seconds(10));
-  ASSERT_TRUE(empty.ok()) << empty.status();
+  CO2_ASSERT_OK(empty);
   EXPECT_FALSE(absl::StrContains(*empty, "process_")) << *empty;
 }
 
@@ -152,7 +153,7 @@ TEST(MetricsServerTest, AStalledClientIsDroppedAfterTheTimeout) {
   options.address = "127.0.0.1:0";
   options.io_timeout = absl::Milliseconds(300);
   auto server = MetricsServer::Start(options);
-  ASSERT_TRUE(server.ok()) << server.status();
+  CO2_ASSERT_OK(server);
   // Connects and sends half a request, then nothing.
   const int stalled = ConnectLoopback((*server)->port());
   ASSERT_GE(stalled, 0);
@@ -160,7 +161,7 @@ TEST(MetricsServerTest, AStalledClientIsDroppedAfterTheTimeout) {
   // The next scrape is served once the stalled one times out.
   auto body =
       testing::HttpGet((*server)->port(), "/metrics", absl::Seconds(10));
-  EXPECT_TRUE(body.ok()) << body.status();
+  CO2_EXPECT_OK(body);
   close(stalled);
 }
 
@@ -169,7 +170,7 @@ TEST(MetricsServerTest, StopsPromptlyWithAClientConnected) {
   options.address = "127.0.0.1:0";
   options.io_timeout = absl::Seconds(60);
   auto server = MetricsServer::Start(options);
-  ASSERT_TRUE(server.ok()) << server.status();
+  CO2_ASSERT_OK(server);
   const int stalled = ConnectLoopback((*server)->port());
   ASSERT_GE(stalled, 0);
   absl::SleepFor(absl::Milliseconds(100));  // the server is in the request

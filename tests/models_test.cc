@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -17,7 +18,7 @@ std::shared_ptr<TaskModel> Make(Task task, uint64_t seed = 1) {
   ModelOptions options;
   options.seed = seed;
   auto model = MakeModel(task, options);
-  EXPECT_TRUE(model.ok()) << model.status();
+  CO2_EXPECT_OK(model);
   return model.ok() ? *model : nullptr;
 }
 
@@ -42,7 +43,7 @@ TEST(ModelsTest, FashionCnnShapesAndSize) {
   // conv1 416 + conv2 12,832 + fc1 65,664 + fc2 1,290.
   EXPECT_EQ(NumParameters(*model), 80202);
   auto logits = Forward(*model, torch::randn({5, 1, 28, 28}));
-  ASSERT_TRUE(logits.ok()) << logits.status();
+  CO2_ASSERT_OK(logits);
   EXPECT_THAT(Sizes(*logits), ElementsAre(5, 10));
 }
 
@@ -54,11 +55,11 @@ TEST(ModelsTest, WideMlpShapesAndSize) {
   ModelOptions options;
   options.size = ModelSize::kWide;
   auto model = MakeModel(Task::kFashionMnist, options);
-  ASSERT_TRUE(model.ok()) << model.status();
+  CO2_ASSERT_OK(model);
   // fc1 784*2048 + 2048, fc2 2048*2048 + 2048, fc3 2048*10 + 10.
   EXPECT_EQ(NumParameters(**model), 1607680 + 4196352 + 20490);
   auto logits = Forward(**model, torch::randn({3, 1, 28, 28}));
-  ASSERT_TRUE(logits.ok()) << logits.status();
+  CO2_ASSERT_OK(logits);
   EXPECT_THAT(Sizes(*logits), ElementsAre(3, 10));
   EXPECT_EQ(MakeModel(Task::kCharLm, options).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -71,7 +72,7 @@ TEST(ModelsTest, CharLstmShapesAndSize) {
   // embedding 256*64 + LSTM 4*128*(64+128) + 2*4*128 + head 128*256 + 256.
   EXPECT_EQ(NumParameters(*model), 16384 + 98304 + 1024 + 33024);
   auto logits = Forward(*model, torch::randint(0, 256, {3, 17}, torch::kLong));
-  ASSERT_TRUE(logits.ok()) << logits.status();
+  CO2_ASSERT_OK(logits);
   EXPECT_THAT(Sizes(*logits), ElementsAre(3, 17, 256));
 }
 
@@ -80,10 +81,10 @@ TEST(ModelsTest, CharLstmOptionsChangeTheModel) {
   options.char_vocab_size = 50;
   options.char_num_layers = 2;
   auto model = MakeModel(Task::kCharLm, options);
-  ASSERT_TRUE(model.ok()) << model.status();
+  CO2_ASSERT_OK(model);
   EXPECT_EQ((*model)->num_classes(), 50);
   auto logits = Forward(**model, torch::zeros({2, 4}, torch::kLong));
-  ASSERT_TRUE(logits.ok()) << logits.status();
+  CO2_ASSERT_OK(logits);
   EXPECT_THAT(Sizes(*logits), ElementsAre(2, 4, 50));
   options.char_hidden_size = 0;
   EXPECT_EQ(MakeModel(Task::kCharLm, options).status().code(),
@@ -112,7 +113,7 @@ TEST(ModelsTest, MalformedInputIsAStatusNotAnException) {
 TEST(ModelsTest, CrossEntropyOfUniformLogitsIsLogC) {
   auto loss = CrossEntropy(torch::zeros({2, 3, 256}),
                            torch::randint(0, 256, {2, 3}, torch::kLong));
-  ASSERT_TRUE(loss.ok()) << loss.status();
+  CO2_ASSERT_OK(loss);
   EXPECT_NEAR(loss->item<double>(), std::log(256.0), 1e-5);
 }
 
@@ -163,19 +164,19 @@ TEST_P(SeededModelTest, SgdOnAFixedBatchReducesTheLoss) {
   torch::optim::SGD sgd(model->parameters(),
                         torch::optim::SGDOptions(lr).momentum(0.9));
   auto first = ComputeLoss(*model, input, target);
-  ASSERT_TRUE(first.ok()) << first.status();
+  CO2_ASSERT_OK(first);
   const double initial = first->item<double>();
   double last = initial;
   for (int step = 0; step < 30; ++step) {
     sgd.zero_grad();
     auto loss = ComputeLoss(*model, input, target);
-    ASSERT_TRUE(loss.ok()) << loss.status();
+    CO2_ASSERT_OK(loss);
     loss->backward();
     sgd.step();
     last = loss->item<double>();
   }
   auto final_loss = ComputeLoss(*model, input, target);
-  ASSERT_TRUE(final_loss.ok());
+  CO2_ASSERT_OK(final_loss);
   EXPECT_LT(final_loss->item<double>(), 0.75 * initial)
       << "initial " << initial << ", last step " << last;
 }

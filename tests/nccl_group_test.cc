@@ -25,9 +25,12 @@
 #include "client/collectives/process_group.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/temp_dir.h"
 
 namespace co2::client {
 namespace {
+
+using ::co2::testing::TempDir;
 
 using ::testing::Each;
 using ::testing::Eq;
@@ -47,23 +50,6 @@ constexpr int kCudaFailed = 16;
       return (code);                                                     \
     }                                                                    \
   } while (false)
-
-class ScopedTempDir {
- public:
-  ScopedTempDir() {
-    std::string templ = ::testing::TempDir() + "/nccl_group_test.XXXXXX";
-    char* made = mkdtemp(templ.data());
-    path_ = made != nullptr ? made : "";
-  }
-  ~ScopedTempDir() {
-    std::error_code ignored;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Runs body(rank) in one forked child per rank; exit codes, or 1000 + signal.
 std::vector<int> RunRanks(int n, const std::function<int(int)>& body) {
@@ -186,7 +172,7 @@ int BroadcastAndCheck(ProcessGroup& group, size_t count, int root) {
 
 TEST(NcclGroup, WithoutDeviceCreateIsFailedPrecondition) {
   if (ProbeDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
-  ScopedTempDir dir;
+  TempDir dir;
   const std::string path = dir.path();
   const std::vector<int> codes = RunRanks(1, [&](int rank) {
     const auto group = CreateProcessGroup(MakeOptions(path, rank, 1));
@@ -201,7 +187,7 @@ TEST(NcclGroup, WithoutDeviceCreateIsFailedPrecondition) {
 
 TEST(NcclGroup, OneRankAllReduceAndBroadcast) {
   if (ProbeDeviceCount() < 1) GTEST_SKIP() << "no CUDA device";
-  ScopedTempDir dir;
+  TempDir dir;
   const std::string path = dir.path();
   const std::vector<int> codes = RunRanks(1, [&](int rank) {
     auto group = CreateProcessGroup(MakeOptions(path, rank, 1));
@@ -229,7 +215,7 @@ TEST(NcclGroup, OneRankAllReduceAndBroadcast) {
 
 TEST(NcclGroup, TwoRanksOnTwoDevices) {
   if (ProbeDeviceCount() < 2) GTEST_SKIP() << "needs 2 CUDA devices";
-  ScopedTempDir dir;
+  TempDir dir;
   const std::string path = dir.path();
   const std::vector<int> codes = RunRanks(2, [&](int rank) {
     if (cudaSetDevice(rank) != cudaSuccess) return kCudaFailed;

@@ -19,6 +19,7 @@
 #include "common/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -158,7 +159,7 @@ class OuterOptimizerSweepTest : public ::testing::TestWithParam<Variant> {
 
 TEST_P(OuterOptimizerSweepTest, MatchesDoubleReferenceOverSeveralSteps) {
   const OuterConfig config = Config();
-  ASSERT_TRUE(ValidateOuterConfig(config).ok());
+  CO2_ASSERT_OK(ValidateOuterConfig(config));
   const size_t n = Size();
   std::mt19937 rng(1234 + static_cast<unsigned>(n));
 
@@ -399,7 +400,7 @@ TEST(OuterOptimizerTest, CheckStepFitsSeesEveryElementUnderEveryKernelIsa) {
   for (common::KernelIsa isa : common::SupportedKernelIsas()) {
     SCOPED_TRACE(common::KernelIsaName(isa));
     common::ScopedKernelIsaForTesting pin(isa);
-    EXPECT_TRUE(CheckStepFits(config, ones, ones, ones).ok());
+    CO2_EXPECT_OK(CheckStepFits(config, ones, ones, ones));
     for (size_t i = 0; i < n; ++i) {
       SCOPED_TRACE(absl::StrCat("element ", i));
       std::vector<float> bad = ones;
@@ -700,21 +701,21 @@ void ExpectRejected(const OuterConfig& c, const std::string& field,
 }
 
 TEST(OuterOptimizerTest, ValidateAcceptsDefaultsAndEdgeValues) {
-  EXPECT_TRUE(ValidateOuterConfig(OuterConfig{}).ok());
+  CO2_EXPECT_OK(ValidateOuterConfig(OuterConfig{}));
   OuterConfig c;
   c.beta = 0.0f;
   c.alpha = 1e-6f;
-  EXPECT_TRUE(ValidateOuterConfig(c).ok());
+  CO2_EXPECT_OK(ValidateOuterConfig(c));
   c.beta = 0.999f;
   c.penalty = GapPenalty::kConstant;
   c.penalty_lambda = 1.0f;
-  EXPECT_TRUE(ValidateOuterConfig(c).ok());
+  CO2_EXPECT_OK(ValidateOuterConfig(c));
   // Fields of modes that are off are not checked.
   c.penalty = GapPenalty::kGapAware;
   c.penalty_lambda = 0.5f;
   c.clip = ClipMode::kNone;
   c.clip_value = -1.0f;
-  EXPECT_TRUE(ValidateOuterConfig(c).ok());
+  CO2_EXPECT_OK(ValidateOuterConfig(c));
 }
 
 TEST(OuterOptimizerTest, ValidateRejectsBadAlpha) {

@@ -12,6 +12,7 @@
 #include "common/kernel_isa.h"
 #include "gtest/gtest.h"
 #include "tests/byte_pieces.h"
+#include "tests/status_matchers.h"
 
 namespace co2::common {
 namespace {
@@ -52,7 +53,7 @@ TEST_P(PayloadPiecesTest, ReadsInPlaceWithTheBitsOfOnePiece) {
   for (KernelIsa isa : SupportedKernelIsas()) {
     SCOPED_TRACE(KernelIsaName(isa));
     ScopedKernelIsaForTesting pin(isa);
-    ASSERT_TRUE(ValidatePieces(codec, pieces, values.size()).ok());
+    CO2_ASSERT_OK(ValidatePieces(codec, pieces, values.size()));
     size_t covered = 0, in_place = 0;
     std::optional<size_t> overflow;
     auto check_run = [&](const EncodedRun& run) {
@@ -65,7 +66,7 @@ TEST_P(PayloadPiecesTest, ReadsInPlaceWithTheBitsOfOnePiece) {
       if (bad && !overflow) overflow = run.first + *bad;
       return absl::OkStatus();
     };
-    ASSERT_TRUE(ForEachPart(codec, pieces, values.size(), check_run).ok());
+    CO2_ASSERT_OK(ForEachPart(codec, pieces, values.size(), check_run));
     EXPECT_EQ(covered, values.size());
     // Only elements split between pieces are copied: one per cut at most,
     // none for int8 (one byte each).

@@ -36,6 +36,8 @@
 #include "server/service/aggregator_server.h"
 #include "server/service/shard_metrics.h"
 #include "tests/http_get.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2 {
 namespace {
@@ -270,7 +272,7 @@ TEST(PrometheusScrapeTest, PrometheusSeesTheAggregatorAndWorkerSeries) {
     common::MetricsServerOptions metrics_options;
     metrics_options.address = "127.0.0.1:0";
     auto metrics = common::MetricsServer::Start(metrics_options);
-    ASSERT_TRUE(metrics.ok()) << metrics.status();
+    CO2_ASSERT_OK(metrics);
     shards[i].metrics = *std::move(metrics);
     shards[i].observer = std::make_unique<server::ShardMetrics>(
         shards[i].metrics->registry(), i);
@@ -280,7 +282,7 @@ TEST(PrometheusScrapeTest, PrometheusSeesTheAggregatorAndWorkerSeries) {
     options.registry.num_shards = kShards;
     options.registry.shard.observer = shards[i].observer.get();
     auto started = server::AggregatorServer::Start(options);
-    ASSERT_TRUE(started.ok()) << started.status();
+    CO2_ASSERT_OK(started);
     shards[i].server = *std::move(started);
     addresses.push_back(absl::StrCat("127.0.0.1:", shards[i].server->port()));
     aggregator_targets.push_back(
@@ -290,19 +292,14 @@ TEST(PrometheusScrapeTest, PrometheusSeesTheAggregatorAndWorkerSeries) {
   for (int w = 0; w < kWorkers; ++w) {
     auto m = client::WorkerMetrics::Serve("127.0.0.1:0", kJob,
                                           absl::StrCat("worker-", w));
-    ASSERT_TRUE(m.ok()) << m.status();
+    CO2_ASSERT_OK(m);
     worker_targets.push_back(absl::StrCat("'127.0.0.1:", (*m)->port(), "'"));
     worker_metrics.push_back(*std::move(m));
   }
 
   // Prometheus, scraping every second, with the shipped alert rules.
-  char dir_template[] = "/tmp/co2-prometheus-XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
-  struct Cleanup {
-    std::string dir;
-    ~Cleanup() { std::filesystem::remove_all(dir); }
-  } cleanup{dir};
+  const co2::testing::TempDir temp_dir("co2-prometheus");
+  const std::string& dir = temp_dir.path();
   {
     std::ofstream config(dir + "/prometheus.yml");
     config << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
@@ -343,7 +340,7 @@ TEST(PrometheusScrapeTest, PrometheusSeesTheAggregatorAndWorkerSeries) {
   } joiner{&release, &threads};
   for (int w = 0; w < kWorkers; ++w) {
     ASSERT_TRUE(done[w].WaitForNotificationWithTimeout(kWait));
-    ASSERT_TRUE(status[w].ok()) << "worker " << w << ": " << status[w];
+    CO2_ASSERT_OK(status[w]) << "worker " << w;
   }
 
   // Wait for a scrape taken after the last round: every expectation below
@@ -423,9 +420,9 @@ TEST(PrometheusScrapeTest, PrometheusSeesTheAggregatorAndWorkerSeries) {
   // The shipped alert rules loaded and evaluate cleanly on these series, and
   // none fires for a healthy job.
   absl::StatusOr<std::string> rules = prometheus.Get("/api/v1/rules");
-  ASSERT_TRUE(rules.ok()) << rules.status();
+  CO2_ASSERT_OK(rules);
   absl::StatusOr<std::string> alerts = prometheus.Get("/api/v1/alerts");
-  ASSERT_TRUE(alerts.ok()) << alerts.status();
+  CO2_ASSERT_OK(alerts);
   for (const char* alert :
        {"Co2RoundStuck", "Co2QuorumMisses", "Co2ContributionsRejected",
         "Co2AggregatorDown", "Co2CommunicationExposed"}) {

@@ -6,6 +6,7 @@
 
 #include "common/clock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -55,7 +56,7 @@ TEST(RefusedCallsTest, CheckPassesOtherStatusesThroughUncounted) {
   CountingObserver observer;
   common::FakeClock clock;
   RefusedCalls refused(0, &observer, &clock);
-  EXPECT_TRUE(refused.Check(absl::OkStatus(), "peer").ok());
+  CO2_EXPECT_OK(refused.Check(absl::OkStatus(), "peer"));
   EXPECT_EQ(refused.Check(absl::NotFoundError("unknown job"), "peer").code(),
             absl::StatusCode::kNotFound);
   EXPECT_TRUE(observer.codes.empty());

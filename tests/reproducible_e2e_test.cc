@@ -16,6 +16,7 @@
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "tests/e2e_harness.h"
+#include "tests/status_matchers.h"
 #include "tests/wait_for.h"
 
 namespace co2::testing {
@@ -83,7 +84,7 @@ std::vector<float> RunWithDelays(uint32_t delay_seed) {
     });
   }
   for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : results) EXPECT_TRUE(s.ok()) << s;
+  for (const absl::Status& s : results) CO2_EXPECT_OK(s);
   uint64_t round = 0;
   std::vector<float> anchor = cluster.Anchor("repro", &round);
   EXPECT_EQ(round, rounds);
@@ -114,19 +115,19 @@ TEST(ReproducibleE2eTest, AnAnchorCorruptedInMemoryIsHealedInTheSameRound) {
   auto client = client::AggregatorClient::Connect(
       WorkerOptions(cluster.addresses(), "heal", config, 0),
       absl::MakeSpan(anchor));
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->TrackAnchor(anchor).ok());
+  CO2_ASSERT_OK(client);
+  CO2_ASSERT_OK((*client)->TrackAnchor(anchor));
   // With max_staleness 1, the update of round r makes the anchor of r + 2:
   // the worker pushes round r and applies that update before it pushes
   // r + 1, so the shards still hold that anchor.
   for (uint64_t r = 0; r < 3; ++r) {
     const std::vector<float> delta = RandomDelta(spec.params, 0, r);
-    ASSERT_TRUE((*client)->Push(r, delta, 2.0, absl::Now() + kTimeout).ok());
-    ASSERT_TRUE((*client)->WaitForUpdate(r, absl::Now() + kTimeout).ok());
+    CO2_ASSERT_OK((*client)->Push(r, delta, 2.0, absl::Now() + kTimeout));
+    CO2_ASSERT_OK((*client)->WaitForUpdate(r, absl::Now() + kTimeout));
     if (r == 1) (*client)->CorruptNextUpdateForTesting();
     absl::StatusOr<uint64_t> applied =
         (*client)->ApplyUpdate(r, absl::MakeSpan(anchor));
-    ASSERT_TRUE(applied.ok()) << applied.status();
+    CO2_ASSERT_OK(applied);
     EXPECT_EQ((*client)->stats().anchor_mismatches, r >= 1 ? 1u : 0u)
         << "round " << r;
     uint64_t round = 0;
@@ -137,7 +138,7 @@ TEST(ReproducibleE2eTest, AnAnchorCorruptedInMemoryIsHealedInTheSameRound) {
               0)
         << "round " << r << ": the worker's anchor is the shards'";
   }
-  EXPECT_TRUE((*client)->Leave(absl::Now() + kTimeout).ok());
+  CO2_EXPECT_OK((*client)->Leave(absl::Now() + kTimeout));
 }
 
 // The shard may close the next round before the worker fetches its range
@@ -154,14 +155,14 @@ TEST(ReproducibleE2eTest, AHealWhileTheShardMovesOnSkipsTheUpdateItHolds) {
   auto client = client::AggregatorClient::Connect(
       WorkerOptions(cluster.addresses(), "ahead", config, 0),
       absl::MakeSpan(anchor));
-  ASSERT_TRUE(client.ok()) << client.status();
+  CO2_ASSERT_OK(client);
   const absl::Time deadline = absl::Now() + kTimeout;
-  ASSERT_TRUE(
-      (*client)->Push(0, RandomDelta(spec.params, 0, 0), 1.0, deadline).ok());
-  ASSERT_TRUE((*client)->WaitForUpdate(0, deadline).ok());
+  CO2_ASSERT_OK(
+      (*client)->Push(0, RandomDelta(spec.params, 0, 0), 1.0, deadline));
+  CO2_ASSERT_OK((*client)->WaitForUpdate(0, deadline));
   // Round 1 closes (the anchor of round 3) before update 0 is applied.
-  ASSERT_TRUE(
-      (*client)->Push(1, RandomDelta(spec.params, 0, 1), 1.0, deadline).ok());
+  CO2_ASSERT_OK(
+      (*client)->Push(1, RandomDelta(spec.params, 0, 1), 1.0, deadline));
   ASSERT_TRUE(WaitFor(
       [&] {
         uint64_t round = 0;
@@ -172,12 +173,12 @@ TEST(ReproducibleE2eTest, AHealWhileTheShardMovesOnSkipsTheUpdateItHolds) {
   (*client)->CorruptNextUpdateForTesting();
   absl::StatusOr<uint64_t> applied =
       (*client)->ApplyUpdate(0, absl::MakeSpan(anchor));
-  ASSERT_TRUE(applied.ok()) << applied.status();
+  CO2_ASSERT_OK(applied);
   EXPECT_EQ(*applied, 2u);
   EXPECT_EQ((*client)->stats().anchor_mismatches, 1u);
-  ASSERT_TRUE((*client)->WaitForUpdate(1, deadline).ok());
+  CO2_ASSERT_OK((*client)->WaitForUpdate(1, deadline));
   applied = (*client)->ApplyUpdate(1, absl::MakeSpan(anchor));
-  ASSERT_TRUE(applied.ok()) << applied.status();
+  CO2_ASSERT_OK(applied);
   EXPECT_EQ((*client)->stats().anchor_mismatches, 1u) << "checked, not added";
   uint64_t round = 0;
   const std::vector<float> shards = cluster.Anchor("ahead", &round);
@@ -185,7 +186,7 @@ TEST(ReproducibleE2eTest, AHealWhileTheShardMovesOnSkipsTheUpdateItHolds) {
   EXPECT_EQ(
       std::memcmp(shards.data(), anchor.data(), anchor.size() * sizeof(float)),
       0);
-  EXPECT_TRUE((*client)->Leave(absl::Now() + kTimeout).ok());
+  CO2_EXPECT_OK((*client)->Leave(absl::Now() + kTimeout));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "server/job/round_deadline.h"
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -76,7 +77,7 @@ TEST(RoundDeadlineTest, ClampedToFloorAndTimeout) {
 
 TEST(RoundDeadlineTest, BadOptionsAreNamed) {
   RoundDeadlineOptions o = Adaptive();
-  EXPECT_TRUE(ValidateRoundDeadlineOptions(o).ok());
+  CO2_EXPECT_OK(ValidateRoundDeadlineOptions(o));
   o.factor = 0.5;
   EXPECT_NE(ValidateRoundDeadlineOptions(o).message().find("factor"),
             std::string::npos);

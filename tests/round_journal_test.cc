@@ -11,14 +11,13 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::server {
 namespace {
 
-std::string TempDir() {
-  char pattern[] = "/tmp/co2-journal-XXXXXX";
-  return mkdtemp(pattern);
-}
+using ::co2::testing::TempDir;
 
 // A chunk's state and update, with values that tell chunks apart.
 struct Chunk {
@@ -60,38 +59,40 @@ off_t FileSize(const std::string& path) {
 }
 
 TEST(RoundJournalTest, AppendedChunksLoadBackBitForBit) {
-  const std::string path = TempDir() + "/job.journal";
+  const TempDir temp_dir("co2-journal");
+  const std::string path = temp_dir.path() + "/job.journal";
   const Chunk a(0, 1000, true), b(3, 500, true), c(1, 1000, true);
   RoundJournal journal(path);
-  ASSERT_TRUE(journal.Append(5, {a.View(), b.View()}).ok());
-  ASSERT_TRUE(journal.Append(5, {c.View()}).ok());
+  CO2_ASSERT_OK(journal.Append(5, {a.View(), b.View()}));
+  CO2_ASSERT_OK(journal.Append(5, {c.View()}));
   auto loaded = RoundJournal::Load(path, 5);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  CO2_ASSERT_OK(loaded);
   ASSERT_EQ(loaded->size(), 3u);
   a.ExpectLoaded((*loaded)[0], 5);
   b.ExpectLoaded((*loaded)[1], 5);
   c.ExpectLoaded((*loaded)[2], 5);
   // Another round's restore takes none of them.
   auto other = RoundJournal::Load(path, 6);
-  ASSERT_TRUE(other.ok());
+  CO2_ASSERT_OK(other);
   EXPECT_TRUE(other->empty());
   // No file: nothing to restore.
   auto none = RoundJournal::Load(path + ".missing", 5);
-  ASSERT_TRUE(none.ok()) << none.status();
+  CO2_ASSERT_OK(none);
   EXPECT_TRUE(none->empty());
 }
 
 TEST(RoundJournalTest, ARecordCutShortOrCorruptedEndsTheJournal) {
-  const std::string path = TempDir() + "/job.journal";
+  const TempDir temp_dir("co2-journal");
+  const std::string path = temp_dir.path() + "/job.journal";
   const Chunk a(0, 1000, false), b(1, 1000, false);
   {
     RoundJournal journal(path);
-    ASSERT_TRUE(journal.Append(2, {a.View(), b.View()}).ok());
+    CO2_ASSERT_OK(journal.Append(2, {a.View(), b.View()}));
   }
   const off_t whole = FileSize(path);
   ASSERT_EQ(truncate(path.c_str(), whole - 3), 0);  // a crash mid-write
   auto loaded = RoundJournal::Load(path, 2);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  CO2_ASSERT_OK(loaded);
   ASSERT_EQ(loaded->size(), 1u);
   a.ExpectLoaded((*loaded)[0], 2);
   {
@@ -100,39 +101,41 @@ TEST(RoundJournalTest, ARecordCutShortOrCorruptedEndsTheJournal) {
     f.put('\x7f');  // inside a's anchor
   }
   loaded = RoundJournal::Load(path, 2);
-  ASSERT_TRUE(loaded.ok());
+  CO2_ASSERT_OK(loaded);
   EXPECT_TRUE(loaded->empty()) << "a record failing its CRC is not used";
 }
 
 TEST(RoundJournalTest, ANewRoundEmptiesItAndAClearRemovesIt) {
-  const std::string path = TempDir() + "/job.journal";
+  const TempDir temp_dir("co2-journal");
+  const std::string path = temp_dir.path() + "/job.journal";
   const Chunk a(0, 100, false), b(1, 100, false);
   RoundJournal journal(path);
-  ASSERT_TRUE(journal.Append(1, {a.View()}).ok());
-  ASSERT_TRUE(journal.Append(2, {b.View()}).ok());
+  CO2_ASSERT_OK(journal.Append(1, {a.View()}));
+  CO2_ASSERT_OK(journal.Append(2, {b.View()}));
   EXPECT_TRUE(RoundJournal::Load(path, 1)->empty());
   ASSERT_EQ(RoundJournal::Load(path, 2)->size(), 1u);
   b.ExpectLoaded((*RoundJournal::Load(path, 2))[0], 2);
-  ASSERT_TRUE(journal.Clear().ok());
+  CO2_ASSERT_OK(journal.Clear());
   EXPECT_NE(access(path.c_str(), F_OK), 0) << "no empty file is left behind";
-  ASSERT_TRUE(journal.Append(2, {a.View()}).ok());
+  CO2_ASSERT_OK(journal.Append(2, {a.View()}));
   ASSERT_EQ(RoundJournal::Load(path, 2)->size(), 1u);
 
   // A later process (a restarted shard) removes what an earlier one left
   // by Clear, or empties it by its first Append.
   RoundJournal restarted(path);
-  ASSERT_TRUE(restarted.Clear().ok());
+  CO2_ASSERT_OK(restarted.Clear());
   EXPECT_NE(access(path.c_str(), F_OK), 0);
   RoundJournal earlier(path);
-  ASSERT_TRUE(earlier.Append(3, {a.View()}).ok());
+  CO2_ASSERT_OK(earlier.Append(3, {a.View()}));
   RoundJournal again(path);
-  ASSERT_TRUE(again.Append(3, {b.View()}).ok());
+  CO2_ASSERT_OK(again.Append(3, {b.View()}));
   ASSERT_EQ(RoundJournal::Load(path, 3)->size(), 1u);
   b.ExpectLoaded((*RoundJournal::Load(path, 3))[0], 3);
 }
 
 TEST(RoundJournalTest, AFailedAppendSaysWhichFileAndWhy) {
-  const std::string dir = TempDir();
+  const TempDir temp_dir("co2-journal");
+  const std::string dir = temp_dir.path();
   RoundJournal nowhere(dir + "/no-such-directory/job.journal");
   const absl::Status missing = nowhere.Append(0, {Chunk(0, 10, false).View()});
   EXPECT_EQ(missing.code(), absl::StatusCode::kUnavailable);
@@ -148,12 +151,12 @@ TEST(RoundJournalTest, AFailedAppendSaysWhichFileAndWhy) {
   const std::string path = small + "/job.journal";
   const Chunk fits(0, 1000, false), too_big(1, 100000, false);
   RoundJournal journal(path);
-  ASSERT_TRUE(journal.Append(4, {fits.View()}).ok());
+  CO2_ASSERT_OK(journal.Append(4, {fits.View()}));
   const absl::Status full = journal.Append(4, {too_big.View()});
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
   EXPECT_TRUE(absl::StrContains(full.message(), path)) << full;
   auto loaded = RoundJournal::Load(path, 4);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  CO2_ASSERT_OK(loaded);
   ASSERT_EQ(loaded->size(), 1u);
   fits.ExpectLoaded((*loaded)[0], 4);
   umount(small.c_str());

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job/round_state.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -44,7 +45,7 @@ class RoundOutliersTest : public ::testing::Test {
                    absl::MakeSpan(bytes.data(), bytes.size()));
     const auto added = state_->AddChunk(Name(i), round, 0,
                                         common::Codec::kFp32, bytes, weight);
-    ASSERT_TRUE(added.ok()) << added.status();
+    CO2_ASSERT_OK(added);
   }
   // Closes the round; every element of its mean must be `expected` (within
   // `tolerance`: 0 is exactly).

@@ -23,6 +23,7 @@
 #include "common/layout.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -81,7 +82,7 @@ class RoundStateTest : public ::testing::Test {
     for (uint32_t c = 0; c < state_->num_chunks(); ++c) {
       absl::StatusOr<ChunkOutcome> out =
           Send(worker, round, c, value, weight, codec);
-      ASSERT_TRUE(out.ok()) << out.status();
+      CO2_ASSERT_OK(out);
       EXPECT_FALSE(out->duplicate);
       EXPECT_FALSE(out->folded);
     }
@@ -190,7 +191,7 @@ TEST_F(RoundStateTest, EveryArrivalOrderGivesTheSameMean) {
       absl::StatusOr<ChunkOutcome> out =
           state_->AddChunk(absl::StrCat("w", k), round, chunk, Codec::kFp32,
                            payloads[round % 3][k][chunk], weights[k]);
-      ASSERT_TRUE(out.ok()) << out.status();
+      CO2_ASSERT_OK(out);
     }
     std::optional<ClosedRound> closed = state_->TryClose();
     ASSERT_TRUE(closed.has_value()) << "round " << round;
@@ -217,20 +218,20 @@ TEST_F(RoundStateTest, DuplicatesAreNotCounted) {
   Init(2 * kChunkElements);
   state_->AddWorker("a", 0);
   state_->AddWorker("b", 0);
-  ASSERT_TRUE(Send("a", 0, 0, Constant(1)).ok());
+  CO2_ASSERT_OK(Send("a", 0, 0, Constant(1)));
   absl::StatusOr<ChunkOutcome> dup = Send("a", 0, 0, Constant(100));
-  ASSERT_TRUE(dup.ok());
+  CO2_ASSERT_OK(dup);
   EXPECT_TRUE(dup->duplicate);
   EXPECT_FALSE(dup->folded);
-  ASSERT_TRUE(Send("a", 0, 1, Constant(1)).ok());
+  CO2_ASSERT_OK(Send("a", 0, 1, Constant(1)));
   // A resend of round 1 before round 0 closes, too.
-  ASSERT_TRUE(Send("a", 1, 0, Constant(6)).ok());
+  CO2_ASSERT_OK(Send("a", 1, 0, Constant(6)));
   EXPECT_TRUE(Send("a", 1, 0, Constant(100))->duplicate);
   // A duplicate does not make "b" complete.
-  ASSERT_TRUE(Send("b", 0, 0, Constant(3)).ok());
+  CO2_ASSERT_OK(Send("b", 0, 0, Constant(3)));
   EXPECT_TRUE(Send("b", 0, 0, Constant(3))->duplicate);
   EXPECT_FALSE(state_->TryClose().has_value());
-  ASSERT_TRUE(Send("b", 0, 1, Constant(3)).ok());
+  CO2_ASSERT_OK(Send("b", 0, 1, Constant(3)));
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->contributors, 2u);
@@ -239,12 +240,12 @@ TEST_F(RoundStateTest, DuplicatesAreNotCounted) {
   // After close: a resend of a counted round-0 chunk is still a duplicate,
   // not a late chunk to fold.
   absl::StatusOr<ChunkOutcome> late_dup = Send("b", 0, 1, Constant(100));
-  ASSERT_TRUE(late_dup.ok());
+  CO2_ASSERT_OK(late_dup);
   EXPECT_TRUE(late_dup->duplicate);
   EXPECT_FALSE(late_dup->folded);
 
   SendAll("b", 1, Constant(2));
-  ASSERT_TRUE(Send("a", 1, 1, Constant(6)).ok());
+  CO2_ASSERT_OK(Send("a", 1, 1, Constant(6)));
   closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->round, 1u);
@@ -280,11 +281,11 @@ TEST_F(RoundStateTest, ResendOfFoldedChunkIsDuplicate) {
   SendAll("a", 0, Constant(1));
   ASSERT_TRUE(state_->TryClose().has_value());
   absl::StatusOr<ChunkOutcome> folded = Send("b", 0, 1, Constant(7));
-  ASSERT_TRUE(folded.ok());
+  CO2_ASSERT_OK(folded);
   EXPECT_TRUE(folded->folded);
   EXPECT_FALSE(folded->duplicate);
   absl::StatusOr<ChunkOutcome> again = Send("b", 0, 1, Constant(100));
-  ASSERT_TRUE(again.ok());
+  CO2_ASSERT_OK(again);
   EXPECT_TRUE(again->duplicate);
   SendAll("a", 1, Constant(1));
   SendAll("b", 1, Constant(1));
@@ -299,14 +300,14 @@ TEST_F(RoundStateTest, RejoinKeepsDuplicateDetection) {
   Init(2 * kChunkElements);
   state_->AddWorker("a", 0);
   state_->AddWorker("b", 0);
-  ASSERT_TRUE(Send("a", 0, 0, Constant(1)).ok());
+  CO2_ASSERT_OK(Send("a", 0, 0, Constant(1)));
   state_->RemoveWorker("a");
   EXPECT_FALSE(state_->IsLive("a"));
   state_->AddWorker("a", 0);  // restart: resends the in-flight round
   EXPECT_TRUE(state_->IsLive("a"));
   EXPECT_EQ(state_->live_workers(), 2u);
   EXPECT_TRUE(Send("a", 0, 0, Constant(100))->duplicate);
-  ASSERT_TRUE(Send("a", 0, 1, Constant(1)).ok());
+  CO2_ASSERT_OK(Send("a", 0, 1, Constant(1)));
   SendAll("b", 0, Constant(3));
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
@@ -320,7 +321,7 @@ TEST_F(RoundStateTest, LateChunkIsFoldedIntoNextRoundWithItsWeight) {
   state_->AddWorker("a", 0);
   state_->AddWorker("b", 0);
   SendAll("a", 0, Constant(1), /*weight=*/1);
-  ASSERT_TRUE(Send("b", 0, 0, Constant(4), /*weight=*/3).ok());
+  CO2_ASSERT_OK(Send("b", 0, 0, Constant(4), /*weight=*/3));
   clock_.Advance(kTimeout);
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
@@ -333,15 +334,15 @@ TEST_F(RoundStateTest, LateChunkIsFoldedIntoNextRoundWithItsWeight) {
 
   // b's chunk 1 of round 0 arrives during round 1: folded, weight 3.
   absl::StatusOr<ChunkOutcome> late = Send("b", 0, 1, Constant(8), 3);
-  ASSERT_TRUE(late.ok()) << late.status();
+  CO2_ASSERT_OK(late);
   EXPECT_TRUE(late->folded);
   EXPECT_FALSE(late->duplicate);
   // A folded chunk neither starts the deadline nor completes b for round 1.
   EXPECT_FALSE(state_->Deadline().has_value());
   SendAll("a", 1, Constant(2), 1);
-  ASSERT_TRUE(Send("b", 1, 0, Constant(0), 1).ok());
+  CO2_ASSERT_OK(Send("b", 1, 0, Constant(0), 1));
   EXPECT_FALSE(state_->TryClose().has_value());
-  ASSERT_TRUE(Send("b", 1, 1, Constant(0), 1).ok());
+  CO2_ASSERT_OK(Send("b", 1, 1, Constant(0), 1));
   closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->round, 1u);
@@ -361,10 +362,10 @@ TEST_F(RoundStateTest, AChunkEveryRequiredWorkerSentIsTakenAheadOnce) {
   state_->AddWorker("b", 0);
   state_->AddWorker("later", 1);  // not required for round 0
   EXPECT_TRUE(state_->TakeCompleteChunks().empty());
-  ASSERT_TRUE(Send("a", 0, 0, Constant(1)).ok());
-  ASSERT_TRUE(Send("a", 0, 1, Constant(1)).ok());
+  CO2_ASSERT_OK(Send("a", 0, 0, Constant(1)));
+  CO2_ASSERT_OK(Send("a", 0, 1, Constant(1)));
   EXPECT_TRUE(state_->TakeCompleteChunks().empty()) << "b has sent nothing";
-  ASSERT_TRUE(Send("b", 0, 1, Constant(3), /*weight=*/3).ok());
+  CO2_ASSERT_OK(Send("b", 0, 1, Constant(3), /*weight=*/3));
   std::vector<CompleteChunk> taken = state_->TakeCompleteChunks();
   ASSERT_EQ(taken.size(), 1u);
   EXPECT_EQ(taken[0].chunk_index, 1u);
@@ -374,9 +375,9 @@ TEST_F(RoundStateTest, AChunkEveryRequiredWorkerSentIsTakenAheadOnce) {
   EXPECT_FALSE(state_->TryClose().has_value());
 
   // The rest of the round closes as usual; the taken chunk is not in it.
-  ASSERT_TRUE(Send("b", 0, 0, Constant(3)).ok());
-  ASSERT_TRUE(Send("b", 0, 2, Constant(3)).ok());
-  ASSERT_TRUE(Send("a", 0, 2, Constant(1)).ok());
+  CO2_ASSERT_OK(Send("b", 0, 0, Constant(3)));
+  CO2_ASSERT_OK(Send("b", 0, 2, Constant(3)));
+  CO2_ASSERT_OK(Send("a", 0, 2, Constant(1)));
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->contributors, 2u);
@@ -409,7 +410,7 @@ TEST_F(RoundStateTest, AContributionToATakenChunkIsFoldedIntoTheNextRound) {
   // and counts there with its weight.
   state_->AddWorker("b", 0);
   absl::StatusOr<ChunkOutcome> late = Send("b", 0, 0, Constant(7), 2);
-  ASSERT_TRUE(late.ok()) << late.status();
+  CO2_ASSERT_OK(late);
   EXPECT_TRUE(late->folded);
   EXPECT_TRUE(state_->TakeCompleteChunks().empty());
   state_->RemoveWorker("b");
@@ -431,9 +432,9 @@ TEST_F(RoundStateTest, ARestoredTakenChunkKnowsItsSenders) {
   Init(2 * kChunkElements);
   state_->AddWorker("a", 0);
   state_->AddWorker("b", 0);
-  ASSERT_TRUE(Send("a", 0, 0, Constant(1), 2).ok());
-  ASSERT_TRUE(Send("b", 0, 0, Constant(3), 6).ok());
-  ASSERT_TRUE(Send("a", 0, 1, Constant(1), 2).ok());
+  CO2_ASSERT_OK(Send("a", 0, 0, Constant(1), 2));
+  CO2_ASSERT_OK(Send("b", 0, 0, Constant(3), 6));
+  CO2_ASSERT_OK(Send("a", 0, 1, Constant(1), 2));
   ASSERT_EQ(state_->TakeCompleteChunks().size(), 1u);
   std::vector<ChunkSender> senders = state_->SendersOf(0);
   std::sort(senders.begin(), senders.end(),
@@ -452,14 +453,14 @@ TEST_F(RoundStateTest, ARestoredTakenChunkKnowsItsSenders) {
   for (const char* w : {"a", "b", "c"}) state_->AddWorker(w, 0);
   state_->RestoreTakenChunk(0, senders);
   absl::StatusOr<ChunkOutcome> resent = Send("a", 0, 0, Constant(1), 2);
-  ASSERT_TRUE(resent.ok()) << resent.status();
+  CO2_ASSERT_OK(resent);
   EXPECT_TRUE(resent->duplicate);
   absl::StatusOr<ChunkOutcome> other = Send("c", 0, 0, Constant(5));
-  ASSERT_TRUE(other.ok()) << other.status();
+  CO2_ASSERT_OK(other);
   EXPECT_TRUE(other->folded) << "chunk 0 of round 0 was stepped already";
   state_->RemoveWorker("c");
-  ASSERT_TRUE(Send("a", 0, 1, Constant(1), 2).ok());
-  ASSERT_TRUE(Send("b", 0, 1, Constant(1), 6).ok());
+  CO2_ASSERT_OK(Send("a", 0, 1, Constant(1), 2));
+  CO2_ASSERT_OK(Send("b", 0, 1, Constant(1), 6));
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->contributors, 2u);
@@ -473,7 +474,7 @@ TEST_F(RoundStateTest, AWorkerThatLeavesCompletesTheChunksItDidNotSend) {
   state_->AddWorker("a", 0);
   state_->AddWorker("b", 0);
   SendAll("a", 0, Constant(1));
-  ASSERT_TRUE(Send("b", 0, 0, Constant(3)).ok());
+  CO2_ASSERT_OK(Send("b", 0, 0, Constant(3)));
   std::vector<CompleteChunk> taken = state_->TakeCompleteChunks();
   ASSERT_EQ(taken.size(), 1u);
   EXPECT_EQ(taken[0].chunk_index, 0u);
@@ -533,7 +534,7 @@ TEST_F(RoundStateTest, SumsThatWouldOverflowAreRejectedBeforeCounting) {
   EXPECT_EQ(alone.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(alone.status().message(),
               HasSubstr("worker \"a\" round 0 chunk 0"));
-  ASSERT_TRUE(Send("a", 0, 0, Constant(3e38f)).ok());
+  CO2_ASSERT_OK(Send("a", 0, 0, Constant(3e38f)));
   absl::StatusOr<ChunkOutcome> sum = Send("b", 0, 0, [](size_t i) {
     return i == 17 ? 3e38f : 1.0f;
   });
@@ -544,7 +545,7 @@ TEST_F(RoundStateTest, SumsThatWouldOverflowAreRejectedBeforeCounting) {
   // Nothing of the refused chunk was counted: b's valid resend is new, and
   // the mean holds only what was accepted.
   absl::StatusOr<ChunkOutcome> resend = Send("b", 0, 0, Constant(-1e38f));
-  ASSERT_TRUE(resend.ok()) << resend.status();
+  CO2_ASSERT_OK(resend);
   EXPECT_FALSE(resend->duplicate);
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
@@ -579,8 +580,8 @@ TEST_F(RoundStateTest, ExactSumsTakeWhatWouldOverflowFp32) {
   Init(1000);
   state_->AddWorker("a", 0);
   state_->AddWorker("b", 0);
-  ASSERT_TRUE(Send("a", 0, 0, Constant(FLT_MAX), 2.0).ok());
-  ASSERT_TRUE(Send("b", 0, 0, Constant(3e38f)).ok());
+  CO2_ASSERT_OK(Send("a", 0, 0, Constant(FLT_MAX), 2.0));
+  CO2_ASSERT_OK(Send("b", 0, 0, Constant(3e38f)));
   std::optional<ClosedRound> closed = state_->TryClose();
   ASSERT_TRUE(closed.has_value());
   ExpectMean(Flat(*closed),
@@ -630,10 +631,8 @@ TEST_F(RoundStateTest, AnyArrivalOrderGivesTheSameBitsWithExactSums) {
       std::shuffle(chunks.begin(), chunks.end(), rng);
       std::vector<std::vector<float>> mean(state_->num_chunks());
       for (const Chunk& chunk : chunks) {
-        EXPECT_TRUE(state_
-                        ->AddChunk(chunk.worker, 0, chunk.index, chunk.codec,
-                                   chunk.bytes, chunk.weight)
-                        .ok());
+        CO2_EXPECT_OK(state_->AddChunk(chunk.worker, 0, chunk.index,
+                                       chunk.codec, chunk.bytes, chunk.weight));
         if (rng() % 2 == 0) {
           for (CompleteChunk& taken : state_->TakeCompleteChunks()) {
             mean[taken.chunk_index] = std::move(taken.mean);
@@ -690,7 +689,7 @@ TEST_F(RoundStateTest, PartialContributionClosesAtDeadlineWithQuorum) {
   clock_.Advance(absl::Seconds(2));
   SendAll("b", 0, Constant(2));
   EXPECT_EQ(state_->Deadline(), start + absl::Seconds(1) + kTimeout);
-  ASSERT_TRUE(Send("c", 0, 1, Constant(6)).ok());
+  CO2_ASSERT_OK(Send("c", 0, 1, Constant(6)));
   EXPECT_FALSE(state_->TryClose().has_value());
   clock_.Advance(kTimeout - absl::Seconds(2) - absl::Nanoseconds(1));
   EXPECT_FALSE(state_->TryClose().has_value());
@@ -809,7 +808,7 @@ TEST_F(RoundStateTest, DeadlineWithoutQuorumCountsOneMissThenCloses) {
 TEST_F(RoundStateTest, NeverClosesWithoutACompleteContribution) {
   Init(2 * kChunkElements, /*min_workers=*/0);
   state_->AddWorker("a", 0);
-  ASSERT_TRUE(Send("a", 0, 0, Constant(1)).ok());
+  CO2_ASSERT_OK(Send("a", 0, 0, Constant(1)));
   clock_.Advance(kTimeout);
   EXPECT_FALSE(state_->TryClose().has_value());
   EXPECT_EQ(state_->quorum_misses(), 1u);
@@ -897,7 +896,7 @@ TEST_F(RoundStateTest, RemoveWorkerCompletesTheRound) {
   state_->AddWorker("a", 0);
   state_->AddWorker("b", 0);
   SendAll("a", 0, Constant(1));
-  ASSERT_TRUE(Send("b", 0, 0, Constant(5)).ok());
+  CO2_ASSERT_OK(Send("b", 0, 0, Constant(5)));
   EXPECT_FALSE(state_->TryClose().has_value());
   state_->RemoveWorker("b");
   EXPECT_EQ(state_->live_workers(), 1u);
@@ -1015,7 +1014,7 @@ TEST_F(RoundStateTest, RejectsRoundsOutsideTheWindow) {
             "round 12 is ahead of open round 7 (accepted 6..8)");
   ahead = Send("a", 9, 0, Constant(1));
   EXPECT_EQ(ahead.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(Send("a", 8, 0, Constant(1)).ok());
+  CO2_EXPECT_OK(Send("a", 8, 0, Constant(1)));
   EXPECT_TRUE(Send("a", 6, 0, Constant(1))->duplicate);
 }
 
@@ -1082,7 +1081,7 @@ TEST_F(RoundStateTest, RejectsBadChunkIndexWeightAndPayload) {
 
   // Nothing above was counted: the valid chunk is new.
   out = add(0, 1.0, one_chunk);
-  ASSERT_TRUE(out.ok()) << out.status();
+  CO2_ASSERT_OK(out);
   EXPECT_FALSE(out->duplicate);
 }
 

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "tests/byte_pieces.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -21,7 +22,7 @@ TEST(RpcWireTest, ARequestInSeveralSlicesParses) {
   request.set_resume_round(12);
   const std::string bytes = request.SerializeAsString();
   v1::JoinRequest parsed;
-  ASSERT_TRUE(ParseRequest(InSlices(bytes, {1, 5}), &parsed).ok());
+  CO2_ASSERT_OK(ParseRequest(InSlices(bytes, {1, 5}), &parsed));
   EXPECT_EQ(parsed.SerializeAsString(), bytes);
   EXPECT_TRUE(parsed.has_resume_round());
 }

@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::client {
 namespace {
@@ -40,13 +42,13 @@ RankReport MakeRank(int worker, int local_rank, int rounds) {
 }
 
 TEST(RunReportTest, RankReportRoundTrips) {
-  std::string dir = ::testing::TempDir() + "/run_report_test.XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const co2::testing::TempDir temp_dir("run_report_test");
+  const std::string& dir = temp_dir.path();
   const std::string path = dir + "/rank.json";
   const RankReport original = MakeRank(1, 0, 3);
-  ASSERT_TRUE(WriteRankReport(path, original).ok());
+  CO2_ASSERT_OK(WriteRankReport(path, original));
   auto read = ReadRankReport(path);
-  ASSERT_TRUE(read.ok()) << read.status();
+  CO2_ASSERT_OK(read);
   EXPECT_EQ(read->worker, 1);
   EXPECT_TRUE(read->leader);
   EXPECT_EQ(read->bytes_sent, 1000u);
@@ -60,9 +62,9 @@ TEST(RunReportTest, RankReportRoundTrips) {
 }
 
 TEST(RunReportTest, ReadRejectsGarbage) {
-  std::string dir = ::testing::TempDir() + "/run_report_test.XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  ASSERT_TRUE(WriteFileAtomically(dir + "/bad.json", "{not json").ok());
+  const co2::testing::TempDir temp_dir("run_report_test");
+  const std::string& dir = temp_dir.path();
+  CO2_ASSERT_OK(WriteFileAtomically(dir + "/bad.json", "{not json"));
   EXPECT_EQ(ReadRankReport(dir + "/bad.json").status().code(),
             absl::StatusCode::kDataLoss);
   EXPECT_EQ(ReadRankReport(dir + "/missing.json").status().code(),
@@ -74,7 +76,7 @@ TEST(RunReportTest, SummarizeMergesAndChecksConsistency) {
   std::vector<RankReport> ranks = {MakeRank(0, 0, 4), MakeRank(0, 1, 4),
                                    MakeRank(1, 0, 4), MakeRank(1, 1, 4)};
   auto summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   EXPECT_EQ(summary->rounds, 4);
   EXPECT_TRUE(summary->params_identical);
   EXPECT_EQ(summary->bytes_sent, 2000u);
@@ -86,7 +88,7 @@ TEST(RunReportTest, SummarizeMergesAndChecksConsistency) {
 
   ranks[3].rounds[2].params_hash = "other";
   summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok());
+  CO2_ASSERT_OK(summary);
   EXPECT_FALSE(summary->params_identical);
   EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("round 2"));
 
@@ -99,12 +101,12 @@ TEST(RunReportTest, ARestartedRankReportsTheRoundsFromItsRejoin) {
   std::vector<RankReport> ranks = {MakeRank(0, 0, 4), MakeRank(1, 0, 4)};
   ranks[0].rounds.erase(ranks[0].rounds.begin(), ranks[0].rounds.begin() + 2);
   auto summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   EXPECT_EQ(summary->rounds, 4);
   EXPECT_TRUE(summary->params_identical) << summary->first_difference;
   ranks[0].rounds[1].params_hash = "other";
   summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok());
+  CO2_ASSERT_OK(summary);
   EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("round 3"));
   ranks[0].rounds.erase(ranks[0].rounds.begin());
   ranks[0].rounds.push_back(ranks[0].rounds[0]);  // rounds 3, 3: a gap
@@ -123,24 +125,24 @@ TEST(RunReportTest, AHealedRankSkipsToTheRoundItContinuedAt) {
   healed[1].heal_reason = "behind";
   healed[1].params_hash = "h3";
   auto summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   EXPECT_EQ(summary->rounds, 6);
   EXPECT_TRUE(summary->params_identical) << summary->first_difference;
   healed[1].params_hash = "h1";  // what it held before: not the anchor of 4
   summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok());
+  CO2_ASSERT_OK(summary);
   EXPECT_FALSE(summary->params_identical);
   EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("round 1"));
   healed[1].healed_to.reset();  // the same gap without a heal
   EXPECT_EQ(Summarize(ranks).status().code(),
             absl::StatusCode::kInvalidArgument);
 
-  std::string dir = ::testing::TempDir() + "/run_report_test.XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  const co2::testing::TempDir temp_dir("run_report_test");
+  const std::string& dir = temp_dir.path();
   healed[1].healed_to = 4;
-  ASSERT_TRUE(WriteRankReport(dir + "/rank.json", ranks[1]).ok());
+  CO2_ASSERT_OK(WriteRankReport(dir + "/rank.json", ranks[1]));
   auto read = ReadRankReport(dir + "/rank.json");
-  ASSERT_TRUE(read.ok()) << read.status();
+  CO2_ASSERT_OK(read);
   EXPECT_EQ(read->rounds[1].healed_to, 4u);
   EXPECT_EQ(read->rounds[1].heal_reason, "behind");
   EXPECT_FALSE(read->rounds[0].healed_to.has_value());
@@ -158,7 +160,7 @@ TEST(RunReportTest, ARankThatLeftEndsEarlyWithItsOwnFinalModel) {
   left.final_hash = "h3";
   left.left_at = 4;
   auto summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   EXPECT_EQ(summary->rounds, 6);
   EXPECT_TRUE(summary->params_identical) << summary->first_difference;
   left.left_at = 5;  // its last round would be 4
@@ -170,21 +172,21 @@ TEST(RunReportTest, ARankThatLeftEndsEarlyWithItsOwnFinalModel) {
   left.left_at = 4;
   ranks[1].final_hash = "g";  // the workers that stayed disagree
   summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok());
+  CO2_ASSERT_OK(summary);
   EXPECT_FALSE(summary->params_identical);
   EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("worker 1"));
   EXPECT_THAT(summary->first_difference,
               ::testing::Not(::testing::HasSubstr("worker 2")));
 
-  std::string dir = ::testing::TempDir() + "/run_report_test.XXXXXX";
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  ASSERT_TRUE(WriteRankReport(dir + "/rank.json", left).ok());
+  const co2::testing::TempDir temp_dir("run_report_test");
+  const std::string& dir = temp_dir.path();
+  CO2_ASSERT_OK(WriteRankReport(dir + "/rank.json", left));
   auto read = ReadRankReport(dir + "/rank.json");
-  ASSERT_TRUE(read.ok()) << read.status();
+  CO2_ASSERT_OK(read);
   EXPECT_EQ(read->left_at, 4u);
-  ASSERT_TRUE(WriteRankReport(dir + "/rank.json", ranks[0]).ok());
+  CO2_ASSERT_OK(WriteRankReport(dir + "/rank.json", ranks[0]));
   read = ReadRankReport(dir + "/rank.json");
-  ASSERT_TRUE(read.ok()) << read.status();
+  CO2_ASSERT_OK(read);
   EXPECT_FALSE(read->left_at.has_value());
   std::filesystem::remove_all(dir);
 }
@@ -203,13 +205,13 @@ TEST(RunReportTest, ARoundOnlyAShorterRankRanIsCountedAndCompared) {
   healed[4].healed_to = 6;
   healed[4].params_hash = "h5";
   auto summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   EXPECT_EQ(summary->rounds, 7);
   EXPECT_TRUE(summary->params_identical) << summary->first_difference;
   // A wrong hash in the round only worker 0 ran ...
   ranks[0].rounds[3].params_hash = "bad";  // rounds 2 3 4 5 6
   summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   EXPECT_FALSE(summary->params_identical);
   EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("round 5: "));
   EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("(bad)"));
@@ -217,7 +219,7 @@ TEST(RunReportTest, ARoundOnlyAShorterRankRanIsCountedAndCompared) {
   ranks[0].rounds[3].params_hash = "h5";
   healed[4].params_hash = "bad";
   summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   EXPECT_FALSE(summary->params_identical);
   EXPECT_THAT(summary->first_difference,
               ::testing::HasSubstr("worker 1 rank 0 (bad, healed at round 4 "
@@ -226,10 +228,10 @@ TEST(RunReportTest, ARoundOnlyAShorterRankRanIsCountedAndCompared) {
   // The merged report's round count and curve.
   healed[4].params_hash = "h5";
   summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   const std::string json = MergedReportJson(RunInfo{}, ranks, *summary);
   google::protobuf::Struct doc;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &doc).ok())
+  CO2_ASSERT_OK(google::protobuf::util::JsonStringToMessage(json, &doc))
       << json;
   EXPECT_EQ(doc.fields().at("rounds").number_value(), 7);
   const auto& curve = doc.fields().at("curve").list_value();
@@ -250,7 +252,7 @@ TEST(RunReportTest, ARankThatHealedInFinishEndsWithTheFinalAnchor) {
   ranks[1].rounds.back().healed_to = 7;
   ranks[1].rounds.back().heal_reason = "behind";
   auto summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   EXPECT_TRUE(summary->params_identical) << summary->first_difference;
   ranks[1].rounds.back().healed_to.reset();  // the same end without a heal
   EXPECT_EQ(Summarize(ranks).status().code(),
@@ -265,13 +267,13 @@ TEST(RunReportTest, ARankRestartedAfterTheLastRoundReportsNone) {
   std::vector<RankReport> ranks = {MakeRank(0, 0, 0), MakeRank(1, 0, 4)};
   ranks[0].rounds.clear();
   auto summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   EXPECT_EQ(summary->rounds, 4);
   EXPECT_TRUE(summary->params_identical) << summary->first_difference;
   EXPECT_DOUBLE_EQ(summary->final_loss, 2.0 - 0.3 + 1.0);
   const std::string json = MergedReportJson(RunInfo{}, ranks, *summary);
   google::protobuf::Struct doc;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &doc).ok())
+  CO2_ASSERT_OK(google::protobuf::util::JsonStringToMessage(json, &doc))
       << json;
   const auto& curve = doc.fields().at("curve").list_value();
   ASSERT_EQ(curve.values_size(), 4);
@@ -281,7 +283,7 @@ TEST(RunReportTest, ARankRestartedAfterTheLastRoundReportsNone) {
 
   ranks[0].final_hash = "other";
   summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok());
+  CO2_ASSERT_OK(summary);
   EXPECT_FALSE(summary->params_identical);
   EXPECT_THAT(summary->first_difference, ::testing::HasSubstr("final model"));
   // Every rank with its hash, so that a user sees which one is off.
@@ -299,10 +301,10 @@ TEST(RunReportTest, CurveMatchesRoundsByNumber) {
   std::vector<RankReport> ranks = {MakeRank(0, 0, 4), MakeRank(1, 0, 4)};
   ranks[0].rounds.erase(ranks[0].rounds.begin(), ranks[0].rounds.begin() + 2);
   auto summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok()) << summary.status();
+  CO2_ASSERT_OK(summary);
   const std::string json = MergedReportJson(RunInfo{}, ranks, *summary);
   google::protobuf::Struct doc;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &doc).ok());
+  CO2_ASSERT_OK(google::protobuf::util::JsonStringToMessage(json, &doc));
   const auto& curve = doc.fields().at("curve").list_value();
   ASSERT_EQ(curve.values_size(), 4);
   const auto loss = [&](int i) {
@@ -316,14 +318,14 @@ TEST(RunReportTest, CurveMatchesRoundsByNumber) {
 TEST(RunReportTest, MergedReportIsWellFormedJson) {
   const std::vector<RankReport> ranks = {MakeRank(0, 0, 3), MakeRank(1, 0, 3)};
   auto summary = Summarize(ranks);
-  ASSERT_TRUE(summary.ok());
+  CO2_ASSERT_OK(summary);
   RunInfo info;
   info.settings["algo"] = "co2";
   info.wall_s = 12.5;
   info.aggregators = {"127.0.0.1:1234"};
   const std::string json = MergedReportJson(info, ranks, *summary);
   google::protobuf::Struct doc;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &doc).ok())
+  CO2_ASSERT_OK(google::protobuf::util::JsonStringToMessage(json, &doc))
       << json;
   EXPECT_EQ(doc.fields().at("wall_time_s").number_value(), 12.5);
   EXPECT_EQ(doc.fields().at("settings").struct_value().fields().at("algo")

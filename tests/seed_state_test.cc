@@ -1,13 +1,14 @@
 #include "server/job/seed_state.h"
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
 
 // Whether an accepted chunk was the last; fails the test on an error.
 bool Last(const absl::StatusOr<bool>& accepted) {
-  EXPECT_TRUE(accepted.ok()) << accepted.status();
+  CO2_EXPECT_OK(accepted);
   return accepted.value_or(false);
 }
 

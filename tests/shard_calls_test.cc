@@ -17,6 +17,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -101,7 +102,7 @@ TEST_F(ShardCallsTest, FetchWritesEveryChunkAndReturnsTheRound) {
   shard_.send_chunks = {2, 0, 1};  // any order
   std::vector<float> out(kElements, -1.0f);
   const absl::StatusOr<uint64_t> round = Fetch(out);
-  ASSERT_TRUE(round.ok()) << round.status();
+  CO2_ASSERT_OK(round);
   EXPECT_EQ(*round, 7u);
   EXPECT_EQ(out, shard_.anchor);
 }
@@ -139,7 +140,7 @@ TEST_F(ShardCallsTest, SeedSendsTheWholeRange) {
   const absl::StatusOr<uint64_t> round =
       SeedAnchor(stub_.get(), "job", "w0", /*anchor_round=*/4, anchor,
                  absl::Now() + absl::Seconds(10));
-  ASSERT_TRUE(round.ok()) << round.status();
+  CO2_ASSERT_OK(round);
   EXPECT_EQ(*round, 4u);
   EXPECT_EQ(shard_.seeded, anchor);
 }

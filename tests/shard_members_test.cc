@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::server {
 namespace {
@@ -14,14 +15,14 @@ constexpr absl::Duration kLease = absl::Seconds(10);
 TEST(ShardMembersTest, AddsUpToMaxWorkers) {
   ShardMembers members("job", 2, kLease, 3);
   bool added = false;
-  ASSERT_TRUE(members.Add("a", &added).ok());
+  CO2_ASSERT_OK(members.Add("a", &added));
   EXPECT_TRUE(added);
   added = false;
   auto again = members.Add("a", &added);
-  ASSERT_TRUE(again.ok());
+  CO2_ASSERT_OK(again);
   EXPECT_FALSE(added) << "a is already live";
   EXPECT_EQ(*again, members.Find("a"));
-  ASSERT_TRUE(members.Add("b", &added).ok());
+  CO2_ASSERT_OK(members.Add("b", &added));
   auto full = members.Add("c", &added);
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(full.status().message(),

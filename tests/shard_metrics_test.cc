@@ -22,6 +22,8 @@
 #include "prometheus/registry.h"
 #include "server/job/job_shard.h"
 #include "tests/job_shard_fixture.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2::server {
 namespace {
@@ -62,7 +64,7 @@ double Value(const prometheus::Registry& registry, const std::string& name,
              : m->gauge.value;
 }
 
-class ShardMetricsTest : public testing::Test {
+class ShardMetricsTest : public ::testing::Test {
  public:
   // Job "job" reporting to metrics_, "a" and "b" joined, A_0 = 10; its
   // JobConfig.outlier_ratio `k` (the default's holds the first two
@@ -75,7 +77,7 @@ class ShardMetricsTest : public testing::Test {
     config.set_outlier_ratio(k);
     auto seeded =
         shard_test::SeededShard(config, options, &clock_, {"a", "b"});
-    ASSERT_TRUE(seeded.ok()) << seeded.status();
+    CO2_ASSERT_OK(seeded);
     shard_ = *std::move(seeded);
   }
   double Get(const std::string& name,
@@ -93,12 +95,12 @@ TEST_F(ShardMetricsTest, RoundsBytesAndTheOuterStep) {
   Create(2);
   auto sink1 = std::make_shared<RecordingSink>();
   auto sink2 = std::make_shared<RecordingSink>();
-  EXPECT_TRUE(shard_->Subscribe(sink1, 0).ok());
-  EXPECT_TRUE(shard_->Subscribe(sink2, 0).ok());
+  CO2_EXPECT_OK(shard_->Subscribe(sink1, 0));
+  CO2_EXPECT_OK(shard_->Subscribe(sink2, 0));
   for (uint64_t r = 0; r < 3; ++r) {
     clock_.Advance(absl::Seconds(3));
-    ASSERT_TRUE(shard_->Contribute("a", Contribution(r, 1.0f)).ok());
-    ASSERT_TRUE(shard_->Contribute("b", Contribution(r, 3.0f)).ok());
+    CO2_ASSERT_OK(shard_->Contribute("a", Contribution(r, 1.0f)));
+    CO2_ASSERT_OK(shard_->Contribute("b", Contribution(r, 3.0f)));
     ASSERT_EQ(shard_->Poll(), 1);
   }
   EXPECT_EQ(Get("co2_aggregator_rounds_completed_total"), 3);
@@ -160,8 +162,8 @@ TEST_F(ShardMetricsTest, RejectionsAreCountedByReason) {
   EXPECT_EQ(reason("ahead"), 1);
 
   for (uint64_t r = 0; r < 3; ++r) {
-    ASSERT_TRUE(shard_->Contribute("a", Contribution(r, 1.0f)).ok());
-    ASSERT_TRUE(shard_->Contribute("b", Contribution(r, 1.0f)).ok());
+    CO2_ASSERT_OK(shard_->Contribute("a", Contribution(r, 1.0f)));
+    CO2_ASSERT_OK(shard_->Contribute("b", Contribution(r, 1.0f)));
     ASSERT_EQ(shard_->Poll(), 1);
   }
   EXPECT_EQ(shard_->Contribute("a", Contribution(0, 1.0f)).code(),
@@ -196,7 +198,7 @@ TEST_F(ShardMetricsTest, EvictedWorkersChunksHaveTheirOwnReason) {
 // rule, which would hold them and check them when they are added).
 TEST_F(ShardMetricsTest, OverflowingChunksAreRejectedLikeNaN) {
   Create(2, /*k=*/0);
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 3e38f)).ok());
+  CO2_ASSERT_OK(shard_->Contribute("a", Contribution(0, 3e38f)));
   for (int i = 0; i < 3; ++i) {
     const absl::Status s = shard_->Contribute("b", Contribution(0, 3e38f));
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
@@ -226,7 +228,7 @@ TEST(ShardMetricsReseedTest, ReseedsAreCountedByReason) {
   auto shard = *JobShard::Create("job", Config(1), options, &clock);
   ASSERT_TRUE(
       shard->Join("a", Config(1), common::Codec::kFp32, 3)->must_reseed);
-  ASSERT_TRUE(shard->SeedChunk("a", 0, 4, Fp32(1)).ok());
+  CO2_ASSERT_OK(shard->SeedChunk("a", 0, 4, Fp32(1)));
   EXPECT_EQ(Value(registry, "co2_aggregator_reseeds_total",
                   {{"co2_job", "job"}, {"reason", "missing"}}),
             1);
@@ -236,8 +238,8 @@ TEST(ShardMetricsReseedTest, ReseedsAreCountedByReason) {
 // every retry counts as no_space, the workers' reason says why, and once
 // space is freed the update goes out and the reason clears.
 TEST(ShardMetricsCheckpointTest, AFullDiskIsCountedAsNoSpaceUntilFreed) {
-  char pattern[] = "/tmp/co2-full-XXXXXX";
-  const std::string dir = mkdtemp(pattern);
+  const co2::testing::TempDir temp_dir("co2-full");
+  const std::string& dir = temp_dir.path();
   if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=64k") != 0) {
     GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
   }
@@ -255,11 +257,11 @@ TEST(ShardMetricsCheckpointTest, AFullDiskIsCountedAsNoSpaceUntilFreed) {
   options.checkpoints = &store;
   options.observer = &metrics;
   auto shard = *JobShard::Create("job", Config(1), options, &clock);
-  ASSERT_TRUE(shard->Join("a", Config(1), common::Codec::kFp32).ok());
-  ASSERT_TRUE(shard->SeedChunk("a", 0, 0, Fp32(1)).ok());
+  CO2_ASSERT_OK(shard->Join("a", Config(1), common::Codec::kFp32));
+  CO2_ASSERT_OK(shard->SeedChunk("a", 0, 0, Fp32(1)));
   EXPECT_EQ(shard->Poll(), 0);  // the seeded anchor's checkpoint
   auto sink = std::make_shared<RecordingSink>();
-  ASSERT_TRUE(shard->Subscribe(sink, 0).ok());
+  CO2_ASSERT_OK(shard->Subscribe(sink, 0));
   // Fill the disk: write until ENOSPC.
   const std::string filler = dir + "/filler";
   {
@@ -268,7 +270,7 @@ TEST(ShardMetricsCheckpointTest, AFullDiskIsCountedAsNoSpaceUntilFreed) {
     while (out.write(block.data(), block.size())) {
     }
   }
-  ASSERT_TRUE(shard->Contribute("a", Contribution(0, 1)).ok());
+  CO2_ASSERT_OK(shard->Contribute("a", Contribution(0, 1)));
   for (int retry = 0; retry < 3; ++retry) {
     EXPECT_EQ(shard->Poll(), 0);
     clock.Advance(absl::Seconds(1));
@@ -291,13 +293,12 @@ TEST(ShardMetricsCheckpointTest, AFullDiskIsCountedAsNoSpaceUntilFreed) {
             3);
   shard.reset();
   umount(dir.c_str());
-  rmdir(dir.c_str());
 }
 
 TEST_F(ShardMetricsTest, DuplicatesLateChunksAndQuorumCloses) {
   Create(1);
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());  // resend
+  CO2_ASSERT_OK(shard_->Contribute("a", Contribution(0, 1.0f)));
+  CO2_ASSERT_OK(shard_->Contribute("a", Contribution(0, 1.0f)));  // resend
   EXPECT_EQ(Get("co2_aggregator_duplicate_chunks_total"), 1);
   EXPECT_EQ(shard_->Poll(), 0) << "b is live: round 0 waits for it";
   clock_.Advance(absl::Seconds(2));  // past the deadline; quorum is 1
@@ -305,7 +306,7 @@ TEST_F(ShardMetricsTest, DuplicatesLateChunksAndQuorumCloses) {
   EXPECT_EQ(Get("co2_aggregator_quorum_closes_total"), 1);
   EXPECT_EQ(Get("co2_aggregator_round_contributors"), 1);
   // b's round-0 chunk arrives after round 0 closed: folded into round 1.
-  ASSERT_TRUE(shard_->Contribute("b", Contribution(0, 1.0f)).ok());
+  CO2_ASSERT_OK(shard_->Contribute("b", Contribution(0, 1.0f)));
   EXPECT_EQ(Get("co2_aggregator_late_chunks_total"), 1);
 }
 
@@ -314,7 +315,7 @@ TEST_F(ShardMetricsTest, QuorumMissesAndLeases) {
   shard_->Poll();
   EXPECT_EQ(Get("co2_aggregator_quorum_misses_total"), 0)
       << "the series exists before the first miss";
-  ASSERT_TRUE(shard_->Contribute("a", Contribution(0, 1.0f)).ok());
+  CO2_ASSERT_OK(shard_->Contribute("a", Contribution(0, 1.0f)));
   clock_.Advance(absl::Seconds(2));  // past the deadline, below quorum 2
   EXPECT_EQ(shard_->Poll(), 0);
   shard_->Poll();

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -43,17 +44,17 @@ void ExpectSkipEqualsDrawing(Task task, int batch_size, int64_t step,
   SCOPED_TRACE(absl::StrCat("from ", from, " to ", step));
   const TrainerOptions o = Options(batch_size);
   TaskData drawn, skipped;
-  ASSERT_TRUE(LoadTaskData(o, task, 1, 2, drawn).ok());
-  ASSERT_TRUE(LoadTaskData(o, task, 1, 2, skipped).ok());
+  CO2_ASSERT_OK(LoadTaskData(o, task, 1, 2, drawn));
+  CO2_ASSERT_OK(LoadTaskData(o, task, 1, 2, skipped));
   absl::StatusOr<Batch> want;
   for (int64_t s = 0; s <= step; ++s) want = NextBatch(o, drawn, 1, 2, s);
-  ASSERT_TRUE(want.ok()) << want.status();
+  CO2_ASSERT_OK(want);
   for (int64_t s = 0; s < from; ++s) {
-    ASSERT_TRUE(NextBatch(o, skipped, 1, 2, s).ok());
+    CO2_ASSERT_OK(NextBatch(o, skipped, 1, 2, s));
   }
   SkipBatches(o, skipped, 1, 2, from, step);
   absl::StatusOr<Batch> got = NextBatch(o, skipped, 1, 2, step);
-  ASSERT_TRUE(got.ok()) << got.status();
+  CO2_ASSERT_OK(got);
   EXPECT_TRUE(torch::equal(got->input, want->input));
   EXPECT_TRUE(torch::equal(got->target, want->target));
 }
@@ -77,11 +78,12 @@ TEST(TaskDataTest, SkippingEqualsDrawingCharLm) {
 TEST(TaskDataTest, RanksDrawDifferentBatches) {
   const TrainerOptions o = Options(64);
   TaskData a, b;
-  ASSERT_TRUE(LoadTaskData(o, Task::kFashionMnist, 0, 2, a).ok());
-  ASSERT_TRUE(LoadTaskData(o, Task::kFashionMnist, 1, 2, b).ok());
+  CO2_ASSERT_OK(LoadTaskData(o, Task::kFashionMnist, 0, 2, a));
+  CO2_ASSERT_OK(LoadTaskData(o, Task::kFashionMnist, 1, 2, b));
   absl::StatusOr<Batch> x = NextBatch(o, a, 0, 2, 0);
   absl::StatusOr<Batch> y = NextBatch(o, b, 1, 2, 0);
-  ASSERT_TRUE(x.ok() && y.ok());
+  CO2_ASSERT_OK(x);
+  CO2_ASSERT_OK(y);
   EXPECT_FALSE(torch::equal(x->input, y->input));
 }
 
@@ -96,14 +98,14 @@ TEST(TaskDataTest, TooLargeABatchIsAClearError) {
 TEST(TaskDataTest, EvaluatesAnUntrainedModelNearChance) {
   const TrainerOptions o = Options(32);
   TaskData data;
-  ASSERT_TRUE(LoadTaskData(o, Task::kFashionMnist, 0, 1, data).ok());
+  CO2_ASSERT_OK(LoadTaskData(o, Task::kFashionMnist, 0, 1, data));
   ModelOptions mo;
   mo.seed = 1;
   absl::StatusOr<std::shared_ptr<TaskModel>> model =
       MakeModel(Task::kFashionMnist, mo);
-  ASSERT_TRUE(model.ok()) << model.status();
+  CO2_ASSERT_OK(model);
   absl::StatusOr<TaskEval> e = EvaluateTask(o, data, **model, 500);
-  ASSERT_TRUE(e.ok()) << e.status();
+  CO2_ASSERT_OK(e);
   EXPECT_GT(e->metric, 0.0);
   EXPECT_LT(e->metric, 0.3);  // ten classes: about 0.1 untrained
   EXPECT_GT(e->loss, 1.5);    // about ln 10 = 2.3

@@ -28,6 +28,8 @@
 #include "server/service/aggregator_server.h"
 #include "server/service/call_auth.h"
 #include "server/service/client_cert.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace co2 {
 namespace {
@@ -58,14 +60,13 @@ class Pki {
     static const Pki* pki = new Pki();
     return *pki;
   }
-  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string Path(const std::string& name) const { return dir_.Path(name); }
   const std::string& error() const { return error_; }
 
  private:
   Pki() {
-    char templ[] = "/tmp/co2-tls-test-XXXXXX";
-    dir_ = mkdtemp(templ);
-    std::atexit([] { std::filesystem::remove_all(Get().dir_); });
+    // The Pki is never destroyed (see Get), so neither is its TempDir.
+    std::atexit([] { std::filesystem::remove_all(Get().dir_.path()); });
     Write("server.ext",
           "subjectAltName=DNS:localhost,IP:127.0.0.1\n"
           "extendedKeyUsage=serverAuth\n");
@@ -105,7 +106,7 @@ class Pki {
     std::ofstream(Path(name)) << text;
   }
 
-  std::string dir_;
+  const co2::testing::TempDir dir_{"co2-tls-test"};
   std::string error_;
 };
 
@@ -150,7 +151,7 @@ class CountingObserver : public server::ShardObserver {
   std::atomic<int> refused_{0};
 };
 
-class TlsTest : public testing::Test {
+class TlsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_EQ(Pki::Get().error(), "") << "could not create the test PKI";
@@ -164,7 +165,7 @@ class TlsTest : public testing::Test {
     options.tls = ServerTls(mtls);
     options.tokens = std::move(tokens);
     auto s = server::AggregatorServer::Start(options);
-    ASSERT_TRUE(s.ok()) << s.status();
+    CO2_ASSERT_OK(s);
     server_ = *std::move(s);
     address_ = absl::StrCat("127.0.0.1:", server_->port());
   }
@@ -177,7 +178,7 @@ class TlsTest : public testing::Test {
                                              const std::string& token = "",
                                              const std::string& job = "job-a") {
     auto credentials = common::MakeChannelCredentials(tls, token, job);
-    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    CO2_EXPECT_OK(credentials);
     return Stub(*credentials);
   }
 
@@ -238,7 +239,7 @@ TEST_F(TlsTest, PlaintextClientIsRefusedWhenTlsIsRequired) {
       Join(Stub(grpc::InsecureChannelCredentials()).get());
   EXPECT_EQ(plaintext.error_code(), StatusCode::UNAVAILABLE)
       << plaintext.error_message();
-  EXPECT_TRUE(Join(Stub(ClientTls("")).get()).ok());
+  CO2_EXPECT_OK(Join(Stub(ClientTls("")).get()));
   // Through the client library the user is told what to check.
   std::vector<float> anchor(kParams);
   client::ClientOptions options;
@@ -259,7 +260,7 @@ TEST_F(TlsTest, ClientRefusesAServerItsCaDidNotSign) {
   const grpc::Status foreign = Join(Stub(ClientTls("", "other-ca")).get());
   EXPECT_EQ(foreign.error_code(), StatusCode::UNAVAILABLE)
       << foreign.error_message();
-  EXPECT_TRUE(Join(Stub(ClientTls("")).get()).ok());
+  CO2_EXPECT_OK(Join(Stub(ClientTls("")).get()));
 }
 
 // The shard refuses a call without a good client certificate where it knows
@@ -278,11 +279,11 @@ TEST_F(TlsTest, MtlsRefusesClientCertificatesFromAnotherCa) {
       Join(Stub(grpc::InsecureChannelCredentials()).get());
   EXPECT_EQ(plaintext.error_code(), StatusCode::UNAVAILABLE)
       << plaintext.error_message();
-  EXPECT_TRUE(Join(Stub(ClientTls("client")).get()).ok());
+  CO2_EXPECT_OK(Join(Stub(ClientTls("client")).get()));
   EXPECT_EQ(observer.Refused(), 2);
   // Health probes need no certificate.
   const grpc::Status health = CheckHealth(ClientTls(""));
-  EXPECT_TRUE(health.ok()) << health.error_message();
+  CO2_EXPECT_OK(health);
 }
 
 // A TLS failure that no retry can mend ends Connect at once with its reason
@@ -312,11 +313,10 @@ TEST_F(TlsTest, PermanentTlsFailuresFailFastSayingWhy) {
   expect_refused(connect(ClientTls("other-client")),
                  "is not signed by the CA of this shard's --tls_client_ca");
   expect_refused(connect(ClientTls("")), "no client certificate");
-  EXPECT_TRUE(connect(ClientTls("client")).ok());
+  CO2_EXPECT_OK(connect(ClientTls("client")));
 
-  EXPECT_TRUE(
-      common::ProbeTlsHandshake(address_, ClientTls("client"), absl::Seconds(5))
-          .ok());
+  CO2_EXPECT_OK(common::ProbeTlsHandshake(address_, ClientTls("client"),
+                                          absl::Seconds(5)));
   server_.reset();
   const absl::Status down = common::ProbeTlsHandshake(
       address_, ClientTls("client"), absl::Seconds(5));
@@ -347,8 +347,8 @@ TEST_F(TlsTest, WrongOrMissingTokenIsUnauthenticated) {
   // The token's secret never appears in what the client is told.
   const grpc::Status wrong = Join(Stub(tls, "secret-b", "job-a").get());
   EXPECT_EQ(wrong.error_message().find("secret"), std::string::npos);
-  EXPECT_TRUE(Join(Stub(tls, "secret-a", "job-a").get()).ok());
-  EXPECT_TRUE(Join(Stub(tls, "secret-b", "job-b").get(), "job-b").ok());
+  CO2_EXPECT_OK(Join(Stub(tls, "secret-a", "job-a").get()));
+  CO2_EXPECT_OK(Join(Stub(tls, "secret-b", "job-b").get(), "job-b"));
 }
 
 TEST_F(TlsTest, TokenForOneJobCannotActOnAnother) {
@@ -357,7 +357,7 @@ TEST_F(TlsTest, TokenForOneJobCannotActOnAnother) {
   auto stub = Stub(ClientTls("client"), "secret-a", "job-a");
   ExpectStatus(Join(stub.get(), "job-b"), StatusCode::PERMISSION_DENIED,
                "token is for job \"job-a\", the request names job \"job-b\"");
-  ASSERT_TRUE(Join(stub.get(), "job-a").ok());
+  CO2_ASSERT_OK(Join(stub.get(), "job-a"));
   grpc::ClientContext context;
   v1::HeartbeatRequest request;
   request.set_job("job-b");
@@ -373,7 +373,7 @@ TEST_F(TlsTest, AnyJobTokenOpensEveryJobWithoutItsOwn) {
   tokens.any_job = "service-token";
   StartServer(/*mtls=*/false, tokens);
   const common::TlsOptions tls = ClientTls("");
-  EXPECT_TRUE(Join(Stub(tls, "service-token", "job-z").get(), "job-z").ok());
+  CO2_EXPECT_OK(Join(Stub(tls, "service-token", "job-z").get(), "job-z"));
   // A job with its own token needs that one.
   ExpectStatus(Join(Stub(tls, "service-token", "job-a").get()),
                StatusCode::UNAUTHENTICATED, "job-a");
@@ -385,7 +385,7 @@ TEST_F(TlsTest, AdminCallsNeedTheAdminToken) {
   auto list = [&](const std::string& token) {
     auto credentials =
         common::MakeChannelCredentials(ClientTls("client"), token, "job-a");
-    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    CO2_EXPECT_OK(credentials);
     auto stub = v1::AggregatorAdmin::NewStub(
         grpc::CreateChannel(address_, *credentials));
     grpc::ClientContext context;
@@ -404,7 +404,7 @@ TEST_F(TlsTest, AdminCallsNeedTheAdminToken) {
                "need the shard's admin token");
   ExpectStatus(list(""), StatusCode::UNAUTHENTICATED,
                "need the shard's admin token");
-  EXPECT_TRUE(list("admin-secret").ok());
+  CO2_EXPECT_OK(list("admin-secret"));
   // The admin token opens no job.
   ExpectStatus(Join(Stub(ClientTls("client"), "admin-secret", "job-a").get()),
                StatusCode::UNAUTHENTICATED, "not valid for job \"job-a\"");
@@ -424,23 +424,23 @@ TEST_F(TlsTest, FullRoundThroughAggregatorClientWithMtlsAndToken) {
   options.connect_timeout = absl::Seconds(20);
   auto connected =
       client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
-  ASSERT_TRUE(connected.ok()) << connected.status();
+  CO2_ASSERT_OK(connected);
   client::AggregatorClient& client = **connected;
   const std::vector<float> delta(kParams, 0.25f);
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  ASSERT_TRUE(client.Push(0, delta, 1.0, deadline).ok());
-  ASSERT_TRUE(client.WaitForUpdate(0, deadline).ok());
+  CO2_ASSERT_OK(client.Push(0, delta, 1.0, deadline));
+  CO2_ASSERT_OK(client.WaitForUpdate(0, deadline));
   auto round = client.ApplyUpdate(0, absl::MakeSpan(anchor));
-  ASSERT_TRUE(round.ok()) << round.status();
+  CO2_ASSERT_OK(round);
   uint64_t server_round = 0;
   auto job = server_->registry()->Find("job-a");
-  ASSERT_TRUE(job.ok());
+  CO2_ASSERT_OK(job);
   const std::vector<float> server_anchor =
       (*job)->AnchorForTesting(&server_round);
   EXPECT_EQ(*round, server_round);
   EXPECT_EQ(anchor, server_anchor);
   EXPECT_NE(anchor[1], 1.0f / 8) << "the update moved nothing";
-  EXPECT_TRUE(client.Leave(absl::Now() + absl::Seconds(5)).ok());
+  CO2_EXPECT_OK(client.Leave(absl::Now() + absl::Seconds(5)));
 
   // The same client with a wrong token fails at Connect, with the code.
   options.worker_id = "worker-1";
@@ -456,7 +456,7 @@ TEST_F(TlsTest, FullRoundThroughAggregatorClientWithMtlsAndToken) {
 TEST_F(TlsTest, HealthChecksNeedNoToken) {
   StartServer(/*mtls=*/false, Tokens());
   const grpc::Status status = CheckHealth(ClientTls(""));
-  EXPECT_TRUE(status.ok()) << status.error_message();
+  CO2_EXPECT_OK(status);
 }
 
 std::string ReadFile(const std::string& path) {
@@ -469,8 +469,8 @@ TEST(ClientCertVerifierTest, AcceptsOnlyClientCertificatesFromItsCa) {
   ASSERT_EQ(pki.error(), "");
   auto verifier = server::ClientCertVerifier::Create(
       ReadFile(pki.Path("ca.pem")), pki.Path("ca.pem"));
-  ASSERT_TRUE(verifier.ok()) << verifier.status();
-  EXPECT_TRUE((*verifier)->VerifyPem(ReadFile(pki.Path("client.pem")), "").ok());
+  CO2_ASSERT_OK(verifier);
+  CO2_EXPECT_OK((*verifier)->VerifyPem(ReadFile(pki.Path("client.pem")), ""));
   // A server certificate of the same CA may not authenticate a client.
   const absl::Status server_cert =
       (*verifier)->VerifyPem(ReadFile(pki.Path("server.pem")), "");
@@ -501,14 +501,14 @@ TEST(TlsConfigTest, UnreadableFilesAreNamed) {
             std::string::npos)
       << missing.status();
 
-  const std::string not_pem = "/tmp/co2-tls-test-not-pem.txt";
+  const co2::testing::TempDir dir("co2-tls-test");
+  const std::string not_pem = dir.Path("not-pem.txt");
   std::ofstream(not_pem) << "hello\n";
   tls.cert_file = not_pem;
   auto garbage = server::MakeShardCredentials(tls, {});
   EXPECT_EQ(garbage.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(garbage.status().message().find("not PEM"), std::string::npos)
       << garbage.status();
-  std::filesystem::remove(not_pem);
 
   tls.key_file = "";
   EXPECT_EQ(server::MakeShardCredentials(tls, {}).status().code(),
@@ -520,10 +520,11 @@ TEST(TlsConfigTest, UnreadableFilesAreNamed) {
 }
 
 TEST(TlsConfigTest, TokenFilesHoldOneToken) {
-  const std::string path = "/tmp/co2-tls-test-token";
+  const co2::testing::TempDir dir("co2-tls-test");
+  const std::string path = dir.Path("token");
   std::ofstream(path) << "  s3cret \nignored\n";
   auto token = common::ReadTokenFile(path);
-  ASSERT_TRUE(token.ok()) << token.status();
+  CO2_ASSERT_OK(token);
   EXPECT_EQ(*token, "s3cret");
   std::ofstream(path) << "\n";
   EXPECT_EQ(common::ReadTokenFile(path).status().code(),
@@ -549,7 +550,7 @@ TEST(TlsConfigTest, TokensAreNeverSentOrAcceptedInPlaintext) {
 TEST(TlsConfigTest, TokenFilesAreParsedStrictly) {
   auto tokens = server::ParseJobTokens(
       "# comment\n\njob-a  secret-a\n*\tany\n  job-b secret-b  \n", "f");
-  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  CO2_ASSERT_OK(tokens);
   EXPECT_EQ(tokens->per_job.at("job-a"), "secret-a");
   EXPECT_EQ(tokens->per_job.at("job-b"), "secret-b");
   EXPECT_EQ(tokens->any_job, "any");

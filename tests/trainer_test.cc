@@ -21,8 +21,12 @@
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 
 namespace {
+
+using ::co2::testing::TempDir;
 
 using google::protobuf::Struct;
 using google::protobuf::Value;
@@ -55,22 +59,6 @@ RunResult RunCo2Train(const std::vector<std::string>& args, int timeout_s) {
   return result;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    std::string templ = ::testing::TempDir() + "/trainer_test.XXXXXX";
-    path_ = mkdtemp(templ.data());
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
 const Value& Field(const Struct& s, const std::string& key) {
   static const Value kNull;
   auto it = s.fields().find(key);
@@ -96,8 +84,9 @@ TEST(TrainerTest, TwoWorkersTwoLocalRanksThirtyRounds) {
   std::stringstream text;
   text << in.rdbuf();
   Struct doc;
-  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
-      << "report is not JSON:\n" << text.str();
+  CO2_ASSERT_OK(google::protobuf::util::JsonStringToMessage(text.str(), &doc))
+      << "report is not JSON:\n"
+      << text.str();
 
   EXPECT_EQ(Field(doc, "rounds").number_value(), 30);
   EXPECT_TRUE(Field(doc, "params_identical").bool_value());
@@ -266,8 +255,7 @@ Struct ReportOfRun(const TempDir& dir, std::vector<std::string> args) {
   std::stringstream text;
   text << in.rdbuf();
   Struct doc;
-  EXPECT_TRUE(
-      google::protobuf::util::JsonStringToMessage(text.str(), &doc).ok())
+  CO2_EXPECT_OK(google::protobuf::util::JsonStringToMessage(text.str(), &doc))
       << text.str();
   return doc;
 }

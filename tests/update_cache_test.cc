@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/status_matchers.h"
 #include "tests/stored_chunks.h"
 
 namespace co2::server {
@@ -160,7 +161,7 @@ TEST(UpdateCacheTest, APublishedUpdateIsKeptInItsCheckpointNotInMemory) {
   EXPECT_TRUE(sent.expired()) << "only the streams held the messages";
   std::string scratch;
   auto payload = cache.Last()->Payload(0, &scratch);
-  ASSERT_TRUE(payload.ok()) << payload.status();
+  CO2_ASSERT_OK(payload);
   EXPECT_EQ(*payload, "round 0");
   EXPECT_EQ(Rounds(cache.PublishedSince(0)), std::vector<uint64_t>{0});
 }

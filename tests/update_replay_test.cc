@@ -22,6 +22,8 @@
 #include "server/job/job_registry.h"
 #include "server/job/job_shard.h"
 #include "server/service/aggregator_server.h"
+#include "tests/status_matchers.h"
+#include "tests/temp_dir.h"
 #include "tests/wait_for.h"
 
 namespace co2 {
@@ -32,11 +34,7 @@ constexpr size_t kParams = 2 * common::kChunkElements + 1000;
 
 class UpdateReplayTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char pattern[] = "/tmp/co2-replay-XXXXXX";
-    dir_ = mkdtemp(pattern);
-    StartServer();
-  }
+  void SetUp() override { StartServer(); }
 
   // Starts the shard on a free port, from the checkpoints in dir_.
   void StartServer() {
@@ -45,17 +43,14 @@ class UpdateReplayTest : public ::testing::Test {
     options.registry.checkpoint_dir = dir_;
     options.registry.shard.stream_updates = StreamUpdates();
     auto s = server::AggregatorServer::Start(options);
-    ASSERT_TRUE(s.ok()) << s.status();
+    CO2_ASSERT_OK(s);
     server_ = *std::move(s);
     stub_ = v1::Aggregator::NewStub(
         grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
                             grpc::InsecureChannelCredentials()));
   }
 
-  void TearDown() override {
-    server_.reset();
-    ASSERT_EQ(system(("rm -rf '" + dir_ + "'").c_str()), 0);
-  }
+  void TearDown() override { server_.reset(); }
 
   virtual bool StreamUpdates() const { return true; }
 
@@ -74,7 +69,7 @@ class UpdateReplayTest : public ::testing::Test {
     join.mutable_config()->set_min_workers(1);
     join.set_uplink_codec(v1::CODEC_FP32);
     v1::JoinResponse joined;
-    ASSERT_TRUE(stub_->Join(Context().get(), join, &joined).ok());
+    CO2_ASSERT_OK(stub_->Join(Context().get(), join, &joined));
     auto context = Context();
     v1::SeedResponse seeded;
     auto writer = stub_->Seed(context.get(), &seeded);
@@ -89,7 +84,7 @@ class UpdateReplayTest : public ::testing::Test {
     }
     writer->WritesDone();
     const grpc::Status status = writer->Finish();
-    ASSERT_TRUE(status.ok()) << status.error_message();
+    CO2_ASSERT_OK(status);
   }
 
   static v1::ExchangeRequest Open(uint64_t replay_from) {
@@ -132,7 +127,7 @@ class UpdateReplayTest : public ::testing::Test {
     v1::OuterUpdate rest;
     while (stream->Read(&rest)) {
     }
-    EXPECT_TRUE(stream->Finish().ok());
+    CO2_EXPECT_OK(stream->Finish());
     return received;
   }
 
@@ -162,7 +157,7 @@ class UpdateReplayTest : public ::testing::Test {
     grpc::Status status;
     const std::vector<v1::OuterUpdate> replayed =
         Reconnect(1, 2 * chunks, &status);
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    CO2_EXPECT_OK(status);
     ASSERT_EQ(replayed.size(), 2u * chunks);
     for (size_t i = 0; i < replayed.size(); ++i) {
       const v1::OuterUpdate& want = sent[chunks + i];
@@ -176,7 +171,8 @@ class UpdateReplayTest : public ::testing::Test {
     }
   }
 
-  std::string dir_;
+  const co2::testing::TempDir temp_dir_{"co2-replay"};
+  const std::string dir_ = temp_dir_.path();
   std::unique_ptr<server::AggregatorServer> server_;
   std::unique_ptr<v1::Aggregator::Stub> stub_;
 };
@@ -190,7 +186,7 @@ TEST_F(UpdateReplayTest, AReconnectingWorkerGetsTheBytesItMissed) {
   // does, round 0 is still one of the last two closed rounds.
   absl::StatusOr<std::shared_ptr<server::JobShard>> job =
       server_->registry()->Find("j");
-  ASSERT_TRUE(job.ok()) << job.status();
+  CO2_ASSERT_OK(job);
   testing::WaitFor([&] { return (*job)->stats().rounds_closed >= 3; },
                    absl::Seconds(20));
   ASSERT_EQ((*job)->stats().rounds_closed, 3u);
@@ -223,7 +219,7 @@ TEST_F(RestartReplayTest, ARestartedShardReplaysTheLastTwoUpdatesAndNoOlder) {
   join.set_resume_round(3);
   v1::JoinResponse joined;
   const grpc::Status rejoined = stub_->Join(Context().get(), join, &joined);
-  ASSERT_TRUE(rejoined.ok()) << rejoined.error_message();
+  CO2_ASSERT_OK(rejoined);
   EXPECT_EQ(joined.open_round(), 3u);
   ASSERT_EQ(joined.oldest_update_round(), 1u);
   ExpectReplayOfRoundsOneAndTwo(sent);

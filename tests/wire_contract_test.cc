@@ -18,10 +18,11 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
-#include "server/service/aggregator_server.h"
 #include "server/job/job_registry.h"
 #include "server/job/job_shard.h"
+#include "server/service/aggregator_server.h"
 #include "tests/expect_status.h"
+#include "tests/status_matchers.h"
 #include "tests/wait_for.h"
 
 namespace co2 {
@@ -40,7 +41,7 @@ class WireContractTest : public ::testing::Test {
     server::AggregatorServerOptions options;
     options.address = "127.0.0.1:0";
     auto s = server::AggregatorServer::Start(options);
-    ASSERT_TRUE(s.ok()) << s.status();
+    CO2_ASSERT_OK(s);
     server_ = *std::move(s);
     channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", server_->port()),
                                    grpc::InsecureChannelCredentials());
@@ -62,7 +63,7 @@ class WireContractTest : public ::testing::Test {
     request.set_uplink_codec(v1::CODEC_FP32);
     v1::JoinResponse response;
     const grpc::Status status = stub_->Join(&context, request, &response);
-    EXPECT_TRUE(status.ok()) << status.error_message();
+    CO2_EXPECT_OK(status);
     return response;
   }
 
@@ -204,9 +205,9 @@ TEST_F(WireContractTest, ASeedCutOffPartWayLeavesNothingAndItsRetrySucceeds) {
   std::vector<float> retry(kParams);
   for (size_t i = 0; i < kParams; ++i) retry[i] = 2.0f + 0.001f * i;
   const grpc::Status seeded = Seed({Chunk(0, retry), Chunk(1, retry)});
-  ASSERT_TRUE(seeded.ok()) << seeded.error_message();
+  CO2_ASSERT_OK(seeded);
   const grpc::Status fetched = Fetch("b", &anchor);
-  ASSERT_TRUE(fetched.ok()) << fetched.error_message();
+  CO2_ASSERT_OK(fetched);
   ASSERT_EQ(anchor.size(), kParams);
   EXPECT_EQ(std::memcmp(anchor.data(), retry.data(), kParams * sizeof(float)),
             0);
@@ -249,7 +250,7 @@ TEST_F(WireContractTest, AMalformedBodyIsAnInvalidArgumentOnEveryRpc) {
   beat.set_job("j");
   beat.set_worker_id("a");
   v1::HeartbeatResponse renewed;
-  EXPECT_TRUE(stub_->Heartbeat(&context, beat, &renewed).ok());
+  CO2_EXPECT_OK(stub_->Heartbeat(&context, beat, &renewed));
 }
 
 }  // namespace

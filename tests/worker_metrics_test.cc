@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
 #include "tests/http_get.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -87,14 +88,14 @@ TEST(WorkerMetricsTest, HealsAreCountedByReasonAndTimed) {
 
 TEST(WorkerMetricsTest, ServeExposesThemOverHttp) {
   auto metrics = WorkerMetrics::Serve("127.0.0.1:0", "job", "w0");
-  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  CO2_ASSERT_OK(metrics);
   ASSERT_GT((*metrics)->port(), 0);
   WorkerRoundSample sample;
   sample.bytes_sent = 100;
   (*metrics)->ObserveRound(sample);
   auto body =
       testing::HttpGet((*metrics)->port(), "/metrics", absl::Seconds(10));
-  ASSERT_TRUE(body.ok()) << body.status();
+  CO2_ASSERT_OK(body);
   EXPECT_TRUE(absl::StrContains(
       *body, "co2_worker_bytes_sent_total{co2_job=\"job\",worker=\"w0\"} 100"))
       << *body;

@@ -7,6 +7,7 @@
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 #include "tests/byte_pieces.h"
+#include "tests/status_matchers.h"
 
 namespace co2::client {
 namespace {
@@ -92,7 +93,7 @@ TEST(WorkerWireTest, UpdatePayloadStaysInTheReceivedSlices) {
   grpc::ByteBuffer buffer =
       InSlices(bytes, {1, 2, 9, 17, 4000, 65536, bytes.size() - 20});
   absl::StatusOr<ReceivedUpdate> parsed = ParseOuterUpdate(&buffer);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  CO2_ASSERT_OK(parsed);
   EXPECT_EQ(buffer.Length(), 0u);
   // Moved, as the stream moves it into its receive buffer.
   const ReceivedUpdate got = *std::move(parsed);
@@ -114,7 +115,7 @@ TEST(WorkerWireTest, Int8PayloadInSeveralSlicesStaysInThem) {
   const std::string bytes = update.SerializeAsString();
   grpc::ByteBuffer buffer = InSlices(bytes, {10, 2000});
   absl::StatusOr<ReceivedUpdate> parsed = ParseOuterUpdate(&buffer);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  CO2_ASSERT_OK(parsed);
   const ReceivedUpdate got = *std::move(parsed);
   // Both cuts fall inside the payload.
   ASSERT_EQ(got.payload.size(), 3u);

@@ -8,6 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "server/storage/durable_file.h"
+#include "tests/temp_dir.h"
 
 namespace co2::server {
 namespace {
@@ -57,8 +58,8 @@ TEST(WriteFailureTest, TheStatusCodeAndMessageStayAsErrnoStatusMadeThem) {
 
 TEST(WriteFailureTest, AFailedDirectoryCreationNamesItsErrno) {
   // A file where a parent directory should be: mkdir fails with ENOTDIR.
-  char pattern[] = "/tmp/co2-write-failure-XXXXXX";
-  const std::string file = mkdtemp(pattern) + std::string("/file");
+  const co2::testing::TempDir dir("co2-write-failure");
+  const std::string file = dir.Path("file");
   FILE* f = std::fopen(file.c_str(), "w");
   ASSERT_NE(f, nullptr);
   std::fclose(f);

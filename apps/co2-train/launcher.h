@@ -12,8 +12,8 @@
 // executed again with --rejoin and rejoins the running job.
 // Torch-free. Call from the main thread before other threads exist: it
 // blocks SIGINT/SIGTERM/SIGCHLD for the process and takes them synchronously.
-#ifndef CO2_CLIENT_LAUNCHER_H_
-#define CO2_CLIENT_LAUNCHER_H_
+#ifndef CO2_APPS_CO2_TRAIN_LAUNCHER_H_
+#define CO2_APPS_CO2_TRAIN_LAUNCHER_H_
 
 #include <string>
 #include <vector>
@@ -38,4 +38,4 @@ absl::Status RunLauncher(const LaunchOptions& options);
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_LAUNCHER_H_
+#endif  // CO2_APPS_CO2_TRAIN_LAUNCHER_H_

@@ -3,8 +3,8 @@
 // (final metrics, per-round curve, wall time, exposed communication, bytes
 // sent, parameter consistency). JSON goes through protobuf's Struct, so both
 // directions use a real parser and writer. Pure functions; any thread.
-#ifndef CO2_CLIENT_RUN_REPORT_H_
-#define CO2_CLIENT_RUN_REPORT_H_
+#ifndef CO2_APPS_CO2_TRAIN_RUN_REPORT_H_
+#define CO2_APPS_CO2_TRAIN_RUN_REPORT_H_
 
 #include <cstdint>
 #include <map>
@@ -99,4 +99,4 @@ absl::Status WriteFileAtomically(const std::string& path,
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_RUN_REPORT_H_
+#endif  // CO2_APPS_CO2_TRAIN_RUN_REPORT_H_

@@ -4,8 +4,8 @@
 // sampler) and a reused batch buffer. Batches depend only on (seed, rank,
 // world, step), so a worker that rejoins a running job can skip to the step
 // it resumes at and draw exactly the batches it would have drawn. One thread.
-#ifndef CO2_CLIENT_TASK_DATA_H_
-#define CO2_CLIENT_TASK_DATA_H_
+#ifndef CO2_APPS_CO2_TRAIN_TASK_DATA_H_
+#define CO2_APPS_CO2_TRAIN_TASK_DATA_H_
 
 #include <cstdint>
 #include <memory>
@@ -63,4 +63,4 @@ absl::StatusOr<TaskEval> EvaluateTask(const TrainerOptions& o, TaskData& data,
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_TASK_DATA_H_
+#endif  // CO2_APPS_CO2_TRAIN_TASK_DATA_H_

@@ -8,8 +8,8 @@
 // reproducible and no rank ever needs another's configuration.
 // Torch-free header. RunWorker runs on the calling thread and blocks until
 // training ends; every wait inside it has a deadline from the options.
-#ifndef CO2_CLIENT_TRAINER_H_
-#define CO2_CLIENT_TRAINER_H_
+#ifndef CO2_APPS_CO2_TRAIN_TRAINER_H_
+#define CO2_APPS_CO2_TRAIN_TRAINER_H_
 
 #include <string>
 
@@ -34,4 +34,4 @@ std::string ProgressPath(const std::string& run_dir);
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_TRAINER_H_
+#endif  // CO2_APPS_CO2_TRAIN_TRAINER_H_

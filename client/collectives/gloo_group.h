@@ -12,8 +12,8 @@
 // Creating a group sets SIGPIPE to SIG_IGN when it is still SIG_DFL: gloo
 // writes to sockets with writev(), so a peer that died would otherwise kill
 // this process instead of failing the collective.
-#ifndef CO2_CLIENT_GLOO_GROUP_H_
-#define CO2_CLIENT_GLOO_GROUP_H_
+#ifndef CO2_CLIENT_COLLECTIVES_GLOO_GROUP_H_
+#define CO2_CLIENT_COLLECTIVES_GLOO_GROUP_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -78,4 +78,4 @@ absl::StatusOr<std::unique_ptr<Store>> OpenFileStore(
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_GLOO_GROUP_H_
+#endif  // CO2_CLIENT_COLLECTIVES_GLOO_GROUP_H_

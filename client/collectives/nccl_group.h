@@ -13,8 +13,8 @@
 // writes `data` must be synchronised by the caller before the call.
 //
 // Built only when CMake finds CUDA and NCCL (target co2_nccl_group).
-#ifndef CO2_CLIENT_NCCL_GROUP_H_
-#define CO2_CLIENT_NCCL_GROUP_H_
+#ifndef CO2_CLIENT_COLLECTIVES_NCCL_GROUP_H_
+#define CO2_CLIENT_COLLECTIVES_NCCL_GROUP_H_
 
 #include <cstddef>
 #include <memory>
@@ -117,4 +117,4 @@ class NcclGroup final : public ProcessGroup {
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_NCCL_GROUP_H_
+#endif  // CO2_CLIENT_COLLECTIVES_NCCL_GROUP_H_

@@ -13,8 +13,8 @@
 // an error, not a hang. After a failed collective the group is broken (the
 // transport is in an unknown state) and every later call returns
 // FAILED_PRECONDITION; recreate the group under a new prefix.
-#ifndef CO2_CLIENT_PROCESS_GROUP_H_
-#define CO2_CLIENT_PROCESS_GROUP_H_
+#ifndef CO2_CLIENT_COLLECTIVES_PROCESS_GROUP_H_
+#define CO2_CLIENT_COLLECTIVES_PROCESS_GROUP_H_
 
 #include <cstddef>
 #include <memory>
@@ -108,4 +108,4 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateProcessGroup(
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_PROCESS_GROUP_H_
+#endif  // CO2_CLIENT_COLLECTIVES_PROCESS_GROUP_H_

@@ -1,8 +1,8 @@
 // Turns the torch-free data sets (fashion_mnist.h, char_corpus.h) into
 // training tensors. Batches are built on the CPU; the caller moves them to
 // its device. Stateless functions; any thread.
-#ifndef CO2_CLIENT_BATCHES_H_
-#define CO2_CLIENT_BATCHES_H_
+#ifndef CO2_CLIENT_TRAINING_BATCHES_H_
+#define CO2_CLIENT_TRAINING_BATCHES_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -39,4 +39,4 @@ absl::StatusOr<Batch> MakeCharLmBatch(absl::Span<const uint8_t> windows,
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_BATCHES_H_
+#endif  // CO2_CLIENT_TRAINING_BATCHES_H_

@@ -6,8 +6,8 @@
 // layout the aggregator checks) does not depend on which characters happen
 // to occur. CharCorpus is immutable after Load (any thread may read it);
 // a WindowSampler belongs to one thread.
-#ifndef CO2_CLIENT_CHAR_CORPUS_H_
-#define CO2_CLIENT_CHAR_CORPUS_H_
+#ifndef CO2_CLIENT_TRAINING_CHAR_CORPUS_H_
+#define CO2_CLIENT_TRAINING_CHAR_CORPUS_H_
 
 #include <cstdint>
 #include <random>
@@ -104,4 +104,4 @@ class WindowSampler {
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_CHAR_CORPUS_H_
+#endif  // CO2_CLIENT_TRAINING_CHAR_CORPUS_H_

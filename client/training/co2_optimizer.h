@@ -22,8 +22,8 @@
 //
 // Owns the AggregatorClient; borrows the FlatParams, the inner optimizer and
 // the groups, which must outlive it. One training thread calls everything.
-#ifndef CO2_CLIENT_CO2_OPTIMIZER_H_
-#define CO2_CLIENT_CO2_OPTIMIZER_H_
+#ifndef CO2_CLIENT_TRAINING_CO2_OPTIMIZER_H_
+#define CO2_CLIENT_TRAINING_CO2_OPTIMIZER_H_
 
 #include <atomic>
 #include <cstddef>
@@ -341,4 +341,4 @@ class Co2Optimizer {
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_CO2_OPTIMIZER_H_
+#endif  // CO2_CLIENT_TRAINING_CO2_OPTIMIZER_H_

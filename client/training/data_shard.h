@@ -2,8 +2,8 @@
 // job. Every worker computes its own part from (seed, worker, W) alone, so no
 // index list ever travels and the parts are disjoint and cover everything by
 // construction. Pure functions; any thread.
-#ifndef CO2_CLIENT_DATA_SHARD_H_
-#define CO2_CLIENT_DATA_SHARD_H_
+#ifndef CO2_CLIENT_TRAINING_DATA_SHARD_H_
+#define CO2_CLIENT_TRAINING_DATA_SHARD_H_
 
 #include <cstdint>
 #include <random>
@@ -53,4 +53,4 @@ absl::StatusOr<std::vector<int64_t>> ShardIndices(int64_t num_examples,
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_DATA_SHARD_H_
+#endif  // CO2_CLIENT_TRAINING_DATA_SHARD_H_

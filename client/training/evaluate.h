@@ -3,8 +3,8 @@
 // Runs in eval mode without autograd on the model's own device and restores
 // the model's training mode afterwards. Same threading rule as the model:
 // one thread at a time. Torch-free header.
-#ifndef CO2_CLIENT_EVALUATE_H_
-#define CO2_CLIENT_EVALUATE_H_
+#ifndef CO2_CLIENT_TRAINING_EVALUATE_H_
+#define CO2_CLIENT_TRAINING_EVALUATE_H_
 
 #include <cstdint>
 
@@ -55,4 +55,4 @@ absl::StatusOr<LanguageModelEval> EvaluateCharLm(
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_EVALUATE_H_
+#endif  // CO2_CLIENT_TRAINING_EVALUATE_H_

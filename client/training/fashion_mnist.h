@@ -4,8 +4,8 @@
 // range), so a damaged install fails at startup with the file named instead
 // of training on garbage. Torch-free; the tensors are made in batches.h.
 // Stateless functions; any thread.
-#ifndef CO2_CLIENT_FASHION_MNIST_H_
-#define CO2_CLIENT_FASHION_MNIST_H_
+#ifndef CO2_CLIENT_TRAINING_FASHION_MNIST_H_
+#define CO2_CLIENT_TRAINING_FASHION_MNIST_H_
 
 #include <cstdint>
 #include <string>
@@ -69,4 +69,4 @@ absl::StatusOr<FashionMnist> LoadFashionMnist(
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_FASHION_MNIST_H_
+#endif  // CO2_CLIENT_TRAINING_FASHION_MNIST_H_

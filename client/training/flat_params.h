@@ -12,8 +12,8 @@
 //
 // Owns the two flat buffers; the parameters are borrowed (they share the
 // buffers' storage). Not thread-safe: one training thread.
-#ifndef CO2_CLIENT_FLAT_PARAMS_H_
-#define CO2_CLIENT_FLAT_PARAMS_H_
+#ifndef CO2_CLIENT_TRAINING_FLAT_PARAMS_H_
+#define CO2_CLIENT_TRAINING_FLAT_PARAMS_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -72,4 +72,4 @@ class FlatParams {
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_FLAT_PARAMS_H_
+#endif  // CO2_CLIENT_TRAINING_FLAT_PARAMS_H_

@@ -8,8 +8,8 @@
 // forward() may throw c10::Error like any torch module; Forward() and
 // ComputeLoss() below catch it and return a Status. A model is used by one
 // thread at a time.
-#ifndef CO2_CLIENT_MODELS_H_
-#define CO2_CLIENT_MODELS_H_
+#ifndef CO2_CLIENT_TRAINING_MODELS_H_
+#define CO2_CLIENT_TRAINING_MODELS_H_
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -88,4 +88,4 @@ int64_t NumParameters(const torch::nn::Module& model);
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_MODELS_H_
+#endif  // CO2_CLIENT_TRAINING_MODELS_H_

@@ -7,8 +7,8 @@
 //   } catch (...) {
 //     return TorchExceptionToStatus("forward");
 //   }
-#ifndef CO2_CLIENT_TORCH_STATUS_H_
-#define CO2_CLIENT_TORCH_STATUS_H_
+#ifndef CO2_CLIENT_TRAINING_TORCH_STATUS_H_
+#define CO2_CLIENT_TRAINING_TORCH_STATUS_H_
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -27,4 +27,4 @@ absl::Status TorchExceptionToStatus(absl::string_view context);
 
 }  // namespace co2::client
 
-#endif  // CO2_CLIENT_TORCH_STATUS_H_
+#endif  // CO2_CLIENT_TRAINING_TORCH_STATUS_H_

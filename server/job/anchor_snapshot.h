@@ -7,8 +7,8 @@
 // MakeAnchorSnapshot is a pure function; any thread. SharedAnchorSnapshot is
 // not thread-safe: the owner serialises calls (server::JobShard holds a
 // mutex). A snapshot, once handed out, may be read from any thread.
-#ifndef CO2_SERVER_ANCHOR_SNAPSHOT_H_
-#define CO2_SERVER_ANCHOR_SNAPSHOT_H_
+#ifndef CO2_SERVER_JOB_ANCHOR_SNAPSHOT_H_
+#define CO2_SERVER_JOB_ANCHOR_SNAPSHOT_H_
 
 #include <cstdint>
 #include <memory>
@@ -52,4 +52,4 @@ class SharedAnchorSnapshot {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_ANCHOR_SNAPSHOT_H_
+#endif  // CO2_SERVER_JOB_ANCHOR_SNAPSHOT_H_

@@ -11,8 +11,8 @@
 // ShardStepConfig holds the job's constants for that step; const after
 // construction, any thread. RoundStep (below) runs one round's step on
 // state that is the caller's (A, m), borrowed.
-#ifndef CO2_SERVER_CHUNKED_OUTER_STEP_H_
-#define CO2_SERVER_CHUNKED_OUTER_STEP_H_
+#ifndef CO2_SERVER_JOB_CHUNKED_OUTER_STEP_H_
+#define CO2_SERVER_JOB_CHUNKED_OUTER_STEP_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -126,4 +126,4 @@ class RoundStep {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_CHUNKED_OUTER_STEP_H_
+#endif  // CO2_SERVER_JOB_CHUNKED_OUTER_STEP_H_

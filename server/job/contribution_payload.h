@@ -6,8 +6,8 @@
 //
 // One ContributionPayload per call, on the caller's thread; it reads the
 // view's pieces in place, so they must outlive it.
-#ifndef CO2_SERVER_CONTRIBUTION_PAYLOAD_H_
-#define CO2_SERVER_CONTRIBUTION_PAYLOAD_H_
+#ifndef CO2_SERVER_JOB_CONTRIBUTION_PAYLOAD_H_
+#define CO2_SERVER_JOB_CONTRIBUTION_PAYLOAD_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -57,4 +57,4 @@ class ContributionPayload {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_CONTRIBUTION_PAYLOAD_H_
+#endif  // CO2_SERVER_JOB_CONTRIBUTION_PAYLOAD_H_

@@ -17,8 +17,8 @@
 // Range: any finite fp32 weight and values; a term that is not finite is
 // refused (INVALID_ARGUMENT, nothing added). Memory: 8 bytes per element,
 // plus 96 bytes per element that moved. Not thread-safe; a value type.
-#ifndef CO2_SERVER_EXACT_SUM_H_
-#define CO2_SERVER_EXACT_SUM_H_
+#ifndef CO2_SERVER_JOB_EXACT_SUM_H_
+#define CO2_SERVER_JOB_EXACT_SUM_H_
 
 #include <array>
 #include <cstddef>
@@ -108,4 +108,4 @@ class ExactSum {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_EXACT_SUM_H_
+#endif  // CO2_SERVER_JOB_EXACT_SUM_H_

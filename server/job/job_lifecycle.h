@@ -6,8 +6,8 @@
 //
 // The rule only: no clock of its own, no locking (JobShard holds it under its
 // mutex and feeds it the round and membership at every Poll).
-#ifndef CO2_SERVER_JOB_LIFECYCLE_H_
-#define CO2_SERVER_JOB_LIFECYCLE_H_
+#ifndef CO2_SERVER_JOB_JOB_LIFECYCLE_H_
+#define CO2_SERVER_JOB_JOB_LIFECYCLE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -66,4 +66,4 @@ absl::Status FinishedJobError(absl::string_view job, uint64_t rounds);
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_JOB_LIFECYCLE_H_
+#endif  // CO2_SERVER_JOB_JOB_LIFECYCLE_H_

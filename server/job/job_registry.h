@@ -7,8 +7,8 @@
 // remembers it by name, so that a FINISHED job's name stays taken and an
 // ABANDONED job resumes from its checkpoint when a worker joins it.
 // Thread-safe; a JobShard it returns stays valid while the caller holds it.
-#ifndef CO2_SERVER_JOB_REGISTRY_H_
-#define CO2_SERVER_JOB_REGISTRY_H_
+#ifndef CO2_SERVER_JOB_JOB_REGISTRY_H_
+#define CO2_SERVER_JOB_JOB_REGISTRY_H_
 
 #include <cstdint>
 #include <functional>
@@ -139,4 +139,4 @@ class JobRegistry {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_JOB_REGISTRY_H_
+#endif  // CO2_SERVER_JOB_JOB_REGISTRY_H_

@@ -31,8 +31,8 @@
 // no gRPC types, only the co2.v1 messages it publishes. Thread-safe: every
 // public method may be called from any thread (one mutex). Sinks are called
 // as UpdateSink states.
-#ifndef CO2_SERVER_JOB_SHARD_H_
-#define CO2_SERVER_JOB_SHARD_H_
+#ifndef CO2_SERVER_JOB_JOB_SHARD_H_
+#define CO2_SERVER_JOB_JOB_SHARD_H_
 
 #include <cstdint>
 #include <functional>
@@ -412,4 +412,4 @@ class JobShard {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_JOB_SHARD_H_
+#endif  // CO2_SERVER_JOB_JOB_SHARD_H_

@@ -6,8 +6,8 @@
 // counted from the start of the spans; shard ranges are block-aligned, so the
 // result does not depend on the number of shards. Every common::KernelIsa
 // variant gives the same bits. Stateless; any thread.
-#ifndef CO2_SERVER_OUTER_OPTIMIZER_H_
-#define CO2_SERVER_OUTER_OPTIMIZER_H_
+#ifndef CO2_SERVER_JOB_OUTER_OPTIMIZER_H_
+#define CO2_SERVER_JOB_OUTER_OPTIMIZER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -97,4 +97,4 @@ absl::Status CheckStepFits(const OuterConfig& config,
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_OUTER_OPTIMIZER_H_
+#endif  // CO2_SERVER_JOB_OUTER_OPTIMIZER_H_

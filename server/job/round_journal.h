@@ -18,8 +18,8 @@
 //
 // Not thread-safe: one owner (the shard's poller thread). The spans a chunk
 // borrows must not change during Append.
-#ifndef CO2_SERVER_ROUND_JOURNAL_H_
-#define CO2_SERVER_ROUND_JOURNAL_H_
+#ifndef CO2_SERVER_JOB_ROUND_JOURNAL_H_
+#define CO2_SERVER_JOB_ROUND_JOURNAL_H_
 
 #include <cstdint>
 #include <string>
@@ -90,4 +90,4 @@ class RoundJournal {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_ROUND_JOURNAL_H_
+#endif  // CO2_SERVER_JOB_ROUND_JOURNAL_H_

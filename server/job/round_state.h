@@ -30,8 +30,8 @@
 //    taken ahead, of r or a straggler's of r − 1, is folded into r + 1.
 //
 // Not thread-safe: the owner serialises calls (server::JobShard holds a mutex).
-#ifndef CO2_SERVER_ROUND_STATE_H_
-#define CO2_SERVER_ROUND_STATE_H_
+#ifndef CO2_SERVER_JOB_ROUND_STATE_H_
+#define CO2_SERVER_JOB_ROUND_STATE_H_
 
 #include <array>
 #include <cstddef>
@@ -301,4 +301,4 @@ class RoundState {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_ROUND_STATE_H_
+#endif  // CO2_SERVER_JOB_ROUND_STATE_H_

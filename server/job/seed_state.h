@@ -10,8 +10,8 @@
 // It does not hold the anchor, nor know whether it is complete: the owner
 // asks it only while the anchor is not ready. Not thread-safe: the owner
 // serialises calls (server::JobShard holds a mutex).
-#ifndef CO2_SERVER_SEED_STATE_H_
-#define CO2_SERVER_SEED_STATE_H_
+#ifndef CO2_SERVER_JOB_SEED_STATE_H_
+#define CO2_SERVER_JOB_SEED_STATE_H_
 
 #include <cstdint>
 #include <string>
@@ -73,4 +73,4 @@ class SeedState {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_SEED_STATE_H_
+#endif  // CO2_SERVER_JOB_SEED_STATE_H_

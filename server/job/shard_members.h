@@ -8,8 +8,8 @@
 //
 // Not thread-safe: the owner serialises calls (server::JobShard holds a
 // mutex).
-#ifndef CO2_SERVER_SHARD_MEMBERS_H_
-#define CO2_SERVER_SHARD_MEMBERS_H_
+#ifndef CO2_SERVER_JOB_SHARD_MEMBERS_H_
+#define CO2_SERVER_JOB_SHARD_MEMBERS_H_
 
 #include <cstdint>
 #include <string>
@@ -97,4 +97,4 @@ class ShardMembers {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_SHARD_MEMBERS_H_
+#endif  // CO2_SERVER_JOB_SHARD_MEMBERS_H_

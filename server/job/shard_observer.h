@@ -8,8 +8,8 @@
 // be thread-safe, fast (counters and gauges only), must not block and must not
 // call back into the JobShard. Every method has an empty default, so an
 // implementation overrides only what it records.
-#ifndef CO2_SERVER_SHARD_OBSERVER_H_
-#define CO2_SERVER_SHARD_OBSERVER_H_
+#ifndef CO2_SERVER_JOB_SHARD_OBSERVER_H_
+#define CO2_SERVER_JOB_SHARD_OBSERVER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -123,4 +123,4 @@ class ShardObserver {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_SHARD_OBSERVER_H_
+#endif  // CO2_SERVER_JOB_SHARD_OBSERVER_H_

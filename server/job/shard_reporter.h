@@ -7,8 +7,8 @@
 // Not thread-safe: the owner serialises calls (server::JobShard calls it
 // under its mutex). The observer is called synchronously; see
 // shard_observer.h for what that asks of it.
-#ifndef CO2_SERVER_SHARD_REPORTER_H_
-#define CO2_SERVER_SHARD_REPORTER_H_
+#ifndef CO2_SERVER_JOB_SHARD_REPORTER_H_
+#define CO2_SERVER_JOB_SHARD_REPORTER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -51,4 +51,4 @@ class ShardReporter {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_SHARD_REPORTER_H_
+#endif  // CO2_SERVER_JOB_SHARD_REPORTER_H_

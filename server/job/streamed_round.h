@@ -8,8 +8,8 @@
 //
 // Borrows the job's step and messages, and from Begin to Close the shard's
 // A and m. Not thread-safe (the shard's mutex).
-#ifndef CO2_SERVER_STREAMED_ROUND_H_
-#define CO2_SERVER_STREAMED_ROUND_H_
+#ifndef CO2_SERVER_JOB_STREAMED_ROUND_H_
+#define CO2_SERVER_JOB_STREAMED_ROUND_H_
 
 #include <cstdint>
 #include <memory>
@@ -90,4 +90,4 @@ class StreamedRound {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_STREAMED_ROUND_H_
+#endif  // CO2_SERVER_JOB_STREAMED_ROUND_H_

@@ -22,8 +22,8 @@
 //
 // Not thread-safe: the owner serialises calls (server::JobShard holds a
 // mutex). The updates themselves are immutable and shared.
-#ifndef CO2_SERVER_UPDATE_CACHE_H_
-#define CO2_SERVER_UPDATE_CACHE_H_
+#ifndef CO2_SERVER_JOB_UPDATE_CACHE_H_
+#define CO2_SERVER_JOB_UPDATE_CACHE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -105,4 +105,4 @@ class UpdateCache {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_UPDATE_CACHE_H_
+#endif  // CO2_SERVER_JOB_UPDATE_CACHE_H_

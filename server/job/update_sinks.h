@@ -4,8 +4,8 @@
 //
 // UpdateSinks is not thread-safe: the owner (server::JobShard) serialises
 // calls under its mutex.
-#ifndef CO2_SERVER_UPDATE_SINKS_H_
-#define CO2_SERVER_UPDATE_SINKS_H_
+#ifndef CO2_SERVER_JOB_UPDATE_SINKS_H_
+#define CO2_SERVER_JOB_UPDATE_SINKS_H_
 
 #include <memory>
 #include <vector>
@@ -46,4 +46,4 @@ class UpdateSinks {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_UPDATE_SINKS_H_
+#endif  // CO2_SERVER_JOB_UPDATE_SINKS_H_

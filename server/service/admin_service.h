@@ -4,8 +4,8 @@
 // (server/service/call_auth.h), and translates to the JobRegistry; a deletion
 // runs on the registry's poller thread and the reaction finishes from there.
 // Thread-safe; the registry is borrowed and must outlive the service.
-#ifndef CO2_SERVER_ADMIN_SERVICE_H_
-#define CO2_SERVER_ADMIN_SERVICE_H_
+#ifndef CO2_SERVER_SERVICE_ADMIN_SERVICE_H_
+#define CO2_SERVER_SERVICE_ADMIN_SERVICE_H_
 
 #include "co2/v1/aggregator.grpc.pb.h"
 #include "server/job/job_registry.h"
@@ -34,4 +34,4 @@ class AdminService final : public v1::AggregatorAdmin::CallbackService {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_ADMIN_SERVICE_H_
+#endif  // CO2_SERVER_SERVICE_ADMIN_SERVICE_H_

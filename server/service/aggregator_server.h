@@ -2,8 +2,8 @@
 // with the AggregatorService, the JobRegistry behind it and the standard
 // health service. Used by the co2-aggregator binary, by co2-train's embedded
 // aggregator and by tests. Start/Shutdown from one thread; port() from any.
-#ifndef CO2_SERVER_AGGREGATOR_SERVER_H_
-#define CO2_SERVER_AGGREGATOR_SERVER_H_
+#ifndef CO2_SERVER_SERVICE_AGGREGATOR_SERVER_H_
+#define CO2_SERVER_SERVICE_AGGREGATOR_SERVER_H_
 
 #include <cstdint>
 #include <memory>
@@ -84,4 +84,4 @@ class AggregatorServer {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_AGGREGATOR_SERVER_H_
+#endif  // CO2_SERVER_SERVICE_AGGREGATOR_SERVER_H_

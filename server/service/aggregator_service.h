@@ -5,8 +5,8 @@
 // only in its checkpoint is read on the service's ReadThread. Thread-safe;
 // the registry is borrowed and must outlive the service, which must outlive
 // the server's shutdown.
-#ifndef CO2_SERVER_AGGREGATOR_SERVICE_H_
-#define CO2_SERVER_AGGREGATOR_SERVICE_H_
+#ifndef CO2_SERVER_SERVICE_AGGREGATOR_SERVICE_H_
+#define CO2_SERVER_SERVICE_AGGREGATOR_SERVICE_H_
 
 #include "co2/v1/aggregator.grpc.pb.h"
 #include "server/job/job_registry.h"
@@ -63,4 +63,4 @@ class AggregatorService final : public AggregatorCallbackService {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_AGGREGATOR_SERVICE_H_
+#endif  // CO2_SERVER_SERVICE_AGGREGATOR_SERVICE_H_

@@ -21,8 +21,8 @@
 // Both need TLS: gRPC does not run an AuthMetadataProcessor on plaintext
 // listeners, and a token in clear text would be worth nothing.
 // CallAuthProcessor is immutable and thread-safe.
-#ifndef CO2_SERVER_CALL_AUTH_H_
-#define CO2_SERVER_CALL_AUTH_H_
+#ifndef CO2_SERVER_SERVICE_CALL_AUTH_H_
+#define CO2_SERVER_SERVICE_CALL_AUTH_H_
 
 #include <memory>
 #include <optional>
@@ -101,4 +101,4 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeShardCredentials(
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_CALL_AUTH_H_
+#endif  // CO2_SERVER_SERVICE_CALL_AUTH_H_

@@ -11,8 +11,8 @@
 // it. TLS still proves that the client holds the certificate's key.
 //
 // Immutable after Create; thread-safe.
-#ifndef CO2_SERVER_CLIENT_CERT_H_
-#define CO2_SERVER_CLIENT_CERT_H_
+#ifndef CO2_SERVER_SERVICE_CLIENT_CERT_H_
+#define CO2_SERVER_SERVICE_CLIENT_CERT_H_
 
 #include <memory>
 #include <string>
@@ -52,4 +52,4 @@ class ClientCertVerifier {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_CLIENT_CERT_H_
+#endif  // CO2_SERVER_SERVICE_CLIENT_CERT_H_

@@ -14,8 +14,8 @@
 // common/wire_frames.h; workers do the same on their side
 // (client/worker_wire.h), and any gRPC client with the generated stubs works
 // too. Pure functions; any thread.
-#ifndef CO2_SERVER_EXCHANGE_WIRE_H_
-#define CO2_SERVER_EXCHANGE_WIRE_H_
+#ifndef CO2_SERVER_SERVICE_EXCHANGE_WIRE_H_
+#define CO2_SERVER_SERVICE_EXCHANGE_WIRE_H_
 
 #include <memory>
 #include <optional>
@@ -49,4 +49,4 @@ grpc::ByteBuffer SerializeUpdate(std::shared_ptr<const v1::OuterUpdate> update);
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_EXCHANGE_WIRE_H_
+#endif  // CO2_SERVER_SERVICE_EXCHANGE_WIRE_H_

@@ -4,8 +4,8 @@
 // shard that serves its Aggregator service over TLS answers probes here, on a
 // port of its own that carries no training data. Start/Shutdown from one
 // thread; port() from any.
-#ifndef CO2_SERVER_HEALTH_SERVER_H_
-#define CO2_SERVER_HEALTH_SERVER_H_
+#ifndef CO2_SERVER_SERVICE_HEALTH_SERVER_H_
+#define CO2_SERVER_SERVICE_HEALTH_SERVER_H_
 
 #include <memory>
 #include <string>
@@ -45,4 +45,4 @@ class HealthServer {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_HEALTH_SERVER_H_
+#endif  // CO2_SERVER_SERVICE_HEALTH_SERVER_H_

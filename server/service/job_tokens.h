@@ -5,8 +5,8 @@
 // with # ignored. The file should be readable by the shard's user only
 // (chmod 600); a group- or world-readable one is warned about.
 // Values and pure functions; any thread.
-#ifndef CO2_SERVER_JOB_TOKENS_H_
-#define CO2_SERVER_JOB_TOKENS_H_
+#ifndef CO2_SERVER_SERVICE_JOB_TOKENS_H_
+#define CO2_SERVER_SERVICE_JOB_TOKENS_H_
 
 #include <string>
 
@@ -38,4 +38,4 @@ absl::StatusOr<JobTokens> LoadJobTokensFile(const std::string& path);
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_JOB_TOKENS_H_
+#endif  // CO2_SERVER_SERVICE_JOB_TOKENS_H_

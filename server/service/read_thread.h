@@ -3,8 +3,8 @@
 // in the order they were posted. Thread-safe. The destructor runs the tasks
 // already posted, then joins: destroy it only after the server has shut
 // down, since a task may hold a stream open until it runs.
-#ifndef CO2_SERVER_READ_THREAD_H_
-#define CO2_SERVER_READ_THREAD_H_
+#ifndef CO2_SERVER_SERVICE_READ_THREAD_H_
+#define CO2_SERVER_SERVICE_READ_THREAD_H_
 
 #include <deque>
 #include <functional>
@@ -37,4 +37,4 @@ class ReadThread {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_READ_THREAD_H_
+#endif  // CO2_SERVER_SERVICE_READ_THREAD_H_

@@ -6,8 +6,8 @@
 // left out).
 //
 // Thread-safe.
-#ifndef CO2_SERVER_REFUSED_CALLS_H_
-#define CO2_SERVER_REFUSED_CALLS_H_
+#ifndef CO2_SERVER_SERVICE_REFUSED_CALLS_H_
+#define CO2_SERVER_SERVICE_REFUSED_CALLS_H_
 
 #include <cstdint>
 #include <optional>
@@ -51,4 +51,4 @@ class RefusedCalls {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_REFUSED_CALLS_H_
+#endif  // CO2_SERVER_SERVICE_REFUSED_CALLS_H_

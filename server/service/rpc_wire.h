@@ -9,8 +9,8 @@
 // the shared anchor snapshot, which the frame keeps alive.
 //
 // Pure functions; any thread.
-#ifndef CO2_SERVER_RPC_WIRE_H_
-#define CO2_SERVER_RPC_WIRE_H_
+#ifndef CO2_SERVER_SERVICE_RPC_WIRE_H_
+#define CO2_SERVER_SERVICE_RPC_WIRE_H_
 
 #include <cstddef>
 #include <memory>
@@ -36,4 +36,4 @@ grpc::ByteBuffer SerializeAnchorChunk(
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_RPC_WIRE_H_
+#endif  // CO2_SERVER_SERVICE_RPC_WIRE_H_

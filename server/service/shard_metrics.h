@@ -50,8 +50,8 @@
 //   co2_aggregator_checkpoint_duration_seconds     checkpoint made durable
 //
 // Thread-safe (prometheus-cpp metrics are); the registry must outlive it.
-#ifndef CO2_SERVER_SHARD_METRICS_H_
-#define CO2_SERVER_SHARD_METRICS_H_
+#ifndef CO2_SERVER_SERVICE_SHARD_METRICS_H_
+#define CO2_SERVER_SERVICE_SHARD_METRICS_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -145,4 +145,4 @@ class ShardMetrics : public ShardObserver {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_SHARD_METRICS_H_
+#endif  // CO2_SERVER_SERVICE_SHARD_METRICS_H_

@@ -1,8 +1,8 @@
 // The shard index of a co2-aggregator that runs as pod N of a Kubernetes
 // StatefulSet (hostname "<statefulset>-N"), so that every replica of one pod
 // template serves a different shard. Pure functions; any thread.
-#ifndef CO2_SERVER_SHARD_ORDINAL_H_
-#define CO2_SERVER_SHARD_ORDINAL_H_
+#ifndef CO2_SERVER_SERVICE_SHARD_ORDINAL_H_
+#define CO2_SERVER_SERVICE_SHARD_ORDINAL_H_
 
 #include <string>
 
@@ -22,4 +22,4 @@ absl::StatusOr<int> ResolveShardIndex(int flag_value, bool from_hostname);
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_SHARD_ORDINAL_H_
+#endif  // CO2_SERVER_SERVICE_SHARD_ORDINAL_H_

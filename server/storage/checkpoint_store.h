@@ -15,8 +15,8 @@
 //
 // Thread-safe (no shared mutable state); Write is called from the aggregator
 // poller thread, never from gRPC reactions.
-#ifndef CO2_SERVER_CHECKPOINT_STORE_H_
-#define CO2_SERVER_CHECKPOINT_STORE_H_
+#ifndef CO2_SERVER_STORAGE_CHECKPOINT_STORE_H_
+#define CO2_SERVER_STORAGE_CHECKPOINT_STORE_H_
 
 #include <cstdint>
 #include <memory>
@@ -106,4 +106,4 @@ class CheckpointStore {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_CHECKPOINT_STORE_H_
+#endif  // CO2_SERVER_STORAGE_CHECKPOINT_STORE_H_

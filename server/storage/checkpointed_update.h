@@ -7,8 +7,8 @@
 // It lets a shard keep an update it has already sent on disk instead of in
 // memory (server/storage/kept_update.h). Immutable; any thread (positional
 // reads).
-#ifndef CO2_SERVER_CHECKPOINTED_UPDATE_H_
-#define CO2_SERVER_CHECKPOINTED_UPDATE_H_
+#ifndef CO2_SERVER_STORAGE_CHECKPOINTED_UPDATE_H_
+#define CO2_SERVER_STORAGE_CHECKPOINTED_UPDATE_H_
 
 #include <cstdint>
 #include <string>
@@ -47,4 +47,4 @@ class CheckpointedUpdate {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_CHECKPOINTED_UPDATE_H_
+#endif  // CO2_SERVER_STORAGE_CHECKPOINTED_UPDATE_H_

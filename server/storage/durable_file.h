@@ -5,8 +5,8 @@
 // for the rest; each carries its errno (WriteFailureOf).
 //
 // Stateless functions, and a writer with one owner.
-#ifndef CO2_SERVER_DURABLE_FILE_H_
-#define CO2_SERVER_DURABLE_FILE_H_
+#ifndef CO2_SERVER_STORAGE_DURABLE_FILE_H_
+#define CO2_SERVER_STORAGE_DURABLE_FILE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -50,4 +50,4 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_DURABLE_FILE_H_
+#endif  // CO2_SERVER_STORAGE_DURABLE_FILE_H_

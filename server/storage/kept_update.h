@@ -8,8 +8,8 @@
 //
 // A value type over shared immutable parts: copies are cheap and may be read
 // from any thread; changing one (Store) is the owner's to serialise.
-#ifndef CO2_SERVER_KEPT_UPDATE_H_
-#define CO2_SERVER_KEPT_UPDATE_H_
+#ifndef CO2_SERVER_STORAGE_KEPT_UPDATE_H_
+#define CO2_SERVER_STORAGE_KEPT_UPDATE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -69,4 +69,4 @@ class KeptUpdate {
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_KEPT_UPDATE_H_
+#endif  // CO2_SERVER_STORAGE_KEPT_UPDATE_H_

@@ -5,8 +5,8 @@
 // one place that reads it back.
 //
 // Stateless functions; any thread.
-#ifndef CO2_SERVER_WRITE_FAILURE_H_
-#define CO2_SERVER_WRITE_FAILURE_H_
+#ifndef CO2_SERVER_STORAGE_WRITE_FAILURE_H_
+#define CO2_SERVER_STORAGE_WRITE_FAILURE_H_
 
 #include <optional>
 #include <string>
@@ -39,4 +39,4 @@ std::string WriteFailureText(const absl::Status& status);
 
 }  // namespace co2::server
 
-#endif  // CO2_SERVER_WRITE_FAILURE_H_
+#endif  // CO2_SERVER_STORAGE_WRITE_FAILURE_H_

@@ -138,6 +138,15 @@ std::string DescribeHostTcp(const HostTcpSettings& settings,
   return line;
 }
 
+HostTcpCheck CheckHostTcp(const LinkPath& path) {
+  const absl::StatusOr<HostTcpSettings> settings = ReadHostTcpSettings();
+  if (!settings.ok()) {
+    return {true, absl::StrCat("host TCP settings not read: ",
+                               settings.status().ToString())};
+  }
+  return {LimitsPath(*settings, path), DescribeHostTcp(*settings, path)};
+}
+
 absl::Status CheckLinkPathAndLogHostTcp(const LinkPath& path) {
   if (path.bits_per_second < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -149,13 +158,11 @@ absl::Status CheckLinkPathAndLogHostTcp(const LinkPath& path) {
         absl::StrCat("--link_rtt is ", absl::FormatDuration(path.rtt),
                      ": must be 0 (not said) or the path's round trip"));
   }
-  absl::StatusOr<HostTcpSettings> settings = ReadHostTcpSettings();
-  if (!settings.ok()) {
-    CO2_LOG(WARNING) << "host TCP settings not read: " << settings.status();
-  } else if (LimitsPath(*settings, path)) {
-    CO2_LOG(WARNING) << DescribeHostTcp(*settings, path);
+  const HostTcpCheck check = CheckHostTcp(path);
+  if (check.limits) {
+    CO2_LOG(WARNING) << check.line;
   } else {
-    CO2_LOG(INFO) << DescribeHostTcp(*settings, path);
+    CO2_LOG(INFO) << check.line;
   }
   return absl::OkStatus();
 }

@@ -57,7 +57,15 @@ bool LimitsPath(const HostTcpSettings& settings, const LinkPath& path);
 std::string DescribeHostTcp(const HostTcpSettings& settings,
                             const LinkPath& path);
 
-// Reads the settings and logs DescribeHostTcp's line: WARNING where they
+// What this host's settings mean for `path`: whether they limit it (also
+// when they cannot be read) and the line that says so (DescribeHostTcp's,
+// or why the settings were not read).
+struct HostTcpCheck {
+  bool limits = false;
+  std::string line;
+};
+HostTcpCheck CheckHostTcp(const LinkPath& path);
+// Reads the settings and logs CheckHostTcp's line: WARNING where they
 // limit the path (or cannot be read), INFO otherwise. INVALID_ARGUMENT for
 // a negative rate or round trip, naming the flag (--link_mbit, --link_rtt).
 absl::Status CheckLinkPathAndLogHostTcp(const LinkPath& path);

@@ -46,7 +46,8 @@ def t975(df: int) -> float:
 
 def time_to(curve: list, target: float):
     """Wall seconds until the curve first reaches `target` (linear between
-    evaluations, from (0, first loss) at the start); None if it never does."""
+    evaluations; the first evaluation's time if it already reaches it);
+    None if it never does."""
     prev = None
     for p in curve:
         if p["val_loss"] <= target:

@@ -559,16 +559,9 @@ PYBIND11_MODULE(_core, m) {
           throw py::value_error(
               absl::StrCat("link_rtt must be >= 0 (seconds), got ", link_rtt));
         }
-        const common::LinkPath path{link_mbit * 1e6, absl::Seconds(link_rtt)};
-        const absl::StatusOr<common::HostTcpSettings> settings =
-            common::ReadHostTcpSettings();
-        if (!settings.ok()) {
-          return py::make_tuple(
-              true, absl::StrCat("host TCP settings unreadable: ",
-                                 settings.status().message()));
-        }
-        return py::make_tuple(common::LimitsPath(*settings, path),
-                              common::DescribeHostTcp(*settings, path));
+        const common::HostTcpCheck check = common::CheckHostTcp(
+            {link_mbit * 1e6, absl::Seconds(link_rtt)});
+        return py::make_tuple(check.limits, check.line);
       },
       "(limits, line): whether this host's TCP settings cap one stream below "
       "the path (link_mbit Mbit/s, link_rtt seconds), and the line that says "

@@ -28,8 +28,8 @@ absl::StatusOr<Range> ShardRangeFor(size_t num_parameters, size_t num_shards,
   return r;
 }
 
-absl::StatusOr<ShardSpan> OwnedShards(size_t num_shards, size_t local_ranks,
-                                      size_t rank) {
+absl::StatusOr<Range> OwnedShards(size_t num_shards, size_t local_ranks,
+                                  size_t rank) {
   if (local_ranks == 0) {
     return absl::InvalidArgumentError("local_ranks must be at least 1, got 0");
   }
@@ -47,12 +47,12 @@ absl::StatusOr<ShardSpan> OwnedShards(size_t num_shards, size_t local_ranks,
   const size_t base = num_shards / local_ranks;
   const size_t extra = num_shards % local_ranks;
   auto shards_before = [&](size_t k) { return k * base + std::min(k, extra); };
-  return ShardSpan{shards_before(rank), shards_before(rank + 1)};
+  return Range{shards_before(rank), shards_before(rank + 1)};
 }
 
 absl::StatusOr<Range> RankRange(size_t num_parameters, size_t num_shards,
                                 size_t local_ranks, size_t rank) {
-  CO2_ASSIGN_OR_RETURN(const ShardSpan owned,
+  CO2_ASSIGN_OR_RETURN(const Range owned,
                        OwnedShards(num_shards, local_ranks, rank));
   CO2_ASSIGN_OR_RETURN(const Range first,
                        ShardRangeFor(num_parameters, num_shards, owned.begin));

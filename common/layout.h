@@ -46,16 +46,8 @@ absl::StatusOr<Range> ShardRangeFor(size_t num_parameters, size_t num_shards,
 // num_shards = local_ranks · s every rank owns s. INVALID_ARGUMENT naming
 // the values when local_ranks is 0, rank >= local_ranks, or there are fewer
 // shards than local ranks (a rank would own nothing).
-struct ShardSpan {
-  size_t begin = 0;
-  size_t end = 0;
-  size_t size() const { return end - begin; }
-  bool operator==(const ShardSpan& o) const {
-    return begin == o.begin && end == o.end;
-  }
-};
-absl::StatusOr<ShardSpan> OwnedShards(size_t num_shards, size_t local_ranks,
-                                      size_t rank);
+absl::StatusOr<Range> OwnedShards(size_t num_shards, size_t local_ranks,
+                                  size_t rank);
 
 // The parameters local rank `rank` exchanges: the union of its
 // OwnedShards' ShardRangeFor ranges, which is contiguous and starts on the

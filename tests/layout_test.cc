@@ -81,7 +81,7 @@ TEST_P(RankRangeTest, RanksTileTheParametersByWholeShards) {
   for (size_t k = 0; k < ranks; ++k) {
     SCOPED_TRACE(::testing::Message() << "P " << p << ", S " << shards << ", L "
                                     << ranks << ", rank " << k);
-    const absl::StatusOr<ShardSpan> owned = OwnedShards(shards, ranks, k);
+    const absl::StatusOr<Range> owned = OwnedShards(shards, ranks, k);
     CO2_ASSERT_OK(owned);
     EXPECT_EQ(owned->begin, next_shard);
     EXPECT_GE(owned->size(), shards / ranks);
@@ -113,17 +113,17 @@ INSTANTIATE_TEST_SUITE_P(
                         std::make_tuple(size_t{5}, size_t{1}))));
 
 TEST(RankRangeTest, EqualSharesWhenShardsAreAMultipleOfRanks) {
-  EXPECT_EQ(*OwnedShards(8, 4, 0), (ShardSpan{0, 2}));
-  EXPECT_EQ(*OwnedShards(8, 4, 3), (ShardSpan{6, 8}));
-  EXPECT_EQ(*OwnedShards(3, 2, 0), (ShardSpan{0, 2}));
-  EXPECT_EQ(*OwnedShards(3, 2, 1), (ShardSpan{2, 3}));
+  EXPECT_EQ(*OwnedShards(8, 4, 0), (Range{0, 2}));
+  EXPECT_EQ(*OwnedShards(8, 4, 3), (Range{6, 8}));
+  EXPECT_EQ(*OwnedShards(3, 2, 0), (Range{0, 2}));
+  EXPECT_EQ(*OwnedShards(3, 2, 1), (Range{2, 3}));
   // 4 shards of 16 blocks: rank 1 of 2 exchanges blocks 8 .. 16.
   EXPECT_EQ(*RankRange(16 * kBlockElements, 4, 2, 1),
             (Range{8 * kBlockElements, 16 * kBlockElements}));
 }
 
 TEST(RankRangeTest, RefusesFewerShardsThanRanksByName) {
-  const absl::StatusOr<ShardSpan> few = OwnedShards(2, 4, 0);
+  const absl::StatusOr<Range> few = OwnedShards(2, 4, 0);
   EXPECT_EQ(few.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(few.status().message(),
               ::testing::HasSubstr("a node of 4 local ranks cannot split 2 "

@@ -46,6 +46,7 @@ absl::Status WithShard(uint32_t shard, const std::string& address,
 class AggregatorClient::Impl : public AnchorSource {
  public:
   struct Shard {
+    uint32_t index = 0;  // into ClientOptions::addresses
     std::string address;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Aggregator::Stub> stub;
@@ -73,6 +74,7 @@ class AggregatorClient::Impl : public AnchorSource {
   absl::Status Connect(absl::Span<float> anchor) {
     const absl::Time deadline = absl::Now() + options_.connect_timeout;
     CO2_RETURN_IF_ERROR(CheckJobConfig(anchor.size()));
+    CO2_RETURN_IF_ERROR(TakeSlice(anchor.size()));
     CO2_RETURN_IF_ERROR(OpenChannels());
     CO2_RETURN_IF_ERROR(JoinShards(deadline));
     if (options_.resume_round.has_value()) {
@@ -86,16 +88,17 @@ class AggregatorClient::Impl : public AnchorSource {
     }
     CO2_LOG(INFO) << "worker " << options_.worker_id << " joined job "
                   << options_.job << " on " << shards_.size()
-                  << " shards; starting at round " << start_round_;
+                  << " shards" << SliceNote() << "; starting at round "
+                  << start_round_;
     return absl::OkStatus();
   }
 
   absl::Status Push(uint64_t round, absl::Span<const float> delta,
                     double weight, absl::Time deadline) {
-    if (delta.size() != options_.job_config.num_parameters()) {
+    if (delta.size() != anchor_size()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("delta has ", delta.size(), " elements, the job has ",
-                       options_.job_config.num_parameters()));
+          absl::StrCat("delta has ", delta.size(), " elements, ",
+                       SizeOwner(), " has ", anchor_size()));
     }
     if (!(weight > 0) || !std::isfinite(weight)) {
       return absl::InvalidArgumentError(
@@ -107,14 +110,14 @@ class AggregatorClient::Impl : public AnchorSource {
                            shard.stream->BeginContribution(deadline));
       for (size_t c = 0; c < chunks.size(); ++c) {
         const common::Range r = common::ChunkRange(shard.range.size(), c);
-        auto in = delta.subspan(shard.range.begin + r.begin, r.size());
+        auto in = delta.subspan(Offset(shard) + r.begin, r.size());
         const absl::Span<char> out = chunks[c];
         if (residual_.empty()) {
           common::Encode(options_.uplink_codec, in, out);
         } else {
           common::EncodeWithFeedback(options_.uplink_codec, in,
                                      absl::MakeSpan(residual_).subspan(
-                                         shard.range.begin + r.begin, r.size()),
+                                         Offset(shard) + r.begin, r.size()),
                                      out);
         }
       }
@@ -145,8 +148,8 @@ class AggregatorClient::Impl : public AnchorSource {
   absl::Status TrackAnchor(absl::Span<const float> anchor) {
     if (anchor.size() != anchor_size()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("anchor has ", anchor.size(), " elements, the job has ",
-                       anchor_size()));
+          absl::StrCat("anchor has ", anchor.size(), " elements, ",
+                       SizeOwner(), " has ", anchor_size()));
     }
     absl::MutexLock lock(&anchor_mu_);
     tracked_anchor_ = anchor;
@@ -163,8 +166,8 @@ class AggregatorClient::Impl : public AnchorSource {
                        " lost the job's state and this worker lent no "
                        "anchor to re-seed it (AggregatorClient::TrackAnchor)"));
     }
-    const common::Range& range = shards_[shard].range;
-    read(tracked_anchor_.subspan(range.begin, range.size()));
+    const Shard& owned = shards_[shard - shards_[0].index];
+    read(tracked_anchor_.subspan(Offset(owned), owned.range.size()));
     return absl::OkStatus();
   }
 
@@ -198,7 +201,7 @@ class AggregatorClient::Impl : public AnchorSource {
       for (size_t c = 0; c < chunks.size(); ++c) {
         const common::Range r = common::ChunkRange(shard.range.size(), c);
         const absl::Span<float> values =
-            anchor.subspan(shard.range.begin + r.begin, r.size());
+            anchor.subspan(Offset(shard) + r.begin, r.size());
         if (!included) {
           common::AccumulatePieces(codec, chunks[c].payload, 1.0f, values);
         }
@@ -232,15 +235,16 @@ class AggregatorClient::Impl : public AnchorSource {
     if (anchor.size() != anchor_size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("VerifyAnchor: the anchor has ", anchor.size(),
-                       " elements, the job ", anchor_size()));
+                       " elements, ", SizeOwner(), " ", anchor_size()));
     }
     for (uint32_t i = 0; i < shards_.size(); ++i) {
       const Shard& shard = shards_[i];
       const absl::Span<const float> range =
-          anchor.subspan(shard.range.begin, shard.range.size());
+          anchor.subspan(Offset(shard), shard.range.size());
       AnchorComparison theirs;
       CO2_RETURN_IF_ERROR(WithShard(
-          i, shard.address, RetryUnavailable(deadline, [&](absl::Time call) {
+          shard.index, shard.address,
+          RetryUnavailable(deadline, [&](absl::Time call) {
             absl::StatusOr<AnchorComparison> compared =
                 CompareAnchor(shard.stub.get(), options_.job,
                               options_.worker_id, range, call);
@@ -260,7 +264,8 @@ class AggregatorClient::Impl : public AnchorSource {
                            absl::Hex(common::Fnv1a(fetched), absl::kZeroPad16))
                      : "unknown";
       return absl::DataLossError(absl::StrCat(
-          "shard ", i, " (", shard.address, ") holds the anchor of round ",
+          "shard ", shard.index, " (", shard.address,
+          ") holds the anchor of round ",
           theirs.anchor_round, ", this worker that of round ", anchor_round,
           theirs.first_difference == SIZE_MAX
               ? std::string(" with the same bits")
@@ -287,7 +292,9 @@ class AggregatorClient::Impl : public AnchorSource {
       v1::LeaveResponse response;
       absl::Status s = common::FromGrpcStatus(
           shards_[i].stub->Leave(&context, request, &response));
-      if (result.ok()) result = WithShard(i, shards_[i].address, s);
+      if (result.ok()) {
+        result = WithShard(shards_[i].index, shards_[i].address, s);
+      }
     }
     return result;
   }
@@ -296,7 +303,7 @@ class AggregatorClient::Impl : public AnchorSource {
   absl::Status RestoreResidual(absl::Span<const float> residual) {
     if (residual.size() != residual_.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the residual has ", residual.size(), " elements; this worker's ",
+          "the residual has ", residual.size(), " elements; this client's ",
           std::string(common::CodecName(options_.uplink_codec)),
           " uplink keeps ", residual_.size()));
     }
@@ -320,12 +327,19 @@ class AggregatorClient::Impl : public AnchorSource {
 
   uint64_t start_round() const { return start_round_; }
   const v1::JobConfig& job_config() const { return options_.job_config; }
+  common::Range slice() const { return slice_; }
 
  private:
   // The job's settings with this model's size and the shards' count.
-  absl::Status CheckJobConfig(size_t num_parameters) {
+  absl::Status CheckJobConfig(size_t anchor_elements) {
     v1::JobConfig& config = options_.job_config;
-    config.set_num_parameters(num_parameters);
+    if (options_.owned_shards.has_value() && options_.num_parameters == 0) {
+      return absl::InvalidArgumentError(
+          "owned_shards needs num_parameters, the whole model's size");
+    }
+    config.set_num_parameters(options_.num_parameters != 0
+                                  ? options_.num_parameters
+                                  : anchor_elements);
     config.set_num_shards(static_cast<uint32_t>(options_.addresses.size()));
     if (options_.addresses.empty()) {
       return absl::InvalidArgumentError("no aggregator addresses given");
@@ -336,14 +350,61 @@ class AggregatorClient::Impl : public AnchorSource {
     return common::ValidateJobConfig(config);
   }
 
+  // The owned shards (all by default) and the slice of the model they
+  // serve, which the anchor must fill.
+  absl::Status TakeSlice(size_t anchor_elements) {
+    const size_t p = options_.job_config.num_parameters();
+    const size_t s = options_.addresses.size();
+    const common::Range owned = options_.owned_shards.value_or(
+        common::Range{0, s});
+    if (owned.begin >= owned.end || owned.end > s) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("owned_shards [", owned.begin, ", ", owned.end,
+                       ") is not a non-empty range of the ", s, " shards"));
+    }
+    CO2_ASSIGN_OR_RETURN(const common::Range first,
+                         common::ShardRangeFor(p, s, owned.begin));
+    CO2_ASSIGN_OR_RETURN(const common::Range last,
+                         common::ShardRangeFor(p, s, owned.end - 1));
+    slice_ = common::Range{first.begin, last.end};
+    if (anchor_elements != slice_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the anchor has ", anchor_elements, " elements, but shards [",
+          owned.begin, ", ", owned.end, ") of ", s, " serve [", slice_.begin,
+          ", ", slice_.end, ") of the job's ", p, " parameters"));
+    }
+    shards_.resize(owned.size());
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      shards_[i].index = static_cast<uint32_t>(owned.begin + i);
+    }
+    return absl::OkStatus();
+  }
+
+  // Where shard `shard`'s range starts in this client's spans.
+  size_t Offset(const Shard& shard) const {
+    return shard.range.begin - slice_.begin;
+  }
+
+  // Whose size the spans must have, for errors.
+  std::string SizeOwner() const {
+    if (slice_.size() == options_.job_config.num_parameters()) return "the job";
+    return absl::StrCat("this client's slice [", slice_.begin, ", ",
+                        slice_.end, ")");
+  }
+
+  std::string SliceNote() const {
+    if (slice_.size() == options_.job_config.num_parameters()) return "";
+    return absl::StrCat(" (", shards_.front().index, " to ",
+                        shards_.back().index, ", parameters [", slice_.begin,
+                        ", ", slice_.end, "))");
+  }
+
   absl::Status OpenChannels() {
     CO2_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                          common::MakeChannelCredentials(
                              options_.tls, options_.token, options_.job));
-    shards_.resize(options_.addresses.size());
-    for (uint32_t i = 0; i < shards_.size(); ++i) {
-      Shard& shard = shards_[i];
-      shard.address = options_.addresses[i];
+    for (Shard& shard : shards_) {
+      shard.address = options_.addresses[shard.index];
       shard.channel =
           MakeShardChannel(shard.address, credentials, options_.initial_backoff,
                            options_.max_backoff);
@@ -359,8 +420,8 @@ class AggregatorClient::Impl : public AnchorSource {
     for (uint32_t i = 0; i < shards_.size(); ++i) {
       Shard& shard = shards_[i];
       CO2_RETURN_IF_ERROR(WithShard(
-          i, shard.address,
-          common::WithTransportHint(Join(i, shard, deadline), options_.tls)));
+          shard.index, shard.address,
+          common::WithTransportHint(Join(shard, deadline), options_.tls)));
       absl::MutexLock lock(&mu_);
       joined_shards_ = i + 1;
     }
@@ -370,10 +431,10 @@ class AggregatorClient::Impl : public AnchorSource {
   // A resuming worker starts at its own round with its own anchor, which
   // every shard must still hold the job for.
   absl::Status ResumeAtRound(uint64_t round) {
-    for (uint32_t i = 0; i < shards_.size(); ++i) {
-      if (shards_[i].must_seed) {
+    for (const Shard& shard : shards_) {
+      if (shard.must_seed) {
         return WithShard(
-            i, shards_[i].address,
+            shard.index, shard.address,
             absl::FailedPreconditionError(absl::StrCat(
                 "the shard does not hold job \"", options_.job,
                 "\" any more, so it cannot resume at round ", round,
@@ -387,11 +448,10 @@ class AggregatorClient::Impl : public AnchorSource {
   // Seeds the shards that ask for it with `anchor`'s ranges, fetches the
   // others' into it, and starts at the anchor's round.
   absl::Status DownloadAnchor(absl::Span<float> anchor, absl::Time deadline) {
-    for (uint32_t i = 0; i < shards_.size(); ++i) {
-      Shard& shard = shards_[i];
+    for (Shard& shard : shards_) {
       absl::Status status = shard.must_seed ? Seed(shard, anchor, deadline)
                                             : Fetch(shard, anchor, deadline);
-      CO2_RETURN_IF_ERROR(WithShard(i, shard.address, status));
+      CO2_RETURN_IF_ERROR(WithShard(shard.index, shard.address, status));
     }
     CO2_RETURN_IF_ERROR(AgreeOnAnchorRound(anchor, deadline));
     start_round_ = shards_[0].anchor_round;
@@ -409,7 +469,7 @@ class AggregatorClient::Impl : public AnchorSource {
       ShardStreamOptions so;
       so.job = options_.job;
       so.worker_id = options_.worker_id;
-      so.shard_index = i;
+      so.shard_index = shards_[i].index;
       so.shard_elements = shards_[i].range.size();
       so.uplink = options_.uplink_codec;
       so.downlink = common::Codec(config.downlink_codec());
@@ -454,7 +514,8 @@ class AggregatorClient::Impl : public AnchorSource {
       ++stats_.anchor_mismatches;
     }
     CO2_LOG(WARNING) << "worker " << options_.worker_id << ": the anchor of "
-                     << "round " << anchor_round << " differs from shard " << i
+                     << "round " << anchor_round << " differs from shard "
+                     << shard.index
                      << "'s digest (chunk " << chunk << ", elements from "
                      << shard.range.begin +
                             common::ChunkRange(shard.range.size(), chunk).begin
@@ -462,10 +523,10 @@ class AggregatorClient::Impl : public AnchorSource {
                      << ", " << shard.range.end << ") again";
     absl::StatusOr<uint64_t> fetched =
         FetchAnchor(shard.stub.get(), options_.job, options_.worker_id,
-                    anchor.subspan(shard.range.begin, shard.range.size()),
+                    anchor.subspan(Offset(shard), shard.range.size()),
                     absl::Now() + options_.rpc_timeout);
     auto cannot_mend = [&](const std::string& why) {
-      return WithShard(i, shard.address,
+      return WithShard(shard.index, shard.address,
                        absl::DataLossError(absl::StrCat(
                            "the anchor of round ", anchor_round,
                            " differs from the shard's digest", why)));
@@ -481,13 +542,13 @@ class AggregatorClient::Impl : public AnchorSource {
                        ": this worker cannot mend it; restart it"));
     }
     shard.healed_to_round = *fetched;
-    CO2_LOG(INFO) << "worker " << options_.worker_id << ": shard " << i
-                  << "'s range fetched again, the anchor of round " << *fetched;
+    CO2_LOG(INFO) << "worker " << options_.worker_id << ": shard "
+                  << shard.index << "'s range fetched again, the anchor of round " << *fetched;
     return absl::OkStatus();
   }
 
   // Join, retrying while the shard is unavailable (e.g. still starting).
-  absl::Status Join(uint32_t index, Shard& shard, absl::Time deadline) {
+  absl::Status Join(Shard& shard, absl::Time deadline) {
     const v1::JoinRequest request = JoinRequest();
     v1::JoinResponse response;
     bool probed = false;
@@ -513,8 +574,10 @@ class AggregatorClient::Impl : public AnchorSource {
           }
           return status;
         }));
-    CO2_ASSIGN_OR_RETURN(shard.range, common::ShardRangeFor(
-                                          anchor_size(), shards_size(), index));
+    CO2_ASSIGN_OR_RETURN(
+        shard.range,
+        common::ShardRangeFor(options_.job_config.num_parameters(),
+                              shards_size(), shard.index));
     if (response.range_begin() != shard.range.begin ||
         response.range_end() != shard.range.end) {
       return absl::FailedPreconditionError(
@@ -532,7 +595,7 @@ class AggregatorClient::Impl : public AnchorSource {
         shard.anchor_round,
         SeedAnchor(shard.stub.get(), options_.job, options_.worker_id,
                    /*anchor_round=*/0,
-                   anchor.subspan(shard.range.begin, shard.range.size()),
+                   anchor.subspan(Offset(shard), shard.range.size()),
                    deadline));
     return absl::OkStatus();
   }
@@ -544,7 +607,7 @@ class AggregatorClient::Impl : public AnchorSource {
     return RetryUnavailable(deadline, [&](absl::Time call_deadline) {
       absl::StatusOr<uint64_t> round = FetchAnchor(
           shard.stub.get(), options_.job, options_.worker_id,
-          anchor.subspan(shard.range.begin, shard.range.size()), call_deadline);
+          anchor.subspan(Offset(shard), shard.range.size()), call_deadline);
       if (round.ok()) shard.anchor_round = *round;
       return round.status();
     });
@@ -626,7 +689,7 @@ class AggregatorClient::Impl : public AnchorSource {
           interval = std::min(interval, renewed->lease / 3);
           SetUpdateHeld(i, renewed->update_held);
         } else {
-          CO2_LOG(WARNING) << "heartbeat to shard " << i
+          CO2_LOG(WARNING) << "heartbeat to shard " << shards_[i].index
                            << " failed: " << renewed.status().message();
         }
       }
@@ -643,21 +706,25 @@ class AggregatorClient::Impl : public AnchorSource {
     std::string& was = shards_[i].update_held;
     if (held == was) return;
     if (!held.empty()) {
-      CO2_LOG(WARNING) << "shard " << i << " (" << shards_[i].address
+      CO2_LOG(WARNING) << "shard " << shards_[i].index << " ("
+                       << shards_[i].address
                        << "): update held: " << held
                        << "; this worker waits for it";
     } else {
-      CO2_LOG(INFO) << "shard " << i << " (" << shards_[i].address
+      CO2_LOG(INFO) << "shard " << shards_[i].index << " ("
+                    << shards_[i].address
                     << "): no update held any more";
     }
     was = held;
   }
 
-  size_t anchor_size() const { return options_.job_config.num_parameters(); }
+  // The size of every span: the slice's.
+  size_t anchor_size() const { return slice_.size(); }
   size_t shards_size() const { return options_.addresses.size(); }
 
   ClientOptions options_;
-  std::vector<Shard> shards_;
+  common::Range slice_;  // of the whole model's elements
+  std::vector<Shard> shards_;  // the owned ones, in index order
   uint64_t start_round_ = 0;
   std::vector<float> residual_;  // error feedback; empty for fp32
   std::thread heartbeat_;
@@ -688,6 +755,7 @@ uint64_t AggregatorClient::start_round() const { return impl_->start_round(); }
 const v1::JobConfig& AggregatorClient::job_config() const {
   return impl_->job_config();
 }
+common::Range AggregatorClient::slice() const { return impl_->slice(); }
 absl::Status AggregatorClient::Push(uint64_t round,
                                     absl::Span<const float> delta,
                                     double weight, absl::Time deadline) {

@@ -1,5 +1,8 @@
-// AggregatorClient: a worker leader's connection to all S aggregator shards
-// of one job. It joins every shard, seeds or fetches the anchor, and then
+// AggregatorClient: a worker's connection to the aggregator shards of one
+// job: all S of them (the local leader exchanges the whole model), or the
+// shards one local rank owns when a node's ranks split the exchange
+// (ClientOptions::owned_shards; then every span is that rank's slice of the
+// model). It joins its shards, seeds or fetches the anchor, and then
 // keeps one long-lived Exchange stream per shard with background threads that
 // send the current contribution and receive outer updates, so the trainer
 // never waits on the network unless an update is late.
@@ -31,6 +34,7 @@
 #include "absl/types/span.h"
 #include "co2/v1/aggregator.pb.h"
 #include "common/codec.h"
+#include "common/layout.h"
 #include "common/tls_config.h"
 
 namespace co2::client {
@@ -41,8 +45,18 @@ struct ClientOptions {
   std::string job = "default";  // job name, shared by all workers
   std::string worker_id;        // unique per worker (node leader)
   // The job's settings; must match every other worker's. num_parameters and
-  // num_shards are filled in by Connect from the anchor and addresses.
+  // num_shards are filled in by Connect from num_parameters (or the anchor)
+  // and addresses.
   v1::JobConfig job_config;
+  // The shards this client exchanges, as shard indices [begin, end) into
+  // addresses (common::OwnedShards gives local rank k of L its part); unset:
+  // all of them. With it, the anchor given to Connect and every span after
+  // is the slice of the model those shards serve (common::RankRange), and
+  // num_parameters must be the whole model's. The shards see one member per
+  // node either way: every rank of a node joins under its worker_id.
+  std::optional<common::Range> owned_shards;
+  // The whole model's P; 0: the anchor's size (only without owned_shards).
+  uint64_t num_parameters = 0;
   // This worker restarted without its state into a job it was a member of
   // (JoinRequest.rejoin): it may join the job after it finished, to end on
   // its final anchor.
@@ -81,7 +95,8 @@ struct ClientStats {
 
 class AggregatorClient {
  public:
-  // Joins every shard. `anchor` (size P) holds this worker's initial
+  // Joins its shards. `anchor` (size P, or the slice's size with
+  // owned_shards; every span below is that size too) holds this worker's initial
   // parameters: a shard that tells this worker to seed gets them; otherwise
   // the shard's anchor is fetched into `anchor` (not with resume_round: then
   // `anchor` is the resumed round's). Fails with the shard's status
@@ -98,6 +113,9 @@ class AggregatorClient {
   // that fetched the anchor of a running job).
   uint64_t start_round() const;
   const v1::JobConfig& job_config() const;
+  // The elements of the whole model this client exchanges: [0, P), or the
+  // owned shards' slice.
+  common::Range slice() const;
 
   // Encodes `delta` (size P; error feedback for lossy codecs) into the send
   // buffer and hands it to the streams; returns once encoded. First waits until

@@ -88,10 +88,12 @@ absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
     return absl::InvalidArgumentError("AnchorExchange: no aggregator client");
   }
   const v1::JobConfig& config = client->job_config();
-  if (config.num_parameters() != x0.size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("AnchorExchange: the job has ", config.num_parameters(),
-                     " parameters, the model ", x0.size()));
+  const common::Range slice = client->slice();
+  if (slice.size() != x0.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "AnchorExchange: the client exchanges ", slice.size(),
+        " parameters ([", slice.begin, ", ", slice.end, ") of the job's ",
+        config.num_parameters(), "), the model gives ", x0.size()));
   }
   if (config.max_staleness() > 1) {
     return absl::InvalidArgumentError(
@@ -215,7 +217,7 @@ absl::Status AnchorExchange::CheckSize(absl::string_view method,
   if (x.size() == anchor_.size()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat("AnchorExchange::", method, ": ", x.size(),
-                   " parameters, the job has ", anchor_.size()));
+                   " parameters, the exchange holds ", anchor_.size()));
 }
 
 void AnchorExchange::CopyAnchorTo(absl::Span<float> x) const {
@@ -393,23 +395,30 @@ absl::Status AnchorExchange::Heal(absl::Status failed, absl::Span<float> x,
                                   ExchangeTimes& times) {
   const char* reason = HealReasonOf(failed);
   if (reason == nullptr || !options_.reconnect) return failed;
-  const absl::Time start = options_.clock->Now();
   CO2_LOG(WARNING) << "the shards cannot take this worker back where it is ("
                    << reason << ": " << failed.message()
                    << "); fetching their anchor to continue at their round";
+  absl::Status rejoined = Rejoin(reason, x, times);
+  if (rejoined.ok()) return rejoined;
+  return absl::Status(failed.code(),
+                      absl::StrCat(failed.message(),
+                                   "; healing by fetching the anchor "
+                                   "failed too: ",
+                                   rejoined.ToString()));
+}
+
+absl::Status AnchorExchange::Rejoin(const char* reason, absl::Span<float> x,
+                                    ExchangeTimes& times) {
+  CO2_RETURN_IF_ERROR(CheckSize("Rejoin", x));
+  if (!options_.reconnect) {
+    return absl::FailedPreconditionError(
+        "AnchorExchange::Rejoin: no reconnect was given");
+  }
+  const absl::Time start = options_.clock->Now();
   // The old client's streams end before the new one joins under the same
   // worker id.
   client_.reset();
-  absl::StatusOr<std::unique_ptr<AggregatorClient>> connected =
-      options_.reconnect(absl::MakeSpan(anchor_));
-  if (!connected.ok()) {
-    return absl::Status(failed.code(),
-                        absl::StrCat(failed.message(),
-                                     "; healing by fetching the anchor "
-                                     "failed too: ",
-                                     connected.status().ToString()));
-  }
-  client_ = *std::move(connected);
+  CO2_ASSIGN_OR_RETURN(client_, options_.reconnect(absl::MakeSpan(anchor_)));
   CO2_RETURN_IF_ERROR(client_->TrackAnchor(anchor_));
   CopyAnchorTo(x);
   // The rejoined worker starts from the shards' anchor, with no Δ before

@@ -215,6 +215,15 @@ class AnchorExchange {
   absl::Status ApplyOwed(uint64_t round, int steps, absl::Span<float> x,
                          ExchangeTimes& times);
 
+  // Heals now, whatever the last call returned: rejoins through
+  // options.reconnect, A and x (size P) ← the shards' anchor, recorded in
+  // `times` with `reason`, as a boundary that heals does. A node whose
+  // ranks exchange their own slices heals every rank when one of them must
+  // (Co2Optimizer). FAILED_PRECONDITION without options.reconnect; the
+  // reconnect's error (no client is left then).
+  absl::Status Rejoin(const char* reason, absl::Span<float> x,
+                      ExchangeTimes& times);
+
   // Checks A bit for bit against the shards' anchor of `anchor_round`
   // (DATA_LOSS naming both hashes), then leaves the job (best effort).
   absl::Status VerifyAnchor(uint64_t anchor_round);

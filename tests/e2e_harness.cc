@@ -1,5 +1,6 @@
 #include "tests/e2e_harness.h"
 
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -169,20 +170,37 @@ std::vector<float> InitialAnchor(size_t params) {
   return anchor;
 }
 
-WorkerResult RunWorker(const E2eSpec& spec,
-                       const std::vector<std::string>& addresses,
-                       const std::string& job, const v1::JobConfig& config,
-                       common::Codec uplink, int worker,
-                       const std::function<void(uint64_t)>& after_round,
-                       Barrier* joined) {
+namespace {
+
+// RunWorker's protocol over the shards `owned` (all when unset), with the
+// slice of the anchor they serve.
+WorkerResult RunSlice(const E2eSpec& spec,
+                      const std::vector<std::string>& addresses,
+                      const std::string& job, const v1::JobConfig& config,
+                      common::Codec uplink, int worker,
+                      std::optional<common::Range> owned,
+                      const std::function<void(uint64_t)>& after_round,
+                      Barrier* joined) {
   WorkerResult result;
   auto fail = [&](absl::Status s) {
     result.status = std::move(s);
     return result;
   };
-  std::vector<float> anchor = InitialAnchor(spec.params);
+  common::Range slice{0, spec.params};
+  if (owned.has_value()) {
+    slice = {common::ShardRangeFor(spec.params, addresses.size(), owned->begin)
+                 ->begin,
+             common::ShardRangeFor(spec.params, addresses.size(),
+                                   owned->end - 1)
+                 ->end};
+  }
+  const std::vector<float> initial = InitialAnchor(spec.params);
+  std::vector<float> anchor(initial.begin() + slice.begin,
+                            initial.begin() + slice.end);
   client::ClientOptions options = WorkerOptions(addresses, job, config, worker);
   options.uplink_codec = uplink;
+  options.owned_shards = owned;
+  options.num_parameters = spec.params;
   auto connected =
       client::AggregatorClient::Connect(options, absl::MakeSpan(anchor));
   // Arrives even when Connect failed, so the others do not wait for it.
@@ -198,10 +216,12 @@ WorkerResult RunWorker(const E2eSpec& spec,
   if (c.start_round() != 0) {
     return fail(absl::InternalError("a fresh job must start at round 0"));
   }
-  std::vector<float> delta(spec.params);
+  std::vector<float> delta(slice.size());
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
   for (uint64_t r = 0; r < spec.rounds; ++r) {
-    for (size_t j = 0; j < spec.params; ++j) delta[j] = Delta(worker, r, j);
+    for (size_t j = 0; j < delta.size(); ++j) {
+      delta[j] = Delta(worker, r, slice.begin + j);
+    }
     if (r > 0) {
       if (auto s = c.WaitForUpdate(r - 1, deadline); !s.ok()) return fail(s);
     }
@@ -233,6 +253,54 @@ WorkerResult RunWorker(const E2eSpec& spec,
   if (auto s = c.Leave(absl::Now() + absl::Seconds(10)); !s.ok()) return fail(s);
   result.anchor = std::move(anchor);
   return result;
+}
+
+}  // namespace
+
+WorkerResult RunWorker(const E2eSpec& spec,
+                       const std::vector<std::string>& addresses,
+                       const std::string& job, const v1::JobConfig& config,
+                       common::Codec uplink, int worker,
+                       const std::function<void(uint64_t)>& after_round,
+                       Barrier* joined) {
+  return RunSlice(spec, addresses, job, config, uplink, worker, std::nullopt,
+                  after_round, joined);
+}
+
+std::vector<WorkerResult> RunSlicedWorkers(
+    const E2eSpec& spec, const std::vector<std::string>& addresses,
+    const std::string& job, const v1::JobConfig& config,
+    common::Codec uplink, uint32_t local_ranks) {
+  std::vector<std::vector<WorkerResult>> ranks(
+      spec.workers, std::vector<WorkerResult>(local_ranks));
+  Barrier joined(spec.workers * static_cast<int>(local_ranks));
+  std::vector<std::thread> threads;
+  for (int w = 0; w < spec.workers; ++w) {
+    for (uint32_t k = 0; k < local_ranks; ++k) {
+      threads.emplace_back([&, w, k] {
+        absl::StatusOr<common::Range> owned =
+            common::OwnedShards(addresses.size(), local_ranks, k);
+        if (!owned.ok()) {
+          ranks[w][k].status = owned.status();
+          joined.ArriveAndWait([] {}, absl::Seconds(60));
+          return;
+        }
+        ranks[w][k] = RunSlice(spec, addresses, job, config, uplink, w,
+                               *owned, {}, &joined);
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  std::vector<WorkerResult> results(spec.workers);
+  for (int w = 0; w < spec.workers; ++w) {
+    for (WorkerResult& rank : ranks[w]) {
+      if (results[w].status.ok()) results[w].status = rank.status;
+      results[w].anchor.insert(results[w].anchor.end(), rank.anchor.begin(),
+                               rank.anchor.end());
+      results[w].reconnects += rank.reconnects;
+    }
+  }
+  return results;
 }
 
 std::vector<WorkerResult> RunWorkers(

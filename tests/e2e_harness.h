@@ -124,6 +124,15 @@ WorkerResult RunWorker(const E2eSpec& spec,
                        const std::function<void(uint64_t)>& after_round = {},
                        Barrier* joined = nullptr);
 
+// Runs spec.workers workers whose `local_ranks` ranks (threads) each
+// exchange their own slice (ClientOptions::owned_shards from
+// common::OwnedShards); a worker's result holds its ranks' slices joined, and
+// the first rank's error.
+std::vector<WorkerResult> RunSlicedWorkers(
+    const E2eSpec& spec, const std::vector<std::string>& addresses,
+    const std::string& job, const v1::JobConfig& config,
+    common::Codec uplink, uint32_t local_ranks);
+
 // Runs spec.workers workers in threads; uplink codec per worker.
 std::vector<WorkerResult> RunWorkers(
     const E2eSpec& spec, const std::vector<std::string>& addresses,

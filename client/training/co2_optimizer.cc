@@ -2,13 +2,18 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <iterator>
 #include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "client/collectives/rank_gather.h"
 #include "client/training/torch_status.h"
 #include "common/fnv_hash.h"
 #include "common/logging.h"
@@ -44,6 +49,27 @@ size_t OptimizerStateBytes(const torch::optim::Optimizer& opt) {
     }
   }
   return bytes;
+}
+
+// How one local rank's exchange ended, for the others (rank slices).
+struct ExchangeOutcome {
+  uint8_t ok = 0;
+  uint8_t healed = 0;
+  uint64_t round = 0;  // the round it healed to
+};
+
+// Rejoins in a row the ranks of a node try before they give up on
+// holding the anchor of one round.
+constexpr int kMaxRejoins = 8;
+
+std::string RoundsOf(const std::vector<ExchangeOutcome>& all) {
+  std::string rounds;
+  for (size_t k = 0; k < all.size(); ++k) {
+    absl::StrAppend(&rounds, k == 0 ? "" : ", ", "rank ", k, ": ",
+                    all[k].healed ? absl::StrCat("round ", all[k].round)
+                                  : std::string("not healed"));
+  }
+  return rounds;
 }
 
 }  // namespace
@@ -116,12 +142,13 @@ absl::Status Co2Optimizer::Init() {
       return absl::InvalidArgumentError(
           "Co2Optimizer: ddp takes no aggregator client");
     }
-  } else if (leader_ != (client_ != nullptr)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Co2Optimizer: ", AlgoName(options_.algo),
-        leader_ ? " needs an aggregator client on the local leader"
-                : " takes no aggregator client on a non-leader local rank"));
+  } else if (leader_ && client_ == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: ", AlgoName(options_.algo),
+                     " needs an aggregator client on the local leader"));
   }
+  slice_ = common::Range{0, p};
+  if (uses_aggregator_) CO2_RETURN_IF_ERROR(LearnSlices());
   if (client_ != nullptr &&
       client_->job_config().max_staleness() != StalenessOf(options_.algo)) {
     return absl::InvalidArgumentError(
@@ -130,7 +157,7 @@ absl::Status Co2Optimizer::Init() {
                      ", the job has ", client_->job_config().max_staleness()));
   }
   try {
-    if (!flat_->params().is_cpu()) staging_.resize(p);
+    if (!flat_->params().is_cpu()) staging_.resize(slice_.size());
     if (client_ != nullptr) {
       AnchorExchangeOptions eo;
       eo.rounds = options_.rounds;
@@ -146,11 +173,26 @@ absl::Status Co2Optimizer::Init() {
       eo.apply_by_step = options_.apply_by_step;
       CO2_ASSIGN_OR_RETURN(
           exchange_,
-          AnchorExchange::Create(eo, std::move(client_), HostParams()));
+          AnchorExchange::Create(eo, std::move(client_), HostSlice()));
       start_round_ = exchange_->start_round();
     }
   } catch (...) {
     return TorchExceptionToStatus("Co2Optimizer::Init");
+  }
+  if (rank_slices()) {
+    // Every rank fetched its shards' anchor: they agree on one round as
+    // after a heal.
+    RoundStats start;
+    start.healed_to = start_round_;
+    absl::Span<float> x;
+    try {
+      x = HostSlice();
+    } catch (...) {
+      return TorchExceptionToStatus("Co2Optimizer::Init");
+    }
+    CO2_RETURN_IF_ERROR(AgreeOnOutcome(absl::OkStatus(), x, start));
+    start_round_ = *start.healed_to;
+    if (!staging_.empty()) SetSlice(x);
   }
   if (local_ != nullptr && local_->size() > 1) {
     CO2_RETURN_IF_ERROR(FollowLeadersStart());
@@ -160,13 +202,143 @@ absl::Status Co2Optimizer::Init() {
   if (options_.resume != nullptr) return RestoreCheckpoint();
   float* x = flat_->params().data_ptr<float>();
   if (local_ != nullptr && local_->size() > 1) {
-    CO2_RETURN_IF_ERROR(local_->Broadcast(x, p, 0));
+    CO2_RETURN_IF_ERROR(BroadcastParams());
   }
   if (options_.algo == Algo::kDdp && global_ != nullptr &&
       global_->size() > 1) {
     CO2_RETURN_IF_ERROR(global_->Broadcast(x, p, 0));
   }
   return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::LearnSlices() {
+  if (local_ == nullptr || local_->size() == 1) return absl::OkStatus();
+  struct Held {
+    uint8_t client = 0;
+    uint64_t begin = 0;
+    uint64_t end = 0;
+  };
+  Held mine;
+  if (client_ != nullptr) {
+    mine = {1, client_->slice().begin, client_->slice().end};
+  }
+  CO2_ASSIGN_OR_RETURN(const std::vector<Held> all,
+                       GatherFromRanks(*local_, mine));
+  int clients = 0;
+  for (const Held& h : all) clients += h.client;
+  if (clients == 1) {
+    if (client_ != nullptr && !leader_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Co2Optimizer: local rank ", local_->rank(),
+                       " holds the node's only aggregator client; the local "
+                       "leader (rank 0) exchanges for the node"));
+    }
+    return absl::OkStatus();
+  }
+  if (clients != local_->size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Co2Optimizer: ", clients, " of ", local_->size(),
+        " local ranks hold an aggregator client; give one to the local leader "
+        "alone, or one to every rank for rank slices"));
+  }
+  const size_t p = static_cast<size_t>(flat_->numel());
+  size_t next = 0;
+  for (size_t k = 0; k < all.size(); ++k) {
+    if (all[k].begin != next || all[k].end <= all[k].begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Co2Optimizer: local rank ", k, " exchanges [", all[k].begin, ", ",
+          all[k].end, ") of the model, but the ranks' slices must tile [0, ",
+          p, ") in rank order (the next starts at ", next,
+          "): give rank k the shards common::OwnedShards(S, L, k)"));
+    }
+    slices_.push_back(common::Range{all[k].begin, all[k].end});
+    next = all[k].end;
+  }
+  if (next != p) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Co2Optimizer: the local ranks' slices end at ", next,
+                     ", the model has ", p, " parameters"));
+  }
+  if (options_.checkpoint_every > 0 || options_.resume != nullptr) {
+    return absl::InvalidArgumentError(
+        "Co2Optimizer: rank slices take no worker checkpoints "
+        "(checkpoint_every, resume); exchange from the local leader alone "
+        "to checkpoint");
+  }
+  slice_ = slices_[local_->rank()];
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::AgreeOnOutcome(absl::Status status,
+                                          absl::Span<float> x,
+                                          RoundStats& stats) {
+  for (int rejoins = 0;; ++rejoins) {
+    ExchangeOutcome mine;
+    mine.ok = status.ok();
+    mine.healed = stats.healed_to.has_value();
+    mine.round = stats.healed_to.value_or(0);
+    CO2_ASSIGN_OR_RETURN(const std::vector<ExchangeOutcome> all,
+                         GatherFromRanks(*local_, mine));
+    for (size_t k = 0; k < all.size(); ++k) {
+      if (all[k].ok) continue;
+      if (!status.ok()) return status;
+      return absl::AbortedError(absl::StrCat(
+          "local rank ", k, "'s exchange failed (its log says why); the node's "
+          "ranks stop with it"));
+    }
+    uint64_t newest = 0;
+    bool any = false;
+    for (const ExchangeOutcome& o : all) {
+      if (o.healed) newest = any ? std::max(newest, o.round) : o.round;
+      any = any || o.healed;
+    }
+    if (!any) return absl::OkStatus();
+    const bool one_round = std::all_of(
+        all.begin(), all.end(), [&](const ExchangeOutcome& o) {
+          return o.healed && o.round == newest;
+        });
+    if (one_round) return absl::OkStatus();
+    if (rejoins == kMaxRejoins) {
+      return absl::AbortedError(absl::StrCat(
+          "the node's local ranks hold the anchors of different rounds after ",
+          kMaxRejoins, " rejoins (", RoundsOf(all),
+          "); stopping rather than train on mixed models"));
+    }
+    if (mine.healed && mine.round == newest) continue;
+    CO2_LOG(WARNING) << "local rank " << local_->rank()
+                     << " rejoins its shards: the node's ranks must hold one "
+                        "round's anchor ("
+                     << RoundsOf(all) << ")";
+    ExchangeTimes times;
+    status = exchange_->Rejoin("a local rank healed", x, times);
+    stats.healed_to = times.healed_round;
+    if (stats.heal_reason == nullptr) stats.heal_reason = times.heal_reason;
+    stats.heal_time += times.heal_time;
+  }
+}
+
+absl::Status Co2Optimizer::BroadcastParams() {
+  float* x = flat_->params().data_ptr<float>();
+  if (!rank_slices()) {
+    return local_->Broadcast(x, static_cast<size_t>(flat_->numel()), 0);
+  }
+  for (int k = 0; k < local_->size(); ++k) {
+    CO2_RETURN_IF_ERROR(
+        local_->Broadcast(x + slices_[k].begin, slices_[k].size(), k));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> Co2Optimizer::GatherAnchor() {
+  if (!rank_slices()) return exchange_->anchor();
+  std::vector<float> anchor(static_cast<size_t>(flat_->numel()));
+  const std::vector<float>& mine = exchange_->anchor();
+  std::copy(mine.begin(), mine.end(), anchor.begin() + slice_.begin);
+  for (int k = 0; k < local_->size(); ++k) {
+    CO2_RETURN_IF_ERROR(local_->Broadcast(anchor.data() + slices_[k].begin,
+                                          slices_[k].size(), k));
+  }
+  return anchor;
 }
 
 absl::Status Co2Optimizer::FollowLeadersStart() {
@@ -200,6 +372,27 @@ void Co2Optimizer::SetParams(absl::Span<const float> host) {
                                          {flat_->numel()}, torch::kFloat));
 }
 
+absl::Span<float> Co2Optimizer::HostSlice() {
+  if (staging_.empty()) {
+    return flat_->ParamSpan().subspan(slice_.begin, slice_.size());
+  }
+  torch::Tensor host = torch::from_blob(
+      staging_.data(), {static_cast<int64_t>(staging_.size())}, torch::kFloat);
+  host.copy_(flat_->params().narrow(0, static_cast<int64_t>(slice_.begin),
+                                    static_cast<int64_t>(slice_.size())));
+  return absl::MakeSpan(staging_);
+}
+
+void Co2Optimizer::SetSlice(absl::Span<const float> host) {
+  torch::NoGradGuard no_grad;
+  flat_->params()
+      .narrow(0, static_cast<int64_t>(slice_.begin),
+              static_cast<int64_t>(slice_.size()))
+      .copy_(torch::from_blob(const_cast<float*>(host.data()),
+                              {static_cast<int64_t>(host.size())},
+                              torch::kFloat));
+}
+
 void Co2Optimizer::ZeroGrad() { flat_->ZeroGrads(); }
 
 absl::Status Co2Optimizer::EvaluateAtAnchor(
@@ -207,11 +400,12 @@ absl::Status Co2Optimizer::EvaluateAtAnchor(
   if (exchange_ == nullptr || !OffsetFromAnchor()) {
     return evaluate();
   }
+  CO2_ASSIGN_OR_RETURN(const std::vector<float> anchor, GatherAnchor());
   std::vector<float> x;
   try {
-    const absl::Span<const float> live = HostParams();
-    x.assign(live.begin(), live.end());
-    SetParams(exchange_->anchor());
+    torch::Tensor live = flat_->params().to(torch::kCPU).contiguous();
+    x.assign(live.data_ptr<float>(), live.data_ptr<float>() + live.numel());
+    SetParams(anchor);
   } catch (...) {
     return TorchExceptionToStatus("Co2Optimizer::EvaluateAtAnchor");
   }
@@ -287,7 +481,13 @@ absl::Status Co2Optimizer::ApplyIfArrived() {
   // The checkpoint of this boundary holds A_r and x against it.
   bool apply = exchange_ != nullptr && !CheckpointDue() &&
                exchange_->ApplyDue(round_, steps_in_round_);
-  if (local_ != nullptr && local_->size() > 1) {
+  if (rank_slices()) {
+    // Once every rank's slice has arrived (or, from apply_by_step, on every
+    // rank at the same step).
+    CO2_ASSIGN_OR_RETURN(const std::vector<uint8_t> due,
+                         GatherFromRanks(*local_, uint8_t{apply}));
+    apply = std::all_of(due.begin(), due.end(), [](uint8_t d) { return d; });
+  } else if (local_ != nullptr && local_->size() > 1) {
     float decided = apply ? 1.0f : 0.0f;
     CO2_RETURN_IF_ERROR(local_->Broadcast(&decided, 1, 0));
     apply = decided > 0;
@@ -318,7 +518,7 @@ absl::Status Co2Optimizer::ExchangeAndBroadcast(
   if (exchange_ != nullptr) {
     absl::Status status = absl::OkStatus();
     try {
-      absl::Span<float> x = HostParams();
+      absl::Span<float> x = HostSlice();
       ExchangeTimes times;
       status = exchange(x, times);
       stats.exposed_comm += times.exposed_comm;
@@ -328,7 +528,8 @@ absl::Status Co2Optimizer::ExchangeAndBroadcast(
       stats.healed_to = times.healed_round;
       stats.heal_reason = times.heal_reason;
       stats.heal_time = times.heal_time;
-      if (status.ok() && !staging_.empty()) SetParams(x);
+      if (rank_slices()) status = AgreeOnOutcome(std::move(status), x, stats);
+      if (status.ok() && !staging_.empty()) SetSlice(x);
     } catch (...) {
       status = TorchExceptionToStatus("Co2Optimizer: x <- A");
     }
@@ -336,8 +537,7 @@ absl::Status Co2Optimizer::ExchangeAndBroadcast(
   }
   leave_now_ = leader_ && leave_requested_;
   if (local_ != nullptr && local_->size() > 1) {
-    CO2_RETURN_IF_ERROR(local_->Broadcast(flat_->params().data_ptr<float>(),
-                                          flat_->numel(), 0));
+    CO2_RETURN_IF_ERROR(BroadcastParams());
     if (uses_aggregator_) {
       // The round the leader healed to, or −1 (exact in a float for any run
       // shorter than 2^24 rounds), and whether it leaves now.
@@ -441,6 +641,13 @@ absl::Status Co2Optimizer::End(bool leaving) {
       !leaving) {
     status = exchange_->VerifyAnchor(anchor_round_);
   }
+  if (rank_slices() && options_.verify_final_anchor && !leaving &&
+      status.ok()) {
+    // Every rank checked its slice; one rank's mismatch fails the node.
+    RoundStats verified;
+    absl::Span<float> unused;
+    status = AgreeOnOutcome(std::move(status), unused, verified);
+  }
   if (!status.ok()) {
     broken_ = true;
     return status;
@@ -471,9 +678,9 @@ uint64_t Co2Optimizer::bytes_sent() const {
 
 MemoryReport Co2Optimizer::Memory() const {
   MemoryReport report;
-  const size_t p = static_cast<size_t>(flat_->numel());
-  report.params = p * sizeof(float);
-  report.grads = p * sizeof(float);
+  report.params = flat_->numel() * sizeof(float);
+  report.grads = flat_->numel() * sizeof(float);
+  const size_t p = slice_.size();  // what this rank exchanges
   if (exchange_ != nullptr) {
     report.anchor = (exchange_->anchor().size() +
                      exchange_->start_offset().size() +
@@ -503,6 +710,14 @@ absl::StatusOr<uint64_t> Co2Optimizer::BoundaryHash() {
   uint64_t hash = exchange_ != nullptr
                       ? common::Fnv1a(absl::MakeConstSpan(exchange_->anchor()))
                       : 0;
+  if (rank_slices()) {
+    // A hash of the ranks' slice hashes, the same on every rank.
+    CO2_ASSIGN_OR_RETURN(const std::vector<uint64_t> slices,
+                         GatherFromRanks(*local_, hash));
+    return common::Fnv1a(absl::MakeConstSpan(
+        reinterpret_cast<const float*>(slices.data()),
+        slices.size() * sizeof(uint64_t) / sizeof(float)));
+  }
   if (local_ != nullptr && local_->size() > 1) {
     // The leader's bytes, as they are: a broadcast copies them.
     float bytes[sizeof hash / sizeof(float)];

@@ -11,14 +11,27 @@
 //   ddp       every step, the gradients are all-reduced across all ranks of
 //             all workers (a group spanning the job); no aggregator.
 // Every step (all algorithms) first averages the flat gradients inside the
-// node. Only the local leader (local rank 0) talks to the aggregator; it
-// broadcasts the new anchor to its local ranks after each boundary.
+// node. Who talks to the aggregator:
+//   leader only  the local leader (local rank 0) exchanges the whole model
+//                and broadcasts the new anchor to its local ranks after each
+//                boundary.
+//   rank slices  every local rank k of L exchanges its own slice of the
+//                model, the shards common::OwnedShards(S, L, k) serve, over
+//                its own client, under the node's one worker identity; after
+//                each boundary every rank broadcasts its slice, so all hold
+//                the whole model. The shards compute what the leader-only
+//                exchange makes them compute, bit for bit; co2's state and
+//                traffic per rank fall as 1/L. The ranks agree on every
+//                decision the leader made alone: the start round, that the
+//                owed update arrived, a heal (any rank's heals the node, and
+//                all end on one round or the boundary fails), the final
+//                check (any rank's failure fails all).
 //
 // Memory: the live parameters and their gradients (FlatParams), one anchor
-// copy (leader only), the inner optimizer's state, and in the
-// AggregatorClient one encoded send buffer and one receive buffer. Δ is
-// computed in place in the live parameters, which x ← A overwrites right after.
-// Memory() reports every one of these.
+// copy (leader only, or each rank's slice), the inner optimizer's state,
+// and in the AggregatorClient one encoded send buffer and one receive
+// buffer (of the slice). Δ is computed in place in the live parameters,
+// which x ← A overwrites right after. Memory() reports every one of these.
 //
 // Owns the AggregatorClient; borrows the FlatParams, the inner optimizer and
 // the groups, which must outlive it. One training thread calls everything.
@@ -45,6 +58,7 @@
 #include "client/training/flat_params.h"
 #include "common/clock.h"
 #include "common/codec.h"
+#include "common/layout.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -195,7 +209,11 @@ class Co2Optimizer {
   // `flat` holds the re-homed parameters that `inner` optimizes. On the local
   // leader of co2/localsgd/slowmo, `client` is connected with
   // flat->ParamSpan() as its anchor (so x already holds A_0); elsewhere it is
-  // null. `local` spans the node's local ranks (null when there is one);
+  // null. For rank slices, every local rank's `client` owns that rank's
+  // shards (ClientOptions::owned_shards = common::OwnedShards(S, L, rank))
+  // and is connected with its slice of flat->ParamSpan(); the slices must
+  // tile the model in rank order. Rank slices take no checkpoints
+  // (checkpoint_every, resume: INVALID_ARGUMENT). `local` spans the node's local ranks (null when there is one);
   // `global` spans every rank of the job and is required for ddp. Create
   // broadcasts x from the leader so every local rank starts from A_0.
   static absl::StatusOr<std::unique_ptr<Co2Optimizer>> Create(
@@ -231,6 +249,10 @@ class Co2Optimizer {
   void ZeroGrad();
 
   bool is_leader() const { return leader_; }
+  // Whether every local rank exchanges its own slice, and this rank's
+  // ([0, P) for the leader alone).
+  bool rank_slices() const { return !slices_.empty(); }
+  common::Range slice() const { return slice_; }
   // The choices Create made where the options left them unset.
   ApplyAt apply() const { return apply_; }
   bool carry_progress() const { return carry_progress_; }
@@ -294,12 +316,33 @@ class Co2Optimizer {
   // With eager updates or carried progress each worker's parameters are its
   // own offset from the anchor the ranks and workers share.
   bool OffsetFromAnchor() const {
-    return options_.eager_share != 0 || options_.carry_progress;
+    return options_.eager_share != 0 || carry_progress_;
   }
   absl::Span<float> HostParams();
   // x <- `host` (all of x, on the host), wherever x lives. Throws what
   // LibTorch throws.
   void SetParams(absl::Span<const float> host);
+  // This rank's slice of x on the host (a view, or the staging copy where x
+  // lives on a device), and back; the whole of x for the leader alone.
+  // Throw what LibTorch throws.
+  absl::Span<float> HostSlice();
+  void SetSlice(absl::Span<const float> host);
+  // Init's part that learns every local rank's slice (slices_) and checks
+  // that either the leader alone or every rank holds a client.
+  absl::Status LearnSlices();
+  // Rank slices, after this rank's exchange ended with `status` (stats holds
+  // its heal, if any): every rank learns how every other's ended. Any
+  // failure fails every rank (ABORTED naming the rank on the others); when
+  // any rank healed, the others rejoin too (AnchorExchange::Rejoin) until
+  // all hold the anchor of one round, which stats.healed_to holds on every
+  // rank. `x` is this rank's slice.
+  absl::Status AgreeOnOutcome(absl::Status status, absl::Span<float> x,
+                              RoundStats& stats);
+  // Every rank's x ← every rank's slice of it (one broadcast per rank), or
+  // the leader's whole x.
+  absl::Status BroadcastParams();
+  // The whole anchor on every rank, gathered from the ranks' slices.
+  absl::StatusOr<std::vector<float>> GatherAnchor();
   // RoundStats::params_hash of a boundary.
   absl::StatusOr<uint64_t> BoundaryHash();
   // The leader's WorkerCheckpoint at this boundary, when one is due.
@@ -321,6 +364,10 @@ class Co2Optimizer {
   ProcessGroup* const global_;
   const bool leader_;
   const bool uses_aggregator_;
+  // Rank slices: every local rank's slice, in rank order (empty for the
+  // leader alone), and this rank's.
+  std::vector<common::Range> slices_;
+  common::Range slice_;
 
   std::vector<float> staging_;  // host copy of x when x lives on a device
   uint64_t start_round_ = 0;

@@ -16,6 +16,20 @@
 #                   kill -9 worker 1's second process; the launcher
 #                   (--max_restarts=1) restarts both of its processes and
 #                   the node rejoins the running job
+#   rank_shard_kill workers are nodes of 2 processes, each exchanging its
+#                   own shard (rank slices): kill -9 shard 1, which only
+#                   the nodes' local rank 1 talks to, at two random rounds
+#                   and restart it; rank 1 reconnects alone, rank 0 never
+#                   loses its stream
+#   rank_link_cut   the same nodes; worker 1's local rank 1 alone loses its
+#                   link to the shards (its process, put in a cgroup as it
+#                   starts, before it opens a socket: a socket belongs to
+#                   its creator's cgroup; the group's packets to the
+#                   shards' ports are dropped) until the job went 6 rounds
+#                   on without it, more than the shards replay:
+#                   shard 1 closes rounds without it, it heals, and its
+#                   node-mate rejoins with it, so that the node holds one
+#                   round's model (needs root)
 #   worker_stop     SIGSTOP worker 1 for five round deadlines, then SIGCONT;
 #                   rounds close without it meanwhile, and it is too far
 #                   behind to follow: it heals in its own process (or, if
@@ -46,6 +60,9 @@
 #                   co2-train --resume continues from the workers'
 #                   checkpoints (--checkpoint_dir, both runs); the final
 #                   model must be bit-identical to the undisturbed run's
+#   rank_job_resume the same with nodes of 2 processes exchanging rank
+#                   slices: every local rank resumes from its own
+#                   checkpoint of its slice
 #   disk_full       960 steps (120 rounds); shard 0's --checkpoint_dir is a
 #                   small tmpfs, filled up mid-job: the shard holds its
 #                   updates, counts each failed
@@ -117,18 +134,23 @@ TOLERANCE=0.05       # test accuracy, absolute
 RUN_LIMIT=240        # seconds for one training run
 MODEL=small          # shard_kill_mid_round: wide (several chunks per shard)
 [[ $SCENARIO == shard_kill_mid_round ]] && MODEL=wide
-NODE_ARGS=()         # node_restart: two processes per worker, both runs
-[[ $SCENARIO == node_restart ]] && NODE_ARGS=(--local_ranks=2)
+NODE_ARGS=()         # two processes per worker, both runs
+case $SCENARIO in
+  node_restart | rank_shard_kill | rank_link_cut | rank_job_resume)
+    NODE_ARGS=(--local_ranks=2) ;;
+esac
+[[ $SCENARIO == rank_job_resume ]] && SCENARIO=job_resume
 WORKERS=2
 RESUMABLE=""          # job_resume: worker checkpoints in both runs
 [[ $SCENARIO == job_resume ]] && RESUMABLE=yes
 METRICS_PORT=-1       # worker_outlier, disk_full: 0, a free port each shard logs
-if [[ $SCENARIO == disk_full ]]; then
-  # Long enough that the disk fills while rounds are left to hold.
+if [[ $SCENARIO == disk_full || $SCENARIO == rank_link_cut ]]; then
+  # Long enough that the disk fills while rounds are left to hold, or that
+  # the job outlasts the cut link.
   STEPS=960
   ROUNDS=$(( (STEPS + TAU - 1) / TAU ))
-  METRICS_PORT=0
 fi
+[[ $SCENARIO == disk_full ]] && METRICS_PORT=0
 [[ $SCENARIO == worker_outlier || $SCENARIO == worker_diverged ]] && WORKERS=4
 if [[ $SCENARIO == worker_outlier ]]; then
   METRICS_PORT=0
@@ -155,6 +177,8 @@ VETH=co2f$$
 SUBNET=10.231.$(($$ % 250))  # per run: concurrent runs must not collide
 declare -a SHARD_PID SHARD_PORT
 SMALL_DISK=""        # disk_full: shard 0's checkpoint tmpfs, mounted
+CUT_CGROUP=""        # rank_link_cut: the cgroup whose packets are dropped
+CUT_RULE=()
 HOST=127.0.0.1
 IN_NS=()
 
@@ -177,6 +201,15 @@ cleanup() {
     wait "$FILLER_PID" 2>/dev/null || true
   fi
   [[ -n $SMALL_DISK ]] && umount "$SMALL_DISK"
+  if [[ -n $CUT_CGROUP ]]; then
+    (( ${#CUT_RULE[@]} )) && iptables -D "${CUT_RULE[@]}" 2>/dev/null
+    # Its processes go back to the root cgroup, which the kernel needs
+    # before it removes the group.
+    while read -r pid; do
+      echo "$pid" >/sys/fs/cgroup/unified/cgroup.procs 2>/dev/null || true
+    done <"$CUT_CGROUP/cgroup.procs" 2>/dev/null
+    rmdir "$CUT_CGROUP" 2>/dev/null || true
+  fi
   ip netns del "$NETNS" 2>/dev/null || true
   ip link del "${VETH}a" 2>/dev/null || true
   if [[ $status -eq 0 || $status -eq 77 ]]; then
@@ -365,6 +398,43 @@ print(int(float(m.group(1))))
 EOF
 }
 
+# rank_link_cut: a cgroup (v2) for the process whose link is cut.
+setup_cut_cgroup() {
+  CUT_CGROUP=/sys/fs/cgroup/unified/co2cut$$
+  if ! mkdir "$CUT_CGROUP" 2>/dev/null ||
+     ! iptables -m cgroup --help >/dev/null 2>&1; then
+    CUT_CGROUP=""
+    log "SKIP: no cgroup2 at /sys/fs/cgroup/unified or no iptables cgroup match (needs root)"
+    exit 77
+  fi
+}
+
+# into_cut_cgroup W L JOB: worker W's local rank L into the cgroup as soon
+# as it exists (it loads its data before it connects); prints its pid.
+into_cut_cgroup() {
+  local pid="" deadline=$((SECONDS + 30))
+  until [[ -n $pid ]]; do
+    (( SECONDS < deadline )) || fail "worker $1's local rank $2 did not start in 30 s"
+    sleep 0.005
+    pid=$(worker_pid "$1" "$3" "$2")
+  done
+  echo "$pid" >"$CUT_CGROUP/cgroup.procs"
+  echo "$pid"
+}
+
+# cut_link: drop every packet the cgroup's sockets send to the shards' ports.
+cut_link() {
+  CUT_RULE=(OUTPUT -p tcp -m multiport
+            --dports "${SHARD_PORT[0]},${SHARD_PORT[1]}"
+            -m cgroup --path "${CUT_CGROUP#/sys/fs/cgroup/unified/}" -j DROP)
+  iptables -I "${CUT_RULE[@]}"
+}
+
+restore_link() {
+  iptables -D "${CUT_RULE[@]}"
+  CUT_RULE=()
+}
+
 setup_netns() {
   if ! netns_pair "$NETNS" "$VETH" "$SUBNET"; then
     log "SKIP: 'ip netns add' failed (needs root / CAP_SYS_ADMIN)"
@@ -379,6 +449,7 @@ setup_netns() {
 log "seed $SEED, work dir $WORK"
 [[ $SCENARIO == link_cut ]] && setup_netns
 [[ $SCENARIO == disk_full ]] && setup_small_disk
+[[ $SCENARIO == rank_link_cut ]] && setup_cut_cgroup
 start_shard 0 0
 start_shard 1 0
 
@@ -414,6 +485,53 @@ case $SCENARIO in
       fail "no shard log says it restored the job"
     grep -q "reconnecting" "$WORK"/run-fault/rank-*.log ||
       fail "no worker log says it reconnected"
+    ;;
+  rank_shard_kill)
+    start_training fault
+    first=$((3 + RANDOM % 8))
+    second=$((first + 6 + RANDOM % 8))
+    for round in $first $second; do
+      wait_round fault "$round"
+      log "kill -9 shard 1 (local rank 1's) after round $(current_round fault)"
+      kill -9 "${SHARD_PID[1]}"
+      wait "${SHARD_PID[1]}" 2>/dev/null || true
+      sleep 1
+      restart_shard 1
+      at=$(restored_round 1 fault)
+      [[ -n $at ]] && (( at < ROUNDS )) ||
+        fail "shard 1 did not restore job fault before its last round (restored at '${at}' of $ROUNDS rounds): training ended before the kill"
+      log "shard 1 restarted from its checkpoint at round $at"
+    done
+    finish_training fault
+    grep -q "exchange: every local rank its own shards' slice" "$WORK/train-fault.out" ||
+      fail "the nodes did not exchange by rank slices"
+    for w in 0 1; do
+      grep -q "reconnecting" "$WORK/run-fault/rank-$w-1.log" ||
+        fail "worker $w's local rank 1 did not reconnect to shard 1"
+      ! grep -q "reconnecting" "$WORK/run-fault/rank-$w-0.log" ||
+        fail "worker $w's local rank 0 reconnected, but it does not talk to shard 1: $(grep reconnecting "$WORK/run-fault/rank-$w-0.log" | head -1)"
+    done
+    ;;
+  rank_link_cut)
+    start_training fault
+    victim=$(into_cut_cgroup 1 1 fault)
+    grep -q "joined job fault" "$WORK/run-fault/rank-1-1.log" 2>/dev/null &&
+      fail "worker 1's local rank 1 had joined before it was put in the cgroup"
+    wait_round fault $((4 + RANDOM % 10))
+    cut_at=$(current_round fault)
+    log "worker 1's local rank 1 (pid $victim) cut off from the shards after round $cut_at"
+    cut_link
+    wait_round fault $((cut_at + 6))
+    restore_link
+    log "link back after round $(current_round fault)"
+    finish_training fault
+    grep -q "healed (" "$WORK/run-fault/rank-1-1.log" ||
+      fail "worker 1's local rank 1 did not heal: $(grep -E 'stale|cannot follow|failed|behind' "$WORK/run-fault/rank-1-1.log" | tail -3)"
+    grep -q "rejoins its shards: the node's ranks must hold one round's anchor"       "$WORK/run-fault/rank-1-0.log" ||
+      fail "worker 1's local rank 0 did not rejoin with its node-mate"
+    log "worker 1 rank 1: $(grep -o 'healed ([a-z]*) in [^:]*: continuing at round [0-9]*' "$WORK/run-fault/rank-1-1.log" | head -1)"
+    grep -q "parameters identical on every rank after every boundary: yes" \
+      "$WORK/train-fault.out" || fail "the node's ranks hold different models"
     ;;
   shard_kill_mid_round)
     # The journal is emptied by each round's checkpoint, so a kill can still
@@ -530,6 +648,17 @@ case $SCENARIO in
     finish_training fault
     grep -q "resumed the job at round" "$WORK"/run-fault/rank-*.log ||
       fail "no worker log says it resumed"
+    if (( ${#NODE_ARGS[@]} )); then
+      for w in 0 1; do
+        for l in 0 1; do
+          [[ -s $WORK/wck-fault/worker-$w-rank-$l.pt ]] ||
+            fail "no checkpoint of worker $w's local rank $l's slice"
+          grep -q "resumed the job at round .*worker-$w-rank-$l.pt" \
+            "$WORK/run-fault/rank-$w-$l.log" ||
+            fail "worker $w's local rank $l did not resume from its own checkpoint"
+        done
+      done
+    fi
     log "$(grep -ho 'resumed the job at round [0-9]*' "$WORK"/run-fault/rank-*.log | sort -u | tr '\n' ' ')"
     # The kill landed before the last round: the job resumed with rounds
     # left to train (else this was an undisturbed run).
@@ -676,7 +805,7 @@ print(sum(float(v) for v in re.findall(r"co2_aggregator_rejected_chunks_total\{[
       fail "no worker log says its stream broke and reconnected"
     ;;
   *)
-    fail "unknown scenario '$SCENARIO' (shard_kill | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | disk_full | worker_kill_* | grow_shrink | job_resume | worker_outlier | worker_diverged)"
+    fail "unknown scenario '$SCENARIO' (shard_kill | rank_shard_kill | rank_link_cut | shard_kill_mid_round | worker_restart | node_restart | worker_stop | worker_stop_heal | link_cut | disk_full | worker_kill_* | grow_shrink | job_resume | worker_outlier | worker_diverged)"
     ;;
 esac
 log "disturbed run took $((SECONDS - START)) s"

@@ -328,4 +328,108 @@ TEST(TrainerTest, DiLoCoRunsWithItsOuterDefaults) {
   EXPECT_EQ(Field(given, "beta").string_value(), "0.5");
 }
 
+// --local_ranks=2 over 2 shards: every local rank exchanges its own shard's
+// slice (co2-train's default), and the deterministic job ends bit for bit
+// where the local leader alone exchanging the whole model ends; the slices
+// tile the model and their bytes add up to the leader's.
+TEST(TrainerTest, RankSlicesEndBitIdenticalToTheLeaderAlone) {
+  const std::vector<std::string> job = {
+      "--algo=co2",   "--workers=2",   "--local_ranks=2",
+      "--shards=2",   "--tau=4",       "--steps=24",
+      "--deterministic", "--eval_every=0", "--final_eval_examples=500",
+      "--progress=false"};
+  TempDir sliced_dir, alone_dir;
+  const Struct sliced = ReportOfRun(sliced_dir, job);
+  std::vector<std::string> off = job;
+  off.push_back("--rank_slices=off");
+  const Struct alone = ReportOfRun(alone_dir, off);
+
+  const auto& sliced_ranks = Field(sliced, "ranks").list_value().values();
+  const auto& alone_ranks = Field(alone, "ranks").list_value().values();
+  ASSERT_EQ(sliced_ranks.size(), 4);
+  ASSERT_EQ(alone_ranks.size(), 4);
+  const double p =
+      Field(Field(sliced, "memory_bytes").struct_value(), "params")
+          .number_value() /
+      sizeof(float);
+  for (int worker = 0; worker < 2; ++worker) {
+    double next = 0, bytes = 0;
+    for (int k = 0; k < 2; ++k) {
+      const Struct& rank = sliced_ranks[2 * worker + k].struct_value();
+      const Struct& leader_alone = alone_ranks[2 * worker + k].struct_value();
+      EXPECT_EQ(Field(rank, "final_hash").string_value(),
+                Field(leader_alone, "final_hash").string_value())
+          << "worker " << worker << " rank " << k;
+      const auto& slice = Field(rank, "slice").list_value();
+      ASSERT_EQ(slice.values_size(), 2) << "worker " << worker << " rank " << k;
+      EXPECT_EQ(slice.values(0).number_value(), next);
+      EXPECT_GT(slice.values(1).number_value(), next);
+      next = slice.values(1).number_value();
+      EXPECT_EQ(Field(Field(rank, "memory_bytes").struct_value(), "anchor")
+                    .number_value(),
+                2 * sizeof(float) * (slice.values(1).number_value() -
+                                     slice.values(0).number_value()))
+          << "the anchor and the buffer kept for its update: the slice's";
+      EXPECT_FALSE(Field(leader_alone, "slice").has_list_value());
+      bytes += Field(rank, "bytes_sent").number_value();
+    }
+    EXPECT_EQ(next, p) << "worker " << worker << "'s slices end at the model's end";
+    EXPECT_EQ(bytes, Field(alone_ranks[2 * worker].struct_value(), "bytes_sent")
+                         .number_value())
+        << "worker " << worker;
+  }
+}
+
+// Where the shards cannot be split among the local ranks the leader
+// exchanges alone, and says so; --rank_slices=on refuses such a job.
+TEST(TrainerTest, RankSlicesNeedAShardPerLocalRank) {
+  const std::vector<std::string> job = {
+      "--algo=co2",   "--workers=2",   "--local_ranks=2", "--shards=1",
+      "--tau=4",      "--steps=8",     "--eval_every=0",
+      "--final_eval_examples=500",     "--progress=false"};
+  const RunResult fallback = RunCo2Train(job, /*timeout_s=*/300);
+  ASSERT_EQ(fallback.exit_code, 0) << fallback.output;
+  EXPECT_THAT(fallback.output,
+              HasSubstr("exchange: the local leader, the whole model"));
+  std::vector<std::string> on = job;
+  on.push_back("--rank_slices=on");
+  const RunResult refused = RunCo2Train(on, /*timeout_s=*/120);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.exit_code, 124) << "timed out";
+  EXPECT_THAT(refused.output, HasSubstr("--rank_slices=on"));
+  EXPECT_THAT(refused.output, HasSubstr("give at least 2 shards"));
+  const RunResult bad = RunCo2Train({"--rank_slices=yes"}, /*timeout_s=*/30);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.output, HasSubstr("--rank_slices is 'yes': auto | on | off"));
+}
+
+// With rank slices every local rank checkpoints its own slice; a resume
+// that would exchange otherwise (the leader alone) is refused by name
+// before it touches the shards.
+TEST(TrainerTest, RankSliceCheckpointsResumeOnlyWithRankSlices) {
+  TempDir dir;
+  const std::string checkpoints = dir.path() + "/checkpoints";
+  const std::vector<std::string> job = {
+      "--algo=co2",   "--workers=2",   "--local_ranks=2", "--shards=2",
+      "--tau=4",      "--steps=8",     "--eval_every=0",
+      "--final_eval_examples=500",     "--progress=false",
+      absl::StrCat("--checkpoint_dir=", checkpoints)};
+  const RunResult run = RunCo2Train(job, /*timeout_s=*/300);
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  for (const char* name : {"worker-0-rank-0.pt", "worker-0-rank-1.pt",
+                           "worker-1-rank-0.pt", "worker-1-rank-1.pt"}) {
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat(checkpoints, "/", name)))
+        << name;
+  }
+  EXPECT_FALSE(std::filesystem::exists(checkpoints + "/worker-0.pt"));
+  std::vector<std::string> alone = job;
+  alone.push_back("--resume");
+  alone.push_back("--rank_slices=off");
+  const RunResult refused = RunCo2Train(alone, /*timeout_s=*/120);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.exit_code, 124) << "timed out";
+  EXPECT_THAT(refused.output, HasSubstr("no worker checkpoint at"));
+  EXPECT_THAT(refused.output, HasSubstr("worker-0-rank-0.pt, written with rank slices"));
+}
+
 }  // namespace

@@ -97,6 +97,7 @@ std::map<std::string, std::string> Settings(const TrainerOptions& options) {
           {"algo", options.algo},
           {"workers", absl::StrCat(options.workers)},
           {"local_ranks", absl::StrCat(options.local_ranks)},
+          {"rank_slices", options.rank_slices},
           {"tau", absl::StrCat(options.tau)},
           {"epochs", absl::StrCat(options.epochs)},
           {"steps", absl::StrCat(options.steps)},
@@ -410,6 +411,11 @@ void PrintSummary(const TrainerOptions& options, const RunInfo& info,
   std::printf("  wall time: %.1f s; exposed communication: %.2f s (%.1f%% of training)\n",
               info.wall_s, summary.exposed_comm_s, 100 * summary.exposed_comm_fraction);
   std::printf("  bytes sent: %.2f MB\n", summary.bytes_sent / 1e6);
+  if (reports[0].slice) {
+    std::printf("  exchange: every local rank its own shards' slice\n");
+  } else if (options.local_ranks > 1 && options.algo != "ddp") {
+    std::printf("  exchange: the local leader, the whole model\n");
+  }
   std::printf("  parameters identical on every rank after every boundary: %s\n",
               summary.params_identical ? "yes" : summary.first_difference.c_str());
   if (!options.report.empty())

@@ -24,6 +24,13 @@ ABSL_FLAG(std::string, model, "small",
 ABSL_FLAG(std::string, algo, "co2", "co2 | ddp | localsgd | slowmo | diloco");
 ABSL_FLAG(int, workers, 2, "Workers (nodes); each has its own leader.");
 ABSL_FLAG(int, local_ranks, 1, "Processes per worker.");
+ABSL_FLAG(std::string, rank_slices, "auto",
+          "With --local_ranks > 1: every local rank exchanges its own shards' "
+          "slice of the model, so co2's memory and bytes per rank fall as "
+          "1/L (docs/sharding.md): auto (where there are at least as many "
+          "shards as local ranks, else the leader alone, said in the log) | "
+          "on (refuse a job that cannot) | off (the leader alone exchanges "
+          "the whole model).");
 ABSL_FLAG(int, tau, 8, "Inner steps per round.");
 ABSL_FLAG(int, epochs, 0,
           "Passes over each rank's shard (0: unbounded; with --steps=0: 1).");
@@ -192,6 +199,7 @@ co2::client::TrainerOptions ReadOptions() {
   o.algo = absl::GetFlag(FLAGS_algo);
   o.workers = absl::GetFlag(FLAGS_workers);
   o.local_ranks = absl::GetFlag(FLAGS_local_ranks);
+  o.rank_slices = absl::GetFlag(FLAGS_rank_slices);
   o.tau = absl::GetFlag(FLAGS_tau);
   o.epochs = absl::GetFlag(FLAGS_epochs);
   o.steps = absl::GetFlag(FLAGS_steps);

@@ -125,6 +125,7 @@ absl::Status RankRecorder::WriteReport(absl::Time started) {
   report_.exposed_comm_s = absl::ToDoubleSeconds(co2.total_exposed_comm());
   report_.bytes_sent = co2.bytes_sent();
   report_.final_hash = Hex(co2.ParamsHash());
+  if (co2.rank_slices()) report_.slice = co2.slice();
   const MemoryReport m = co2.Memory();
   report_.memory_bytes = {
       {"params", static_cast<double>(m.params)},

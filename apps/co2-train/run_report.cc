@@ -44,6 +44,16 @@ Value Obj(Struct s) {
   *out.mutable_struct_value() = std::move(s);
   return out;
 }
+// [begin, end]
+Value SliceValue(const common::Range& slice) {
+  ListValue ends;
+  *ends.add_values() = Num(static_cast<double>(slice.begin));
+  *ends.add_values() = Num(static_cast<double>(slice.end));
+  Value v;
+  *v.mutable_list_value() = std::move(ends);
+  return v;
+}
+
 Value List(ListValue l) {
   Value out;
   *out.mutable_list_value() = std::move(l);
@@ -260,6 +270,7 @@ absl::Status WriteRankReport(const std::string& path, const RankReport& r) {
   Put(s, "metric_name", Str(r.metric_name));
   Put(s, "final_metrics", Obj(FromMap(r.final_metrics)));
   Put(s, "memory_bytes", Obj(FromMap(r.memory_bytes)));
+  if (r.slice) Put(s, "slice", SliceValue(*r.slice));
   ListValue rounds;
   for (const RankRound& round : r.rounds) {
     *rounds.add_values() = Obj(RoundToStruct(round));
@@ -294,6 +305,16 @@ absl::StatusOr<RankReport> ReadRankReport(const std::string& path) {
   r.metric_name = GetStr(s, "metric_name");
   r.final_metrics = ToMap(GetObj(s, "final_metrics"));
   r.memory_bytes = ToMap(GetObj(s, "memory_bytes"));
+  auto slice = s.fields().find("slice");
+  if (slice != s.fields().end()) {
+    const ListValue& ends = slice->second.list_value();
+    if (ends.values_size() != 2) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": slice is not [begin, end]"));
+    }
+    r.slice = common::Range{static_cast<uint64_t>(ends.values(0).number_value()),
+                            static_cast<uint64_t>(ends.values(1).number_value())};
+  }
   auto rounds = s.fields().find("rounds");
   if (rounds != s.fields().end()) {
     for (const Value& v : rounds->second.list_value().values()) {
@@ -443,6 +464,8 @@ std::string MergedReportJson(const RunInfo& info,
     Put(rs, "exposed_comm_s", Num(r.exposed_comm_s));
     Put(rs, "bytes_sent", Num(static_cast<double>(r.bytes_sent)));
     Put(rs, "final_hash", Str(r.final_hash));
+    Put(rs, "memory_bytes", Obj(FromMap(r.memory_bytes)));
+    if (r.slice) Put(rs, "slice", SliceValue(*r.slice));
     if (r.left_at) Put(rs, "left_at", Num(static_cast<double>(*r.left_at)));
     ListValue hashes;
     for (const RankRound& round : r.rounds) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/layout.h"
 
 namespace co2::client {
 
@@ -50,6 +51,8 @@ struct RankReport {
   std::string metric_name;  // "test_accuracy" | "val_perplexity"
   std::map<std::string, double> final_metrics;  // leader of worker 0 only
   std::map<std::string, double> memory_bytes;
+  // With rank slices, the part of the model this rank exchanged.
+  std::optional<common::Range> slice;
   std::vector<RankRound> rounds;
   // The worker left the job (a job that shrank) before computing this
   // round; its last report round is the one before.

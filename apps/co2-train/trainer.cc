@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -30,6 +31,7 @@
 #include "client/training/torch_status.h"
 #include "client/worker_metrics.h"
 #include "common/codec.h"
+#include "common/layout.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/tls_config.h"
@@ -84,7 +86,16 @@ struct WorkerRank {
   int local_rank = 0;
   int rank = 0;   // among every local rank of every worker
   int world = 0;  // workers × local ranks
-  bool leader = false;  // local rank 0: the one that talks to the shards
+  bool leader = false;  // local rank 0
+};
+
+// What this rank exchanges with the shards (PlanRankSlices): with rank
+// slices its own shards and their slice of the model; the leader alone:
+// every shard and the whole model (a rank other than the leader: nothing).
+struct RankExchange {
+  bool sliced = false;
+  std::optional<common::Range> owned_shards;  // set with slices
+  common::Range slice;
 };
 
 // The node's group (its local ranks) and ddp's group of every rank; null
@@ -94,8 +105,8 @@ struct WorkerGroups {
   std::unique_ptr<ProcessGroup> global;
 };
 
-// A leader's connection to the shards, with the options it was made with
-// (a heal connects again with them); client is null on every other rank.
+// A rank's connection to the shards, with the options it was made with
+// (a heal connects again with them); null on ranks that do not exchange.
 struct ShardConnection {
   ClientOptions options;
   std::unique_ptr<AggregatorClient> client;
@@ -113,6 +124,7 @@ struct Worker {
   Algo algo = Algo::kCo2;
   InjectedFault fault;  // this process's, or none
   std::string job;
+  RankExchange exchange;
   std::unique_ptr<WorkerMetrics> metrics;  // leaders with --metrics_port
   TaskData data;
   int64_t total_steps = 0;
@@ -204,24 +216,98 @@ absl::Status LoadData(Worker& w) {
   return absl::OkStatus();
 }
 
-// --resume: the worker's checkpoint, with the inner optimizer's state loaded
-// and the parameters set to the anchor its round starts from (the leader
-// joins with it); nullopt without --resume.
+// Whether this node's ranks exchange their own slices (--rank_slices), and
+// what this rank exchanges. The same decision on every rank of the node: it
+// follows from the options and the model alone.
+absl::Status PlanRankSlices(Worker& w) {
+  const TrainerOptions& options = w.options;
+  const size_t p = static_cast<size_t>(w.model.flat->numel());
+  w.exchange.slice = common::Range{0, p};
+  if (w.algo == Algo::kDdp || options.local_ranks == 1 ||
+      options.rank_slices == "off") {
+    return absl::OkStatus();
+  }
+  const size_t shards = options.aggregators.size();
+  const size_t ranks = static_cast<size_t>(options.local_ranks);
+  absl::Status why = absl::OkStatus();
+  for (size_t k = 0; k < ranks && why.ok(); ++k) {
+    const absl::StatusOr<common::Range> slice =
+        common::RankRange(p, shards, ranks, k);
+    if (!slice.ok()) {
+      why = slice.status();
+    } else if (slice->size() == 0) {
+      why = absl::InvalidArgumentError(absl::StrCat(
+          "local rank ", k, "'s shards serve none of the model's ", p,
+          " parameters (fewer 256 KiB blocks than shards)"));
+    }
+  }
+  if (!why.ok()) {
+    if (options.rank_slices == "on") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--rank_slices=on: ", why.message()));
+    }
+    if (w.rank.leader) {
+      CO2_LOG(INFO) << "no rank slices (" << why.message()
+                    << "): the local leader exchanges the whole model";
+    }
+    return absl::OkStatus();
+  }
+  w.exchange.sliced = true;
+  w.exchange.owned_shards =
+      common::OwnedShards(shards, ranks, w.rank.local_rank).value();
+  w.exchange.slice =
+      common::RankRange(p, shards, ranks, w.rank.local_rank).value();
+  return absl::OkStatus();
+}
+
+// This rank's checkpoint file: the worker's, or with rank slices the rank's.
+std::string CheckpointPathOf(const Worker& w) {
+  return w.exchange.sliced
+             ? RankCheckpointPath(w.options.checkpoint_dir, w.rank.worker,
+                                  w.rank.local_rank)
+             : WorkerCheckpointPath(w.options.checkpoint_dir, w.rank.worker);
+}
+
+// NOT_FOUND for `path`, saying which flag reads the checkpoint the
+// directory holds instead, when it holds one of the other layout.
+absl::Status NoCheckpoint(const Worker& w, absl::Status missing) {
+  const std::string other =
+      w.exchange.sliced
+          ? WorkerCheckpointPath(w.options.checkpoint_dir, w.rank.worker)
+          : RankCheckpointPath(w.options.checkpoint_dir, w.rank.worker,
+                               w.rank.local_rank);
+  std::error_code ec;
+  if (!std::filesystem::exists(other, ec)) return missing;
+  return absl::FailedPreconditionError(absl::StrCat(
+      missing.message(), "; the directory holds ", other, ", written ",
+      w.exchange.sliced ? "by the local leader alone: resume with "
+                          "--rank_slices=off"
+                        : "with rank slices: resume with the --local_ranks "
+                          "and shards it was taken with"));
+}
+
+// --resume: the rank's checkpoint, with the inner optimizer's state loaded
+// and its slice of the parameters set to the anchor its round starts from
+// (its client joins with it); nullopt without --resume.
 absl::StatusOr<std::optional<WorkerCheckpoint>> LoadStartPoint(Worker& w) {
   if (!w.options.resume || w.algo == Algo::kDdp) return std::nullopt;
-  const std::string path =
-      WorkerCheckpointPath(w.options.checkpoint_dir, w.rank.worker);
-  FlatParams& flat = *w.model.flat;
-  CO2_ASSIGN_OR_RETURN(WorkerCheckpoint resumed,
-                       LoadWorkerCheckpoint(path, w.job, *w.model.inner));
-  if (resumed.anchor.size() != static_cast<size_t>(flat.numel())) {
-    return absl::DataLossError(absl::StrCat(
-        path, " holds an anchor of ", resumed.anchor.size(),
-        " parameters, the model has ", flat.numel()));
+  const std::string path = CheckpointPathOf(w);
+  absl::StatusOr<WorkerCheckpoint> loaded =
+      LoadWorkerCheckpoint(path, w.job, *w.model.inner);
+  if (absl::IsNotFound(loaded.status())) {
+    return NoCheckpoint(w, loaded.status());
   }
-  std::copy(resumed.anchor.begin(), resumed.anchor.end(),
-            flat.ParamSpan().begin());
-  return resumed;
+  CO2_RETURN_IF_ERROR(loaded.status());
+  const common::Range slice = w.exchange.slice;
+  if (loaded->anchor.size() != slice.size()) {
+    return absl::DataLossError(absl::StrCat(
+        path, " holds an anchor of ", loaded->anchor.size(),
+        " parameters, this rank exchanges ", slice.size(), " (",
+        w.exchange.sliced ? "its slice" : "the whole model", ")"));
+  }
+  std::copy(loaded->anchor.begin(), loaded->anchor.end(),
+            w.model.flat->ParamSpan().begin() + slice.begin);
+  return *std::move(loaded);
 }
 
 absl::StatusOr<WorkerGroups> JoinGroups(const Worker& w) {
@@ -252,6 +338,8 @@ absl::StatusOr<ClientOptions> MakeClientOptions(
   c.addresses = options.aggregators;
   c.job = w.job;
   c.worker_id = absl::StrCat("worker-", w.rank.worker);
+  c.owned_shards = w.exchange.owned_shards;
+  c.num_parameters = static_cast<uint64_t>(w.model.flat->numel());
   CO2_ASSIGN_OR_RETURN(c.job_config, MakeJobConfig(options, w.algo));
   c.job_config.set_rounds(
       static_cast<uint64_t>(RoundsOf(options, w.total_steps)));
@@ -272,8 +360,9 @@ absl::StatusOr<ClientOptions> MakeClientOptions(
 }
 
 // Every worker joins before anyone pushes round 0, so that all of them are
-// required for every round: the rendezvous is the barrier. A restarted or
-// joining worker enters a running job and skips it.
+// required for every round: the rendezvous is the barrier, one for each
+// local rank that exchanges (its own shards). A restarted or joining worker
+// enters a running job and skips it.
 absl::Status AwaitStartingWorkers(const Worker& w) {
   const TrainerOptions& options = w.options;
   const int initial_workers = InitialWorkers(options);
@@ -282,21 +371,29 @@ absl::Status AwaitStartingWorkers(const Worker& w) {
   }
   CO2_ASSIGN_OR_RETURN(
       std::unique_ptr<ProcessGroup> leaders,
-      CreateProcessGroup(MakeGroup(options, w.rank.worker, initial_workers,
-                                   "leaders", options.group_address)));
+      CreateProcessGroup(MakeGroup(
+          options, w.rank.worker, initial_workers,
+          w.rank.leader ? std::string("leaders")
+                        : absl::StrCat("local-rank-", w.rank.local_rank),
+          options.group_address)));
   float token = 1;
   return leaders->AllReduceMean(&token, 1);
 }
 
-// The leader of an aggregator algorithm connects to the shards with its
-// anchor, then waits for the other starting workers.
+// The leader (with rank slices: every rank) of an aggregator algorithm
+// connects to its shards with its anchor, then waits for the other starting
+// workers.
 absl::StatusOr<ShardConnection> ConnectToShards(
     const Worker& w, const std::optional<WorkerCheckpoint>& resumed) {
   ShardConnection connection;
-  if (w.algo == Algo::kDdp || !w.rank.leader) return connection;
+  if (w.algo == Algo::kDdp || (!w.rank.leader && !w.exchange.sliced)) {
+    return connection;
+  }
   CO2_ASSIGN_OR_RETURN(connection.options, MakeClientOptions(w, resumed));
-  auto connected = AggregatorClient::Connect(connection.options,
-                                             w.model.flat->ParamSpan());
+  const common::Range slice = w.exchange.slice;
+  auto connected = AggregatorClient::Connect(
+      connection.options,
+      w.model.flat->ParamSpan().subspan(slice.begin, slice.size()));
   if (!connected.ok()) {
     return absl::Status(
         connected.status().code(),
@@ -342,12 +439,12 @@ void OfferHeal(const ShardConnection& connection, Co2OptimizerOptions& o) {
   };
 }
 
-// A worker checkpoint at every round boundary (TrainerOptions::checkpoint_dir).
+// A worker checkpoint (with rank slices: one per rank) at every round
+// boundary (TrainerOptions::checkpoint_dir).
 void SaveCheckpoints(const Worker& w, Co2OptimizerOptions& o) {
   o.checkpoint_every = 1;
   o.save_checkpoint =
-      [path = WorkerCheckpointPath(w.options.checkpoint_dir, w.rank.worker),
-       job = w.job,
+      [path = CheckpointPathOf(w), job = w.job,
        inner = w.model.inner.get()](const WorkerCheckpoint& c) {
         return SaveWorkerCheckpoint(path, job, c, *inner);
       };
@@ -387,9 +484,7 @@ absl::StatusOr<std::unique_ptr<Co2Optimizer>> BuildOptimizer(
   if (resumed) {
     CO2_LOG(INFO) << "worker " << w.rank.worker << " rank "
                   << w.rank.local_rank << " resumed the job at round "
-                  << resumed->round << " from "
-                  << WorkerCheckpointPath(w.options.checkpoint_dir,
-                                          w.rank.worker);
+                  << resumed->round << " from " << CheckpointPathOf(w);
   }
   return co2;
 }
@@ -512,6 +607,7 @@ absl::Status RunWorker(const TrainerOptions& options, int worker,
   CO2_RETURN_IF_ERROR(StartLeaderServices(w));
   CO2_RETURN_IF_ERROR(LoadData(w));
   CO2_ASSIGN_OR_RETURN(w.model, BuildWorkerModel(options, w.task));
+  CO2_RETURN_IF_ERROR(PlanRankSlices(w));
   CO2_ASSIGN_OR_RETURN(std::optional<WorkerCheckpoint> resumed,
                        LoadStartPoint(w));
   CO2_ASSIGN_OR_RETURN(w.groups, JoinGroups(w));

@@ -123,6 +123,11 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
     return Bad("local_ranks",
                absl::StrCat("must be >= 1, got ", options.local_ranks));
   }
+  if (options.rank_slices != "auto" && options.rank_slices != "on" &&
+      options.rank_slices != "off") {
+    return Bad("rank_slices", absl::StrCat("is '", options.rank_slices,
+                                           "': auto | on | off"));
+  }
   if (options.tau < 1)
     return Bad("tau", absl::StrCat("must be >= 1, got ", options.tau));
   if (options.epochs < 0)

@@ -27,6 +27,12 @@ struct TrainerOptions {
   std::string algo = "co2";            // co2 | ddp | localsgd | slowmo | diloco
   int workers = 2;                     // W: nodes, each with its own leader
   int local_ranks = 1;                 // L: processes per worker
+  // With L > 1 and an aggregator algorithm, whether every local rank
+  // exchanges its own shards' slice (common::OwnedShards): "auto" where the
+  // shards allow it (S >= L and no rank's slice empty), else the leader
+  // alone with a log line; "on" refuses a job that cannot; "off": the
+  // leader alone exchanges the whole model.
+  std::string rank_slices = "auto";
   int tau = 8;                         // inner steps per round
   // The run ends after `epochs` passes over each rank's shard or `steps`
   // inner steps, whichever comes first (0 = no bound; both 0: one epoch).

@@ -30,6 +30,11 @@ std::string WorkerCheckpointPath(const std::string& dir, int worker) {
   return absl::StrCat(dir, "/worker-", worker, ".pt");
 }
 
+std::string RankCheckpointPath(const std::string& dir, int worker,
+                               int local_rank) {
+  return absl::StrCat(dir, "/worker-", worker, "-rank-", local_rank, ".pt");
+}
+
 absl::Status SaveWorkerCheckpoint(const std::string& path,
                                   const std::string& job,
                                   const WorkerCheckpoint& checkpoint,
@@ -40,6 +45,14 @@ absl::Status SaveWorkerCheckpoint(const std::string& path,
     archive.write("job", c10::IValue(job));
     archive.write("round", c10::IValue(static_cast<int64_t>(checkpoint.round)));
     archive.write("steps", c10::IValue(static_cast<int64_t>(checkpoint.steps)));
+    archive.write("slice_begin",
+                  c10::IValue(static_cast<int64_t>(checkpoint.slice.begin)));
+    archive.write("slice_end",
+                  c10::IValue(static_cast<int64_t>(checkpoint.slice.end)));
+    archive.write("local_ranks",
+                  c10::IValue(static_cast<int64_t>(checkpoint.local_ranks)));
+    archive.write("shards",
+                  c10::IValue(static_cast<int64_t>(checkpoint.shards)));
     archive.write("params", ToTensor(checkpoint.params));
     archive.write("anchor", ToTensor(checkpoint.anchor));
     archive.write("residual", ToTensor(checkpoint.residual));
@@ -86,9 +99,20 @@ absl::StatusOr<WorkerCheckpoint> LoadWorkerCheckpoint(
     c.round = static_cast<uint64_t>(value.toInt());
     archive.read("steps", value);
     c.steps = static_cast<uint64_t>(value.toInt());
+    // A file without a layout is a leader's, of the whole model.
+    if (archive.try_read("local_ranks", value)) {
+      c.local_ranks = static_cast<uint32_t>(value.toInt());
+      archive.read("shards", value);
+      c.shards = static_cast<uint32_t>(value.toInt());
+      archive.read("slice_begin", value);
+      c.slice.begin = static_cast<uint64_t>(value.toInt());
+      archive.read("slice_end", value);
+      c.slice.end = static_cast<uint64_t>(value.toInt());
+    }
     torch::Tensor t;
     archive.read("params", t);
     c.params = FromTensor(t);
+    if (c.local_ranks == 0) c.slice = {0, c.params.size()};
     archive.read("anchor", t);
     c.anchor = FromTensor(t);
     archive.read("residual", t);

@@ -62,6 +62,12 @@ struct ExchangeOutcome {
 // holding the anchor of one round.
 constexpr int kMaxRejoins = 8;
 
+absl::Status RankFailed(size_t rank) {
+  return absl::AbortedError(absl::StrCat(
+      "local rank ", rank,
+      "'s exchange failed (its log says why); the node's ranks stop with it"));
+}
+
 std::string RoundsOf(const std::vector<ExchangeOutcome>& all) {
   std::string rounds;
   for (size_t k = 0; k < all.size(); ++k) {
@@ -184,15 +190,16 @@ absl::Status Co2Optimizer::Init() {
     // after a heal.
     RoundStats start;
     start.healed_to = start_round_;
-    absl::Span<float> x;
+    absl::Status agreed;
     try {
-      x = HostSlice();
+      absl::Span<float> x = HostSlice();
+      agreed = AgreeOnOutcome(absl::OkStatus(), x, start);
+      if (agreed.ok() && !staging_.empty()) SetSlice(x);
     } catch (...) {
       return TorchExceptionToStatus("Co2Optimizer::Init");
     }
-    CO2_RETURN_IF_ERROR(AgreeOnOutcome(absl::OkStatus(), x, start));
+    CO2_RETURN_IF_ERROR(agreed);
     start_round_ = *start.healed_to;
-    if (!staging_.empty()) SetSlice(x);
   }
   if (local_ != nullptr && local_->size() > 1) {
     CO2_RETURN_IF_ERROR(FollowLeadersStart());
@@ -215,12 +222,20 @@ absl::Status Co2Optimizer::LearnSlices() {
   if (local_ == nullptr || local_->size() == 1) return absl::OkStatus();
   struct Held {
     uint8_t client = 0;
+    uint8_t resumes = 0;
     uint64_t begin = 0;
     uint64_t end = 0;
+    uint64_t resume_round = 0;
   };
   Held mine;
   if (client_ != nullptr) {
-    mine = {1, client_->slice().begin, client_->slice().end};
+    mine.client = 1;
+    mine.begin = client_->slice().begin;
+    mine.end = client_->slice().end;
+  }
+  if (options_.resume != nullptr) {
+    mine.resumes = 1;
+    mine.resume_round = options_.resume->round;
   }
   CO2_ASSIGN_OR_RETURN(const std::vector<Held> all,
                        GatherFromRanks(*local_, mine));
@@ -259,13 +274,29 @@ absl::Status Co2Optimizer::LearnSlices() {
         absl::StrCat("Co2Optimizer: the local ranks' slices end at ", next,
                      ", the model has ", p, " parameters"));
   }
-  if (options_.checkpoint_every > 0 || options_.resume != nullptr) {
-    return absl::InvalidArgumentError(
-        "Co2Optimizer: rank slices take no worker checkpoints "
-        "(checkpoint_every, resume); exchange from the local leader alone "
-        "to checkpoint");
+  for (size_t k = 0; k < all.size(); ++k) {
+    if (all[k].resumes != all[0].resumes ||
+        all[k].resume_round != all[0].resume_round) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Co2Optimizer: the local ranks resume from different rounds (rank "
+          "0: ", all[0].resumes ? absl::StrCat(all[0].resume_round) : "none",
+          ", rank ", k, ": ",
+          all[k].resumes ? absl::StrCat(all[k].resume_round) : "none",
+          "): their checkpoints are of different boundaries; rejoin the job "
+          "(fetch the shards' anchor) instead of resuming"));
+    }
   }
   slice_ = slices_[local_->rank()];
+  return absl::OkStatus();
+}
+
+absl::Status Co2Optimizer::AgreeOnStatus(absl::Status status) {
+  CO2_ASSIGN_OR_RETURN(const std::vector<uint8_t> ok,
+                       GatherFromRanks(*local_, uint8_t{status.ok()}));
+  if (!status.ok()) return status;
+  for (size_t k = 0; k < ok.size(); ++k) {
+    if (!ok[k]) return RankFailed(k);
+  }
   return absl::OkStatus();
 }
 
@@ -282,9 +313,7 @@ absl::Status Co2Optimizer::AgreeOnOutcome(absl::Status status,
     for (size_t k = 0; k < all.size(); ++k) {
       if (all[k].ok) continue;
       if (!status.ok()) return status;
-      return absl::AbortedError(absl::StrCat(
-          "local rank ", k, "'s exchange failed (its log says why); the node's "
-          "ranks stop with it"));
+      return RankFailed(k);
     }
     uint64_t newest = 0;
     bool any = false;

@@ -66,16 +66,23 @@ class Optimizer;
 
 namespace co2::client {
 
-// What a worker's local leader saves to resume bit for bit after every
-// process of the job stopped (a preemption): the state at the boundary of
-// `round` once the update of round − 1 has arrived (so every contribution
-// before this round's is in on the shards) and before this round's Δ is
-// pushed. The inner optimizer's state goes with it (the caller saves it:
-// it is the state after this round's steps).
+// What a worker's local leader (with rank slices: every local rank) saves to
+// resume bit for bit after every process of the job stopped (a preemption):
+// the state at the boundary of `round` once the update of round − 1 has
+// arrived (so every contribution before this round's is in on the shards)
+// and before this round's Δ is pushed. The inner optimizer's state goes with
+// it (the caller saves it: it is the state after this round's steps).
 struct WorkerCheckpoint {
   uint64_t round = 0;  // its τ inner steps are done, its Δ not pushed
   uint64_t steps = 0;  // inner steps of this worker so far
-  std::vector<float> params;        // x after the round's steps
+  // The part of the model the vectors below hold: [0, P) from the leader
+  // alone, the rank's slice with rank slices, taken with `local_ranks` ranks
+  // over `shards` shards (0: not recorded). A resume with rank slices needs
+  // the same three.
+  common::Range slice;
+  uint32_t local_ranks = 0;
+  uint32_t shards = 0;
+  std::vector<float> params;        // x after the round's steps, its slice
   std::vector<float> anchor;        // A_round
   std::vector<float> residual;      // the uplink's; empty for fp32
   // The start point's state (AnchorExchange::start_offset, last_delta):
@@ -144,8 +151,9 @@ struct Co2OptimizerOptions {
   // 0: only the boundary waits. At most tau − 1.
   int apply_by_step = 0;
   // Aggregator algorithms: every `checkpoint_every` rounds (0: never) the
-  // local leader passes a WorkerCheckpoint to `save_checkpoint` (a failure
-  // fails the boundary). With co2 it first waits for the previous round's
+  // local leader (with rank slices: every rank, each its slice's, all of
+  // them or none) passes a WorkerCheckpoint to `save_checkpoint` (a failure
+  // on any rank fails the boundary). With co2 it first waits for the previous round's
   // update, which has normally arrived already. Every round (1) when all
   // workers may stop at once: the shards replay two rounds of updates and
   // are then at most one round past any worker's checkpoint; from an older
@@ -153,7 +161,8 @@ struct Co2OptimizerOptions {
   int checkpoint_every = 0;
   std::function<absl::Status(const WorkerCheckpoint&)> save_checkpoint;
   // Resumes from a WorkerCheckpoint (borrowed until Create returns; on every
-  // local rank, which share the leader's inner optimizer state): the leader's
+  // local rank, which share the leader's inner optimizer state; with rank
+  // slices each rank's own, all of one round): the leader's (every rank's)
   // client joined with resume_round = resume->round and the saved anchor.
   // Create restores x, the residual and the start offset and completes the
   // boundary the checkpoint was taken at; round() is the next one.
@@ -212,8 +221,8 @@ class Co2Optimizer {
   // null. For rank slices, every local rank's `client` owns that rank's
   // shards (ClientOptions::owned_shards = common::OwnedShards(S, L, rank))
   // and is connected with its slice of flat->ParamSpan(); the slices must
-  // tile the model in rank order. Rank slices take no checkpoints
-  // (checkpoint_every, resume: INVALID_ARGUMENT). `local` spans the node's local ranks (null when there is one);
+  // tile the model in rank order. `local` spans the node's local ranks
+  // (null when there is one);
   // `global` spans every rank of the job and is required for ddp. Create
   // broadcasts x from the leader so every local rank starts from A_0.
   static absl::StatusOr<std::unique_ptr<Co2Optimizer>> Create(
@@ -328,8 +337,12 @@ class Co2Optimizer {
   absl::Span<float> HostSlice();
   void SetSlice(absl::Span<const float> host);
   // Init's part that learns every local rank's slice (slices_) and checks
-  // that either the leader alone or every rank holds a client.
+  // that either the leader alone or every rank holds a client, and that
+  // the ranks resume from checkpoints of one round.
   absl::Status LearnSlices();
+  // Rank slices: `status` on every rank once all ended with OK, else the
+  // failure (ABORTED naming the failed rank on the others).
+  absl::Status AgreeOnStatus(absl::Status status);
   // Rank slices, after this rank's exchange ended with `status` (stats holds
   // its heal, if any): every rank learns how every other's ended. Any
   // failure fails every rank (ABORTED naming the rank on the others); when
@@ -345,13 +358,17 @@ class Co2Optimizer {
   absl::StatusOr<std::vector<float>> GatherAnchor();
   // RoundStats::params_hash of a boundary.
   absl::StatusOr<uint64_t> BoundaryHash();
-  // The leader's WorkerCheckpoint at this boundary, when one is due.
+  // The leader's (every rank's) WorkerCheckpoint at this boundary, when one
+  // is due.
   absl::Status SaveCheckpoint(RoundStats& stats);
   // Init's part on local ranks other than the leader: they take its start
   // round and apply mode.
   absl::Status FollowLeadersStart();
   // Init's part for options_.resume.
   absl::Status RestoreCheckpoint();
+  // FAILED_PRECONDITION naming both layouts when `c` is not of this rank's
+  // slice (with rank slices: of another L, S or slice).
+  absl::Status CheckCheckpointFits(const WorkerCheckpoint& c);
 
   const Co2OptimizerOptions options_;
   ApplyAt apply_ = ApplyAt::kBoundary;  // options_.apply, or its default

@@ -26,22 +26,28 @@ absl::Status Co2Optimizer::SaveCheckpoint(RoundStats& stats) {
   // this round's is in on the shards: a resume needs only this round's Δ.
   const std::optional<uint64_t> owed =
       OwedUpdate(exchange_->staleness(), options_.rounds, round_);
+  absl::Status awaited = absl::OkStatus();
   if (owed) {
     ExchangeTimes times;
-    const absl::Status awaited = exchange_->AwaitUpdate(*owed, times);
+    awaited = exchange_->AwaitUpdate(*owed, times);
     stats.exposed_comm += times.exposed_comm;
-    if (!awaited.ok()) {
-      // The boundary meets the same failure and heals or fails with it.
-      CO2_LOG(WARNING) << "no checkpoint at round " << round_ << ": "
-                       << awaited.message();
-      return absl::OkStatus();
-    }
+  }
+  // With rank slices the node's checkpoints are of one round: all or none.
+  if (rank_slices()) awaited = AgreeOnStatus(std::move(awaited));
+  if (!awaited.ok()) {
+    // The boundary meets the same failure and heals or fails with it.
+    CO2_LOG(WARNING) << "no checkpoint at round " << round_ << ": "
+                     << awaited.message();
+    return absl::OkStatus();
   }
   WorkerCheckpoint c;
   c.round = round_;
   c.steps = steps_;
+  c.slice = slice_;
+  c.local_ranks = local_ != nullptr ? local_->size() : 1;
+  c.shards = exchange_->job_config().num_shards();
   try {
-    const absl::Span<const float> x = HostParams();
+    const absl::Span<const float> x = HostSlice();
     c.params.assign(x.begin(), x.end());
   } catch (...) {
     return TorchExceptionToStatus("Co2Optimizer: checkpoint of x");
@@ -53,7 +59,36 @@ absl::Status Co2Optimizer::SaveCheckpoint(RoundStats& stats) {
   c.start_offset.assign(offset.begin(), offset.end());
   const absl::Span<const float> last = exchange_->last_delta();
   c.last_delta.assign(last.begin(), last.end());
-  return options_.save_checkpoint(c);
+  absl::Status saved = options_.save_checkpoint(c);
+  if (rank_slices()) saved = AgreeOnStatus(std::move(saved));
+  return saved;
+}
+
+absl::Status Co2Optimizer::CheckCheckpointFits(const WorkerCheckpoint& c) {
+  const int ranks = local_ != nullptr ? local_->size() : 1;
+  const uint32_t shards = exchange_->job_config().num_shards();
+  const bool recorded = c.local_ranks != 0;
+  const bool same_slice =
+      c.slice.begin == slice_.begin && c.slice.end == slice_.end;
+  // A leader-only checkpoint fits any number of local ranks.
+  const bool fits =
+      c.params.size() == slice_.size() &&
+      (rank_slices() ? recorded &&
+                           c.local_ranks == static_cast<uint32_t>(ranks) &&
+                           c.shards == shards && same_slice
+                     : !recorded || same_slice);
+  if (fits) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "Co2Optimizer: the checkpoint holds ", c.params.size(),
+      " parameters, [", c.slice.begin, ", ", c.slice.end, ") of the model, ",
+      recorded ? absl::StrCat("taken with ", c.local_ranks,
+                              " local ranks over ", c.shards, " shards")
+               : std::string("with no layout recorded"),
+      "; this rank exchanges [", slice_.begin, ", ", slice_.end, ") of ",
+      flat_->numel(), rank_slices() ? " as one of " : " as the leader of ",
+      ranks, " local ranks over ", shards,
+      " shards: resume with the local ranks and shards the checkpoint was "
+      "taken with"));
 }
 
 absl::Status Co2Optimizer::RestoreCheckpoint() {
@@ -68,13 +103,8 @@ absl::Status Co2Optimizer::RestoreCheckpoint() {
         ", the shards took this worker back at round ", start_round_,
         " (join with resume_round = the checkpoint's round)"));
   }
-  const size_t p = static_cast<size_t>(flat_->numel());
   if (exchange_ != nullptr) {
-    if (c.params.size() != p) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Co2Optimizer: the checkpoint holds ", c.params.size(),
-                       " parameters, the model ", p));
-    }
+    CO2_RETURN_IF_ERROR(CheckCheckpointFits(c));
     if (!c.residual.empty()) {
       CO2_RETURN_IF_ERROR(exchange_->RestoreResidual(c.residual));
     }
@@ -83,14 +113,13 @@ absl::Status Co2Optimizer::RestoreCheckpoint() {
           exchange_->RestoreStartOffset(c.start_offset, c.last_delta));
     }
     try {
-      SetParams(c.params);
+      SetSlice(c.params);
     } catch (...) {
       return TorchExceptionToStatus("Co2Optimizer: x <- the checkpoint's");
     }
   }
   if (local_ != nullptr && local_->size() > 1) {
-    CO2_RETURN_IF_ERROR(
-        local_->Broadcast(flat_->params().data_ptr<float>(), p, 0));
+    CO2_RETURN_IF_ERROR(BroadcastParams());
   }
   // The checkpoint was taken at this round's boundary, its steps done.
   steps_ = c.steps;

@@ -387,14 +387,6 @@ absl::Status Co2Optimizer::FollowLeadersStart() {
   return absl::OkStatus();
 }
 
-absl::Span<float> Co2Optimizer::HostParams() {
-  if (staging_.empty()) return flat_->ParamSpan();
-  torch::Tensor host = torch::from_blob(staging_.data(), {flat_->numel()},
-                                        torch::kFloat);
-  host.copy_(flat_->params());
-  return absl::MakeSpan(staging_);
-}
-
 void Co2Optimizer::SetParams(absl::Span<const float> host) {
   torch::NoGradGuard no_grad;
   flat_->params().copy_(torch::from_blob(const_cast<float*>(host.data()),

@@ -320,14 +320,14 @@ class Co2Optimizer {
   // Ends the round in `stats` (its boundary done, or a heal): records it and
   // moves to the next round, or to the one the leader healed to.
   absl::Status EndRound(RoundStats stats);
-  // The local leader saves a WorkerCheckpoint at this round's boundary.
+  // A WorkerCheckpoint is saved at this round's boundary (by the local
+  // leader; with rank slices by every rank).
   bool CheckpointDue() const;
   // With eager updates or carried progress each worker's parameters are its
   // own offset from the anchor the ranks and workers share.
   bool OffsetFromAnchor() const {
     return options_.eager_share != 0 || options_.carry_progress.has_value();
   }
-  absl::Span<float> HostParams();
   // x <- `host` (all of x, on the host), wherever x lives. Throws what
   // LibTorch throws.
   void SetParams(absl::Span<const float> host);

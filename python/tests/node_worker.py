@@ -1,6 +1,7 @@
 """One node of several processes under torchrun: each rank trains on its own
 data; co2.Optimizer averages the gradients over the node in every step and
-local rank 0 talks to the shards. Rank 0 prints one JSON line."""
+local rank 0 (or, with rank slices, every rank) talks to the shards. Rank 0
+prints one JSON line; with --out every rank also writes its own."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import os
 import sys
 
 import torch
+import hashlib
+
 import torch.distributed as dist
 
 import co2
@@ -25,20 +28,29 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--apply", default=None)
     ap.add_argument("--apply_by_step", type=int, default=0)
+    ap.add_argument("--worker_id", default="node-0")
+    ap.add_argument("--node", type=int, default=0, help="picks this node's batches")
+    ap.add_argument("--rank_slices", choices=("default", "on", "off"), default="default")
+    ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--out", default="", help="a folder for every rank's JSON result")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.set_num_threads(1)
     torch.manual_seed(rank)  # different initial models: the anchor unifies them
-    model = torch.nn.Sequential(torch.nn.Linear(16, 4096), torch.nn.Tanh(),
-                                torch.nn.Linear(4096, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.Tanh(),
+                                torch.nn.Linear(args.hidden, 1))
     inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     opt = co2.Optimizer(model.parameters(), inner, tau=args.tau, rounds=args.rounds,
                         aggregators=args.aggregators.split(","), job=args.job,
-                        worker_id="node-0", samples_per_step=8 * dist.get_world_size(),
-                        apply=args.apply, apply_by_step=args.apply_by_step)
-    data = torch.Generator().manual_seed(100 + rank)  # each rank its own batches
+                        worker_id=args.worker_id, samples_per_step=8 * dist.get_world_size(),
+                        apply=args.apply, apply_by_step=args.apply_by_step,
+                        config=co2.JobConfig(deterministic=args.deterministic),
+                        rank_slices={"default": None, "on": True, "off": False}[args.rank_slices])
+    # Each rank (of each node) its own batches.
+    data = torch.Generator().manual_seed(100 + 10 * args.node + rank)
     same_every_step = True
     for _ in range(args.tau * args.rounds):
         x = torch.randn(8, 16, generator=data)
@@ -51,6 +63,16 @@ def main() -> int:
     opt.finish()
     seen = [None] * dist.get_world_size()
     dist.all_gather_object(seen, params_digest(model))
+    if args.out:
+        anchor = opt.anchor()
+        with open(os.path.join(args.out, f"{args.worker_id}-{rank}.json"), "w") as f:
+            json.dump({"rank": rank, "rank_slices": opt.rank_slices,
+                       "params": params_digest(model),
+                       "anchor": (None if anchor is None else
+                                  hashlib.sha256(anchor.numpy().tobytes()).hexdigest()),
+                       "bytes_sent": opt.bytes_sent, "round": opt.round,
+                       "anchor_round": opt.anchor_round,
+                       "state": sorted(k for k in opt.state_dict()["co2"])}, f)
     if rank == 0:
         print(json.dumps({"leader": opt.is_leader, "same_every_step": same_every_step,
                           "same_at_end": len(set(seen)) == 1, "round": opt.round,

@@ -1,0 +1,104 @@
+"""Rank slices: 2 workers × 2 local ranks under torchrun (Gloo), each rank
+exchanging its own slice of the model, against the same job with local rank
+0 alone exchanging the whole model."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import Dict, List
+
+import pytest
+
+import co2
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# P = 18·14563 + 1 = 262135, just under 4 blocks of 65,536: S = 2 and 4 both
+# split it into two slices of about P/2.
+HIDDEN = 14563
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_job(tmp_path, agg, job: str, slices: str, extra: List[str] = ()) -> List[Dict]:
+    """Two nodes of 2 ranks each, at once; every rank's JSON result."""
+    out = tmp_path / job
+    out.mkdir()
+    nodes = []
+    for node in range(2):
+        logs = tmp_path / f"{job}-logs-{node}"
+        # A static rendezvous on a port of its own: two torchruns at once.
+        nodes.append(subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+             "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+             "--redirects", "1", "--tee", "1", "--log_dir", str(logs),
+             os.path.join(HERE, "node_worker.py"),
+             "--aggregators", ",".join(agg.addresses), "--job", job, "--deterministic",
+             "--worker_id", f"node-{node}", "--node", str(node), "--hidden", str(HIDDEN),
+             "--rank_slices", slices, "--out", str(out), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=dict(os.environ, OMP_NUM_THREADS="1")))
+    for p in nodes:
+        try:
+            _, stderr = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            for q in nodes:
+                q.kill()
+            pytest.fail(f"job {job} did not finish within 300 s")
+        assert p.returncode == 0, stderr[-4000:]
+    results = []
+    for node in range(2):
+        for rank in range(2):
+            with open(out / f"node-{node}-{rank}.json") as f:
+                results.append(json.load(f))
+    return results
+
+
+@pytest.mark.parametrize("num_shards", [2, 4])
+def test_rank_slices_end_bit_identical_to_the_leader_alone(tmp_path, num_shards):
+    with co2.local_aggregator(num_shards=num_shards) as agg:
+        alone = _run_job(tmp_path, agg, f"alone-{num_shards}", "off")
+        sliced = _run_job(tmp_path, agg, f"sliced-{num_shards}", "default")
+    assert [r["rank_slices"] for r in alone] == [False] * 4
+    # S >= L: on by default.
+    assert [r["rank_slices"] for r in sliced] == [True] * 4
+    leader = alone[0]
+    assert leader["anchor"] is not None and (leader["round"], leader["anchor_round"]) == (4, 5)
+    # Every rank of both nodes ends on the leader-alone run's parameters and
+    # anchor, bit for bit; each holds the whole anchor (gathered slices).
+    assert {r["params"] for r in alone + sliced} == {leader["params"]}
+    assert {r["anchor"] for r in sliced} == {leader["anchor"]}
+    assert all((r["round"], r["anchor_round"]) == (4, 5) for r in sliced)
+    # Each rank pushed its slice: the two slices of a node make up what the
+    # leader alone pushes, about half each.
+    for node in (0, 2):
+        pair = [sliced[node]["bytes_sent"], sliced[node + 1]["bytes_sent"]]
+        assert sum(pair) == alone[node]["bytes_sent"], (pair, alone[node]["bytes_sent"])
+        for b in pair:
+            assert 0.45 < b / alone[node]["bytes_sent"] < 0.55, pair
+    assert alone[1]["bytes_sent"] == alone[3]["bytes_sent"] == 0
+    # A rank's state holds its split.
+    assert {"local_ranks", "num_shards", "slice", "rank_slices"} <= set(sliced[1]["state"])
+
+
+def test_rank_slices_need_a_shard_per_local_rank(tmp_path):
+    # S = 1 < L = 2: asked for explicitly, refused by name.
+    with co2.local_aggregator(num_shards=1) as agg:
+        run = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+             "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+             "--redirects", "1", "--tee", "1", "--log_dir", str(tmp_path),
+             os.path.join(HERE, "node_worker.py"), "--aggregators", ",".join(agg.addresses),
+             "--job", "few", "--rank_slices", "on"],
+            capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode != 0
+    assert "L=2 local ranks" in run.stdout + run.stderr
+    assert "S=1 shard" in run.stdout + run.stderr

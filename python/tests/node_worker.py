@@ -33,7 +33,10 @@ def main() -> int:
     ap.add_argument("--rank_slices", choices=("default", "on", "off"), default="default")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--out", default="", help="a folder for every rank's JSON result")
+    ap.add_argument("--wait_for_go", action="store_true",
+                    help="after joining, local rank 0 waits for a line on stdin")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -42,7 +45,7 @@ def main() -> int:
     torch.manual_seed(rank)  # different initial models: the anchor unifies them
     model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.Tanh(),
                                 torch.nn.Linear(args.hidden, 1))
-    inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    inner = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     opt = co2.Optimizer(model.parameters(), inner, tau=args.tau, rounds=args.rounds,
                         aggregators=args.aggregators.split(","), job=args.job,
                         worker_id=args.worker_id, samples_per_step=8 * dist.get_world_size(),
@@ -51,6 +54,11 @@ def main() -> int:
                         rank_slices={"default": None, "on": True, "off": False}[args.rank_slices])
     # Each rank (of each node) its own batches.
     data = torch.Generator().manual_seed(100 + 10 * args.node + rank)
+    if args.wait_for_go:
+        opt.connect()
+        if rank == 0:
+            sys.stdin.readline()
+        dist.barrier()
     same_every_step = True
     for _ in range(args.tau * args.rounds):
         x = torch.randn(8, 16, generator=data)

@@ -14,6 +14,7 @@ from typing import Dict, List
 import pytest
 
 import co2
+from conftest import wait_for_live_workers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # P = 18·14563 + 1 = 262135, just under 4 blocks of 65,536: S = 2 and 4 both
@@ -41,10 +42,15 @@ def _run_job(tmp_path, agg, job: str, slices: str, extra: List[str] = ()) -> Lis
              "--redirects", "1", "--tee", "1", "--log_dir", str(logs),
              os.path.join(HERE, "node_worker.py"),
              "--aggregators", ",".join(agg.addresses), "--job", job, "--deterministic",
-             "--worker_id", f"node-{node}", "--node", str(node), "--hidden", str(HIDDEN),
-             "--rank_slices", slices, "--out", str(out), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+             "--worker_id", f"node-{node}", "--node", str(node), "--hidden", str(HIDDEN), "--lr", "0.002",
+             "--rank_slices", slices, "--out", str(out), "--wait_for_go", *extra],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, OMP_NUM_THREADS="1")))
+    # Both nodes are members before either trains: every round has both.
+    wait_for_live_workers(agg.addresses, job, 2)
+    for p in nodes:
+        p.stdin.write("go\n")
+        p.stdin.flush()
     for p in nodes:
         try:
             _, stderr = p.communicate(timeout=300)

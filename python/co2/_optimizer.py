@@ -668,7 +668,7 @@ class Optimizer(torch.optim.Optimizer):
         if saved.get("rank_slices", False) or self.rank_slices:
             # A rank's state holds its slice: it fits only the same split.
             mine = self._layout()
-            for key in ("rank_slices", "local_ranks", "num_shards", "slice"):
+            for key in ("local_ranks", "num_shards", "rank_slices", "slice"):
                 if saved.get(key) != mine[key]:
                     raise ValueError(
                         f"the state was saved with {key}={saved.get(key)!r}, this optimizer "

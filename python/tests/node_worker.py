@@ -6,6 +6,7 @@ prints one JSON line; with --out every rank also writes its own."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -18,6 +19,32 @@ import torch.distributed as dist
 import co2
 from digest import params_digest
 
+
+
+def check_state(opt: co2.Optimizer, model: torch.nn.Module, args) -> dict:
+    """At a round boundary: this rank's state and the gathered anchor, and
+    the refusal of the state by an optimizer with another split."""
+    state = opt.state_dict()["co2"]
+    anchor = opt.anchor()  # a collective with rank slices
+    seen = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, hashlib.sha256(anchor.numpy().tobytes()).hexdigest())
+    begin, end = state["slice"] if state["slice"] else (0, anchor.numel())
+    out = {"slice": state["slice"], "local_ranks": state["local_ranks"],
+           "num_shards": state["num_shards"], "anchor_numel": anchor.numel(),
+           "state_anchor_numel": state["anchor"].numel(),
+           "anchor_same_on_every_rank": len(set(seen)) == 1,
+           "state_anchor_is_my_slice": bool(torch.equal(anchor[begin:end], state["anchor"]))}
+    fewer = args.aggregators.split(",")[:2]
+    clone = copy.deepcopy(model)  # an optimizer rebinds its parameters
+    other = co2.Optimizer(clone.parameters(), torch.optim.SGD(clone.parameters(), lr=args.lr),
+                          tau=args.tau, rounds=args.rounds, aggregators=fewer, job=args.job,
+                          worker_id=args.worker_id)
+    try:
+        other.load_state_dict(opt.state_dict())
+        out["refused"] = None
+    except ValueError as e:
+        out["refused"] = str(e)
+    return out
 
 
 def main() -> int:
@@ -37,6 +64,9 @@ def main() -> int:
     ap.add_argument("--out", default="", help="a folder for every rank's JSON result")
     ap.add_argument("--wait_for_go", action="store_true",
                     help="after joining, local rank 0 waits for a line on stdin")
+    ap.add_argument("--check_state", action="store_true",
+                    help="after the first round: what state_dict and anchor() hold, and "
+                         "whether an optimizer over fewer shards refuses the state")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -60,7 +90,10 @@ def main() -> int:
             sys.stdin.readline()
         dist.barrier()
     same_every_step = True
-    for _ in range(args.tau * args.rounds):
+    checks = {}
+    for step in range(args.tau * args.rounds):
+        if args.check_state and step == args.tau:
+            checks = check_state(opt, model, args)
         x = torch.randn(8, 16, generator=data)
         opt.zero_grad()
         torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True)).backward()
@@ -78,7 +111,8 @@ def main() -> int:
                        "params": params_digest(model),
                        "anchor": (None if anchor is None else
                                   hashlib.sha256(anchor.numpy().tobytes()).hexdigest()),
-                       "bytes_sent": opt.bytes_sent, "round": opt.round,
+                       "bytes_sent": opt.bytes_sent, "round": opt.round, "checks": checks,
+                       "applied_after_steps": opt.stats()["applied_after_steps"],
                        "anchor_round": opt.anchor_round,
                        "state": sorted(k for k in opt.state_dict()["co2"])}, f)
     if rank == 0:

@@ -94,6 +94,59 @@ def test_rank_slices_end_bit_identical_to_the_leader_alone(tmp_path, num_shards)
     assert {"local_ranks", "num_shards", "slice", "rank_slices"} <= set(sliced[1]["state"])
 
 
+def test_a_rank_saves_its_slice_and_resumes_only_the_same_split(tmp_path):
+    with co2.local_aggregator(num_shards=4) as agg:
+        sliced = _run_job(tmp_path, agg, "state", "default", ["--check_state"])
+    p = 18 * HIDDEN + 1
+    slices = []
+    for r in sliced:
+        c = r["checks"]
+        assert (c["local_ranks"], c["num_shards"]) == (2, 4)
+        begin, end = c["slice"]
+        slices.append((begin, end))
+        # The state holds this rank's slice of the anchor; anchor() gathers
+        # the whole one, the same on every rank.
+        assert c["state_anchor_numel"] == end - begin
+        assert c["anchor_numel"] == p
+        assert c["anchor_same_on_every_rank"] and c["state_anchor_is_my_slice"]
+        # An optimizer over 2 shards refuses it, naming S.
+        assert c["refused"] is not None and "num_shards=4" in c["refused"], c["refused"]
+    # The two ranks' slices tile the model.
+    assert slices[0][0] == 0 and slices[0][1] == slices[1][0] and slices[1][1] == p
+    assert slices[:2] == slices[2:]
+
+
+@pytest.mark.parametrize("by_step", [0, 1])
+def test_rank_slices_apply_on_arrival_at_one_step(tmp_path, by_step):
+    # Every rank applies when every rank's slice has arrived (by_step 1: all
+    # wait for their own at step 1), so the ranks stay identical after
+    # every step and record the same steps.
+    with co2.local_aggregator(num_shards=2) as agg:
+        run = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+             "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
+             "--redirects", "1", "--tee", "1", "--log_dir", str(tmp_path / "logs"),
+             os.path.join(HERE, "node_worker.py"), "--aggregators", ",".join(agg.addresses),
+             "--job", "arrival", "--apply", "arrival", "--apply_by_step", str(by_step),
+             "--out", str(tmp_path)],
+            capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert run.returncode == 0, run.stderr[-4000:]
+    [line] = [l[l.index("{"):] for l in run.stdout.splitlines() if "{" in l]
+    r = json.loads(line)
+    assert r["same_every_step"] and r["same_at_end"]
+    assert (r["round"], r["anchor_round"]) == (4, 5)
+    ranks = []
+    for rank in range(2):
+        with open(tmp_path / f"node-0-{rank}.json") as f:
+            ranks.append(json.load(f))
+    assert [x["rank_slices"] for x in ranks] == [True, True]
+    assert ranks[0]["applied_after_steps"] == ranks[1]["applied_after_steps"]
+    assert len(ranks[0]["applied_after_steps"]) == 4
+    if by_step:
+        assert ranks[0]["applied_after_steps"] == [0, 1, 1, 1]
+
+
 def test_rank_slices_need_a_shard_per_local_rank(tmp_path):
     # S = 1 < L = 2: asked for explicitly, refused by name.
     with co2.local_aggregator(num_shards=1) as agg:

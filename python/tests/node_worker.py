@@ -21,6 +21,20 @@ from digest import params_digest
 
 
 
+class _LateExchange:
+    """Rank 1's exchange as if its slice's update arrived a step later than
+    rank 0's: apply_due says no at step 1 of every round."""
+
+    def __init__(self, exchange) -> None:
+        self._exchange = exchange
+
+    def apply_due(self, round_, steps):
+        return steps != 1 and self._exchange.apply_due(round_, steps)
+
+    def __getattr__(self, name):
+        return getattr(self._exchange, name)
+
+
 def check_state(opt: co2.Optimizer, model: torch.nn.Module, args) -> dict:
     """At a round boundary: this rank's state and the gathered anchor, and
     the refusal of the state by an optimizer with another split."""
@@ -64,6 +78,8 @@ def main() -> int:
     ap.add_argument("--out", default="", help="a folder for every rank's JSON result")
     ap.add_argument("--wait_for_go", action="store_true",
                     help="after joining, local rank 0 waits for a line on stdin")
+    ap.add_argument("--late_rank1", action="store_true",
+                    help="rank 1's updates count as arrived a step late")
     ap.add_argument("--check_state", action="store_true",
                     help="after the first round: what state_dict and anchor() hold, and "
                          "whether an optimizer over fewer shards refuses the state")
@@ -89,6 +105,10 @@ def main() -> int:
         if rank == 0:
             sys.stdin.readline()
         dist.barrier()
+    if args.late_rank1:
+        opt.connect()
+        if rank == 1:
+            opt._exchange = _LateExchange(opt._exchange)
     same_every_step = True
     checks = {}
     for step in range(args.tau * args.rounds):

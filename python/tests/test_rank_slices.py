@@ -116,11 +116,12 @@ def test_a_rank_saves_its_slice_and_resumes_only_the_same_split(tmp_path):
     assert slices[:2] == slices[2:]
 
 
-@pytest.mark.parametrize("by_step", [0, 1])
-def test_rank_slices_apply_on_arrival_at_one_step(tmp_path, by_step):
+@pytest.mark.parametrize("by_step,late", [(0, False), (1, False), (0, True)])
+def test_rank_slices_apply_on_arrival_at_one_step(tmp_path, by_step, late):
     # Every rank applies when every rank's slice has arrived (by_step 1: all
     # wait for their own at step 1), so the ranks stay identical after
-    # every step and record the same steps.
+    # every step and record the same steps. late: rank 1's slice arrives a
+    # step after rank 0's, and rank 0 waits for it.
     with co2.local_aggregator(num_shards=2) as agg:
         run = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
@@ -128,7 +129,7 @@ def test_rank_slices_apply_on_arrival_at_one_step(tmp_path, by_step):
              "--redirects", "1", "--tee", "1", "--log_dir", str(tmp_path / "logs"),
              os.path.join(HERE, "node_worker.py"), "--aggregators", ",".join(agg.addresses),
              "--job", "arrival", "--apply", "arrival", "--apply_by_step", str(by_step),
-             "--out", str(tmp_path)],
+             "--out", str(tmp_path), *(["--late_rank1"] if late else [])],
             capture_output=True, text=True, timeout=300,
             env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert run.returncode == 0, run.stderr[-4000:]
@@ -145,6 +146,8 @@ def test_rank_slices_apply_on_arrival_at_one_step(tmp_path, by_step):
     assert len(ranks[0]["applied_after_steps"]) == 4
     if by_step:
         assert ranks[0]["applied_after_steps"] == [0, 1, 1, 1]
+    if late:
+        assert ranks[0]["applied_after_steps"] == [0, 2, 2, 2]
 
 
 def test_rank_slices_need_a_shard_per_local_rank(tmp_path):

@@ -70,7 +70,8 @@ def main() -> int:
     ap.add_argument("--apply", default=None)
     ap.add_argument("--apply_by_step", type=int, default=0)
     ap.add_argument("--worker_id", default="node-0")
-    ap.add_argument("--node", type=int, default=0, help="picks this node's batches")
+    ap.add_argument("--node_index", type=int, default=0,
+                    help="picks this node's batches (not --node: torchrun reads it as its --node-rank)")
     ap.add_argument("--rank_slices", choices=("default", "on", "off"), default="default")
     ap.add_argument("--deterministic", action="store_true")
     ap.add_argument("--hidden", type=int, default=4096)
@@ -99,7 +100,7 @@ def main() -> int:
                         config=co2.JobConfig(deterministic=args.deterministic),
                         rank_slices={"default": None, "on": True, "off": False}[args.rank_slices])
     # Each rank (of each node) its own batches.
-    data = torch.Generator().manual_seed(100 + 10 * args.node + rank)
+    data = torch.Generator().manual_seed(100 + 10 * args.node_index + rank)
     if args.wait_for_go:
         opt.connect()
         if rank == 0:

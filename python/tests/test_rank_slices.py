@@ -42,12 +42,18 @@ def _run_job(tmp_path, agg, job: str, slices: str, extra: List[str] = ()) -> Lis
              "--redirects", "1", "--tee", "1", "--log_dir", str(logs),
              os.path.join(HERE, "node_worker.py"),
              "--aggregators", ",".join(agg.addresses), "--job", job, "--deterministic",
-             "--worker_id", f"node-{node}", "--node", str(node), "--hidden", str(HIDDEN), "--lr", "0.002",
+             "--worker_id", f"node-{node}", "--node_index", str(node), "--hidden", str(HIDDEN), "--lr", "0.002",
              "--rank_slices", slices, "--out", str(out), "--wait_for_go", *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, OMP_NUM_THREADS="1")))
     # Both nodes are members before either trains: every round has both.
-    wait_for_live_workers(agg.addresses, job, 2)
+    try:
+        wait_for_live_workers(agg.addresses, job, 2)
+    except pytest.fail.Exception:
+        for p in nodes:
+            p.kill()
+        stderr = "\n---\n".join(p.communicate()[1][-2000:] for p in nodes)
+        pytest.fail(f"job {job}: the two nodes did not both join; their stderr:\n{stderr}")
     for p in nodes:
         p.stdin.write("go\n")
         p.stdin.flush()

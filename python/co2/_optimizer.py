@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import warnings
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 import torch
@@ -14,6 +15,7 @@ from . import _core
 from ._config import JobConfig
 from ._errors import Error
 from ._host_tcp import check_host_tcp
+from ._node import Node
 from ._params import DTYPES, HostParams
 
 
@@ -141,6 +143,16 @@ class Optimizer(torch.optim.Optimizer):
             rank 0 checks at ``connect()`` whether the host's TCP settings
             let one stream fill it (``co2.check_host_tcp``: a
             ``co2.HostTcpWarning`` where they do not). 0: not said.
+        rank_slices: with L > 1 ranks in ``process_group``: each local rank
+            exchanges its own slice of the model with the shards it owns
+            (docs/python.md, "Rank slices"), under this worker's one
+            ``worker_id``, and the ranks share their slices after every
+            exchange, so each holds the whole model; co2's state per rank is
+            then 1/L of the leader-only one. Needs at least L shard
+            addresses. None (the default): on where there are at least L
+            shards, else local rank 0 alone exchanges (said once in a
+            warning); False: local rank 0 alone exchanges the whole model;
+            True: ValueError where there are fewer than L shards.
 
     Raises:
         ValueError: a bad argument or config value, naming it.
@@ -177,6 +189,7 @@ class Optimizer(torch.optim.Optimizer):
         apply_by_step: int = 0,
         link_mbit: float = 0.0,
         link_rtt: float = 0.0,
+        rank_slices: Optional[bool] = None,
     ) -> None:
         # ValueError for an algorithm the C++ side does not run with shards.
         outer_defaults = _core.outer_defaults(algo)
@@ -238,6 +251,18 @@ class Optimizer(torch.optim.Optimizer):
             dist.get_global_rank(self._group, 0) if self._group is not None else 0)
         self.is_leader = self._group is None or dist.get_rank(self._group) == 0
         self._host = HostParams(self._params)
+        self._node = (Node(self._group, self._params[0].device)
+                      if self._group is not None and self._group_size > 1 else None)
+        self.rank_slices = self._use_slices(rank_slices, len(aggregators))
+        # The slice of the flat parameters each local rank exchanges, by rank;
+        # (0, P) for the leader alone.
+        self._slices = ([_core.rank_range(self._host.numel, len(aggregators),
+                                          self._group_size, k)
+                         for k in range(self._group_size)]
+                        if self.rank_slices else [(0, self._host.numel)])
+        self._slice = self._slices[self._node.rank if self.rank_slices else 0]
+        # This process talks to the shards.
+        self._exchanges = self.is_leader or self.rank_slices
 
         if config is None:
             alpha, beta = outer_defaults
@@ -261,6 +286,11 @@ class Optimizer(torch.optim.Optimizer):
             connect_timeout=float(connect_timeout), update_timeout=float(update_timeout),
             eager_share=float(eager_share), carry_progress=self.carry_progress,
             apply_by_step=self.apply_by_step)
+        if self.rank_slices:
+            # Each rank joins its own shards; a rank the shards cannot take
+            # back heals, and its node-mates with it (_settle).
+            self._join.update(local_ranks=self._group_size, local_rank=self._node.rank,
+                              num_parameters=self._host.numel, heal=True)
         self._exchange: Optional[Any] = None
         self._final_stats: Dict[str, Any] = {}
         self._connected = False
@@ -276,49 +306,123 @@ class Optimizer(torch.optim.Optimizer):
         self._left = False
 
     def connect(self) -> None:
-        """Joins the job (local rank 0) and sets the parameters to the
-        anchor every worker starts from. The first ``step()`` calls it; call
-        it earlier to fail early. After ``load_state_dict`` it resumes the
-        saved round with the saved anchor instead."""
+        """Joins the job (local rank 0, or with ``rank_slices`` every rank,
+        each its own shards) and sets the parameters to the anchor every
+        worker starts from. The first ``step()`` calls it; call it earlier
+        to fail early (on every rank at once). After ``load_state_dict`` it
+        resumes the saved round with the saved anchor instead."""
         if self._connected:
             return
         self._check_usable("connect")
         try:
+            if self.rank_slices and self._resume is None:
+                # The node starts from its leader's model, as it does when
+                # the leader alone seeds the shards: each rank seeds its slice.
+                self._node.broadcast_from_leader(self._host.flat)
             start_round = 0
-            if self.is_leader:
-                if any(self._link):
+            if self._exchanges:
+                if self.is_leader and any(self._link):
                     check_host_tcp(*self._link)
-                resume_round = None
-                if self._resume is not None:
-                    resume_round = self._resume["round"]
-                    self._host.buffer.copy_(self._resume["anchor"])
+                if self.rank_slices:
+                    start_round = self._node.call("joining the job", self._join_job)
+                    start_round = self._node.agree_round(
+                        start_round, self._rejoin, "to start at")
                 else:
-                    self._host.gather()
-                self._exchange = _core.Exchange(
-                    **self._join, resume_round=resume_round, x=self._host.address,
-                    numel=self._host.numel)
-                start_round = self._exchange.start_round
-                residual = self._resume.get("residual") if self._resume else None
-                if residual is not None:
-                    residual = residual.contiguous()
-                    self._exchange.restore_residual(residual.data_ptr(), residual.numel())
-                start = self._resume.get("start_offset") if self._resume else None
-                if start is not None:
-                    offset, last = start
-                    offset = offset.contiguous()
-                    last = last.contiguous() if last is not None else None
-                    self._exchange.restore_start_offset(
-                        offset.data_ptr(), last.data_ptr() if last is not None else 0,
-                        offset.numel())
-                    self._host.buffer.add_(offset)  # the round starts at A + e
+                    start_round = self._join_job()
                 self._host.scatter()
-            start_round = self._broadcast_start(start_round)
+            if self.rank_slices:
+                self._node.share_slices(self._host.flat, self._slices)
+            else:
+                start_round = self._broadcast_start(start_round)
         except BaseException:
             self._broken = True
             raise
         self._round = start_round
         self._anchor_round = start_round
         self._connected = True
+
+    def _join_job(self) -> int:
+        """Makes this rank's exchange; the round it starts at. The host copy
+        (this rank's slice of it) then holds that round's anchor, plus the
+        saved start offset on a resume."""
+        resume_round = None
+        mine = self._mine()
+        if self._resume is not None:
+            resume_round = self._resume["round"]
+            mine.copy_(self._resume["anchor"])
+        else:
+            self._host.gather()
+        self._exchange = _core.Exchange(
+            **self._join, resume_round=resume_round, x=self._x_address(), numel=mine.numel())
+        residual = self._resume.get("residual") if self._resume else None
+        if residual is not None:
+            residual = residual.contiguous()
+            self._exchange.restore_residual(residual.data_ptr(), residual.numel())
+        start = self._resume.get("start_offset") if self._resume else None
+        if start is not None:
+            offset, last = start
+            offset = offset.contiguous()
+            last = last.contiguous() if last is not None else None
+            self._exchange.restore_start_offset(
+                offset.data_ptr(), last.data_ptr() if last is not None else 0,
+                offset.numel())
+            mine.add_(offset)  # the round starts at A + e
+        return self._exchange.start_round
+
+    def _mine(self) -> torch.Tensor:
+        """This rank's slice of the float32 host copy (all of it for the
+        leader alone): what its exchange reads Δ from and writes A into."""
+        begin, end = self._slice
+        return self._host.buffer[begin:end]
+
+    def _x_address(self) -> int:
+        return self._host.address + 4 * self._slice[0]
+
+    def _x(self) -> tuple:
+        """(address, numel) of _mine(), for the C++ exchange."""
+        return self._x_address(), self._slice[1] - self._slice[0]
+
+    def _rejoin(self) -> int:
+        """Heals this rank now (its node-mates healed, or it is behind them);
+        the round it continues at."""
+        times = self._exchange.rejoin(*self._x())
+        self._exposed_comm += times["exposed_comm_s"]
+        return times["healed_round"]
+
+    def _settle(self, times: Dict[str, Any], next_round: int, what: str) -> int:
+        """After an exchange call of every rank (slices): the round the node
+        continues at. When any rank healed, the others rejoin too, and the
+        ranks agree on one round; then they share their slices, so that every
+        rank holds the whole x."""
+        healed = times["healed_round"]
+        mine = next_round if healed is None else healed
+        any_healed = any(h for (h,) in self._node.gather_ints([healed is not None]))
+        if any_healed:
+            if healed is None:
+                mine = self._node.call(f"rejoining {what}", self._rejoin)
+            else:
+                self._node.call(f"rejoining {what}", lambda: None)
+            mine = self._node.agree_round(mine, self._rejoin, what)
+        self._host.scatter()
+        self._node.share_slices(self._host.flat, self._slices)
+        return mine
+
+    def _use_slices(self, asked: Optional[bool], num_shards: int) -> bool:
+        if self._node is None or asked is False:
+            return False
+        if num_shards >= self._group_size:
+            return True
+        if asked:
+            raise ValueError(
+                f"rank_slices=True needs at least one shard per local rank: the node has "
+                f"L={self._group_size} local ranks and the job S={num_shards} shard "
+                f"addresses; give S >= L shards, or rank_slices=False")
+        if self.is_leader:
+            warnings.warn(
+                f"co2.Optimizer: S={num_shards} shards for L={self._group_size} local ranks: "
+                f"local rank 0 alone exchanges the whole model (each rank its own slice "
+                f"needs S >= L)", stacklevel=3)
+        return False
 
     # --- the torch.optim surface ---
 
@@ -409,11 +513,20 @@ class Optimizer(torch.optim.Optimizer):
         self._check_usable("leave" if leaving else "finish")
         self.connect()
         try:
+            if self.rank_slices:
+                # The leader decides whether the node leaves or finishes.
+                leaving = bool(self._node.from_leader(int(leaving)))
             if self._steps_in_round > 0:
                 self._boundary()
             last = self._round if leaving else self.rounds
             owed = _core.owed_update(self._staleness, last, self._round)
-            if owed is not None:
+            if owed is not None and self.rank_slices:
+                self._host.gather()
+                times = self._node.call("draining the last update",
+                                        lambda: self._exchange.drain(owed, *self._x()))
+                self._exposed_comm += times["exposed_comm_s"]
+                self._anchor_round = self._settle(times, self._round + 1, "at the end")
+            elif owed is not None:
                 if self._exchange is not None:
                     self._host.gather()
                     times = self._exchange.drain(owed, self._host.address, self._host.numel)
@@ -421,7 +534,15 @@ class Optimizer(torch.optim.Optimizer):
                     self._host.scatter()
                 self._broadcast_params()
                 self._anchor_round = self._round + 1
-            if self._exchange is not None:
+            if self.rank_slices:
+                # Every rank checks its slice; a mismatch on one fails all.
+                if self._verify and not leaving:
+                    self._node.call("verifying the final anchor",
+                                    lambda: self._exchange.verify_anchor(self._anchor_round))
+                self._exchange.leave()
+                self._final_stats = self._exchange.stats()
+                self._exchange = None
+            elif self._exchange is not None:
                 if self._verify and not leaving:
                     self._exchange.verify_anchor(self._anchor_round)
                 self._exchange.leave()
@@ -451,8 +572,14 @@ class Optimizer(torch.optim.Optimizer):
 
         After ``finish()`` or ``leave()`` it is the final state: the inner
         optimizer's, the rounds done and the final anchor (the parameters,
-        on local rank 0), with ``"finished": True``; there is no round left
-        to resume from it.
+        on local rank 0, and on every rank with ``rank_slices``), with
+        ``"finished": True``; there is no round left to resume from it.
+
+        With ``rank_slices`` each rank saves its own: its slice of the
+        anchor (and of the residual and start offset), with ``"slice"``
+        (its elements of the model), ``"local_ranks"`` (L) and
+        ``"num_shards"`` (S); it resumes only with the same L and S. Every
+        rank calls it at the same step.
         """
         if self._finished:
             return self._final_state()
@@ -468,22 +595,27 @@ class Optimizer(torch.optim.Optimizer):
             owed = _core.owed_update(self._staleness, self.rounds, self._round)
             if owed is not None:
                 try:
-                    times = self._exchange.await_update(owed)
+                    if self.rank_slices:
+                        times = self._node.call("awaiting the update",
+                                                lambda: self._exchange.await_update(owed))
+                    else:
+                        times = self._exchange.await_update(owed)
                 except BaseException:
                     self._broken = True
                     raise
                 self._exposed_comm += times["exposed_comm_s"]
-            anchor = torch.empty(self._host.numel, dtype=torch.float32)
+            n = self._slice[1] - self._slice[0]
+            anchor = torch.empty(n, dtype=torch.float32)
             self._exchange.copy_anchor(anchor.data_ptr(), anchor.numel())
-            residual = torch.empty(self._host.numel, dtype=torch.float32)
+            residual = torch.empty(n, dtype=torch.float32)
             if self._exchange.copy_residual(residual.data_ptr(), residual.numel()) == 0:
                 residual = None  # a fp32 uplink keeps none
-            offset = torch.empty(self._host.numel, dtype=torch.float32)
+            offset = torch.empty(n, dtype=torch.float32)
             # Carried progress keeps no last Δ.
             last = (None if self.carry_progress
-                    else torch.empty(self._host.numel, dtype=torch.float32))
+                    else torch.empty(n, dtype=torch.float32))
             filled = self._exchange.copy_start_offset(
-                offset.data_ptr(), 0 if last is None else last.data_ptr(), self._host.numel)
+                offset.data_ptr(), 0 if last is None else last.data_ptr(), n)
             # 0: eager updates and carried progress are off; 1: no last Δ.
             start = None if filled == 0 else (offset, last if filled == 2 else None)
         else:
@@ -492,7 +624,8 @@ class Optimizer(torch.optim.Optimizer):
             "inner": self._inner.state_dict(),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
                     "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
-                    "residual": residual, "start_offset": start, "finished": False},
+                    "residual": residual, "start_offset": start, "finished": False,
+                    **self._layout()},
         }
 
     def _final_state(self) -> Dict[str, Any]:
@@ -500,8 +633,15 @@ class Optimizer(torch.optim.Optimizer):
             "inner": self._inner.state_dict(),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
                     "rounds": self.rounds, "algo": self.algo, "anchor": self.anchor(),
-                    "residual": None, "start_offset": None, "finished": True},
+                    "residual": None, "start_offset": None, "finished": True,
+                    **self._layout()},
         }
+
+    def _layout(self) -> Dict[str, Any]:
+        """How the node split the exchange: what a saved state fits."""
+        return {"rank_slices": self.rank_slices, "local_ranks": self._group_size,
+                "num_shards": len(self._join["addresses"]),
+                "slice": tuple(self._slice) if self.rank_slices else None}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes from ``state_dict()``: call it before the first step.
@@ -525,9 +665,19 @@ class Optimizer(torch.optim.Optimizer):
             if saved[key] != mine:
                 raise ValueError(f"the state was saved with {key}={saved[key]!r}, "
                                  f"this optimizer has {key}={mine!r}")
-        if self.is_leader:
+        if saved.get("rank_slices", False) or self.rank_slices:
+            # A rank's state holds its slice: it fits only the same split.
+            mine = self._layout()
+            for key in ("local_ranks", "num_shards", "rank_slices", "slice"):
+                if saved.get(key) != mine[key]:
+                    raise ValueError(
+                        f"the state was saved with {key}={saved.get(key)!r}, this optimizer "
+                        f"has {key}={mine[key]!r}: with rank_slices each rank saves its slice "
+                        f"of the anchor, which resumes only with the same local ranks (L) "
+                        f"and shards (S)")
+        if self._exchanges:
             anchor = saved["anchor"]
-            if anchor is None or anchor.numel() != self._host.numel:
+            if anchor is None or anchor.numel() != self._slice[1] - self._slice[0]:
                 raise ValueError("the state holds no anchor for this model: save it on "
                                  "local rank 0 and load it there")
         self._inner.load_state_dict(state["inner"])
@@ -557,25 +707,42 @@ class Optimizer(torch.optim.Optimizer):
         this is the model to evaluate or save mid-training. After
         ``finish()``: the final anchor (the parameters). On local rank 0;
         None on the other ranks and before the first ``step()`` or
-        ``connect()``."""
+        ``connect()``.
+
+        With ``rank_slices`` each rank holds its slice of the anchor only:
+        then this is a collective that every rank of the node calls at the
+        same point, and every rank gets the whole anchor, gathered from the
+        slices (after ``finish()``: the parameters, on every rank, with no
+        collective)."""
         if self._finished:
-            if not self.is_leader:
+            if not (self.is_leader or self.rank_slices):
                 return None
             return self._host.flat.detach().to(device="cpu", dtype=torch.float32, copy=True)
         if self._exchange is None:
             return None
-        out = torch.empty(self._host.numel, dtype=torch.float32)
-        self._exchange.copy_anchor(out.data_ptr(), out.numel())
-        return out
+        out = torch.zeros(self._host.numel, dtype=torch.float32, device=self._node_device())
+        mine = torch.empty(self._slice[1] - self._slice[0], dtype=torch.float32)
+        self._exchange.copy_anchor(mine.data_ptr(), mine.numel())
+        out[self._slice[0]:self._slice[1]].copy_(mine)
+        if self.rank_slices:
+            self._node.share_slices(out, self._slices)
+        return out.cpu()
+
+    def _node_device(self) -> torch.device:
+        # Where the node's collectives take tensors: the parameters' device
+        # with slices (an NCCL group takes CUDA tensors only), else the CPU.
+        return self._params[0].device if self.rank_slices else torch.device("cpu")
 
     @property
     def exposed_comm_seconds(self) -> float:
-        """Seconds this process waited for the network (on local rank 0)."""
+        """Seconds this process waited for the network (on local rank 0, or
+        with ``rank_slices`` on each rank, for its own shards)."""
         return self._exposed_comm
 
     @property
     def bytes_sent(self) -> int:
-        """Δ payload bytes this worker pushed."""
+        """Δ payload bytes this process pushed (with ``rank_slices``: this
+        rank's slice, about 1/L of the model's)."""
         return self._bytes_sent
 
     @property
@@ -614,16 +781,25 @@ class Optimizer(torch.optim.Optimizer):
             raise Error("FAILED_PRECONDITION", f"co2.Optimizer.{what} after an error")
 
     def _boundary(self) -> None:
-        if self._exchange is not None:
+        next_round = self._round + 1
+        if self.rank_slices:
             self._host.gather()
-            times = self._exchange.boundary(
-                self._round, self._steps_in_round, self._host.address, self._host.numel)
+            times = self._node.call("the round boundary", lambda: self._exchange.boundary(
+                self._round, self._steps_in_round, *self._x()))
             self._exposed_comm += times["exposed_comm_s"]
             self._bytes_sent += times["bytes_sent"]
-            self._host.scatter()
-        self._broadcast_params()
-        self._anchor_round = self._round + 1
-        self._round += 1
+            next_round = self._settle(times, next_round, f"after round {self._round}")
+        else:
+            if self._exchange is not None:
+                self._host.gather()
+                times = self._exchange.boundary(
+                    self._round, self._steps_in_round, self._host.address, self._host.numel)
+                self._exposed_comm += times["exposed_comm_s"]
+                self._bytes_sent += times["bytes_sent"]
+                self._host.scatter()
+            self._broadcast_params()
+        self._anchor_round = next_round
+        self._round = next_round
         self._steps_in_round = 0
         if self._apply_on_arrival:
             self._applied_after_steps.append(
@@ -637,6 +813,12 @@ class Optimizer(torch.optim.Optimizer):
         # step.
         apply = (self._exchange is not None
                  and self._exchange.apply_due(self._round, self._steps_in_round))
+        if self.rank_slices:
+            # Applied once every rank's slice is due (arrived, or from
+            # apply_by_step on, owed: then every rank waits for its own).
+            if all(due for (due,) in self._node.gather_ints([apply])):
+                self._apply_slices()
+            return
         if self._group_size > 1:
             flag = torch.tensor([1 if apply else 0], dtype=torch.int32,
                                 device=self._params[0].device)
@@ -652,6 +834,22 @@ class Optimizer(torch.optim.Optimizer):
             self._host.scatter()
         self._broadcast_params()
         # The anchor the parameters now hold is the one the boundary would set.
+        self._anchor_round = self._round + 1
+        self._applied_this_round = True
+        self._steps_at_apply = self._steps_in_round
+
+    def _apply_slices(self) -> None:
+        self._host.gather()
+        times = self._node.call("applying the owed update", lambda: self._exchange.apply_owed(
+            self._round, self._steps_in_round, *self._x()))
+        self._exposed_comm += times["exposed_comm_s"]
+        settled = self._settle(times, self._round + 1, f"in round {self._round}")
+        if settled != self._round + 1:
+            # A heal: the node continues at that round's start, as a
+            # boundary that heals does.
+            self._round = self._anchor_round = settled
+            self._steps_in_round = 0
+            return
         self._anchor_round = self._round + 1
         self._applied_this_round = True
         self._steps_at_apply = self._steps_in_round

@@ -35,6 +35,7 @@
 #include "common/grpc_status.h"
 #include "common/host_tcp.h"
 #include "common/job_config.h"
+#include "common/layout.h"
 #include "common/malloc_settings.h"
 #include "common/tls_config.h"
 #include "google/protobuf/descriptor.h"
@@ -246,14 +247,47 @@ py::dict Times(const client::ExchangeTimes& t) {
   d["exposed_comm_s"] = absl::ToDoubleSeconds(t.exposed_comm);
   d["push_s"] = absl::ToDoubleSeconds(t.push);
   d["bytes_sent"] = t.bytes_sent;
+  // The round a heal (or Rejoin) continued at, and why; None: no heal.
+  d["healed_round"] = t.healed_round.has_value()
+                          ? py::object(py::int_(*t.healed_round))
+                          : py::object(py::none());
+  d["heal_reason"] = t.heal_reason != nullptr
+                         ? py::object(py::str(t.heal_reason))
+                         : py::object(py::none());
   return d;
 }
 
-// One worker leader's connection to a job: AggregatorClient + AnchorExchange.
+// The shards local rank `rank` of `local_ranks` owns (common::OwnedShards),
+// as (begin, end); ValueError naming the values where it owns none.
+std::pair<size_t, size_t> OwnedShardsOf(size_t num_shards, size_t local_ranks,
+                                        size_t rank) {
+  absl::StatusOr<common::Range> owned =
+      common::OwnedShards(num_shards, local_ranks, rank);
+  if (!owned.ok()) throw py::value_error(std::string(owned.status().message()));
+  return {owned->begin, owned->end};
+}
+
+// The elements of the whole model that rank exchanges (common::RankRange).
+std::pair<size_t, size_t> RankRangeOf(size_t num_parameters, size_t num_shards,
+                                      size_t local_ranks, size_t rank) {
+  absl::StatusOr<common::Range> range =
+      common::RankRange(num_parameters, num_shards, local_ranks, rank);
+  if (!range.ok()) throw py::value_error(std::string(range.status().message()));
+  return {range->begin, range->end};
+}
+
+// One worker's connection to a job: AggregatorClient + AnchorExchange, over
+// the whole model (the node's leader) or over the slice of one local rank.
 class Exchange {
  public:
   // Joins the job; `x` (address, numel) holds this worker's initial
-  // parameters and, on return, the anchor of start_round.
+  // parameters and, on return, the anchor of start_round. With
+  // `owned_shards` (shard indices [begin, end)) or local_ranks > 1 (then
+  // local rank `local_rank` owns common::OwnedShards of them), the client
+  // joins only those shards, `x` is their slice (slice()) and
+  // num_parameters is the whole model's P. `heal`: a boundary the shards
+  // cannot take back rejoins and fetches their anchor (times' healed_round),
+  // and rejoin() is available.
   Exchange(std::vector<std::string> addresses, std::string job,
            std::string worker_id, const py::dict& config,
            const std::string& uplink_codec, uint64_t rounds,
@@ -262,8 +296,32 @@ class Exchange {
            const std::string& token_file, bool rejoin,
            std::optional<uint64_t> resume_round, double connect_timeout,
            double update_timeout, double eager_share, bool carry_progress,
-           int apply_by_step, uintptr_t x, size_t numel) {
+           int apply_by_step, uintptr_t x, size_t numel,
+           std::optional<std::pair<size_t, size_t>> owned_shards,
+           size_t local_ranks, size_t local_rank, uint64_t num_parameters,
+           bool heal) {
     client::ClientOptions co;
+    if (local_ranks > 1 && !owned_shards.has_value()) {
+      owned_shards = OwnedShardsOf(addresses.size(), local_ranks, local_rank);
+    }
+    if (owned_shards.has_value()) {
+      const auto [begin, end] = *owned_shards;
+      if (begin >= end || end > addresses.size()) {
+        throw py::value_error(absl::StrCat(
+            "owned_shards [", begin, ", ", end, ") is not a non-empty range of the ",
+            addresses.size(), " shards"));
+      }
+      if (num_parameters == 0) {
+        throw py::value_error(
+            "owned_shards needs num_parameters, the whole model's P");
+      }
+      co.owned_shards = common::Range{begin, end};
+    } else if (num_parameters != 0 && num_parameters != numel) {
+      throw py::value_error(absl::StrCat("x has ", numel,
+                                         " elements, num_parameters is ",
+                                         num_parameters));
+    }
+    co.num_parameters = num_parameters;
     co.addresses = std::move(addresses);
     co.job = std::move(job);
     co.worker_id = std::move(worker_id);
@@ -298,6 +356,16 @@ class Exchange {
     eo.eager_share = eager_share;
     eo.carry_progress = carry_progress;
     eo.apply_by_step = apply_by_step;
+    if (heal) {
+      // As co2-train --heal: connect again as a rejoining worker, which
+      // fetches the shards' anchor (of this client's shards only).
+      eo.reconnect = [rejoin_options = co](absl::Span<float> anchor) mutable {
+        client::ClientOptions o = rejoin_options;
+        o.rejoin = true;
+        o.resume_round.reset();
+        return AggregatorClient::Connect(std::move(o), anchor);
+      };
+    }
 
     // Connect runs on its own thread with a copy of x, so that Ctrl-C can
     // leave it (the thread finishes on its own, within connect_timeout).
@@ -333,6 +401,20 @@ class Exchange {
   }
 
   uint64_t start_round() const { return exchange_->start_round(); }
+  std::pair<size_t, size_t> slice() const {
+    const common::Range r = exchange_->client().slice();
+    return {r.begin, r.end};
+  }
+
+  // Heals now (AnchorExchange::Rejoin): for a rank whose node-mate healed,
+  // or which is behind them. x (the slice) ← the shards' anchor; the times
+  // name the round it continues at. Needs heal=True.
+  py::dict Rejoin(uintptr_t x, size_t numel) {
+    return Timed([&](client::ExchangeTimes& times) {
+      return exchange_->Rejoin("a rank of this node healed or is behind",
+                               Buffer(x, numel), times);
+    });
+  }
   uint32_t staleness() const { return exchange_->staleness(); }
   py::dict job_config() const {
     return ToDict(exchange_->client().job_config());
@@ -542,6 +624,14 @@ PYBIND11_MODULE(_core, m) {
         return py::make_tuple(outer.alpha, outer.beta);
       },
       "(alpha, beta) the algorithm runs with where the user sets neither.");
+  m.def("owned_shards", &OwnedShardsOf, py::arg("num_shards"),
+        py::arg("local_ranks"), py::arg("rank"),
+        "(begin, end): the shard indices local rank `rank` of `local_ranks` "
+        "owns (common/layout.h); ValueError where it owns none.");
+  m.def("rank_range", &RankRangeOf, py::arg("num_parameters"),
+        py::arg("num_shards"), py::arg("local_ranks"), py::arg("rank"),
+        "(begin, end): the elements of the model that rank exchanges "
+        "(common/layout.h).");
   m.def("owed_update", [](uint32_t staleness, uint64_t rounds, uint64_t round) {
     return client::OwedUpdate(staleness, rounds, round);
   });
@@ -571,7 +661,9 @@ PYBIND11_MODULE(_core, m) {
                     const py::dict&, const std::string&, uint64_t, double,
                     const std::string&, const std::string&, const std::string&,
                     const std::string&, bool, std::optional<uint64_t>, double,
-                    double, double, bool, int, uintptr_t, size_t>(),
+                    double, double, bool, int, uintptr_t, size_t,
+                    std::optional<std::pair<size_t, size_t>>, size_t, size_t,
+                    uint64_t, bool>(),
            py::arg("addresses"), py::arg("job"), py::arg("worker_id"),
            py::arg("config"), py::arg("uplink_codec"), py::arg("rounds"),
            py::arg("samples_per_step"), py::arg("ca_file"),
@@ -579,9 +671,16 @@ PYBIND11_MODULE(_core, m) {
            py::arg("rejoin"), py::arg("resume_round"),
            py::arg("connect_timeout"), py::arg("update_timeout"),
            py::arg("eager_share"), py::arg("carry_progress"),
-           py::arg("apply_by_step"), py::arg("x"), py::arg("numel"))
+           py::arg("apply_by_step"), py::arg("x"), py::arg("numel"),
+           py::arg("owned_shards") = py::none(), py::arg("local_ranks") = 1,
+           py::arg("local_rank") = 0, py::arg("num_parameters") = 0,
+           py::arg("heal") = false)
       .def_property_readonly("start_round", &Exchange::start_round)
       .def_property_readonly("staleness", &Exchange::staleness)
+      .def_property_readonly("slice", &Exchange::slice,
+                             "(begin, end): the elements of the whole model "
+                             "this exchange serves.")
+      .def("rejoin", &Exchange::Rejoin, py::arg("x"), py::arg("numel"))
       .def_property_readonly("job_config", &Exchange::job_config)
       .def("boundary", &Exchange::Boundary, py::arg("round"), py::arg("steps"),
            py::arg("x"), py::arg("numel"))

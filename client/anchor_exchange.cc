@@ -231,6 +231,22 @@ void AnchorExchange::CopyStartTo(absl::Span<float> x) const {
   for (size_t i = 0; i < x.size(); ++i) x[i] = a[i] + e[i];
 }
 
+AnchorExchange::StateBytes AnchorExchange::state_bytes() const {
+  const size_t p = anchor_.size();
+  StateBytes bytes;
+  bytes.anchor =
+      (p + start_offset_.size() + last_delta_.size()) * sizeof(float);
+  const absl::StatusOr<common::Codec> downlink =
+      common::CodecFromWire(job_config_.downlink_codec());
+  bytes.client_buffers =
+      common::EncodedSize(options_.uplink_codec, p) +
+      common::EncodedSize(downlink.ok() ? *downlink : common::Codec::kFp32, p);
+  if (options_.uplink_codec != common::Codec::kFp32) {
+    bytes.client_buffers += p * sizeof(float);
+  }
+  return bytes;
+}
+
 absl::Status AnchorExchange::RestoreStartOffset(
     absl::Span<const float> offset, absl::Span<const float> last_delta) {
   if (start_offset_.empty()) {

@@ -167,6 +167,14 @@ class AnchorExchange {
   // residual, what a worker saves to resume bit for bit.
   absl::Span<const float> start_offset() const { return start_offset_; }
   absl::Span<const float> last_delta() const { return last_delta_; }
+  // The bytes of co2's state this exchange holds for its P elements.
+  struct StateBytes {
+    size_t anchor = 0;  // A, with the start offset and the last Δ
+    // The client's send and receive buffers (encoded), with a lossy
+    // uplink's error-feedback residual.
+    size_t client_buffers = 0;
+  };
+  StateBytes state_bytes() const;
   // Replaces both after a resume (the caller starts from A + offset).
   // INVALID_ARGUMENT when both are off or a size is not what they hold (P,
   // or 0 for the last Δ of carried progress).

@@ -701,26 +701,13 @@ MemoryReport Co2Optimizer::Memory() const {
   MemoryReport report;
   report.params = flat_->numel() * sizeof(float);
   report.grads = flat_->numel() * sizeof(float);
-  const size_t p = slice_.size();  // what this rank exchanges
   if (exchange_ != nullptr) {
-    report.anchor = (exchange_->anchor().size() +
-                     exchange_->start_offset().size() +
-                     exchange_->last_delta().size()) *
-                    sizeof(float);
+    const AnchorExchange::StateBytes state = exchange_->state_bytes();
+    report.anchor = state.anchor;
+    report.client_buffers = state.client_buffers;
   }
   report.staging = staging_.size() * sizeof(float);
   report.optimizer_state = OptimizerStateBytes(*inner_);
-  if (exchange_ != nullptr) {
-    const auto downlink =
-        common::CodecFromWire(exchange_->job_config().downlink_codec());
-    report.client_buffers =
-        common::EncodedSize(options_.uplink_codec, p) +
-        common::EncodedSize(downlink.ok() ? *downlink : common::Codec::kFp32,
-                            p);
-    if (options_.uplink_codec != common::Codec::kFp32) {
-      report.client_buffers += p * sizeof(float);  // error-feedback residual
-    }
-  }
   return report;
 }
 

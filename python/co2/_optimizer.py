@@ -17,6 +17,7 @@ from ._errors import Error
 from ._host_tcp import check_host_tcp
 from ._node import Node
 from ._params import DTYPES, HostParams
+from ._shards import ShardMirror, is_sharded
 
 
 def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
@@ -48,6 +49,38 @@ def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
                          f"them in one flat tensor: give the model one dtype (model.float(), "
                          f"model.bfloat16()), or keep it float32 and train under torch.autocast")
     return out
+
+
+def _check_inner(inner: torch.optim.Optimizer) -> None:
+    """ValueError for an inner optimizer co2 cannot drive."""
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:
+        return
+    if isinstance(inner, ZeroRedundancyOptimizer) and inner.parameters_as_bucket_view:
+        raise ValueError(
+            "ZeroRedundancyOptimizer(parameters_as_bucket_view=True) rebinds the parameters "
+            "to its own buckets, and co2 keeps them in one flat tensor: make it with "
+            "parameters_as_bucket_view=False")
+
+
+def _inner_state(inner: torch.optim.Optimizer) -> Dict[str, Any]:
+    """The inner optimizer's state_dict; a ZeroRedundancyOptimizer's is
+    consolidated onto every rank of its group first (one gather per rank),
+    so that each rank's saved state resumes on its own."""
+    try:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+    except ImportError:
+        ZeroRedundancyOptimizer = ()  # type: ignore[assignment,misc]
+    if not isinstance(inner, ZeroRedundancyOptimizer):
+        return inner.state_dict()
+    state: Dict[str, Any] = {}
+    group = inner.process_group
+    for to in range(dist.get_world_size(group)):
+        inner.consolidate_state_dict(to=to)  # a rank of its group
+        if to == dist.get_rank(group):
+            state = inner.state_dict()
+    return state
 
 
 def _default_worker_id() -> str:
@@ -250,16 +283,30 @@ class Optimizer(torch.optim.Optimizer):
         self._leader_rank = (
             dist.get_global_rank(self._group, 0) if self._group is not None else 0)
         self.is_leader = self._group is None or dist.get_rank(self._group) == 0
-        self._host = HostParams(self._params)
+        _check_inner(inner)
         self._node = (Node(self._group, self._params[0].device)
                       if self._group is not None and self._group_size > 1 else None)
-        self.rank_slices = self._use_slices(rank_slices, len(aggregators))
-        # The slice of the flat parameters each local rank exchanges, by rank;
-        # (0, P) for the leader alone.
-        self._slices = ([_core.rank_range(self._host.numel, len(aggregators),
-                                          self._group_size, k)
-                         for k in range(self._group_size)]
-                        if self.rank_slices else [(0, self._host.numel)])
+        # A model under FSDP2: each rank's slice is its own shards.
+        self.fsdp2 = is_sharded(self._params)
+        if self.fsdp2:
+            if rank_slices is False:
+                raise ValueError(
+                    "rank_slices=False with an FSDP2 model: each rank holds only its own "
+                    "shard, so each exchanges it; leave rank_slices unset")
+            self._host: Any = ShardMirror(self._params, self._node, len(aggregators))
+            self.rank_slices = self._node is not None
+            # FSDP2 reduce-scatters the gradients itself.
+            self._average_gradients = False
+            self._slices = self._host.slices
+        else:
+            self._host = HostParams(self._params)
+            self.rank_slices = self._use_slices(rank_slices, len(aggregators))
+            # The slice of the flat parameters each local rank exchanges, by
+            # rank; (0, P) for the leader alone.
+            self._slices = ([_core.rank_range(self._host.numel, len(aggregators),
+                                              self._group_size, k)
+                             for k in range(self._group_size)]
+                            if self.rank_slices else [(0, self._host.numel)])
         self._slice = self._slices[self._node.rank if self.rank_slices else 0]
         # This process talks to the shards.
         self._exchanges = self.is_leader or self.rank_slices
@@ -315,7 +362,7 @@ class Optimizer(torch.optim.Optimizer):
             return
         self._check_usable("connect")
         try:
-            if self.rank_slices and self._resume is None:
+            if self.rank_slices and self._resume is None and not self.fsdp2:
                 # The node starts from its leader's model, as it does when
                 # the leader alone seeds the shards: each rank seeds its slice.
                 self._node.broadcast_from_leader(self._host.flat)
@@ -331,7 +378,7 @@ class Optimizer(torch.optim.Optimizer):
                     start_round = self._join_job()
                 self._host.scatter()
             if self.rank_slices:
-                self._node.share_slices(self._host.flat, self._slices)
+                self._share_slices()
             else:
                 start_round = self._broadcast_start(start_round)
         except BaseException:
@@ -372,11 +419,10 @@ class Optimizer(torch.optim.Optimizer):
     def _mine(self) -> torch.Tensor:
         """This rank's slice of the float32 host copy (all of it for the
         leader alone): what its exchange reads Δ from and writes A into."""
-        begin, end = self._slice
-        return self._host.buffer[begin:end]
+        return self._host.view(*self._slice)
 
     def _x_address(self) -> int:
-        return self._host.address + 4 * self._slice[0]
+        return self._mine().data_ptr()
 
     def _x(self) -> tuple:
         """(address, numel) of _mine(), for the C++ exchange."""
@@ -404,8 +450,14 @@ class Optimizer(torch.optim.Optimizer):
                 self._node.call(f"rejoining {what}", lambda: None)
             mine = self._node.agree_round(mine, self._rejoin, what)
         self._host.scatter()
-        self._node.share_slices(self._host.flat, self._slices)
+        self._share_slices()
         return mine
+
+    def _share_slices(self) -> None:
+        """Every rank's x ← every rank's slice (replicated models; an FSDP2
+        rank holds only its own)."""
+        if not self.fsdp2:
+            self._node.share_slices(self._host.flat, self._slices)
 
     def _use_slices(self, asked: Optional[bool], num_shards: int) -> bool:
         if self._node is None or asked is False:
@@ -621,7 +673,7 @@ class Optimizer(torch.optim.Optimizer):
         else:
             residual = start = None
         return {
-            "inner": self._inner.state_dict(),
+            "inner": _inner_state(self._inner),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
                     "rounds": self.rounds, "algo": self.algo, "anchor": anchor,
                     "residual": residual, "start_offset": start, "finished": False,
@@ -630,7 +682,7 @@ class Optimizer(torch.optim.Optimizer):
 
     def _final_state(self) -> Dict[str, Any]:
         return {
-            "inner": self._inner.state_dict(),
+            "inner": _inner_state(self._inner),
             "co2": {"round": self._round, "steps": self._steps, "tau": self.tau,
                     "rounds": self.rounds, "algo": self.algo, "anchor": self.anchor(),
                     "residual": None, "start_offset": None, "finished": True,
@@ -714,6 +766,8 @@ class Optimizer(torch.optim.Optimizer):
         same point, and every rank gets the whole anchor, gathered from the
         slices (after ``finish()``: the parameters, on every rank, with no
         collective)."""
+        if self.fsdp2:
+            return self._local_anchor()
         if self._finished:
             if not (self.is_leader or self.rank_slices):
                 return None
@@ -727,6 +781,38 @@ class Optimizer(torch.optim.Optimizer):
         if self.rank_slices:
             self._node.share_slices(out, self._slices)
         return out.cpu()
+
+    def _local_anchor(self) -> Optional[torch.Tensor]:
+        """FSDP2: the anchor of this rank's own shards, flat in parameter
+        order (the parameters after ``finish()``)."""
+        if self._finished:
+            self._host.gather()
+        elif self._exchange is None:
+            return None
+        else:
+            self._exchange.copy_anchor(self._host.address, self._host.buffer.numel())
+            anchor = self._host.local().clone()
+            self._host.gather()  # the mirror holds x again
+            return anchor
+        return self._host.local().clone()
+
+    def memory(self) -> Dict[str, int]:
+        """Bytes of co2's own state in this process (beside the model, its
+        gradients and the inner optimizer's state): ``"anchor"`` (the
+        anchor, with carried progress or eager updates their offset),
+        ``"client_buffers"`` (the encoded Δ kept until its update arrives,
+        the received update, a lossy uplink's residual), ``"host_mirror"``
+        (the float32 host copy of parameters that are not float32 on the
+        CPU, or of an FSDP2 rank's shards) and ``"total"``. With
+        ``rank_slices`` each rank holds its slice's, about 1/L of the
+        leader-alone figure; 0 on a rank that does not exchange."""
+        state = self._exchange.memory() if self._exchange is not None else {
+            "anchor": 0, "client_buffers": 0}
+        mirror = self._host.mirror_bytes() if self._exchanges else 0
+        out = {"anchor": int(state["anchor"]), "client_buffers": int(state["client_buffers"]),
+               "host_mirror": int(mirror)}
+        out["total"] = sum(out.values())
+        return out
 
     def _node_device(self) -> torch.device:
         # Where the node's collectives take tensors: the parameters' device

@@ -56,10 +56,18 @@ class HostParams:
                 self._stream = torch.cuda.Stream(device=self.device)
         return self._buffer
 
+    def view(self, begin: int, end: int) -> torch.Tensor:
+        """Elements [begin, end) of the host copy."""
+        return self.buffer[begin:end]
+
     @property
     def address(self) -> int:
         """The host copy's address, for the C++ client."""
         return self.buffer.data_ptr()
+
+    def mirror_bytes(self) -> int:
+        """Bytes of the host copy where it is a mirror (0: the parameters')."""
+        return self.numel * 4 if self._mirrored and self._buffer is not None else 0
 
     def gather(self) -> None:
         """host copy ← the parameters (returns once it holds them)."""

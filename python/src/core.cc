@@ -522,6 +522,15 @@ class Exchange {
     if (!status.ok()) throw py::value_error(std::string(status.message()));
   }
 
+  // co2's state this rank holds (AnchorExchange::state_bytes).
+  py::dict Memory() const {
+    const client::AnchorExchange::StateBytes bytes = exchange_->state_bytes();
+    py::dict d;
+    d["anchor"] = bytes.anchor;
+    d["client_buffers"] = bytes.client_buffers;
+    return d;
+  }
+
   py::dict Stats() const {
     const client::ClientStats s = exchange_->client().stats();
     py::dict d;
@@ -703,5 +712,6 @@ PYBIND11_MODULE(_core, m) {
            py::arg("offset"), py::arg("last_delta"), py::arg("numel"))
       .def("restore_residual", &Exchange::RestoreResidual, py::arg("data"),
            py::arg("numel"))
+      .def("memory", &Exchange::Memory)
       .def("stats", &Exchange::Stats);
 }

@@ -81,6 +81,8 @@ def main() -> int:
                     help="after joining, local rank 0 waits for a line on stdin")
     ap.add_argument("--late_rank1", action="store_true",
                     help="rank 1's updates count as arrived a step late")
+    ap.add_argument("--inner", choices=("sgd", "zero"), default="sgd",
+                    help="zero: the same SGD inside a ZeroRedundancyOptimizer")
     ap.add_argument("--check_state", action="store_true",
                     help="after the first round: what state_dict and anchor() hold, and "
                          "whether an optimizer over fewer shards refuses the state")
@@ -92,7 +94,12 @@ def main() -> int:
     torch.manual_seed(rank)  # different initial models: the anchor unifies them
     model = torch.nn.Sequential(torch.nn.Linear(16, args.hidden), torch.nn.Tanh(),
                                 torch.nn.Linear(args.hidden, 1))
-    inner = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.inner == "zero":
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        inner = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
+                                        lr=args.lr, momentum=0.9)
+    else:
+        inner = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     opt = co2.Optimizer(model.parameters(), inner, tau=args.tau, rounds=args.rounds,
                         aggregators=args.aggregators.split(","), job=args.job,
                         worker_id=args.worker_id, samples_per_step=8 * dist.get_world_size(),

@@ -6,71 +6,24 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-import sys
 from typing import Dict, List
 
 import pytest
 
 import co2
-from conftest import wait_for_live_workers
+from torchrun_nodes import run_nodes, torchrun
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 # P = 18·14563 + 1 = 262135, just under 4 blocks of 65,536: S = 2 and 4 both
 # split it into two slices of about P/2.
 HIDDEN = 14563
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_job(tmp_path, agg, job: str, slices: str, extra: List[str] = ()) -> List[Dict]:
     """Two nodes of 2 ranks each, at once; every rank's JSON result."""
-    out = tmp_path / job
-    out.mkdir()
-    nodes = []
-    for node in range(2):
-        logs = tmp_path / f"{job}-logs-{node}"
-        # A static rendezvous on a port of its own: two torchruns at once.
-        nodes.append(subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-             "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-             "--redirects", "1", "--tee", "1", "--log_dir", str(logs),
-             os.path.join(HERE, "node_worker.py"),
-             "--aggregators", ",".join(agg.addresses), "--job", job, "--deterministic",
-             "--worker_id", f"node-{node}", "--node_index", str(node), "--hidden", str(HIDDEN), "--lr", "0.002",
-             "--rank_slices", slices, "--out", str(out), "--wait_for_go", *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=dict(os.environ, OMP_NUM_THREADS="1")))
-    # Both nodes are members before either trains: every round has both.
-    try:
-        wait_for_live_workers(agg.addresses, job, 2)
-    except pytest.fail.Exception:
-        for p in nodes:
-            p.kill()
-        stderr = "\n---\n".join(p.communicate()[1][-2000:] for p in nodes)
-        pytest.fail(f"job {job}: the two nodes did not both join; their stderr:\n{stderr}")
-    for p in nodes:
-        p.stdin.write("go\n")
-        p.stdin.flush()
-    for p in nodes:
-        try:
-            _, stderr = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in nodes:
-                q.kill()
-            pytest.fail(f"job {job} did not finish within 300 s")
-        assert p.returncode == 0, stderr[-4000:]
-    results = []
-    for node in range(2):
-        for rank in range(2):
-            with open(out / f"node-{node}-{rank}.json") as f:
-                results.append(json.load(f))
-    return results
+    return run_nodes(tmp_path, agg.addresses, job, "node_worker.py",
+                     ["--deterministic", "--hidden", str(HIDDEN), "--lr", "0.002",
+                      "--rank_slices", slices, *extra])
 
 
 @pytest.mark.parametrize("num_shards", [2, 4])
@@ -130,12 +83,11 @@ def test_rank_slices_apply_on_arrival_at_one_step(tmp_path, by_step, late):
     # step after rank 0's, and rank 0 waits for it.
     with co2.local_aggregator(num_shards=2) as agg:
         run = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-             "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-             "--redirects", "1", "--tee", "1", "--log_dir", str(tmp_path / "logs"),
-             os.path.join(HERE, "node_worker.py"), "--aggregators", ",".join(agg.addresses),
-             "--job", "arrival", "--apply", "arrival", "--apply_by_step", str(by_step),
-             "--out", str(tmp_path), *(["--late_rank1"] if late else [])],
+            torchrun("node_worker.py",
+                     ["--aggregators", ",".join(agg.addresses), "--job", "arrival",
+                      "--apply", "arrival", "--apply_by_step", str(by_step),
+                      "--out", str(tmp_path), *(["--late_rank1"] if late else [])],
+                     str(tmp_path / "logs")),
             capture_output=True, text=True, timeout=300,
             env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert run.returncode == 0, run.stderr[-4000:]
@@ -160,13 +112,41 @@ def test_rank_slices_need_a_shard_per_local_rank(tmp_path):
     # S = 1 < L = 2: asked for explicitly, refused by name.
     with co2.local_aggregator(num_shards=1) as agg:
         run = subprocess.run(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
-             "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={_free_port()}",
-             "--redirects", "1", "--tee", "1", "--log_dir", str(tmp_path),
-             os.path.join(HERE, "node_worker.py"), "--aggregators", ",".join(agg.addresses),
-             "--job", "few", "--rank_slices", "on"],
+            torchrun("node_worker.py",
+                     ["--aggregators", ",".join(agg.addresses), "--job", "few",
+                      "--rank_slices", "on"], str(tmp_path)),
             capture_output=True, text=True, timeout=300,
             env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert run.returncode != 0
     assert "L=2 local ranks" in run.stdout + run.stderr
     assert "S=1 shard" in run.stdout + run.stderr
+
+
+def test_a_zero_redundancy_inner_optimizer_trains_as_its_optimizer_alone(tmp_path):
+    # The same SGD inside a ZeroRedundancyOptimizer (each rank steps its
+    # partition, then broadcasts it) ends bit for bit where SGD on every
+    # rank ends; its state_dict is consolidated for every rank's own state.
+    with co2.local_aggregator(num_shards=2) as agg:
+        plain = _run_job(tmp_path, agg, "plain", "default")
+        zero = _run_job(tmp_path, agg, "zero", "default", ["--inner", "zero", "--check_state"])
+    assert [r["rank_slices"] for r in zero] == [True] * 4
+    assert {r["params"] for r in zero} == {plain[0]["params"]}
+    assert all(r["checks"]["anchor_same_on_every_rank"] for r in zero)
+
+
+def test_a_zero_redundancy_optimizer_with_bucket_views_is_refused(tmp_path):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        model = torch.nn.Linear(4, 2)
+        inner = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD,
+                                        lr=0.1, parameters_as_bucket_view=True)
+        with pytest.raises(ValueError, match="parameters_as_bucket_view=False"):
+            co2.Optimizer(model.parameters(), inner, tau=2, rounds=1,
+                          aggregators=["127.0.0.1:1"], job="zero-buckets")
+    finally:
+        dist.destroy_process_group()

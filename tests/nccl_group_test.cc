@@ -170,6 +170,24 @@ int BroadcastAndCheck(ProcessGroup& group, size_t count, int root) {
   return kPass;
 }
 
+// The same with host memory (a control message), which the group stages
+// through device memory; rank k starts with garbage of its own.
+int HostBroadcastAndCheck(ProcessGroup& group, size_t count, int root) {
+  auto root_value = [root](size_t i) { return 3.0f * (i % 97) - 5 - root; };
+  std::vector<float> host(count, 100.0f + group.rank());
+  if (group.rank() == root) {
+    for (size_t i = 0; i < count; ++i) host[i] = root_value(i);
+  }
+  const absl::Status status = group.Broadcast(host.data(), count, root);
+  CHILD_CHECK(status.ok(), kCallFailed, "Broadcast of host memory: ",
+              status.ToString());
+  for (size_t i = 0; i < count; ++i) {
+    CHILD_CHECK(host[i] == root_value(i), kWrongValue, "rank ", group.rank(),
+                " host element ", i, " = ", host[i], ", want ", root_value(i));
+  }
+  return kPass;
+}
+
 TEST(NcclGroup, WithoutDeviceCreateIsFailedPrecondition) {
   if (ProbeDeviceCount() > 0) GTEST_SKIP() << "a CUDA device is present";
   TempDir dir;
@@ -198,6 +216,8 @@ TEST(NcclGroup, OneRankAllReduceAndBroadcast) {
     if (code != kPass) return code;
     code = BroadcastAndCheck(**group, 777, 0);
     if (code != kPass) return code;
+    code = HostBroadcastAndCheck(**group, 3, 0);
+    if (code != kPass) return code;
     // Misuse is rejected before NCCL sees it.
     std::vector<float> host(4, 1.0f);
     const absl::Status host_pointer = (*group)->AllReduceMean(host.data(), 4);
@@ -223,7 +243,12 @@ TEST(NcclGroup, TwoRanksOnTwoDevices) {
     CHILD_CHECK(group.ok(), kCreateFailed, group.status().ToString());
     int code = AllReduceAndCheck(**group, (size_t{1} << 20) + 3);
     if (code != kPass) return code;
-    return BroadcastAndCheck(**group, 4099, /*root=*/1);
+    code = BroadcastAndCheck(**group, 4099, /*root=*/1);
+    if (code != kPass) return code;
+    // A small control message, then a larger one (the staging grows).
+    code = HostBroadcastAndCheck(**group, 2, /*root=*/1);
+    if (code != kPass) return code;
+    return HostBroadcastAndCheck(**group, 5000, /*root=*/0);
   });
   EXPECT_THAT(codes, Each(Eq(kPass))) << absl::StrJoin(codes, ",");
 }

@@ -128,6 +128,28 @@ void CudaStream::Destroy() {
   if (stream_ != nullptr) cudaStreamDestroy(std::exchange(stream_, nullptr));
 }
 
+// ---- DeviceScratch --------------------------------------------------------
+
+DeviceScratch::~DeviceScratch() {
+  if (data_ != nullptr) cudaFree(data_);
+}
+
+absl::StatusOr<float*> DeviceScratch::Reserve(size_t count) {
+  if (count <= count_) return data_;
+  if (data_ != nullptr) {
+    cudaFree(data_);
+    data_ = nullptr;
+    count_ = 0;
+  }
+  void* data = nullptr;
+  CO2_RETURN_IF_ERROR(
+      CudaStatus(cudaMalloc(&data, count * sizeof(float)),
+                 absl::StrCat("cudaMalloc of ", count, " floats")));
+  data_ = static_cast<float*>(data);
+  count_ = count;
+  return data_;
+}
+
 // ---- NcclGroup ------------------------------------------------------------
 
 NcclGroup::NcclGroup(const GroupOptions& options, CudaStream stream,
@@ -236,9 +258,9 @@ absl::Status NcclGroup::CheckUsable() const {
       ") is broken by an earlier failure: ", broken_.ToString()));
 }
 
-absl::Status NcclGroup::CheckDeviceBuffer(absl::string_view what,
-                                          const float* data,
-                                          size_t count) const {
+absl::StatusOr<bool> NcclGroup::IsHostMemory(absl::string_view what,
+                                             const float* data,
+                                             size_t count) const {
   if (data == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": null data with count ", count));
@@ -248,11 +270,23 @@ absl::Status NcclGroup::CheckDeviceBuffer(absl::string_view what,
                                  "cudaPointerGetAttributes"));
   const bool on_device = attributes.type == cudaMemoryTypeDevice ||
                          attributes.type == cudaMemoryTypeManaged;
-  if (!on_device || attributes.device != device_) {
+  if (!on_device) return true;
+  if (attributes.device != device_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": data is device memory on device ", attributes.device,
+        ", the group's is device ", device_));
+  }
+  return false;
+}
+
+absl::Status NcclGroup::CheckDeviceBuffer(absl::string_view what,
+                                          const float* data,
+                                          size_t count) const {
+  CO2_ASSIGN_OR_RETURN(const bool host, IsHostMemory(what, data, count));
+  if (host) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": data must be device memory on device ", device_,
-        " (memory type ", static_cast<int>(attributes.type), ", device ",
-        attributes.device, ")"));
+        ", not host memory"));
   }
   return absl::OkStatus();
 }
@@ -320,8 +354,26 @@ absl::Status NcclGroup::Broadcast(float* data, size_t count, int root) {
         "Broadcast: root ", root, " is outside [0, ", size_, ")"));
   }
   if (count == 0) return absl::OkStatus();
-  CO2_RETURN_IF_ERROR(CheckDeviceBuffer("Broadcast", data, count));
+  CO2_ASSIGN_OR_RETURN(const bool host, IsHostMemory("Broadcast", data, count));
   CO2_RETURN_IF_ERROR(CudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+  if (!host) return BroadcastDevice(data, count, root);
+  CO2_ASSIGN_OR_RETURN(float* staged, scratch_.Reserve(count));
+  const size_t bytes = count * sizeof(float);
+  CO2_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(staged, data, bytes, cudaMemcpyHostToDevice,
+                      stream_.get()),
+      "Broadcast: copy to the device"));
+  CO2_RETURN_IF_ERROR(BroadcastDevice(staged, count, root));
+  // The broadcast is complete: the copy back does not wait on peers.
+  CO2_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(data, staged, bytes, cudaMemcpyDeviceToHost,
+                      stream_.get()),
+      "Broadcast: copy to the host"));
+  return CudaStatus(cudaStreamSynchronize(stream_.get()),
+                    "Broadcast: copy to the host");
+}
+
+absl::Status NcclGroup::BroadcastDevice(float* data, size_t count, int root) {
   const ncclResult_t result = ncclBroadcast(data, data, count, ncclFloat, root,
                                             comm_.get(), stream_.get());
   if (result != ncclInProgress) {

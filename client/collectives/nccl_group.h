@@ -1,6 +1,7 @@
 // NcclGroup: the GPU backend of ProcessGroup. Owns one NCCL communicator
 // and one CUDA stream on GroupOptions::device; data pointers are device
-// pointers on that device. Rank 0 creates the ncclUniqueId and publishes it
+// pointers on that device (Broadcast also takes host memory, for control
+// messages). Rank 0 creates the ncclUniqueId and publishes it
 // through the group's file store (store_dir, prefix); the others wait for it
 // within the timeout. One thread at a time (see process_group.h).
 //
@@ -71,6 +72,23 @@ class CudaStream {
   CUstream_st* stream_ = nullptr;
 };
 
+// A device buffer that grows to the largest size asked for: cudaFree on
+// destruction.
+class DeviceScratch {
+ public:
+  DeviceScratch() = default;
+  ~DeviceScratch();
+  DeviceScratch(const DeviceScratch&) = delete;
+  DeviceScratch& operator=(const DeviceScratch&) = delete;
+
+  // At least `count` floats of device memory on the current device.
+  absl::StatusOr<float*> Reserve(size_t count);
+
+ private:
+  float* data_ = nullptr;
+  size_t count_ = 0;
+};
+
 class NcclGroup final : public ProcessGroup {
  public:
   // Rank 0 publishes NCCL's unique id in `store` (borrowed for the call),
@@ -89,7 +107,10 @@ class NcclGroup final : public ProcessGroup {
 
   // ncclAllReduce with ncclAvg. `data` is device memory on device().
   absl::Status AllReduceMean(float* data, size_t count) override;
-  // ncclBroadcast in place. `data` is device memory on device().
+  // ncclBroadcast in place. `data` is device memory on device(), or host
+  // memory, which goes through a device buffer of the group's own (a copy
+  // each way: for the few bytes of the node's control messages, not for
+  // parameters).
   absl::Status Broadcast(float* data, size_t count, int root) override;
 
   int device() const { return device_; }
@@ -98,8 +119,14 @@ class NcclGroup final : public ProcessGroup {
   NcclGroup(const GroupOptions& options, CudaStream stream, NcclComm comm);
 
   absl::Status CheckUsable() const;
+  // Whether `data` is host memory (false: device memory on device());
+  // INVALID_ARGUMENT for null data or another device's memory.
+  absl::StatusOr<bool> IsHostMemory(absl::string_view what, const float* data,
+                                    size_t count) const;
   absl::Status CheckDeviceBuffer(absl::string_view what, const float* data,
                                  size_t count) const;
+  // ncclBroadcast of device memory on device().
+  absl::Status BroadcastDevice(float* data, size_t count, int root);
   // Polls the communicator and the stream until the enqueued collective is
   // complete; aborts the communicator at the deadline.
   absl::Status WaitForCompletion(absl::string_view what);
@@ -111,6 +138,7 @@ class NcclGroup final : public ProcessGroup {
   const int device_;
   const absl::Duration timeout_;
   CudaStream stream_;
+  DeviceScratch scratch_;  // host Broadcasts' staging
   NcclComm comm_;  // Declared last: destroyed before the stream.
   absl::Status broken_;  // OK while usable.
 };

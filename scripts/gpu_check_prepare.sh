@@ -119,15 +119,16 @@ patchelf --set-rpath '$ORIGIN' "$OUT_DIR"/lib/*
 
 commit=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
 dirty=$(git -C "$ROOT" status --porcelain --untracked-files=no 2>/dev/null | wc -l)
-"$PY_GPU" - "$OUT_DIR" "$commit" "$dirty" "$PY_GPU" <<'EOF'
+digest=$("$PY_GPU" "$ROOT/scripts/gpu_check_digest.py")
+"$PY_GPU" - "$OUT_DIR" "$commit" "$dirty" "$PY_GPU" "$digest" <<'EOF'
 import json, os, platform, sys
-out, commit, dirty, py = sys.argv[1:5]
+out, commit, dirty, py, digest = sys.argv[1:6]
 files = {}
 for d, _, names in os.walk(out):
     for n in names:
         p = os.path.join(d, n)
         files[os.path.relpath(p, out)] = os.path.getsize(p)
-json.dump({"commit": commit, "uncommitted_changes": int(dirty),
+json.dump({"commit": commit, "sources_digest": digest, "uncommitted_changes": int(dirty),
            "built_on": platform.platform(), "python_headers": py,
            "python_version": platform.python_version(),
            "total_bytes": sum(files.values()), "files": files},

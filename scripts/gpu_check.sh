@@ -27,7 +27,9 @@
 #
 # Environment: CO2_GPU_CHECK_DIR (the prepared folder), CO2_GPU_CHECK_PYTHON
 # (default python3), CO2_GPU_CHECK_BUDGET (seconds for everything, default
-# 450), CO2_TRAIN and CO2_TRAIN_ARGS (the co2_train step).
+# 450), CO2_TRAIN and CO2_TRAIN_ARGS (the co2_train step),
+# CO2_GPU_CHECK_ASSUME_GPU=1 (run the GPU steps even where no GPU is seen:
+# a self-test of this script, under which they must fail).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -147,6 +149,12 @@ GPUS_SMI=$(envget nvidia_smi_gpus); GPUS_TORCH=$(envget cuda_device_count)
 GPU_PRESENT=false
 if [ "${GPUS_SMI:-0}" -gt 0 ] 2>/dev/null || [ "${GPUS_TORCH:-0}" -gt 0 ] 2>/dev/null; then
   GPU_PRESENT=true
+fi
+# A self-test of the GPU branch on a machine without one (docs/gpu-check.md):
+# every GPU step must then fail, never pass.
+if [ "${CO2_GPU_CHECK_ASSUME_GPU:-}" = 1 ]; then
+  GPU_PRESENT=true
+  say "CO2_GPU_CHECK_ASSUME_GPU=1: running the GPU steps as if a GPU were present"
 fi
 CUDA_LIBS=$(envget cuda_nccl_lib_dirs)
 export LD_LIBRARY_PATH=${CUDA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}

@@ -61,14 +61,15 @@ PY_GPU=$(find_python312) || {
 configure() {  # DIR ARGS...
   local dir=$1; shift
   if [ ! -f "$dir/build.ninja" ]; then
-    nice -n 15 cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir.configure.log" 2>&1 ||
-      { cat "$dir.configure.log" >&2; exit 1; }
+    mkdir -p "$dir"
+    nice -n 15 cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >"$dir/configure.log" 2>&1 ||
+      { cat "$dir/configure.log" >&2; exit 1; }
   fi
 }
 
 echo "gpu_check_prepare: building co2-aggregator and nccl_group_test in $BUILD_TESTS_DIR"
 configure "$BUILD_TESTS_DIR" -DCO2_BUILD_BENCH=OFF
-grep -q 'NCCL group enabled' "$BUILD_TESTS_DIR.configure.log" 2>/dev/null ||
+grep -q 'NCCL group enabled' "$BUILD_TESTS_DIR/configure.log" 2>/dev/null ||
   grep -q '^CO2_NCCL_LIBRARY:FILEPATH=/' "$BUILD_TESTS_DIR/CMakeCache.txt" ||
   { echo "gpu_check_prepare: CMake did not enable the NCCL group" >&2; exit 1; }
 nice -n 15 cmake --build "$BUILD_TESTS_DIR" -j "$JOBS" --target co2-aggregator nccl_group_test

@@ -101,5 +101,11 @@ demo: configure
 bench: build
 	bench/run_all.sh $(BUILD)
 
+# The GPU check's prepared folder, build-gpu-check/, which travels to a bare
+# GPU machine beside the tree; there scripts/gpu_check.sh runs (docs/gpu-check.md).
+.PHONY: gpu-check-prepare
+gpu-check-prepare: deps
+	scripts/gpu_check_prepare.sh
+
 clean:
 	rm -rf $(BUILD) $(BUILD_TSA)

@@ -95,7 +95,7 @@ ClientOptions MakeClientOptions(const Shards& shards, const std::string& job,
 // `shards`.
 absl::StatusOr<std::unique_ptr<Co2Optimizer>> LoneCo2Worker(
     const Shards& shards, const std::string& job, FlatParams* flat,
-    torch::optim::Optimizer* inner, bool carry_progress) {
+    torch::optim::Optimizer* inner, std::optional<bool> carry_progress) {
   CO2_ASSIGN_OR_RETURN(
       std::unique_ptr<AggregatorClient> client,
       AggregatorClient::Connect(
@@ -909,18 +909,25 @@ TEST(Co2OptimizerTest, VerifyAnchorNamesTheDifference) {
   EXPECT_THAT(bits.message(), ::testing::HasSubstr("FNV-1a of the range"));
 }
 
-// With carried progress a worker's parameters are its own offset from the
-// anchor; EvaluateAtAnchor shows the evaluation the anchor and gives the
-// worker its parameters back.
-TEST(Co2OptimizerTest, EvaluateAtAnchorSeesTheAnchorAndRestoresTheParameters) {
+// With carried progress (asked for, or co2's default) a worker's parameters
+// are its own offset from the anchor; EvaluateAtAnchor shows the evaluation
+// the anchor and gives the worker its parameters back.
+class EvaluateAtAnchorTest
+    : public ::testing::TestWithParam<std::optional<bool>> {};
+
+INSTANTIATE_TEST_SUITE_P(CarryAskedOrDefault, EvaluateAtAnchorTest,
+                         ::testing::Values(std::optional<bool>(true),
+                                           std::optional<bool>()));
+
+TEST_P(EvaluateAtAnchorTest, SeesTheAnchorAndRestoresTheParameters) {
   Shards shards(1);
   torch::Tensor w = torch::zeros({8}).requires_grad_(true);
   auto flat = FlatParams::Create({w});
   CO2_ASSERT_OK(flat);
   torch::optim::SGD inner({w}, torch::optim::SGDOptions(0.1));
-  auto opt = LoneCo2Worker(shards, "evaluate", flat->get(), &inner,
-                           /*carry_progress=*/true);
+  auto opt = LoneCo2Worker(shards, "evaluate", flat->get(), &inner, GetParam());
   CO2_ASSERT_OK(opt);
+  ASSERT_TRUE((*opt)->carry_progress());
   for (int step = 0; step < 2; ++step) {
     (*opt)->ZeroGrad();
     w.sum().backward();

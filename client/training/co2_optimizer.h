@@ -326,7 +326,7 @@ class Co2Optimizer {
   // With eager updates or carried progress each worker's parameters are its
   // own offset from the anchor the ranks and workers share.
   bool OffsetFromAnchor() const {
-    return options_.eager_share != 0 || options_.carry_progress.has_value();
+    return options_.eager_share != 0 || carry_progress_;
   }
   // x <- `host` (all of x, on the host), wherever x lives. Throws what
   // LibTorch throws.

@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace co2::common {
 namespace {
@@ -147,17 +148,22 @@ HostTcpCheck CheckHostTcp(const LinkPath& path) {
   return {LimitsPath(*settings, path), DescribeHostTcp(*settings, path)};
 }
 
-absl::Status CheckLinkPathAndLogHostTcp(const LinkPath& path) {
-  if (path.bits_per_second < 0) {
+absl::Status CheckLinkPath(const LinkPath& path) {
+  if (!(path.bits_per_second >= 0) || std::isinf(path.bits_per_second)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--link_mbit is ", path.bits_per_second / 1e6,
         ": must be 0 (not said) or the path's rate"));
   }
-  if (path.rtt < absl::ZeroDuration()) {
+  if (path.rtt < absl::ZeroDuration() || path.rtt == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--link_rtt is ", absl::FormatDuration(path.rtt),
                      ": must be 0 (not said) or the path's round trip"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLinkPathAndLogHostTcp(const LinkPath& path) {
+  CO2_RETURN_IF_ERROR(CheckLinkPath(path));
   const HostTcpCheck check = CheckHostTcp(path);
   if (check.limits) {
     CO2_LOG(WARNING) << check.line;

@@ -65,9 +65,11 @@ struct HostTcpCheck {
   std::string line;
 };
 HostTcpCheck CheckHostTcp(const LinkPath& path);
-// Reads the settings and logs CheckHostTcp's line: WARNING where they
-// limit the path (or cannot be read), INFO otherwise. INVALID_ARGUMENT for
-// a negative rate or round trip, naming the flag (--link_mbit, --link_rtt).
+// INVALID_ARGUMENT for a negative or non-finite rate or round trip, naming
+// the flag (--link_mbit, --link_rtt).
+absl::Status CheckLinkPath(const LinkPath& path);
+// CheckLinkPath, then reads the settings and logs CheckHostTcp's line:
+// WARNING where they limit the path (or cannot be read), INFO otherwise.
 absl::Status CheckLinkPathAndLogHostTcp(const LinkPath& path);
 
 // Exports, read anew at each scrape:

@@ -111,13 +111,22 @@ TEST_F(HostTcpTest, CollectorExportsTheSettingsAndTheCap) {
   EXPECT_NEAR(values["co2_tcp_stream_cap_bits_per_second"], 335544320, 1);
 }
 
-TEST(HostTcpCheckTest, RefusesANegativeRateOrRoundTrip) {
+TEST(HostTcpCheckTest, RefusesANegativeOrNonFiniteRateOrRoundTrip) {
   absl::Status s = CheckLinkPathAndLogHostTcp({-1e6, absl::ZeroDuration()});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("--link_mbit is -1"));
   s = CheckLinkPathAndLogHostTcp({0, absl::Milliseconds(-5)});
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("--link_rtt is -5ms"));
+  s = CheckLinkPathAndLogHostTcp({std::nan(""), absl::ZeroDuration()});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--link_mbit is nan"));
+  s = CheckLinkPathAndLogHostTcp({HUGE_VAL, absl::ZeroDuration()});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--link_mbit is inf"));
+  s = CheckLinkPathAndLogHostTcp({1e9, absl::InfiniteDuration()});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("--link_rtt is inf"));
   CO2_EXPECT_OK(CheckLinkPathAndLogHostTcp({1e9, absl::Milliseconds(50)}));
 }
 

@@ -31,6 +31,7 @@ using ::co2::testing::TempDir;
 using google::protobuf::Struct;
 using google::protobuf::Value;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 const char kMnist[] = "/usr/share/datasets/fashion-mnist";
 
@@ -240,6 +241,11 @@ TEST(TrainerTest, BadFlagValueFailsBeforeSpawning) {
       RunCo2Train({"--algo=ddp", "--scale=4:1"}, /*timeout_s=*/30);
   EXPECT_NE(ddp_scale.exit_code, 0);
   EXPECT_THAT(ddp_scale.output, HasSubstr("--scale needs an aggregator"));
+  const RunResult nan_rate = RunCo2Train({"--link_mbit=nan"}, /*timeout_s=*/30);
+  EXPECT_NE(nan_rate.exit_code, 0);
+  EXPECT_THAT(nan_rate.output, HasSubstr("--link_mbit is nan"));
+  EXPECT_THAT(nan_rate.output, Not(HasSubstr("worker 0 local rank 0 failed")))
+      << "refused before spawning a worker";
 }
 
 // Runs co2-train with `args`, expects it to succeed with every rank

@@ -123,6 +123,7 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& options) {
     return Bad("local_ranks",
                absl::StrCat("must be >= 1, got ", options.local_ranks));
   }
+  CO2_RETURN_IF_ERROR(common::CheckLinkPath(options.link_path));
   if (options.rank_slices != "auto" && options.rank_slices != "on" &&
       options.rank_slices != "off") {
     return Bad("rank_slices", absl::StrCat("is '", options.rank_slices,

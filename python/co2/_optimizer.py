@@ -268,7 +268,7 @@ class Optimizer(torch.optim.Optimizer):
         self._average_gradients = average_gradients
         self._verify = verify_final_anchor
         for name, value in (("link_mbit", link_mbit), ("link_rtt", link_rtt)):
-            if not isinstance(value, (int, float)) or not value >= 0:
+            if not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
         self._link = (float(link_mbit), float(link_rtt))
         self._group = process_group

@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstdint>
 #include <future>
+#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -650,11 +651,11 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "describe_host_tcp",
       [](double link_mbit, double link_rtt) {
-        if (!(link_mbit >= 0)) {
+        if (!(link_mbit >= 0) || std::isinf(link_mbit)) {
           throw py::value_error(
               absl::StrCat("link_mbit must be >= 0 (Mbit/s), got ", link_mbit));
         }
-        if (!(link_rtt >= 0)) {
+        if (!(link_rtt >= 0) || std::isinf(link_rtt)) {
           throw py::value_error(
               absl::StrCat("link_rtt must be >= 0 (seconds), got ", link_rtt));
         }

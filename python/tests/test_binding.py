@@ -240,6 +240,8 @@ def test_check_host_tcp_warns_where_the_settings_cap_the_path():
         co2.check_host_tcp(100, -0.1)
     with pytest.raises(ValueError, match="link_mbit must be >= 0"):
         co2.check_host_tcp(float("nan"), 0.1)
+    with pytest.raises(ValueError, match="link_rtt must be >= 0 .seconds., got inf"):
+        co2.check_host_tcp(100, float("inf"))
 
 
 def test_the_optimizer_checks_the_hosts_tcp_for_its_link_at_connect():
@@ -248,6 +250,9 @@ def test_the_optimizer_checks_the_hosts_tcp_for_its_link_at_connect():
     with pytest.raises(ValueError, match="link_mbit must be a number >= 0, got -1"):
         co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j",
                       link_mbit=-1)
+    with pytest.raises(ValueError, match="link_rtt must be a number >= 0, got inf"):
+        co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=["127.0.0.1:1"], job="j",
+                      link_rtt=float("inf"))
     with co2.local_aggregator(num_shards=1) as agg:
         opt = co2.Optimizer([w], inner, tau=1, rounds=2, aggregators=agg.addresses,
                             job="link", link_mbit=100000, link_rtt=1.0)

@@ -263,6 +263,23 @@ restored_round() {
     END { print last }' "$log"
 }
 
+# kill_and_restart_shard SHARD WHICH: kill -9 the shard of job fault,
+# restart it 1 s later from its checkpoint, and check that the kill landed
+# in the running job, before its last round closed (else this was an
+# undisturbed run).
+kill_and_restart_shard() {
+  local shard=$1 at
+  log "kill -9 shard $shard ($2) after round $(current_round fault)"
+  kill -9 "${SHARD_PID[$shard]}"
+  wait "${SHARD_PID[$shard]}" 2>/dev/null || true
+  sleep 1
+  restart_shard "$shard"
+  at=$(restored_round "$shard" fault)
+  [[ -n $at ]] && (( at < ROUNDS )) ||
+    fail "shard $shard did not restore job fault before its last round (restored at '${at}' of $ROUNDS rounds): training ended before the kill"
+  log "shard $shard restarted from its checkpoint at round $at on port ${SHARD_PORT[$shard]}"
+}
+
 # kill_with_journal SHARD JOB: kill -9 the shard as soon as its round journal
 # holds a chunk (stepped, synced, sent ahead of its round's close); false if
 # training ended first. `[[ -s ]]` is a builtin: the poll forks nothing.
@@ -467,18 +484,7 @@ case $SCENARIO in
     second=$((first + 6 + RANDOM % 8))
     for round in $first $second; do
       wait_round fault "$round"
-      shard=$((RANDOM % 2))
-      log "kill -9 shard $shard after round $(current_round fault)"
-      kill -9 "${SHARD_PID[$shard]}"
-      wait "${SHARD_PID[$shard]}" 2>/dev/null || true
-      sleep 1
-      restart_shard "$shard"
-      # The kill must land in the running job, before its last round
-      # closed: else this was an undisturbed run.
-      at=$(restored_round "$shard" fault)
-      [[ -n $at ]] && (( at < ROUNDS )) ||
-        fail "shard $shard did not restore job fault before its last round (restored at '${at}' of $ROUNDS rounds): training ended before the kill"
-      log "shard $shard restarted from its checkpoint at round $at on port ${SHARD_PORT[$shard]}"
+      kill_and_restart_shard $((RANDOM % 2)) "a random shard"
     done
     finish_training fault
     grep -q "restored job fault" "$WORK/shard0.log" "$WORK/shard1.log" ||
@@ -492,15 +498,7 @@ case $SCENARIO in
     second=$((first + 6 + RANDOM % 8))
     for round in $first $second; do
       wait_round fault "$round"
-      log "kill -9 shard 1 (local rank 1's) after round $(current_round fault)"
-      kill -9 "${SHARD_PID[1]}"
-      wait "${SHARD_PID[1]}" 2>/dev/null || true
-      sleep 1
-      restart_shard 1
-      at=$(restored_round 1 fault)
-      [[ -n $at ]] && (( at < ROUNDS )) ||
-        fail "shard 1 did not restore job fault before its last round (restored at '${at}' of $ROUNDS rounds): training ended before the kill"
-      log "shard 1 restarted from its checkpoint at round $at"
+      kill_and_restart_shard 1 "local rank 1's"
     done
     finish_training fault
     grep -q "exchange: every local rank its own shards' slice" "$WORK/train-fault.out" ||

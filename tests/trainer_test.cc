@@ -334,6 +334,15 @@ TEST(TrainerTest, DiLoCoRunsWithItsOuterDefaults) {
   EXPECT_EQ(Field(given, "beta").string_value(), "0.5");
 }
 
+// A run that failed by itself (not at its timeout), saying each of `says`.
+void ExpectRefused(const RunResult& run, const std::vector<std::string>& says) {
+  EXPECT_NE(run.exit_code, 0);
+  EXPECT_NE(run.exit_code, 124) << "timed out";
+  for (const std::string& text : says) {
+    EXPECT_THAT(run.output, HasSubstr(text));
+  }
+}
+
 // --local_ranks=2 over 2 shards: every local rank exchanges its own shard's
 // slice (co2-train's default), and the deterministic job ends bit for bit
 // where the local leader alone exchanging the whole model ends; the slices
@@ -399,11 +408,8 @@ TEST(TrainerTest, RankSlicesNeedAShardPerLocalRank) {
               HasSubstr("exchange: the local leader, the whole model"));
   std::vector<std::string> on = job;
   on.push_back("--rank_slices=on");
-  const RunResult refused = RunCo2Train(on, /*timeout_s=*/120);
-  EXPECT_NE(refused.exit_code, 0);
-  EXPECT_NE(refused.exit_code, 124) << "timed out";
-  EXPECT_THAT(refused.output, HasSubstr("--rank_slices=on"));
-  EXPECT_THAT(refused.output, HasSubstr("give at least 2 shards"));
+  ExpectRefused(RunCo2Train(on, /*timeout_s=*/120),
+                {"--rank_slices=on", "give at least 2 shards"});
   const RunResult bad = RunCo2Train({"--rank_slices=yes"}, /*timeout_s=*/30);
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.output, HasSubstr("--rank_slices is 'yes': auto | on | off"));
@@ -431,11 +437,9 @@ TEST(TrainerTest, RankSliceCheckpointsResumeOnlyWithRankSlices) {
   std::vector<std::string> alone = job;
   alone.push_back("--resume");
   alone.push_back("--rank_slices=off");
-  const RunResult refused = RunCo2Train(alone, /*timeout_s=*/120);
-  EXPECT_NE(refused.exit_code, 0);
-  EXPECT_NE(refused.exit_code, 124) << "timed out";
-  EXPECT_THAT(refused.output, HasSubstr("no worker checkpoint at"));
-  EXPECT_THAT(refused.output, HasSubstr("worker-0-rank-0.pt, written with rank slices"));
+  ExpectRefused(RunCo2Train(alone, /*timeout_s=*/120),
+                {"no worker checkpoint at",
+                 "worker-0-rank-0.pt, written with rank slices"});
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import co2
+from worker_exit import exit_without_finalizing
 
 
 def full_digest(model: torch.nn.Module) -> str:
@@ -91,9 +92,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    # As node_worker.py: leave without finalizing the interpreter (torch
-    # 2.15's Gloo threads can abort a finalizing process).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_without_finalizing(main())

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import co2
 from digest import params_digest
+from worker_exit import exit_without_finalizing
 
 
 
@@ -155,12 +156,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    # Leave without finalizing the interpreter: torch 2.15's Gloo worker
-    # threads can still release a finished collective's Python tensor after
-    # finalization began, and taking the GIL there aborts the process
-    # (SIGABRT in ProcessGroupGloo::runLoop, ~1 run in 4 here). Everything
-    # the test reads is printed and flushed by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(status)
+    exit_without_finalizing(main())

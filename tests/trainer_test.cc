@@ -439,7 +439,8 @@ TEST(TrainerTest, RankSliceCheckpointsResumeOnlyWithRankSlices) {
   alone.push_back("--rank_slices=off");
   ExpectRefused(RunCo2Train(alone, /*timeout_s=*/120),
                 {"no worker checkpoint at",
-                 "worker-0-rank-0.pt, written with rank slices"});
+                 "-rank-0.pt, written with rank slices: resume with rank "
+                 "slices"});
 }
 
 }  // namespace

@@ -282,8 +282,8 @@ absl::Status NoCheckpoint(const Worker& w, absl::Status missing) {
       missing.message(), "; the directory holds ", other, ", written ",
       w.exchange.sliced ? "by the local leader alone: resume with "
                           "--rank_slices=off"
-                        : "with rank slices: resume with the --local_ranks "
-                          "and shards it was taken with"));
+                        : "with rank slices: resume with rank slices, with "
+                          "the --local_ranks and shards it was taken with"));
 }
 
 // --resume: the rank's checkpoint, with the inner optimizer's state loaded

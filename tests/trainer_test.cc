@@ -443,4 +443,29 @@ TEST(TrainerTest, RankSliceCheckpointsResumeOnlyWithRankSlices) {
                  "slices"});
 }
 
+// A job that grows and shrinks (--scale) with nodes exchanging rank slices:
+// the joining node's ranks join together, and the leaving node's ranks
+// leave at one boundary, each with the same model.
+TEST(TrainerTest, RankSlicesJoinAndLeaveAsOneNode) {
+  TempDir dir;
+  const Struct report = ReportOfRun(
+      dir, {"--algo=co2", "--workers=3", "--local_ranks=2", "--shards=2",
+            "--scale=0:2,10:3,60:2", "--tau=4", "--steps=400",
+            "--eval_every=0", "--final_eval_examples=500", "--progress=false"});
+  const auto& ranks = Field(report, "ranks").list_value().values();
+  ASSERT_EQ(ranks.size(), 6);
+  const Struct& left0 = ranks[4].struct_value();
+  const Struct& left1 = ranks[5].struct_value();
+  ASSERT_TRUE(Field(left0, "left_at").has_number_value());
+  EXPECT_EQ(Field(left0, "left_at").number_value(),
+            Field(left1, "left_at").number_value());
+  EXPECT_EQ(Field(left0, "final_hash").string_value(),
+            Field(left1, "final_hash").string_value());
+  EXPECT_EQ(Field(left0, "params_hashes").list_value().values_size(),
+            Field(left1, "params_hashes").list_value().values_size());
+  for (const Value& rank : ranks) {
+    EXPECT_TRUE(Field(rank.struct_value(), "slice").has_list_value());
+  }
+}
+
 }  // namespace

@@ -69,12 +69,12 @@ const char* HealReasonOf(const absl::Status& status) {
 
 AnchorExchange::AnchorExchange(const AnchorExchangeOptions& options,
                                std::unique_ptr<AggregatorClient> client,
-                               absl::Span<const float> x0)
+                               std::vector<float> x0)
     : options_(options),
       client_(std::move(client)),
       job_config_(client_->job_config()),
       staleness_(job_config_.max_staleness()),
-      anchor_(x0.begin(), x0.end()) {
+      anchor_(std::move(x0)) {
   if (options_.eager_share != 0 || options_.carry_progress) {
     start_offset_.assign(anchor_.size(), 0.0f);
   }
@@ -84,6 +84,13 @@ AnchorExchange::AnchorExchange(const AnchorExchangeOptions& options,
 absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
     const AnchorExchangeOptions& options,
     std::unique_ptr<AggregatorClient> client, absl::Span<const float> x0) {
+  return Create(options, std::move(client),
+                std::vector<float>(x0.begin(), x0.end()));
+}
+
+absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
+    const AnchorExchangeOptions& options,
+    std::unique_ptr<AggregatorClient> client, std::vector<float> x0) {
   if (client == nullptr) {
     return absl::InvalidArgumentError("AnchorExchange: no aggregator client");
   }
@@ -140,7 +147,7 @@ absl::StatusOr<std::unique_ptr<AnchorExchange>> AnchorExchange::Create(
                      options.samples_per_step));
   }
   std::unique_ptr<AnchorExchange> exchange(
-      new AnchorExchange(options, std::move(client), x0));
+      new AnchorExchange(options, std::move(client), std::move(x0)));
   // A shard that loses the job's state is re-seeded from this anchor.
   CO2_RETURN_IF_ERROR(exchange->client_->TrackAnchor(exchange->anchor_));
   return exchange;

@@ -145,6 +145,10 @@ class AnchorExchange {
   static absl::StatusOr<std::unique_ptr<AnchorExchange>> Create(
       const AnchorExchangeOptions& options,
       std::unique_ptr<AggregatorClient> client, absl::Span<const float> x0);
+  // The same, taking `x0` as A without a copy.
+  static absl::StatusOr<std::unique_ptr<AnchorExchange>> Create(
+      const AnchorExchangeOptions& options,
+      std::unique_ptr<AggregatorClient> client, std::vector<float> x0);
 
   AnchorExchange(const AnchorExchange&) = delete;
   AnchorExchange& operator=(const AnchorExchange&) = delete;
@@ -250,7 +254,7 @@ class AnchorExchange {
  private:
   AnchorExchange(const AnchorExchangeOptions& options,
                  std::unique_ptr<AggregatorClient> client,
-                 absl::Span<const float> x0);
+                 std::vector<float> x0);
 
   absl::Status Push(uint64_t round, int steps, absl::Span<float> x,
                     ExchangeTimes& times);

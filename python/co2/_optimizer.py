@@ -21,6 +21,11 @@ from ._params import DTYPES, HostParams
 from ._shards import ShardMirror, is_sharded
 
 
+# The largest bucket of gradients the node averages in one all-reduce
+# (DDP's default bucket_cap_mb).
+GRAD_BUCKET_BYTES = 25 * 2**20
+
+
 def _param_list(params: Iterable[Any]) -> List[torch.Tensor]:
     out: List[torch.Tensor] = []
     for p in params:
@@ -794,8 +799,25 @@ class Optimizer(CheckpointMixin, torch.optim.Optimizer):
         self._steps_at_apply = self._steps_in_round
 
     def _average_grads(self) -> None:
-        grads = [p.grad for p in self._params if p.grad is not None]
-        if not grads:
+        """The node's mean gradient, in buckets of at most GRAD_BUCKET_BYTES
+        as DDP's (one all-reduce per bucket; a gradient larger than a bucket
+        is reduced in place), so the copy it takes stays bounded."""
+        bucket: List[torch.Tensor] = []
+        size = 0
+        for g in (p.grad for p in self._params if p.grad is not None):
+            n = g.numel() * g.element_size()
+            if bucket and size + n > GRAD_BUCKET_BYTES:
+                self._average_bucket(bucket)
+                bucket, size = [], 0
+            bucket.append(g)
+            size += n
+        if bucket:
+            self._average_bucket(bucket)
+
+    def _average_bucket(self, grads: List[torch.Tensor]) -> None:
+        if len(grads) == 1 and grads[0].is_contiguous():
+            dist.all_reduce(grads[0], group=self._group)
+            grads[0].div_(self._group_size)
             return
         flat = torch._utils._flatten_dense_tensors(grads)
         dist.all_reduce(flat, group=self._group)

@@ -378,7 +378,9 @@ class Exchange {
           auto client = AggregatorClient::Connect(std::move(co),
                                                   absl::MakeSpan(*initial));
           if (!client.ok()) return client.status();
-          return AnchorExchange::Create(eo, std::move(*client), *initial);
+          // The anchor takes the copy over: no third copy of the slice.
+          return AnchorExchange::Create(eo, std::move(*client),
+                                        std::move(*initial));
         });
     auto result = task.get_future();
     std::thread(std::move(task)).detach();

@@ -97,8 +97,13 @@ class Optimizer(CheckpointMixin, torch.optim.Optimizer):
             float16, on one device, each once), the same the inner optimizer
             updates. They become views of one flat tensor, which the
             exchange works on in place. The anchor on the shards is float32;
-            bfloat16 or float16 parameters are set to it rounded.
-        inner: any ``torch.optim`` optimizer over ``params``.
+            bfloat16 or float16 parameters are set to it rounded. The
+            parameters of a model sharded by FSDP2 (``fully_shard``: all
+            DTensors) stay as they are: each rank exchanges its own shards
+            (docs/sharding.md).
+        inner: any ``torch.optim`` optimizer over ``params`` (a
+            ``ZeroRedundancyOptimizer`` with
+            ``parameters_as_bucket_view=False`` too).
         tau: inner steps per round.
         aggregators: ``host:port`` of every shard, in shard order.
         job: the job's name, the same on every worker.
@@ -124,7 +129,9 @@ class Optimizer(CheckpointMixin, torch.optim.Optimizer):
             None: the default group when one is initialised and spans one
             node, else this process alone.
         average_gradients: average the gradients over ``process_group`` in
-            every step (False when the model is wrapped in DDP already).
+            every step, in buckets of at most 25 MiB (False when the model
+            is wrapped in DDP already; ignored under FSDP2, which averages
+            them itself).
         rejoin: this worker restarted into a job it was a member of.
         connect_timeout: seconds to join every shard.
         update_timeout: seconds one update may be waited for.

@@ -67,6 +67,14 @@ const char* HealReasonOf(const absl::Status& status) {
   }
 }
 
+Reconnect RejoinWith(ClientOptions options) {
+  options.rejoin = true;
+  options.resume_round.reset();
+  return [options](absl::Span<float> anchor) {
+    return AggregatorClient::Connect(options, anchor);
+  };
+}
+
 AnchorExchange::AnchorExchange(const AnchorExchangeOptions& options,
                                std::unique_ptr<AggregatorClient> client,
                                std::vector<float> x0)

@@ -71,6 +71,16 @@ namespace co2::client {
 std::optional<uint64_t> OwedUpdate(uint32_t staleness, uint64_t rounds,
                                    uint64_t round);
 
+// Connects a worker again, filling the span with the shards' anchor: what
+// AnchorExchangeOptions::reconnect calls to heal.
+using Reconnect = std::function<absl::StatusOr<std::unique_ptr<AggregatorClient>>(
+    absl::Span<float> anchor)>;
+
+// The heal every caller makes: connect again with `options` as a rejoining
+// worker (ClientOptions::rejoin, no resume_round), which fetches the
+// shards' anchor (of options.owned_shards only, where set).
+Reconnect RejoinWith(ClientOptions options);
+
 struct AnchorExchangeOptions {
   // The job's rounds, 0 .. rounds − 1 (JobConfig.rounds). Required with
   // staleness 1: the update of the last round is owed after its boundary.
@@ -92,9 +102,7 @@ struct AnchorExchangeOptions {
   // connects this worker again as a rejoining one (ClientOptions::rejoin),
   // fetching the shards' anchor into the span. Null: no healing, the
   // boundary fails with the shards' reason.
-  std::function<absl::StatusOr<std::unique_ptr<AggregatorClient>>(
-      absl::Span<float> anchor)>
-      reconnect;
+  Reconnect reconnect;
   // Eager updates (above): this worker's share of a round's mean, in
   // (0, 1] (1/M for M workers of equal weight); 0: off. Needs staleness 1.
   double eager_share = 0;

@@ -49,11 +49,7 @@ void Train(const E2eSpec& spec, const Cluster& cluster,
   }
   client::AnchorExchangeOptions eo = ExchangeOptions(spec, worker, kTimeout);
   if (heal) {
-    eo.reconnect = [options](absl::Span<float> anchor) {
-      client::ClientOptions rejoin = options;
-      rejoin.rejoin = true;
-      return client::AggregatorClient::Connect(rejoin, anchor);
-    };
+    eo.reconnect = client::RejoinWith(options);
   }
   auto exchange = client::AnchorExchange::Create(eo, *std::move(connected), x);
   if (!exchange.ok()) {

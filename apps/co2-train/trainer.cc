@@ -93,9 +93,9 @@ struct WorkerRank {
 // slices its own shards and their slice of the model; the leader alone:
 // every shard and the whole model (a rank other than the leader: nothing).
 struct RankExchange {
-  bool sliced = false;
   std::optional<common::Range> owned_shards;  // set with slices
   common::Range slice;
+  bool sliced() const { return owned_shards.has_value(); }
 };
 
 // The node's group (its local ranks) and ddp's group of every rank; null
@@ -230,6 +230,7 @@ absl::Status PlanRankSlices(Worker& w) {
   const size_t shards = options.aggregators.size();
   const size_t ranks = static_cast<size_t>(options.local_ranks);
   absl::Status why = absl::OkStatus();
+  common::Range mine;
   for (size_t k = 0; k < ranks && why.ok(); ++k) {
     const absl::StatusOr<common::Range> slice =
         common::RankRange(p, shards, ranks, k);
@@ -239,6 +240,8 @@ absl::Status PlanRankSlices(Worker& w) {
       why = absl::InvalidArgumentError(absl::StrCat(
           "local rank ", k, "'s shards serve none of the model's ", p,
           " parameters (fewer 256 KiB blocks than shards)"));
+    } else if (k == static_cast<size_t>(w.rank.local_rank)) {
+      mine = *slice;
     }
   }
   if (!why.ok()) {
@@ -252,17 +255,15 @@ absl::Status PlanRankSlices(Worker& w) {
     }
     return absl::OkStatus();
   }
-  w.exchange.sliced = true;
   w.exchange.owned_shards =
       common::OwnedShards(shards, ranks, w.rank.local_rank).value();
-  w.exchange.slice =
-      common::RankRange(p, shards, ranks, w.rank.local_rank).value();
+  w.exchange.slice = mine;
   return absl::OkStatus();
 }
 
 // This rank's checkpoint file: the worker's, or with rank slices the rank's.
 std::string CheckpointPathOf(const Worker& w) {
-  return w.exchange.sliced
+  return w.exchange.sliced()
              ? RankCheckpointPath(w.options.checkpoint_dir, w.rank.worker,
                                   w.rank.local_rank)
              : WorkerCheckpointPath(w.options.checkpoint_dir, w.rank.worker);
@@ -272,7 +273,7 @@ std::string CheckpointPathOf(const Worker& w) {
 // directory holds instead, when it holds one of the other layout.
 absl::Status NoCheckpoint(const Worker& w, absl::Status missing) {
   const std::string other =
-      w.exchange.sliced
+      w.exchange.sliced()
           ? WorkerCheckpointPath(w.options.checkpoint_dir, w.rank.worker)
           : RankCheckpointPath(w.options.checkpoint_dir, w.rank.worker,
                                w.rank.local_rank);
@@ -280,7 +281,7 @@ absl::Status NoCheckpoint(const Worker& w, absl::Status missing) {
   if (!std::filesystem::exists(other, ec)) return missing;
   return absl::FailedPreconditionError(absl::StrCat(
       missing.message(), "; the directory holds ", other, ", written ",
-      w.exchange.sliced ? "by the local leader alone: resume with "
+      w.exchange.sliced() ? "by the local leader alone: resume with "
                           "--rank_slices=off"
                         : "with rank slices: resume with rank slices, with "
                           "the --local_ranks and shards it was taken with"));
@@ -303,7 +304,7 @@ absl::StatusOr<std::optional<WorkerCheckpoint>> LoadStartPoint(Worker& w) {
     return absl::DataLossError(absl::StrCat(
         path, " holds an anchor of ", loaded->anchor.size(),
         " parameters, this rank exchanges ", slice.size(), " (",
-        w.exchange.sliced ? "its slice" : "the whole model", ")"));
+        w.exchange.sliced() ? "its slice" : "the whole model", ")"));
   }
   std::copy(loaded->anchor.begin(), loaded->anchor.end(),
             w.model.flat->ParamSpan().begin() + slice.begin);
@@ -386,7 +387,7 @@ absl::Status AwaitStartingWorkers(const Worker& w) {
 absl::StatusOr<ShardConnection> ConnectToShards(
     const Worker& w, const std::optional<WorkerCheckpoint>& resumed) {
   ShardConnection connection;
-  if (w.algo == Algo::kDdp || (!w.rank.leader && !w.exchange.sliced)) {
+  if (w.algo == Algo::kDdp || (!w.rank.leader && !w.exchange.sliced())) {
     return connection;
   }
   CO2_ASSIGN_OR_RETURN(connection.options, MakeClientOptions(w, resumed));
@@ -430,13 +431,7 @@ absl::StatusOr<Co2OptimizerOptions> MakeOptimizerOptions(const Worker& w) {
 // With --heal, a leader the shards cannot take back where it is connects
 // again as a rejoining worker, which fetches the shards' anchor.
 void OfferHeal(const ShardConnection& connection, Co2OptimizerOptions& o) {
-  o.reconnect = [client_options =
-                     connection.options](absl::Span<float> anchor) {
-    ClientOptions rejoin = client_options;
-    rejoin.rejoin = true;
-    rejoin.resume_round.reset();
-    return AggregatorClient::Connect(rejoin, anchor);
-  };
+  o.reconnect = RejoinWith(connection.options);
 }
 
 // A worker checkpoint (with rank slices: one per rank) at every round

@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
-#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
@@ -346,16 +344,20 @@ absl::Status Co2Optimizer::AgreeOnOutcome(absl::Status status,
   }
 }
 
+absl::Status Co2Optimizer::ShareSlices(float* model) {
+  for (int k = 0; k < local_->size(); ++k) {
+    CO2_RETURN_IF_ERROR(
+        local_->Broadcast(model + slices_[k].begin, slices_[k].size(), k));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Co2Optimizer::BroadcastParams() {
   float* x = flat_->params().data_ptr<float>();
   if (!rank_slices()) {
     return local_->Broadcast(x, static_cast<size_t>(flat_->numel()), 0);
   }
-  for (int k = 0; k < local_->size(); ++k) {
-    CO2_RETURN_IF_ERROR(
-        local_->Broadcast(x + slices_[k].begin, slices_[k].size(), k));
-  }
-  return absl::OkStatus();
+  return ShareSlices(x);
 }
 
 absl::StatusOr<std::vector<float>> Co2Optimizer::GatherAnchor() {
@@ -363,10 +365,7 @@ absl::StatusOr<std::vector<float>> Co2Optimizer::GatherAnchor() {
   std::vector<float> anchor(static_cast<size_t>(flat_->numel()));
   const std::vector<float>& mine = exchange_->anchor();
   std::copy(mine.begin(), mine.end(), anchor.begin() + slice_.begin);
-  for (int k = 0; k < local_->size(); ++k) {
-    CO2_RETURN_IF_ERROR(local_->Broadcast(anchor.data() + slices_[k].begin,
-                                          slices_[k].size(), k));
-  }
+  CO2_RETURN_IF_ERROR(ShareSlices(anchor.data()));
   return anchor;
 }
 
@@ -727,11 +726,7 @@ absl::StatusOr<uint64_t> Co2Optimizer::BoundaryHash() {
         slices.size() * sizeof(uint64_t) / sizeof(float)));
   }
   if (local_ != nullptr && local_->size() > 1) {
-    // The leader's bytes, as they are: a broadcast copies them.
-    float bytes[sizeof hash / sizeof(float)];
-    std::memcpy(bytes, &hash, sizeof hash);
-    CO2_RETURN_IF_ERROR(local_->Broadcast(bytes, std::size(bytes), 0));
-    std::memcpy(&hash, bytes, sizeof hash);
+    CO2_RETURN_IF_ERROR(BroadcastFromRank(*local_, hash, 0));
   }
   return hash;
 }

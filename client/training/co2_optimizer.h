@@ -122,9 +122,7 @@ struct Co2OptimizerOptions {
   // rejoins, fetches the shards' anchor and continues at their round in
   // this process, its inner optimizer state kept; round() jumps there, on
   // every local rank. Null: the boundary fails instead.
-  std::function<absl::StatusOr<std::unique_ptr<AggregatorClient>>(
-      absl::Span<float> anchor)>
-      reconnect;
+  Reconnect reconnect;
   // Eager updates (co2 only; AnchorExchangeOptions::eager_share,
   // client/anchor_exchange.h): this worker's share of a round's mean, e.g.
   // 1/M for M workers; 0: off.
@@ -351,9 +349,12 @@ class Co2Optimizer {
   // rank. `x` is this rank's slice.
   absl::Status AgreeOnOutcome(absl::Status status, absl::Span<float> x,
                               RoundStats& stats);
-  // Every rank's x ← every rank's slice of it (one broadcast per rank), or
-  // the leader's whole x.
+  // Every rank's x ← every rank's slice of it (ShareSlices), or the
+  // leader's whole x.
   absl::Status BroadcastParams();
+  // model[slice k] ← rank k's, for every rank's slice (one broadcast per
+  // rank): a model-sized host buffer of which each rank filled its slice.
+  absl::Status ShareSlices(float* model);
   // The whole anchor on every rank, gathered from the ranks' slices.
   absl::StatusOr<std::vector<float>> GatherAnchor();
   // RoundStats::params_hash of a boundary.

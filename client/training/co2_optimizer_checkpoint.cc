@@ -3,6 +3,7 @@
 // from one (Co2OptimizerOptions::resume). The rest of the class is in
 // co2_optimizer.cc.
 #include <optional>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"

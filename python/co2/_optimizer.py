@@ -652,14 +652,13 @@ class Optimizer(CheckpointMixin, torch.optim.Optimizer):
         order (the parameters after ``finish()``)."""
         if self._finished:
             self._host.gather()
-        elif self._exchange is None:
+            return self._host.local().clone()
+        if self._exchange is None:
             return None
-        else:
-            self._exchange.copy_anchor(self._host.address, self._host.buffer.numel())
-            anchor = self._host.local().clone()
-            self._host.gather()  # the mirror holds x again
-            return anchor
-        return self._host.local().clone()
+        self._exchange.copy_anchor(self._host.address, self._host.buffer.numel())
+        anchor = self._host.local().clone()
+        self._host.gather()  # the mirror holds x again
+        return anchor
 
     def memory(self) -> Dict[str, int]:
         """Bytes of co2's own state in this process (beside the model, its

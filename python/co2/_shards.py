@@ -17,7 +17,7 @@ into it (widening them), a scatter copies it back in place.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -97,21 +97,21 @@ class ShardMirror:
         """The local shards, flat, without the padding (a view)."""
         return self.buffer[:self.local_numel]
 
-    def gather(self) -> None:
-        """mirror ← the local shards."""
+    def _pairs(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """(a local shard, its part of the mirror), in parameter order."""
         offset = 0
         for p in self._params:
             t = p.to_local()
-            n = t.numel()
-            self.buffer[offset:offset + n].copy_(t.detach().reshape(-1))
-            offset += n
+            yield t, self.buffer[offset:offset + t.numel()]
+            offset += t.numel()
+
+    def gather(self) -> None:
+        """mirror ← the local shards."""
+        for t, part in self._pairs():
+            part.copy_(t.detach().reshape(-1))
 
     def scatter(self) -> None:
         """The local shards ← mirror, in place (rounded to their dtype)."""
-        offset = 0
         with torch.no_grad():
-            for p in self._params:
-                t = p.to_local()
-                n = t.numel()
-                t.copy_(self.buffer[offset:offset + n].view(t.shape))
-                offset += n
+            for t, part in self._pairs():
+                t.copy_(part.view(t.shape))

@@ -12,9 +12,9 @@
 
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <future>
-#include <cmath>
 #include <memory>
 #include <optional>
 #include <string>
@@ -357,16 +357,9 @@ class Exchange {
     eo.eager_share = eager_share;
     eo.carry_progress = carry_progress;
     eo.apply_by_step = apply_by_step;
-    if (heal) {
-      // As co2-train --heal: connect again as a rejoining worker, which
-      // fetches the shards' anchor (of this client's shards only).
-      eo.reconnect = [rejoin_options = co](absl::Span<float> anchor) mutable {
-        client::ClientOptions o = rejoin_options;
-        o.rejoin = true;
-        o.resume_round.reset();
-        return AggregatorClient::Connect(std::move(o), anchor);
-      };
-    }
+    // As co2-train --heal: connect again as a rejoining worker, which
+    // fetches the shards' anchor (of this client's shards only).
+    if (heal) eo.reconnect = client::RejoinWith(co);
 
     // Connect runs on its own thread with a copy of x, so that Ctrl-C can
     // leave it (the thread finishes on its own, within connect_timeout).

@@ -661,12 +661,9 @@ absl::Status Co2Optimizer::End(bool leaving) {
       !leaving) {
     status = exchange_->VerifyAnchor(anchor_round_);
   }
-  if (rank_slices() && options_.verify_final_anchor && !leaving &&
-      status.ok()) {
+  if (rank_slices() && options_.verify_final_anchor && !leaving) {
     // Every rank checked its slice; one rank's mismatch fails the node.
-    RoundStats verified;
-    absl::Span<float> unused;
-    status = AgreeOnOutcome(std::move(status), unused, verified);
+    status = AgreeOnStatus(std::move(status));
   }
   if (!status.ok()) {
     broken_ = true;

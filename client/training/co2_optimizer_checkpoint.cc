@@ -105,7 +105,10 @@ absl::Status Co2Optimizer::RestoreCheckpoint() {
         " (join with resume_round = the checkpoint's round)"));
   }
   if (exchange_ != nullptr) {
-    CO2_RETURN_IF_ERROR(CheckCheckpointFits(c));
+    absl::Status fits = CheckCheckpointFits(c);
+    // A rank whose checkpoint does not fit stops the node's others too.
+    if (rank_slices()) fits = AgreeOnStatus(std::move(fits));
+    CO2_RETURN_IF_ERROR(fits);
     if (!c.residual.empty()) {
       CO2_RETURN_IF_ERROR(exchange_->RestoreResidual(c.residual));
     }
